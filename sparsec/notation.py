@@ -1,0 +1,148 @@
+"""Index-notation AST: what the parser builds and every later stage reads.
+
+Nodes are immutable. Spans ``(start, end)`` index the source text and do not take part
+in equality, so ``parse(str(ast)) == ast`` holds (the printer emits the fewest
+parentheses that keep the tree).
+
+A scalar operand or scalar left-hand side is an `Access` with no indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Union, assert_never
+
+Span = tuple[int, int]
+NO_SPAN: Span = (0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """``name(i, j, ...)``: tensor ``name`` read (or written) at index variables."""
+
+    name: str
+    indices: tuple[str, ...]
+    span: Span = field(default=NO_SPAN, compare=False)
+    #: one span per index variable, for errors that point at a single index
+    index_spans: tuple[Span, ...] = field(default=(), compare=False)
+
+    @property
+    def order(self) -> int:
+        return len(self.indices)
+
+    def __str__(self) -> str:
+        return f"{self.name}({','.join(self.indices)})" if self.indices else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Literal:
+    """A numeric constant (finite)."""
+
+    value: float
+    span: Span = field(default=NO_SPAN, compare=False)
+
+    def __str__(self) -> str:
+        return repr(float(self.value))
+
+
+@dataclass(frozen=True, slots=True)
+class Neg:
+    operand: Expr
+    span: Span = field(default=NO_SPAN, compare=False)
+
+    def __str__(self) -> str:
+        inner = str(self.operand)
+        if precedence(self.operand) < UNARY_PREC:
+            inner = f"({inner})"
+        return f"-{inner}"
+
+
+@dataclass(frozen=True, slots=True)
+class BinOp:
+    """``left op right`` with ``op`` one of ``+ - * /``."""
+
+    op: str
+    left: Expr
+    right: Expr
+    span: Span = field(default=NO_SPAN, compare=False)
+
+    def __str__(self) -> str:
+        prec = BINARY_PREC[self.op]
+        left, right = str(self.left), str(self.right)
+        if precedence(self.left) < prec:
+            left = f"({left})"
+        # Operators are left-associative: an equal-precedence right child needs parentheses.
+        if precedence(self.right) <= prec:
+            right = f"({right})"
+        return f"{left} {self.op} {right}"
+
+
+Expr = Union[Access, Literal, Neg, BinOp]
+
+BINARY_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
+UNARY_PREC = 3
+ATOM_PREC = 4
+
+
+def precedence(expr: Expr) -> int:
+    match expr:
+        case BinOp(op=op):
+            return BINARY_PREC[op]
+        case Neg():
+            return UNARY_PREC
+        case Access() | Literal():
+            return ATOM_PREC
+        case _:
+            assert_never(expr)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """``lhs = rhs`` or, with ``accumulate``, ``lhs += rhs``."""
+
+    lhs: Access
+    rhs: Expr
+    accumulate: bool = False
+    span: Span = field(default=NO_SPAN, compare=False)
+
+    def __str__(self) -> str:
+        return f"{self.lhs} {'+=' if self.accumulate else '='} {self.rhs}"
+
+    def accesses(self) -> Iterator[Access]:
+        """The left-hand side, then every right-hand access in source order."""
+        yield self.lhs
+        yield from accesses(self.rhs)
+
+    @property
+    def free_indices(self) -> tuple[str, ...]:
+        return self.lhs.indices
+
+    @property
+    def summed_indices(self) -> tuple[str, ...]:
+        """Indices of the right-hand side that the left-hand side lacks, first use first."""
+        seen: dict[str, None] = {}
+        for access in accesses(self.rhs):
+            for index in access.indices:
+                if index not in self.lhs.indices:
+                    seen.setdefault(index)
+        return tuple(seen)
+
+
+def accesses(expr: Expr) -> Iterator[Access]:
+    """Every access in ``expr``, left to right."""
+    match expr:
+        case Access():
+            yield expr
+        case Literal():
+            return
+        case Neg(operand=operand):
+            yield from accesses(operand)
+        case BinOp(left=left, right=right):
+            yield from accesses(left)
+            yield from accesses(right)
+        case _:
+            assert_never(expr)
+
+
+def indices_of(expr: Expr) -> frozenset[str]:
+    return frozenset(i for a in accesses(expr) for i in a.indices)
