@@ -1,0 +1,50 @@
+"""sparsec: a sparse tensor-algebra compiler (index notation → C kernels), after TACO.
+
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", formats={"A": "csr"})
+    y = k(A=A, x=x)          # A: scipy/torch/sparsec.Tensor, x: numpy/torch
+    k.check(A=A, x=x)        # compare with torch.einsum on dense inputs
+    print(k.source)          # the generated C
+"""
+
+from .errors import (
+    CheckError,
+    CompileError,
+    DTypeError,
+    FormatError,
+    InputError,
+    LoweringError,
+    NotationError,
+    ParseError,
+    ScheduleError,
+    ShapeError,
+    SparsecError,
+    StorageError,
+)
+from .formats import Format, parse_format
+from .kernel import CheckResult, Kernel, kernel
+from .tensor import Tensor, as_tensor, random
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckError",
+    "CheckResult",
+    "CompileError",
+    "DTypeError",
+    "Format",
+    "FormatError",
+    "InputError",
+    "Kernel",
+    "LoweringError",
+    "NotationError",
+    "ParseError",
+    "ScheduleError",
+    "ShapeError",
+    "SparsecError",
+    "StorageError",
+    "Tensor",
+    "as_tensor",
+    "kernel",
+    "parse_format",
+    "random",
+]

@@ -129,6 +129,8 @@ class Format:
         return f"{letters}:{','.join(map(str, self.ordering))}"
 
     def __str__(self) -> str:
+        if self.is_dense and self.order and self.ordering == _identity(self.order):
+            return "dense"
         for name in ("csr", "csc", "dcsr", "dcsc"):
             if self.order == 2 and PRESETS[name](2) == self:
                 return name

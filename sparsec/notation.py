@@ -90,10 +90,9 @@ def precedence(expr: Expr) -> int:
             return BINARY_PREC[op]
         case Neg():
             return UNARY_PREC
-        case Access() | Literal():
-            return ATOM_PREC
         case _:
-            assert_never(expr)
+            # Accesses, literals, and later stages' atoms (``sum(k, ...)``, structural 0).
+            return ATOM_PREC
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,123 @@
+"""The kernel ABI: one flat parameter list, defined here and nowhere else.
+
+Every target's kernel takes, in this order:
+
+1. for each tensor (output first, then inputs in order of first use):
+   a scalar input is one value parameter; otherwise, for each storage level ``k``
+   (1-based in names, as in TACO) the level's arrays (``A2_pos``, ``A2_crd``), then
+   the values ``A_vals``;
+2. one ``int64`` extent per index variable (``i_dim``), in `Spec.indices` order;
+3. ``sc_threads``: the number of CPU threads parallel loops may use.
+
+Printers declare parameters from `Signature.params`; loaders fill them from the same
+list, so the two cannot drift apart.
+
+No user text reaches generated code: identifiers come from validated names plus fixed
+suffixes, and `Namer` makes every identifier unique and keeps clear of C/CUDA keywords.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .ir import I64, IDX, VAL
+from .spec import Spec
+
+INT = "int"
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+RESERVED = frozenset(
+    """auto break case char const continue default do double else enum extern float for goto
+    if inline int long register restrict return short signed sizeof static struct switch
+    typedef union unsigned void volatile while bool true false class new delete this
+    template typename namespace private public protected virtual operator friend using
+    asm main NULL nullptr errno min max abs fabs exp log sqrt pow memset memcpy
+    blockIdx threadIdx blockDim gridDim warpSize dim3 atomicAdd""".split()
+)
+
+
+class Namer:
+    """Hands out unique C identifiers; a base already taken gets a ``_2``, ``_3`` suffix."""
+
+    def __init__(self) -> None:
+        self._used: set[str] = set(RESERVED)
+
+    def fresh(self, base: str) -> str:
+        if not _IDENT.match(base):
+            raise ValueError(f"not an identifier: {base!r}")
+        if base.startswith("_") or base.startswith("sc_") and base != "sc_threads":
+            base = "u" + base  # leading underscores are the implementation's; sc_ is ours
+        name, n = base, 2
+        while name in self._used:
+            name, n = f"{base}_{n}", n + 1
+        self._used.add(name)
+        return name
+
+    def reserve(self, name: str) -> str:
+        """Claim a fixed internal name (must still be free)."""
+        if name in self._used:
+            raise ValueError(f"name {name!r} already used")
+        self._used.add(name)
+        return name
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    #: "array" (pointer) or "value"
+    kind: str
+    #: symbolic element type: VAL, IDX, I64 or INT
+    type: str
+    #: "pos", "crd", "vals", "value", "dim" or "threads"
+    field: str
+    tensor: str | None = None
+    level: int = -1
+    index: str | None = None
+    writable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    params: tuple[Param, ...]
+
+    def array(self, tensor: str, field: str, level: int = -1) -> str:
+        for p in self.params:
+            if p.tensor == tensor and p.field == field and p.level == level:
+                return p.name
+        raise KeyError((tensor, field, level))
+
+    def value(self, tensor: str) -> str:
+        return self.array(tensor, "value")
+
+    def dim(self, index: str) -> str:
+        for p in self.params:
+            if p.field == "dim" and p.index == index:
+                return p.name
+        raise KeyError(index)
+
+    @property
+    def threads(self) -> str:
+        return next(p.name for p in self.params if p.field == "threads")
+
+
+def signature(spec: Spec, namer: Namer) -> Signature:
+    """The parameter list of ``spec``'s kernel, naming each parameter through ``namer``."""
+    params: list[Param] = []
+    threads = namer.reserve("sc_threads")
+    for t in spec.tensors:
+        if t.order == 0 and not t.is_output:
+            params.append(Param(namer.fresh(t.name), "value", VAL, "value", t.name))
+            continue
+        for k, level in enumerate(t.format.levels):
+            for field in level.arrays:
+                name = namer.fresh(f"{t.name}{k + 1}_{field}")
+                params.append(Param(name, "array", IDX, field, t.name, k))
+        params.append(
+            Param(namer.fresh(f"{t.name}_vals"), "array", VAL, "vals", t.name, writable=t.is_output)
+        )
+    for index in spec.indices:
+        params.append(Param(namer.fresh(f"{index}_dim"), "value", I64, "dim", index=index))
+    params.append(Param(threads, "value", INT, "threads"))
+    return Signature(tuple(params))

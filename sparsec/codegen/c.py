@@ -1,0 +1,82 @@
+"""C target: spec → loop IR → C source through the ``kernel.c.j2`` skeleton."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import jinja2
+
+from ..abi import Namer, Signature, signature
+from ..lower import lower
+from ..resources import data_dir
+from ..spec import Spec
+from .printer import C, Printer
+
+KERNEL_NAME = "sparsec_kernel"
+
+C_VALUE_TYPES = {"float32": "float", "float64": "double"}
+C_INDEX_TYPES = {"int32": "int32_t", "int64": "int64_t"}
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    source: str
+    signature: Signature
+    loop_order: tuple[str, ...]
+    dtype: str
+    index_dtype: str
+
+
+@cache
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def _comment_safe(text: str) -> str:
+    return text.replace("*/", "* /").replace("/*", "/ *")
+
+
+def header(spec: Spec, sig: Signature, order: tuple[str, ...], schedule: str, types: str) -> list[str]:
+    formats = ", ".join(
+        f"{t.name}: {t.format}" + (f" ({t.format.spelling})" if str(t.format) != t.format.spelling else "")
+        for t in spec.tensors
+    )
+    return [
+        _comment_safe(f"sparsec kernel: {spec.assignment}"),
+        _comment_safe(f"concrete index notation: {spec.statement}"),
+        f"formats: {formats}",
+        f"loop order: {', '.join(order) or '(none)'}",
+        f"schedule: {schedule}",
+        f"types: {types}",
+        f"arguments: {', '.join(p.name for p in sig.params)}",
+    ]
+
+
+def generate(spec: Spec, *, dtype: str = "float64", index_dtype: str = "int32", parallel: bool = True) -> Generated:
+    namer = Namer()
+    sig = signature(spec, namer)
+    lowered = lower(spec, sig, namer, parallel=parallel)
+    printer = Printer(C, threads=sig.threads)
+    schedule = (
+        "default: the outermost loop over an output index runs on CPU threads "
+        "(OpenMP, dynamic, ~8 chunks per thread)"
+        if parallel
+        else "serial"
+    )
+    val_t, idx_t = C_VALUE_TYPES[dtype], C_INDEX_TYPES[index_dtype]
+    source = environment().get_template("kernel.c.j2").render(
+        header=header(spec, sig, lowered.loop_order, schedule, f"values {val_t}, indices {idx_t}"),
+        val_type=val_t,
+        idx_type=idx_t,
+        name=KERNEL_NAME,
+        params=[C.param(p) for p in sig.params],
+        body="\n".join(printer.stmts(lowered.body)),
+    )
+    return Generated(source, sig, lowered.loop_order, dtype, index_dtype)

@@ -1,0 +1,161 @@
+"""Printer of the loop IR, parameterised by a target table (C here, CUDA later).
+
+One ``visit`` per node kind, a precedence table for parentheses, and a `Target` that
+holds everything that differs between targets: type spellings, the restrict keyword,
+operator and intrinsic spellings, and how parallel loops and atomics are written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import assert_never
+
+from .. import ir
+from ..abi import INT, Param
+
+# C operator precedence (higher binds tighter).
+PRECEDENCE = {
+    "?:": 2,
+    "||": 3,
+    "&&": 4,
+    "==": 8,
+    "!=": 8,
+    "<": 9,
+    "<=": 9,
+    ">": 9,
+    ">=": 9,
+    "+": 11,
+    "-": 11,
+    "*": 12,
+    "/": 12,
+    "%": 12,
+    "unary": 14,
+    "atom": 16,
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    types: dict[str, str]
+    restrict: str
+    calls: dict[str, str] = field(default_factory=lambda: {"min": "sc_min", "max": "sc_max"})
+    indent: str = "  "
+
+    def param(self, p: Param) -> str:
+        ty = self.types[p.type]
+        if p.kind == "value":
+            return f"{ty} {p.name}"
+        const = "" if p.writable else "const "
+        return f"{const}{ty}* {self.restrict} {p.name}"
+
+    def parallel_pragma(self, par: ir.Parallel, threads: str) -> list[str]:
+        match par.unit:
+            case "CPUThread":
+                sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
+                return [f"#pragma omp parallel for schedule({sched}) num_threads({threads})"]
+            case "CPUVector":
+                return ["#pragma omp simd"]
+            case _:
+                raise ValueError(f"target {self.name} cannot run {par.unit} loops")
+
+    def atomic(self, target: str, op: str, value: str) -> list[str]:
+        return ["#pragma omp atomic", f"{target} {op} {value};"]
+
+
+C = Target(
+    name="c",
+    types={ir.VAL: "sc_val_t", ir.IDX: "sc_idx_t", ir.I64: "int64_t", ir.BOOL: "int", INT: "int"},
+    restrict="restrict",
+)
+
+
+class Printer:
+    def __init__(self, target: Target, threads: str = "sc_threads") -> None:
+        self.t = target
+        self.threads = threads
+
+    # ------------------------------------------------------------ statements
+    def stmts(self, node: ir.Stmt, depth: int = 1) -> list[str]:
+        pad = self.t.indent * depth
+        match node:
+            case ir.Block(body=body):
+                return [line for s in body for line in self.stmts(s, depth)]
+            case ir.Decl(type=ty, name=name, init=init):
+                rhs = f" = {self.expr(init)}" if init is not None else ""
+                return [f"{pad}{self.t.types[ty]} {name}{rhs};"]
+            case ir.Assign(target=target, value=value, op=op, atomic=atomic):
+                lhs, rhs = self.expr(target), self.expr(value)
+                if atomic:
+                    return [pad + line for line in self.t.atomic(lhs, op, rhs)]
+                return [f"{pad}{lhs} {op} {rhs};"]
+            case ir.For(var=var, start=start, end=end, body=body, parallel=par):
+                head = [pad + line for line in self.t.parallel_pragma(par, self.threads)] if par else []
+                i64 = self.t.types[ir.I64]
+                head.append(
+                    f"{pad}for ({i64} {var} = {self.expr(start)}; {var} < {self.expr(end)}; {var}++) {{"
+                )
+                return head + self.stmts(body, depth + 1) + [f"{pad}}}"]
+            case ir.While(cond=cond, body=body):
+                return [f"{pad}while ({self.expr(cond)}) {{", *self.stmts(body, depth + 1), f"{pad}}}"]
+            case ir.If(branches=branches, orelse=orelse):
+                lines: list[str] = []
+                for n, (cond, body) in enumerate(branches):
+                    lead = f"{pad}if" if n == 0 else f"{pad}}} else if"
+                    lines.append(f"{lead} ({self.expr(cond)}) {{")
+                    lines.extend(self.stmts(body, depth + 1))
+                if orelse is not None and orelse.body:
+                    lines.append(f"{pad}}} else {{")
+                    lines.extend(self.stmts(orelse, depth + 1))
+                lines.append(f"{pad}}}")
+                return lines
+            case ir.Comment(text=text):
+                return [f"{pad}// {text}"]
+            case _:
+                assert_never(node)
+
+    # ----------------------------------------------------------- expressions
+    def expr(self, node: ir.Expr) -> str:
+        match node:
+            case ir.Var(name=name):
+                return name
+            case ir.IntLit(value=v):
+                return str(v)
+            case ir.FloatLit(value=v):
+                return f"(({self.t.types[ir.VAL]}){float(v)!r})"
+            case ir.Load(array=array, index=index):
+                return f"{array}[{self.expr(index)}]"
+            case ir.Bin(op=op, left=left, right=right):
+                prec = PRECEDENCE[op]
+                a = self._wrap(left, prec, strict=False)
+                b = self._wrap(right, prec, strict=True)
+                return f"{a} {op} {b}"
+            case ir.Unary(op=op, operand=x):
+                return f"{op}{self._wrap(x, PRECEDENCE['unary'], strict=True)}"
+            case ir.Call(fn=fn, args=args):
+                return f"{self.t.calls.get(fn, fn)}({', '.join(self.expr(a) for a in args)})"
+            case ir.Select(cond=c, then=a, other=b):
+                p = PRECEDENCE["?:"]
+                return f"{self._wrap(c, p, True)} ? {self._wrap(a, p, True)} : {self._wrap(b, p, True)}"
+            case _:
+                assert_never(node)
+
+    def _wrap(self, node: ir.Expr, outer: int, strict: bool) -> str:
+        inner = self._prec(node)
+        text = self.expr(node)
+        if inner < outer or (strict and inner == outer):
+            return f"({text})"
+        return text
+
+    def _prec(self, node: ir.Expr) -> int:
+        match node:
+            case ir.Bin(op=op):
+                return PRECEDENCE[op]
+            case ir.Unary():
+                return PRECEDENCE["unary"]
+            case ir.Select():
+                return PRECEDENCE["?:"]
+            case ir.FloatLit():
+                return PRECEDENCE["atom"]
+            case _:
+                return PRECEDENCE["atom"]

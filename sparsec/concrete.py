@@ -1,0 +1,192 @@
+"""Reduction placement: index notation → an expression tree with explicit `Sum` nodes.
+
+Semantics (documented in docs/semantics.md): an index that is absent from the left-hand
+side is summed over the *smallest* subexpression containing all its occurrences (TACO's
+rule). So ``a(i) = B(i,k)*c(k) + d(i)`` means ``a(i) = (Σk B(i,k)*c(k)) + d(i)``; ``d``
+is not multiplied by the size of ``k``.
+
+Sums are then lifted through products, negations and numerators as far as possible
+(``(Σk X) * Y = Σk (X * Y)`` when ``Y`` has no ``k``), so a reduction that can run in the
+same loop nest as the output does. Sums left under ``+``/``-``/a denominator are *nested*:
+the lowerer computes them into a scalar temporary (TACO's ``where``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterator, Union, assert_never
+
+from .notation import Access, Assignment, BinOp, Literal, Neg
+
+
+@dataclass(frozen=True, slots=True)
+class Sum:
+    """``Σ indices . body``"""
+
+    indices: tuple[str, ...]
+    body: CExpr
+
+    def __str__(self) -> str:
+        return f"sum({','.join(self.indices)}, {self.body})"
+
+
+@dataclass(frozen=True, slots=True)
+class Zero:
+    """A structural zero: an operand that is absent at the current lattice point.
+
+    Distinct from ``Literal(0.0)`` so that only absence, never user text, is folded.
+    """
+
+    def __str__(self) -> str:
+        return "0"
+
+
+CExpr = Union[Access, Literal, Neg, BinOp, Sum, Zero]
+ZERO = Zero()
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """``lhs (+)= Σ top_sums . rhs`` with nested sums inside ``rhs``."""
+
+    lhs: Access
+    rhs: CExpr
+    top_sums: tuple[str, ...]
+    accumulate: bool
+
+    @property
+    def loop_indices(self) -> tuple[str, ...]:
+        """Indices of the outer loop nest (before ordering): free, then lifted sums."""
+        return self.lhs.indices + self.top_sums
+
+    def __str__(self) -> str:
+        op = "+=" if self.accumulate else "="
+        rhs = f"sum({','.join(self.top_sums)}, {self.rhs})" if self.top_sums else str(self.rhs)
+        return f"{self.lhs} {op} {rhs}"
+
+
+def children(expr: CExpr) -> tuple[CExpr, ...]:
+    match expr:
+        case Access() | Literal() | Zero():
+            return ()
+        case Neg(operand=x):
+            return (x,)
+        case BinOp(left=left, right=right):
+            return (left, right)
+        case Sum(body=body):
+            return (body,)
+        case _:
+            assert_never(expr)
+
+
+def accesses(expr: CExpr) -> Iterator[Access]:
+    """Every access in ``expr``, left to right (nested sums included)."""
+    if isinstance(expr, Access):
+        yield expr
+    for child in children(expr):
+        yield from accesses(child)
+
+
+def index_counts(expr: CExpr) -> Counter[str]:
+    return Counter(i for a in accesses(expr) for i in a.indices)
+
+
+def concretize(assignment: Assignment) -> Statement:
+    """Place each summed index at the lowest common ancestor of its uses, then lift."""
+    summed = set(assignment.summed_indices)
+    totals = index_counts(assignment.rhs)
+
+    def place(expr: CExpr) -> CExpr:
+        here = index_counts(expr)
+        match expr:
+            case Neg(operand=x):
+                rebuilt: CExpr = Neg(place(x), expr.span)
+            case BinOp(op=op, left=left, right=right):
+                rebuilt = BinOp(op, place(left), place(right), expr.span)
+            case Access() | Literal() | Zero() | Sum():
+                rebuilt = expr
+            case _:
+                assert_never(expr)
+        child_counts = [index_counts(c) for c in children(expr)]
+        lca = tuple(
+            i
+            for i in sorted(summed, key=assignment.summed_indices.index)
+            if here[i] == totals[i] and not any(c[i] == totals[i] for c in child_counts)
+        )
+        return Sum(lca, rebuilt) if lca else rebuilt
+
+    top, body = lift(place(assignment.rhs))
+    return Statement(assignment.lhs, body, top, assignment.accumulate)
+
+
+def lift(expr: CExpr) -> tuple[tuple[str, ...], CExpr]:
+    """Pull sums up through ``*``, unary ``-`` and numerators; normalise nested sums."""
+    match expr:
+        case Sum(indices=indices, body=body):
+            inner, lifted = lift(body)
+            return indices + inner, lifted
+        case BinOp(op="*", left=left, right=right):
+            vl, bl = lift(left)
+            vr, br = lift(right)
+            return vl + vr, BinOp("*", bl, br, expr.span)
+        case BinOp(op="/", left=left, right=right):
+            vl, bl = lift(left)
+            return vl, BinOp("/", bl, nest(right), expr.span)
+        case BinOp(op=op, left=left, right=right):
+            return (), BinOp(op, nest(left), nest(right), expr.span)
+        case Neg(operand=x):
+            v, b = lift(x)
+            return v, Neg(b, expr.span)
+        case Access() | Literal() | Zero():
+            return (), expr
+        case _:
+            assert_never(expr)
+
+
+def nest(expr: CExpr) -> CExpr:
+    """A subexpression that stays below its parent: its lifted sums form one `Sum`."""
+    indices, body = lift(expr)
+    return Sum(indices, body) if indices else body
+
+
+# ------------------------------------------------------------- simplification
+def without(expr: CExpr, absent: frozenset[Access]) -> CExpr:
+    """``expr`` with the ``absent`` accesses replaced by structural zeros, folded.
+
+    Folding follows the ring: ``0*x = 0``, ``0+x = x``, ``x-0 = x``, ``0-x = -x``,
+    ``-0 = 0``, ``Σ 0 = 0``, ``0/x = 0`` only for a literal ``x`` (otherwise ``0/0`` must
+    stay NaN, as dense torch computes it).
+    """
+    match expr:
+        case Access():
+            return ZERO if expr in absent else expr
+        case Literal() | Zero():
+            return expr
+        case Neg(operand=x):
+            x = without(x, absent)
+            return ZERO if x is ZERO else Neg(x, expr.span)
+        case Sum(indices=indices, body=body):
+            body = without(body, absent)
+            return ZERO if body is ZERO else Sum(indices, body)
+        case BinOp(op=op, left=left, right=right):
+            a, b = without(left, absent), without(right, absent)
+            match op:
+                case "*":
+                    return ZERO if a is ZERO or b is ZERO else BinOp(op, a, b, expr.span)
+                case "+":
+                    if a is ZERO:
+                        return b
+                    return a if b is ZERO else BinOp(op, a, b, expr.span)
+                case "-":
+                    if b is ZERO:
+                        return a
+                    return Neg(b, expr.span) if a is ZERO else BinOp(op, a, b, expr.span)
+                case "/":
+                    if a is ZERO and isinstance(b, Literal) and b.value != 0:
+                        return ZERO
+                    return BinOp(op, a, b, expr.span)
+                case _:
+                    raise AssertionError(op)
+        case _:
+            assert_never(expr)

@@ -1,0 +1,477 @@
+"""Lowering: concrete index notation + formats → loop IR (TACO's level-function lowering).
+
+For each index variable in loop order the lowerer builds the merge lattice of the
+expression and emits one of
+
+* a dense loop over ``0..N`` when the lattice is *full* (some point has no iterator),
+  co-iterating any sparse iterators by coordinate match;
+* a position loop ``for p in pos[parent]..pos[parent+1]`` for a single iterator;
+* for several iterators, one ``while`` loop per lattice point, each running while all
+  its iterators have positions left, with one case per sub-point (TACO's co-iteration).
+
+Inside a case, levels that hold the bound variable are *located* when they are dense
+(``p_k = p_{k-1} * N + i``), and lowering recurses on the case's simplified expression.
+At the innermost level the value is stored into the output (``+=`` into a zeroed dense
+output), or into a scalar accumulator when only reduction loops remain. Nested sums
+(left under ``+``) are computed into scalar temporaries where they are used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from . import ir
+from .abi import Namer, Signature
+from .concrete import ZERO, CExpr, Sum, Zero, accesses
+from .errors import LoweringError
+from .lattice import Iterator, Lattice, LatticePoint, build
+from .notation import Access, BinOp, Literal, Neg
+from .order import level_indices, loop_order
+from .spec import Spec
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A storage level whose position is known: ``pos`` and the end of its segment."""
+
+    pos: ir.Expr
+    next: ir.Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """What is known at a point of the loop nest (immutable; extended by `bind`)."""
+
+    coords: dict[str, ir.Expr] = field(default_factory=dict)
+    levels: dict[tuple[Access, int], Bound] = field(default_factory=dict)
+
+    def bind(
+        self,
+        coords: dict[str, ir.Expr] | None = None,
+        levels: dict[tuple[Access, int], Bound] | None = None,
+    ) -> Ctx:
+        return replace(
+            self, coords={**self.coords, **(coords or {})}, levels={**self.levels, **(levels or {})}
+        )
+
+    def depth(self, access: Access) -> int:
+        """Number of leading levels of ``access`` whose positions are known."""
+        k = 0
+        while (access, k) in self.levels:
+            k += 1
+        return k
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSink:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AccSink:
+    name: str
+
+
+Sink = OutputSink | AccSink
+
+
+@dataclass(frozen=True, slots=True)
+class LoweredKernel:
+    body: ir.Block
+    loop_order: tuple[str, ...]
+
+
+class Lowerer:
+    """Holds what every step needs: the spec, the ABI names, and the name supply."""
+
+    def __init__(self, spec: Spec, sig: Signature, namer: Namer, *, parallel: bool = True) -> None:
+        self.spec = spec
+        self.sig = sig
+        self.namer = namer
+        self.formats = spec.formats
+        self.lhs = spec.statement.lhs
+        self.parallel = parallel
+        self.var_names = {i: namer.fresh(i) for i in spec.indices}
+
+    # ----------------------------------------------------------------- entry
+    def kernel(self) -> LoweredKernel:
+        stmt = self.spec.statement
+        order = loop_order(
+            stmt.loop_indices, [self.lhs, *accesses(stmt.rhs)], self.formats
+        )
+        init = None if stmt.accumulate else self._zero_output()
+        ctx = self._locate(Ctx(), [self.lhs])
+        body = self.loops(order, stmt.rhs, ctx[1], OutputSink(), outermost=True)
+        return LoweredKernel(ir.block(init, ctx[0], body), order)
+
+    def _zero_output(self) -> ir.Stmt:
+        out = self.spec.output
+        size: ir.Expr = ir.IntLit(1)
+        for var in level_indices(self.lhs, out.format):
+            size = ir.mul(size, ir.Var(self.sig.dim(var)))
+        vals = self.sig.array(out.name, "vals")
+        p = self.namer.fresh("p")
+        store = ir.Assign(ir.Load(vals, ir.Var(p)), ir.FloatLit(0.0))
+        par = ir.Parallel("CPUThread", "static") if self.parallel and self.lhs.order else None
+        return ir.block(
+            ir.Comment(f"zero the output {out.name}"),
+            ir.For(p, ir.IntLit(0), size, ir.block(store), par),
+        )
+
+    def _parallel_for(self, trip: ir.Expr) -> tuple[ir.Stmt, ir.Parallel]:
+        """A dynamic schedule with about eight chunks per thread (skewed rows balance)."""
+        chunk = self.namer.fresh("chunk")
+        threads = ir.Var(self.sig.threads)
+        per = ir.Bin("*", ir.IntLit(8), threads)
+        size = ir.Bin("/", ir.Bin("+", trip, ir.Bin("-", per, ir.IntLit(1))), per)
+        decl = ir.Decl(ir.I64, chunk, ir.Call("max", (ir.IntLit(1), size)))
+        return decl, ir.Parallel("CPUThread", "dynamic", chunk)
+
+    # ------------------------------------------------------------ loop nests
+    def loops(
+        self,
+        order: tuple[str, ...],
+        expr: CExpr,
+        ctx: Ctx,
+        sink: Sink,
+        outermost: bool = False,
+    ) -> ir.Block:
+        """Code computing ``Σ order . expr`` (over the not-yet-bound ``order``) into ``sink``."""
+        if expr is ZERO:
+            return ir.Block()
+        if (
+            order
+            and isinstance(sink, OutputSink)
+            and not set(order) & set(self.lhs.indices)
+            and ctx.depth(self.lhs) == self.lhs.order
+        ):
+            acc = self.namer.fresh("acc")
+            return ir.block(
+                ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
+                self.loops(order, expr, ctx, AccSink(acc)),
+                ir.Assign(self._output_slot(ctx), ir.Var(acc), "+="),
+            )
+        if not order:
+            return self.compute(expr, ctx, sink)
+        var, rest = order[0], order[1:]
+        lattice = build(expr, lambda a: self._iterator(a, var, ctx))
+        if not lattice.points:
+            return ir.Block()
+        return self.merge(var, rest, lattice, ctx, sink, outermost)
+
+    def _iterator(self, access: Access, var: str, ctx: Ctx) -> Iterator | None:
+        levels = level_indices(access, self.formats[access.name])
+        if var not in levels:
+            return None
+        k = levels.index(var)
+        if not self.formats[access.name].levels[k].position_iteration:
+            return None
+        if ctx.depth(access) != k:
+            raise LoweringError(f"internal: level {k + 1} of {access} iterated before its parent")
+        return Iterator(access, k)
+
+    # ------------------------------------------------------------ co-iterate
+    def merge(
+        self,
+        var: str,
+        rest: tuple[str, ...],
+        lattice: Lattice,
+        ctx: Ctx,
+        sink: Sink,
+        outermost: bool,
+    ) -> ir.Block:
+        iterators = lattice.iterators
+        name = self.var_names[var]
+        if lattice.full and not iterators:
+            return self._dense_loop(var, rest, lattice.points[0], ctx, sink, outermost)
+        if len(iterators) == 1 and len(lattice.points) == 1:
+            return self._position_loop(var, rest, lattice.points[0], ctx, sink, outermost)
+
+        state = {it: self._iterator_state(it, ctx) for it in iterators}
+        init = [ir.Decl(ir.I64, s.pos, s.lo) for s in state.values()]
+        init += [ir.Decl(ir.I64, s.end, s.hi) for s in state.values()]
+        if lattice.full:
+            loop_body = self._dense_case_body(var, rest, lattice, lattice.points, state, ctx, sink)
+            loop = ir.For(name, ir.IntLit(0), ir.Var(self.sig.dim(var)), loop_body)
+            return ir.block(*init, loop)
+        loops: list[ir.Stmt] = []
+        for top in lattice.points:
+            its = sorted(top.iterators, key=str)
+            cond = ir.conj(*(ir.Bin("<", ir.Var(state[it].pos), ir.Var(state[it].end)) for it in its))
+            reads: list[ir.Stmt] = [
+                ir.Decl(ir.I64, state[it].coord, self._crd(it, ir.Var(state[it].pos))) for it in its
+            ]
+            coord: ir.Expr = ir.Var(state[its[0]].coord)
+            for it in its[1:]:
+                coord = ir.Call("min", (coord, ir.Var(state[it].coord)))
+            reads.append(ir.Decl(ir.I64, name, coord))
+            body = self._dense_case_body(var, rest, lattice, lattice.sub_points(top), state, ctx, sink, its, reads)
+            loops.append(ir.While(cond, body))
+        return ir.block(*init, *loops)
+
+    def _dense_case_body(
+        self,
+        var: str,
+        rest: tuple[str, ...],
+        lattice: Lattice,
+        cases: tuple[LatticePoint, ...],
+        state: dict[Iterator, _IterState],
+        ctx: Ctx,
+        sink: Sink,
+        live: list[Iterator] | None = None,
+        reads: list[ir.Stmt] | None = None,
+    ) -> ir.Block:
+        """One step of co-iteration: which iterators sit at ``var``, the cases, advancing.
+
+        In a dense loop (``live`` is None) every iterator may be exhausted, so presence is
+        ``p < end && crd[p] == var``; in a while loop the condition guarantees positions.
+        """
+        name = self.var_names[var]
+        its = live if live is not None else sorted(lattice.iterators, key=str)
+        stmts: list[ir.Stmt] = list(reads or [])
+        for it in its:
+            s = state[it]
+            if live is None:
+                here = ir.conj(
+                    ir.Bin("<", ir.Var(s.pos), ir.Var(s.end)),
+                    ir.Bin("==", self._crd(it, ir.Var(s.pos)), ir.Var(name)),
+                )
+            else:
+                here = ir.Bin("==", ir.Var(s.coord), ir.Var(name))
+            stmts.append(ir.Decl(ir.BOOL, s.here, here))
+            stmts.extend(self._segment(it, s, ir.Var(name)))
+        branches: list[tuple[ir.Expr, ir.Block]] = []
+        orelse: ir.Block | None = None
+        for point in cases:
+            body = self._case(var, rest, point, state, ctx, sink)
+            if point.iterators:
+                cond = ir.conj(*(ir.Var(state[it].here) for it in sorted(point.iterators, key=str)))
+                branches.append((cond, body))
+            else:
+                orelse = body
+                break
+        if branches:
+            stmts.append(ir.If(tuple(branches), orelse))
+        elif orelse is not None:
+            stmts.extend(orelse.body)
+        for it in its:
+            s = state[it]
+            stmts.append(ir.Assign(ir.Var(s.pos), ir.Select(ir.Var(s.here), s.advance, ir.Var(s.pos))))
+        return ir.block(*stmts)
+
+    def _segment(self, it: Iterator, s: _IterState, coord: ir.Expr) -> list[ir.Stmt]:
+        """For a non-unique level: find the end of the run of equal coordinates."""
+        if self._unique(it):
+            return []
+        nxt = ir.Var(s.next)
+        scan = ir.While(
+            ir.conj(
+                ir.Var(s.here),
+                ir.Bin("<", nxt, ir.Var(s.end)),
+                ir.Bin("==", self._crd(it, nxt), coord),
+            ),
+            ir.block(ir.Assign(nxt, ir.Bin("+", nxt, ir.IntLit(1)))),
+        )
+        return [ir.Decl(ir.I64, s.next, ir.Bin("+", ir.Var(s.pos), ir.IntLit(1))), scan]
+
+    def _case(
+        self,
+        var: str,
+        rest: tuple[str, ...],
+        point: LatticePoint,
+        state: dict[Iterator, _IterState],
+        ctx: Ctx,
+        sink: Sink,
+    ) -> ir.Block:
+        levels = {
+            (it.access, it.level): Bound(ir.Var(state[it].pos), state[it].advance)
+            for it in point.iterators
+        }
+        inner = ctx.bind({var: ir.Var(self.var_names[var])}, levels)
+        return self._enter(rest, point.expr, inner, sink)
+
+    def _enter(self, rest: tuple[str, ...], expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
+        located, ctx = self._locate(ctx, [self.lhs, *accesses(expr)])
+        return ir.block(located, self.loops(rest, expr, ctx, sink))
+
+    def _dense_loop(
+        self,
+        var: str,
+        rest: tuple[str, ...],
+        point: LatticePoint,
+        ctx: Ctx,
+        sink: Sink,
+        outermost: bool,
+    ) -> ir.Block:
+        name = self.var_names[var]
+        inner = ctx.bind({var: ir.Var(name)})
+        body = self._enter(rest, point.expr, inner, sink)
+        trip = ir.Var(self.sig.dim(var))
+        par = self._parallel_for(trip) if self._can_parallelize(var, outermost) else None
+        loop = ir.For(name, ir.IntLit(0), trip, body, par[1] if par else None)
+        return ir.block(par[0] if par else None, loop)
+
+    def _position_loop(
+        self,
+        var: str,
+        rest: tuple[str, ...],
+        point: LatticePoint,
+        ctx: Ctx,
+        sink: Sink,
+        outermost: bool,
+    ) -> ir.Block:
+        (it,) = point.iterators
+        s = self._iterator_state(it, ctx)
+        name = self.var_names[var]
+        pos = ir.Var(s.pos)
+        read = ir.Decl(ir.I64, name, self._crd(it, pos))
+        if self._unique(it):
+            levels = {(it.access, it.level): Bound(pos, ir.Bin("+", pos, ir.IntLit(1)))}
+            inner = ctx.bind({var: ir.Var(name)}, levels)
+            body = ir.block(read, self._enter(rest, point.expr, inner, sink))
+            trip = ir.Bin("-", s.hi, s.lo)
+            par = self._parallel_for(trip) if self._can_parallelize(var, outermost) else None
+            loop = ir.For(s.pos, s.lo, s.hi, body, par[1] if par else None)
+            return ir.block(par[0] if par else None, loop)
+        # Non-unique level: walk runs of equal coordinates; children see [p, next).
+        levels = {(it.access, it.level): Bound(pos, ir.Var(s.next))}
+        inner = ctx.bind({var: ir.Var(name)}, levels)
+        nxt = ir.Var(s.next)
+        scan = ir.While(
+            ir.conj(ir.Bin("<", nxt, ir.Var(s.end)), ir.Bin("==", self._crd(it, nxt), ir.Var(name))),
+            ir.block(ir.Assign(nxt, ir.Bin("+", nxt, ir.IntLit(1)))),
+        )
+        body = ir.block(
+            read,
+            ir.Decl(ir.I64, s.next, ir.Bin("+", pos, ir.IntLit(1))),
+            scan,
+            self._enter(rest, point.expr, inner, sink),
+            ir.Assign(pos, nxt),
+        )
+        return ir.block(
+            ir.Decl(ir.I64, s.pos, s.lo),
+            ir.Decl(ir.I64, s.end, s.hi),
+            ir.While(ir.Bin("<", pos, ir.Var(s.end)), body),
+        )
+
+    def _can_parallelize(self, var: str, outermost: bool) -> bool:
+        """Outermost loop over an output index: every iteration writes its own slice."""
+        return self.parallel and outermost and var in self.lhs.indices
+
+    # ------------------------------------------------------------- iterators
+    def _iterator_state(self, it: Iterator, ctx: Ctx) -> _IterState:
+        t, k = it.access.name, it.level
+        fmt = self.formats[t].levels[k]
+        parent = ctx.levels.get((it.access, k - 1)) if k > 0 else None
+        if fmt.inherits_parent_range:
+            assert parent is not None
+            lo, hi = parent.pos, parent.next
+        else:
+            ppos = parent.pos if parent else ir.IntLit(0)
+            pos_arr = self.sig.array(t, "pos", k)
+            lo = ir.Load(pos_arr, ppos)
+            hi = ir.Load(pos_arr, ir.add(ppos, ir.IntLit(1)))
+        var = level_indices(it.access, self.formats[t])[k]
+        p = self.namer.fresh(f"p{t}{k + 1}")
+        nxt = self.namer.fresh(f"{p}_next") if not fmt.unique else ""
+        here = self.namer.fresh(f"{var}{t}_here")
+        advance = ir.Var(nxt) if nxt else ir.Bin("+", ir.Var(p), ir.IntLit(1))
+        return _IterState(
+            pos=p,
+            end=self.namer.fresh(f"{p}_end"),
+            coord=self.namer.fresh(f"{var}{t}"),
+            here=here,
+            next=nxt,
+            lo=lo,
+            hi=hi,
+            advance=advance,
+        )
+
+    def _crd(self, it: Iterator, pos: ir.Expr) -> ir.Expr:
+        return ir.Load(self.sig.array(it.access.name, "crd", it.level), pos)
+
+    def _unique(self, it: Iterator) -> bool:
+        return self.formats[it.access.name].levels[it.level].unique
+
+    # ---------------------------------------------------------------- locate
+    def _locate(self, ctx: Ctx, accs: list[Access]) -> tuple[ir.Block, Ctx]:
+        """Compute positions of dense levels whose coordinate and parent are known."""
+        decls: list[ir.Stmt] = []
+        for access in dict.fromkeys(accs):
+            fmt = self.formats[access.name]
+            levels = level_indices(access, fmt)
+            k = ctx.depth(access)
+            while k < len(levels) and fmt.levels[k].locate and levels[k] in ctx.coords:
+                parent = ctx.levels[(access, k - 1)].pos if k > 0 else None
+                coord = ctx.coords[levels[k]]
+                pos = coord if parent is None else ir.add(
+                    ir.mul(parent, ir.Var(self.sig.dim(levels[k]))), coord
+                )
+                p = self.namer.fresh(f"p{access.name}{k + 1}")
+                decls.append(ir.Decl(ir.I64, p, pos))
+                ctx = ctx.bind(levels={(access, k): Bound(ir.Var(p), ir.Bin("+", ir.Var(p), ir.IntLit(1)))})
+                k += 1
+        return ir.block(*decls), ctx
+
+    # --------------------------------------------------------------- compute
+    def _output_slot(self, ctx: Ctx) -> ir.Load:
+        vals = self.sig.array(self.lhs.name, "vals")
+        if self.lhs.order == 0:
+            return ir.Load(vals, ir.IntLit(0))
+        return ir.Load(vals, ctx.levels[(self.lhs, self.lhs.order - 1)].pos)
+
+    def compute(self, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
+        stmts: list[ir.Stmt] = []
+        value = self.value(expr, ctx, stmts)
+        match sink:
+            case OutputSink():
+                stmts.append(ir.Assign(self._output_slot(ctx), value, "+="))
+            case AccSink(name=name):
+                stmts.append(ir.Assign(ir.Var(name), value, "+="))
+        return ir.block(*stmts)
+
+    def value(self, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Expr:
+        """The IR value of ``expr`` with every variable bound; nested sums emit into ``stmts``."""
+        match expr:
+            case Access(name=name, order=0):
+                return ir.Var(self.sig.value(name))
+            case Access():
+                last = ctx.levels.get((expr, expr.order - 1))
+                if last is None:
+                    raise LoweringError(f"internal: {expr} read before all its levels are bound")
+                return ir.Load(self.sig.array(expr.name, "vals"), last.pos)
+            case Literal(value=v):
+                return ir.FloatLit(v)
+            case Zero():
+                return ir.FloatLit(0.0)
+            case Neg(operand=x):
+                return ir.Unary("-", self.value(x, ctx, stmts))
+            case BinOp(op=op, left=left, right=right):
+                return ir.Bin(op, self.value(left, ctx, stmts), self.value(right, ctx, stmts))
+            case Sum(indices=indices, body=body):
+                outer = tuple(ctx.coords)
+                order = loop_order(indices, list(accesses(body)), self.formats, outer)
+                t = self.namer.fresh("t")
+                stmts.append(ir.Decl(ir.VAL, t, ir.FloatLit(0.0)))
+                stmts.extend(self.loops(order, body, ctx, AccSink(t)).body)
+                return ir.Var(t)
+            case _:
+                raise AssertionError(expr)
+
+
+@dataclass(frozen=True, slots=True)
+class _IterState:
+    """Names of one iterator's variables in one co-iteration loop."""
+
+    pos: str
+    end: str
+    coord: str
+    here: str
+    next: str
+    lo: ir.Expr
+    hi: ir.Expr
+    advance: ir.Expr
+
+
+def lower(spec: Spec, sig: Signature, namer: Namer, *, parallel: bool = True) -> LoweredKernel:
+    return Lowerer(spec, sig, namer, parallel=parallel).kernel()

@@ -1,0 +1,153 @@
+"""Iteration graph: a loop order consistent with every tensor's level order.
+
+A level that iterates positions (compressed, singleton) can only be entered once the
+positions of all levels above it are known, so its variable must come after theirs:
+these are *hard* edges. Dense levels are located and add no hard edge; their level order,
+and the output's, are *soft* edges that the greedy topological sort follows where it can
+(row-major traversal of dense operands). Ties go to first appearance.
+
+When no order exists the error names the tensor and the mode ordering that would work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import LoweringError
+from .formats import Format
+from .notation import Access
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    before: str
+    after: str
+    tensor: str
+
+
+def level_indices(access: Access, fmt: Format) -> tuple[str, ...]:
+    """The index variable of each storage level of ``access``."""
+    return tuple(access.indices[mode] for mode in fmt.ordering)
+
+
+def edges(
+    accesses: list[Access], formats: dict[str, Format], scope: set[str], outer: set[str]
+) -> tuple[list[Edge], list[Edge]]:
+    """Hard and soft edges among ``scope`` for loops nested inside ``outer``."""
+    hard: list[Edge] = []
+    soft: list[Edge] = []
+    for access in accesses:
+        fmt = formats[access.name]
+        levels = level_indices(access, fmt)
+        for k, var in enumerate(levels):
+            if var not in scope:
+                continue
+            for m in range(k):
+                above = levels[m]
+                if above in outer:
+                    continue
+                iterated = fmt.levels[k].position_iteration
+                if above not in scope:
+                    if iterated:
+                        raise _inner_before_outer(access, fmt, above, var, scope, outer)
+                    continue
+                if iterated:
+                    hard.append(Edge(above, var, access.name))
+                elif m == k - 1:
+                    soft.append(Edge(above, var, access.name))
+    return hard, soft
+
+
+def topological(
+    scope: tuple[str, ...], hard: list[Edge], soft: list[Edge]
+) -> tuple[str, ...] | None:
+    """Greedy order: ready variables first, fewest pending soft predecessors, then first use."""
+    placed: list[str] = []
+    left = list(scope)
+    while left:
+        ready = [v for v in left if all(e.before in placed for e in hard if e.after == v)]
+        if not ready:
+            return None
+        best = min(
+            ready,
+            key=lambda v: (
+                sum(1 for e in soft if e.after == v and e.before not in placed),
+                scope.index(v),
+            ),
+        )
+        placed.append(best)
+        left.remove(best)
+    return tuple(placed)
+
+
+def loop_order(
+    scope: tuple[str, ...],
+    accesses: list[Access],
+    formats: dict[str, Format],
+    outer: tuple[str, ...] = (),
+) -> tuple[str, ...]:
+    """Order the variables ``scope`` of one loop nest placed inside loops ``outer``."""
+    hard, soft = edges(accesses, formats, set(scope), set(outer))
+    order = topological(scope, hard, soft)
+    if order is not None:
+        return order
+    raise _conflict(scope, accesses, formats, hard, soft, outer)
+
+
+def _suggest(access: Access, fmt: Format, order: tuple[str, ...]) -> str:
+    """The format spelling that stores ``access``'s modes in loop ``order``."""
+    rank = {v: n for n, v in enumerate(order)}
+    ordering = sorted(range(access.order), key=lambda mode: rank.get(access.indices[mode], 1 << 30))
+    letters = "".join(level.spelling for level in fmt.levels)
+    return f"{letters}:{','.join(map(str, ordering))}"
+
+
+def _describe(edges_of: list[Edge]) -> str:
+    return ", ".join(sorted({f"{e.before} before {e.after}" for e in edges_of}))
+
+
+def _conflict(
+    scope: tuple[str, ...],
+    accesses: list[Access],
+    formats: dict[str, Format],
+    hard: list[Edge],
+    soft: list[Edge],
+    outer: tuple[str, ...],
+) -> LoweringError:
+    needs = "; ".join(
+        f"{a} ({formats[a.name]}) needs {_describe([e for e in hard if e.tensor == a.name])}"
+        for a in dict.fromkeys(accesses)
+        if any(e.tensor == a.name for e in hard)
+    )
+    for access in reversed(list(dict.fromkeys(accesses))):
+        rest = [e for e in hard if e.tensor != access.name]
+        if len(rest) == len(hard):
+            continue
+        order = topological(scope, rest, soft)
+        if order is None:
+            continue
+        fix = _suggest(access, formats[access.name], outer + order)
+        return LoweringError(
+            f"no loop order fits every tensor's level order: {needs}. Store "
+            f"{access.name} with mode ordering {fix.split(':')[1]} (format '{fix}') so that "
+            f"loops can run in the order {', '.join(outer + order)}"
+        )
+    return LoweringError(f"no loop order fits every tensor's level order: {needs}")
+
+
+def _inner_before_outer(
+    access: Access,
+    fmt: Format,
+    above: str,
+    var: str,
+    scope: set[str],
+    outer: set[str],
+) -> LoweringError:
+    early = [v for v in access.indices if v in outer or v in scope]
+    late = [v for v in access.indices if v not in early]
+    fix = _suggest(access, fmt, tuple(early + late))
+    return LoweringError(
+        f"{access} is stored as {fmt}, which needs {above} before {var}, but {above} is "
+        f"summed in a loop nested inside the loop over {var}. Store {access.name} with mode "
+        f"ordering {fix.split(':')[1]} (format '{fix}')"
+    )

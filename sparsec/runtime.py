@@ -1,0 +1,147 @@
+"""Build and load C kernels: system compiler, on-disk content-addressed cache, ctypes.
+
+The cache key is a SHA-256 of the source, the compiler's identity and the flags, so a
+changed compiler or flag never reuses a stale library. Entries are written atomically
+(compile to a temporary file in the cache directory, then ``os.replace``), so several
+processes may build the same kernel at once and every reader sees a whole file.
+
+Environment: ``SPARSEC_CC`` (default ``cc``), ``SPARSEC_CFLAGS`` (default
+``-O3 -march=native -fopenmp``; ``-shared -fPIC`` are always added), ``SPARSEC_CACHE_DIR``
+(default: the user cache directory, ``~/.cache/sparsec`` on Linux).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from .errors import CompileError
+
+DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
+REQUIRED_CFLAGS = ("-shared", "-fPIC", "-std=gnu11")
+
+
+@dataclass(frozen=True, slots=True)
+class Toolchain:
+    cc: tuple[str, ...]
+    flags: tuple[str, ...]
+    identity: str
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("SPARSEC_CACHE_DIR")
+    if env:
+        return Path(env)
+    try:
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("sparsec"))
+    except ImportError:  # pragma: no cover - platformdirs is a dependency
+        return Path.home() / ".cache" / "sparsec"
+
+
+@cache
+def _identity(cc: tuple[str, ...]) -> str:
+    exe = shutil.which(cc[0])
+    if exe is None:
+        raise CompileError(
+            f"C compiler {cc[0]!r} not found on PATH; install gcc or clang, or set SPARSEC_CC"
+        )
+    try:
+        out = subprocess.run(
+            [*cc, "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise CompileError(f"cannot run C compiler {cc[0]!r}: {err}") from None
+    return f"{exe}\n{out.stdout.strip()}"
+
+
+def toolchain() -> Toolchain:
+    cc = tuple(shlex.split(os.environ.get("SPARSEC_CC", "cc"))) or ("cc",)
+    flags = tuple(shlex.split(os.environ.get("SPARSEC_CFLAGS", DEFAULT_CFLAGS)))
+    return Toolchain(cc, flags + REQUIRED_CFLAGS, _identity(cc))
+
+
+def cache_key(source: str, tc: Toolchain) -> str:
+    h = hashlib.sha256()
+    for part in (source, tc.identity, " ".join(tc.cc), " ".join(tc.flags)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+_loaded: dict[str, ctypes.CDLL] = {}
+_lock = threading.Lock()
+
+
+def compile_cached(source: str) -> ctypes.CDLL:
+    """The loaded shared library for ``source``, compiled at most once per cache."""
+    tc = toolchain()
+    key = cache_key(source, tc)
+    with _lock:
+        lib = _loaded.get(key)
+        if lib is not None:
+            return lib
+        path = cache_dir() / f"{key}.so"
+        if not path.exists():
+            path = _build(source, tc, path)
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as err:
+            # A truncated or foreign file: rebuild once, privately.
+            path = _build(source, tc, path, force=True)
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError:
+                raise CompileError(f"cannot load compiled kernel {path}: {err}") from None
+        _loaded[key] = lib
+        return lib
+
+
+def _build(source: str, tc: Toolchain, dest: Path, force: bool = False) -> Path:
+    """Compile into ``dest`` atomically; fall back to a private temp dir if unwritable."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        workdir = dest.parent
+        if not os.access(workdir, os.W_OK):
+            raise PermissionError(str(workdir))
+    except OSError:
+        workdir = Path(tempfile.mkdtemp(prefix="sparsec-"))
+        dest = workdir / dest.name
+    fd, src_path = tempfile.mkstemp(suffix=".c", dir=workdir)
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
+    fd, tmp_so = tempfile.mkstemp(suffix=".so.tmp", dir=workdir)
+    os.close(fd)
+    cmd = [*tc.cc, *tc.flags, src_path, "-o", tmp_so, "-lm"]
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        _unlink(src_path, tmp_so)
+        raise CompileError(f"C compiler failed to run ({' '.join(cmd)}): {err}") from None
+    if result.returncode != 0:
+        _unlink(src_path, tmp_so)
+        raise CompileError(
+            f"C compiler failed (exit {result.returncode}) running {' '.join(cmd)}:\n"
+            f"{result.stderr.strip()[-4000:]}"
+        )
+    os.replace(tmp_so, dest)
+    _unlink(src_path)
+    return dest
+
+
+def _unlink(*paths: str) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass

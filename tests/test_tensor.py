@@ -1,0 +1,809 @@
+"""Tensor storage tests: dense/COO/scipy/torch/file round trips for every format, the
+broken-storage table (error class and message), index-dtype choice, immutability and `random`.
+Tables first; hypothesis properties after."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import itertools
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparsec.errors import DTypeError, FormatError, InputError, ShapeError, StorageError
+from sparsec.formats import Dense, parse_format
+from sparsec.io import load, load_mtx, load_tns, save, save_mtx, save_tns
+from sparsec.tensor import LevelStorage, Tensor, as_tensor, pack, random
+
+FORMATS = {
+    1: ["dense", "d", "s", "coo", "csf"],
+    2: ["dense", "csr", "csc", "dcsr", "dcsc", "coo", "csf", "sd", "ds:1,0", "dd:1,0", "sd:1,0"],
+    3: [
+        "dense",
+        "coo",
+        "csf",
+        "uqq",
+        "sss",
+        "dss",
+        "sds:2,0,1",
+        "ssd",
+        "dsd:1,2,0",
+        "uqs",
+        "sss:2,1,0",
+        "ddd:2,0,1",
+        "sdd",
+    ],
+}
+#: torch warns that sparse CSR is beta and that invariant checks are off; neither is ours
+pytestmark = pytest.mark.filterwarnings("ignore:Sparse:UserWarning")
+
+ALL_FORMATS = [(order, fmt) for order, fmts in FORMATS.items() for fmt in fmts]
+
+
+def has_dense_level(t: Tensor) -> bool:
+    return any(isinstance(level, Dense) for level in t.format.levels)
+
+
+def assert_same(t: Tensor, expected: np.ndarray) -> None:
+    t.validate("T")
+    dense = t.to_dense()
+    assert dense.shape == expected.shape
+    np.testing.assert_array_equal(dense, expected)
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+@st.composite
+def dense_arrays(draw, order: int) -> np.ndarray:
+    """Small integer-valued arrays with real zeros and an empty first-mode slice."""
+    shape = tuple(draw(st.integers(0, 5)) for _ in range(order))
+    density = draw(st.sampled_from([0.0, 0.2, 0.5, 1.0]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    array = rng.integers(-3, 4, size=shape) * (rng.random(shape) < density)
+    if order and shape[0] > 1:
+        array[draw(st.integers(0, shape[0] - 1))] = 0
+    return array.astype(np.float64)
+
+
+# --------------------------------------------------------------------------- tables: storage
+
+
+CSR_3x4 = np.array([[1.0, 0, 0, 2], [0, 0, 0, 0], [0, 3, 0, 0]])
+
+#: (format, levels, vals) that are valid for CSR_3x4
+VALID_STORAGE = [
+    ("csr", [None, ([0, 2, 2, 3], [0, 3, 1])], [1, 2, 3]),
+    ("csc", [None, ([0, 1, 2, 2, 3], [0, 2, 0])], [1, 3, 2]),
+    ("dcsr", [([0, 2], [0, 2]), ([0, 2, 3], [0, 3, 1])], [1, 2, 3]),
+    ("coo", [([0, 3], [0, 0, 2]), (None, [0, 3, 1])], [1, 2, 3]),
+    ("uq", [{"pos": [0, 3], "crd": [0, 0, 2]}, np.array([0, 3, 1])], [1, 2, 3]),
+    ("sd", [([0, 2], [0, 2]), None], [1, 0, 0, 2, 0, 3, 0, 0]),
+    ("dense", [None, None], CSR_3x4.ravel()),
+    ("csr", [LevelStorage(), LevelStorage(np.array([0, 2, 2, 3]), np.array([0, 3, 1]))], [1, 2, 3]),
+]
+
+
+@pytest.mark.parametrize("fmt,levels,vals", VALID_STORAGE)
+def test_valid_storage(fmt, levels, vals):
+    t = Tensor.from_arrays((3, 4), fmt, levels, vals, name="A")
+    assert_same(t, CSR_3x4)
+    assert t.index_dtype == np.int32 and t.dtype == np.float64
+
+
+def test_valid_storage_segments_restart():
+    # 'duq': each dense row is its own segment, so the COO ordering restarts per row
+    levels = [None, ([0, 2, 3], [2, 2, 0]), (None, [0, 1, 1])]
+    t = Tensor.from_arrays((2, 3, 2), "duq", levels, [1, 2, 3], name="A")
+    expected = np.zeros((2, 3, 2))
+    expected[0, 2, 0], expected[0, 2, 1], expected[1, 0, 1] = 1, 2, 3
+    assert_same(t, expected)
+
+
+def test_valid_singleton_under_dense_fills_zeros():
+    # 'dq': one coordinate per row; an empty row stores coordinate 0 with value 0
+    a = np.array([[0.0, 5, 0], [0, 0, 0], [7, 0, 0]])
+    t = Tensor.from_dense(a, "dq")
+    assert t.levels[1].crd.tolist() == [1, 0, 0]
+    assert t.vals.tolist() == [5, 0, 7]
+    assert_same(t, a)
+
+
+CSR_POS, CSR_CRD = [0, 2, 2, 3], [0, 3, 1]
+COO_ROWS = ([0, 3], [0, 0, 2])
+
+#: (id, shape, format, levels, vals, error, message substring)
+BROKEN = [
+    ("pos0", (3, 4), "csr", [None, ([1, 2, 2, 3], CSR_CRD)], [1, 2, 3], StorageError,
+     "tensor 'A' level 1 (compressed): pos[0]=1 (pos must start at 0)"),
+    ("pos-falls", (3, 4), "csr", [None, ([0, 2, 1, 3], CSR_CRD)], [1, 2, 3], StorageError,
+     "tensor 'A' level 1 (compressed): pos[1]=2 > pos[2]=1 (pos must be non-decreasing)"),
+    ("pos-last", (3, 4), "csr", [None, ([0, 2, 2, 2], CSR_CRD)], [1, 2, 3], StorageError,
+     "pos[3]=2 but crd has 3 entries"),
+    ("pos-short", (3, 4), "csr", [None, ([0, 2, 3], CSR_CRD)], [1, 2, 3], StorageError,
+     "pos has 3 entries; expected 4"),
+    ("pos-long", (3, 4), "csr", [None, ([0, 2, 2, 3, 3], CSR_CRD)], [1, 2, 3], StorageError,
+     "pos has 5 entries; expected 4"),
+    ("crd-negative", (3, 4), "csr", [None, (CSR_POS, [0, -1, 1])], [1, 2, 3], StorageError,
+     "crd[1]=-1 is out of range [0, 4)"),
+    ("crd-too-big", (3, 4), "csr", [None, (CSR_POS, [0, 4, 1])], [1, 2, 3], StorageError,
+     "crd[1]=4 is out of range [0, 4)"),
+    ("crd-unsorted", (3, 4), "csr", [None, (CSR_POS, [3, 0, 1])], [1, 2, 3], StorageError,
+     "crd[0]=3 > crd[1]=0 under parent position 0"),
+    ("crd-duplicate", (3, 4), "csr", [None, (CSR_POS, [1, 1, 1])], [1, 2, 3], StorageError,
+     "duplicate coordinate 1 at crd[0] and crd[1]"),
+    ("dcsr-top-unsorted", (3, 4), "dcsr", [([0, 2], [2, 0]), ([0, 2, 3], [0, 3, 1])],
+     [1, 2, 3], StorageError, "level 0 (compressed): crd[0]=2 > crd[1]=0"),
+    ("dcsr-pos-vs-parent", (3, 4), "dcsr", [([0, 2], [0, 2]), ([0, 3], [0, 3, 1])], [1, 2, 3],
+     StorageError, "level 1 (compressed): pos has 2 entries; expected 3"),
+    ("singleton-length", (3, 4), "coo", [COO_ROWS, (None, [0, 3])], [1, 2, 3], StorageError,
+     "crd has 2 entries but a singleton level stores one coordinate per parent position (3)"),
+    ("singleton-range", (3, 4), "coo", [COO_ROWS, (None, [0, 9, 1])], [1, 2, 3], StorageError,
+     "level 1 (singleton): crd[1]=9 is out of range [0, 4)"),
+    ("coo-rows-unsorted", (3, 4), "coo", [([0, 3], [2, 0, 0]), (None, [0, 3, 1])], [1, 2, 3],
+     StorageError, "(compressed(non-unique)): crd[0]=2 > crd[1]=0 under parent position 0 "
+     "(coordinates must be non-decreasing in a segment)"),
+    ("coo-tuples-unsorted", (3, 4), "coo", [COO_ROWS, (None, [3, 0, 1])], [1, 2, 3],
+     StorageError, "out of order: (0, 3) at position 0 then (0, 0)"),
+    ("coo-tuples-duplicate", (3, 4), "coo", [COO_ROWS, (None, [3, 3, 1])], [1, 2, 3],
+     StorageError, "duplicate coordinate tuple (0, 3) (levels 0..1) at positions 0 and 1"),
+    ("uqq-middle-unsorted", (2, 3, 2), "uqq", [([0, 2], [0, 0]), (None, [2, 1]), (None, [0, 0])],
+     [1, 2], StorageError, "level 1 (singleton(non-unique)): coordinate tuples (levels 0..1)"),
+    ("uqq-duplicate", (2, 3, 2), "uqq", [([0, 2], [0, 0]), (None, [1, 1]), (None, [0, 0])],
+     [1, 2], StorageError, "duplicate coordinate tuple (0, 1, 0)"),
+    ("vals-short", (3, 4), "csr", [None, (CSR_POS, CSR_CRD)], [1, 2], StorageError,
+     "vals has 2 entries but the last level has 3 positions"),
+    ("vals-dense-short", (3, 4), "dense", [None, None], np.zeros(11), StorageError,
+     "vals has 11 entries but the last level has 12 positions"),
+    ("vals-2d", (3, 4), "csr", [None, (CSR_POS, CSR_CRD)], [[1, 2, 3]], StorageError,
+     "vals must be 1-d, got shape (1, 3)"),
+    ("crd-2d", (3, 4), "csr", [None, (CSR_POS, [[0, 3, 1]])], [1, 2, 3], StorageError,
+     "crd must be 1-d"),
+    ("vals-float16", (3, 4), "csr", [None, (CSR_POS, CSR_CRD)], np.ones(3, np.float16),
+     DTypeError, "float16 values are not supported; use float32 or float64"),
+    ("vals-complex", (3, 4), "csr", [None, (CSR_POS, CSR_CRD)], np.ones(3, complex), DTypeError,
+     "tensor 'A': complex128 values are not supported; use float32 or float64"),
+    ("crd-float", (3, 4), "csr", [None, (CSR_POS, [0.0, 3.0, 1.0])], [1, 2, 3], DTypeError,
+     "crd has dtype float64; index arrays must be integers"),
+    ("pos-bool", (3, 4), "csr", [None, (np.array([0, 1, 1, 1], bool), [0])], [1], DTypeError,
+     "pos has dtype bool"),
+    ("dense-with-arrays", (3, 4), "csr", [([0, 1], [0]), (CSR_POS, CSR_CRD)], [1, 2, 3],
+     StorageError, "level 0 (dense): stores no pos array"),
+    ("compressed-no-crd", (3, 4), "csr", [None, (CSR_POS, None)], [1, 2, 3], StorageError,
+     "level 1 (compressed): needs a crd array"),
+    ("singleton-with-pos", (3, 4), "coo", [COO_ROWS, ([0, 1, 2, 3], [0, 3, 1])], [1, 2, 3],
+     StorageError, "level 1 (singleton): stores no pos array"),
+    ("level-count", (3, 4), "csr", [None], [1, 2, 3], StorageError,
+     "format csr has 2 levels but 1 level storages were given"),
+    ("unknown-key", (3, 4), "csr", [None, {"pos": CSR_POS, "idx": CSR_CRD}], [1, 2, 3],
+     StorageError, "unknown storage arrays ['idx']"),
+    ("negative-shape", (3, -4), "csr", [None, (CSR_POS, CSR_CRD)], [1, 2, 3], ShapeError,
+     "must hold non-negative ints"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "shape,fmt,levels,vals,error,message",
+    [case[1:] for case in BROKEN],
+    ids=[case[0] for case in BROKEN],
+)
+def test_broken_storage(shape, fmt, levels, vals, error, message):
+    with pytest.raises(error) as info:
+        Tensor.from_arrays(shape, fmt, levels, vals, name="A")
+    assert message in str(info.value)
+
+
+def test_validate_catches_what_the_trusted_constructor_accepts():
+    pos, crd = np.array([0, 2, 1, 3], np.int32), np.array([0, 3, 1], np.int32)
+    t = Tensor((3, 4), parse_format("csr", 2), (LevelStorage(), LevelStorage(pos, crd)), np.ones(3))
+    with pytest.raises(StorageError, match=r"tensor 'B' level 1 \(compressed\): pos\[1\]=2"):
+        t.validate("B")
+
+
+def test_trusted_constructor_checks_structure():
+    pos, crd = np.array([0, 2, 2, 3], np.int32), np.array([0, 3, 1], np.int64)
+    with pytest.raises(DTypeError, match="all index arrays of the tensor must be int32"):
+        Tensor((3, 4), parse_format("csr", 2), (LevelStorage(), LevelStorage(pos, crd)), np.ones(3))
+    with pytest.raises(DTypeError, match="int64 values are not supported"):
+        Tensor((2,), parse_format("d", 1), (LevelStorage(),), np.ones(2, np.int64))
+
+
+def test_from_arrays_converts_index_dtypes():
+    levels = [None, (np.array([0, 2, 2, 3], np.uint8), np.array([0, 3, 1], np.int16))]
+    t = Tensor.from_arrays((3, 4), "csr", levels, np.array([1, 2, 3]))
+    assert t.index_dtype == np.int32 and t.levels[1].pos.dtype == np.int32
+    assert t.dtype == np.float64  # integer values become float64
+    t64 = Tensor.from_arrays((3, 4), "csr", levels, [1, 2, 3], index_dtype="int64")
+    assert t64.levels[1].crd.dtype == np.int64 and t64.index_dtype == np.int64
+    t32 = Tensor.from_arrays((3, 4), "csr", levels, [1, 2, 3], dtype=np.float32)
+    assert t32.dtype == np.float32
+
+
+def test_from_arrays_forced_int32_too_small_for_values():
+    with pytest.raises(DTypeError, match="do not fit int32"):
+        Tensor.from_arrays((10,), "s", [([0, 1], [2**35])], [1.0], index_dtype="int32")
+
+
+# --------------------------------------------------------------------------- index dtype
+
+
+BIG = 2**31
+
+
+def test_int64_chosen_for_a_huge_dimension():
+    t = Tensor.from_coo([[0, 2, 2], [5, 0, BIG - 1]], [1.0, 2.0, 3.0], (3, BIG), "csr")
+    assert t.index_dtype == np.int64 and t.levels[1].crd.dtype == np.int64
+    coords, vals = t.coords()
+    assert coords.tolist() == [[0, 2, 2], [5, 0, BIG - 1]] and vals.tolist() == [1, 2, 3]
+    t.validate()
+
+
+@pytest.mark.parametrize("fmt", ["coo", "dcsr", "csf", "dcsc"])
+def test_int64_for_huge_sparse_formats(fmt):
+    coords = [[0, BIG + 3, BIG + 3], [7, 1, BIG + 1]]
+    t = Tensor.from_coo(coords, [1.0, 2.0, 3.0], (BIG + 5, BIG + 5), fmt)
+    assert t.index_dtype == np.int64
+    back, _ = t.coords()
+    assert sorted(map(tuple, back.T.tolist())) == sorted(map(tuple, np.array(coords).T.tolist()))
+
+
+def test_forced_int32_overflow_raises():
+    with pytest.raises(DTypeError, match="int32 cannot hold dimension size 2147483648"):
+        Tensor.from_coo([[0], [5]], [1.0], (3, BIG), "csr", index_dtype="int32")
+    t = Tensor.from_coo([[0], [5]], [1.0], (3, BIG), "dcsr")
+    with pytest.raises(DTypeError, match="int32 cannot hold"):
+        t.astype(index_dtype="int32")
+
+
+def test_index_dtype_kept_when_it_fits():
+    t = Tensor.from_dense(CSR_3x4, "csr", index_dtype=np.dtype("int64"))
+    assert t.index_dtype == np.int64
+    assert t.astype(index_dtype="int32").levels[1].pos.dtype == np.int32
+    assert t.to_format("csc").index_dtype == np.int64
+    assert Tensor.from_dense(CSR_3x4, "dense", index_dtype="int64").index_dtype == np.int64
+
+
+def test_random_with_huge_dimension():
+    t = random((BIG + 1, 3), 2e-9, "dcsr")
+    assert t.nnz == round(2e-9 * (BIG + 1) * 3) and t.index_dtype == np.int64
+    t.validate()
+
+
+@pytest.mark.parametrize("bad", ["int16", "float32", np.uint32])
+def test_bad_index_dtype_spec(bad):
+    with pytest.raises(DTypeError, match="index dtype"):
+        Tensor.from_dense(CSR_3x4, "csr", index_dtype=bad)
+
+
+# --------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize(
+    "array,dtype,expected",
+    [
+        (np.array([1, 0]), None, np.float64),
+        (np.array([True, False]), None, np.float64),
+        (np.array([1.0, 0.0], np.float32), None, np.float32),
+        (np.array([1.0, 0.0]), "float32", np.float32),
+        (np.array([1.0, 0.0], np.float16), "float32", np.float32),
+        (np.array([1.0, 0.0]), torch.float32, np.float32),
+        (torch.tensor([1.0, 0.0], dtype=torch.bfloat16), "float64", np.float64),
+        (torch.tensor([1.0, 0.0], dtype=torch.float32), None, np.float32),
+    ],
+)
+def test_value_dtypes(array, dtype, expected):
+    t = Tensor.from_dense(array, "s", dtype=dtype)
+    assert t.dtype == expected and t.to_dense().tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "array,dtype,message",
+    [
+        (np.ones(2, np.float16), None, "float16 values are not supported"),
+        (np.ones(2, complex), None, "complex128 values are not supported"),
+        (np.ones(2, complex), "float64", "complex128 values are not supported"),
+        (torch.ones(2, dtype=torch.bfloat16), None, "bfloat16 values are not supported"),
+        (torch.ones(2, dtype=torch.float16), None, "float16 values are not supported"),
+        (torch.ones(2, dtype=torch.complex64), None, "complex64 values are not supported"),
+        (np.ones(2), "int32", "value dtype int32 is not supported"),
+        (np.array(["a", "b"]), None, "values are not supported"),
+    ],
+)
+def test_unsupported_value_dtypes(array, dtype, message):
+    with pytest.raises(DTypeError, match=message):
+        Tensor.from_dense(array, "s", dtype=dtype, name="x")
+
+
+def test_nan_and_inf_are_data():
+    a = np.array([[np.nan, 0], [np.inf, -np.inf]])
+    for fmt in ("csr", "coo", "dense", "dcsc"):
+        t = Tensor.from_dense(a, fmt)
+        np.testing.assert_array_equal(t.to_dense(), a)
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def test_from_coo_sums_duplicates_and_keeps_explicit_zeros():
+    coords = [[2, 0, 2, 0, 1], [1, 0, 1, 3, 2]]
+    t = Tensor.from_coo(coords, [1.0, 2.0, 3.0, 4.0, 0.0], (3, 4), "csr")
+    expected = np.zeros((3, 4))
+    expected[2, 1], expected[0, 0], expected[0, 3] = 4, 2, 4
+    assert_same(t, expected)
+    assert t.nnz == 4  # the explicit zero at (1, 2) is stored
+
+
+@pytest.mark.parametrize("fmt", FORMATS[3])
+def test_from_coo_sequence_of_modes_unsorted_duplicates(fmt):
+    rng = np.random.default_rng(7)
+    coords = [rng.integers(0, n, 40) for n in (3, 4, 2)]
+    values = rng.integers(-3, 4, 40).astype(float)
+    expected = np.zeros((3, 4, 2))
+    np.add.at(expected, tuple(coords), values)
+    assert_same(Tensor.from_coo(coords, values, (3, 4, 2), fmt), expected)
+
+
+@pytest.mark.parametrize(
+    "coords,values,shape,error,message",
+    [
+        ([[0, -1], [0, 0]], [1.0, 2.0], (2, 2), StorageError, "coordinate -1 of entry 1"),
+        ([[0, 1], [0, 2]], [1.0, 2.0], (2, 2), StorageError, "out of range [0, 2) for mode 1"),
+        ([[0.0, 1.0], [0, 1]], [1.0, 2.0], (2, 2), DTypeError, "coordinates must be integers"),
+        ([[0, 1], [0]], [1.0, 2.0], (2, 2), ShapeError, ""),
+        ([[0, 1]], [1.0, 2.0], (2, 2), ShapeError, "expected (2, 2)"),
+        ([[0, 1], [0, 1]], [1.0], (2, 2), ShapeError, "expected (2, 1)"),
+        ([[0, 1], [0, 1]], [[1.0, 2.0]], (2, 2), ShapeError, "values must be 1-d"),
+    ],
+)
+def test_from_coo_errors(coords, values, shape, error, message):
+    with pytest.raises(error) as info:
+        Tensor.from_coo(coords, values, shape, "csr", name="A")
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["sq", "dq"])
+def test_singleton_format_that_cannot_hold_a_pattern(fmt):
+    with pytest.raises(StorageError, match="cannot hold this pattern"):
+        Tensor.from_dense(np.array([[1.0, 2.0], [0.0, 3.0]]), fmt)
+
+
+def test_pack_dense_level_below_sparse_fills_zeros():
+    t = pack([[2, 2], [0, 3]], [1.0, 2.0], (4, 5), "sd")
+    assert t.nnz == 5 and t.vals.tolist() == [1, 0, 0, 2, 0]
+    assert t.levels[0].crd.tolist() == [2]
+
+
+def test_pack_order_zero():
+    t = pack(np.zeros((0, 3), np.int64), [1.0, 2.0, 4.5], (), "")
+    assert t.order == 0 and t.vals.tolist() == [7.5] and t.to_dense().shape == ()
+    assert Tensor.from_coo([], [], ()).to_dense() == 0.0
+
+
+# --------------------------------------------------------------------------- immutability
+
+
+def test_tensor_is_immutable():
+    t = Tensor.from_dense(CSR_3x4, "dcsr")
+    for array in (t.vals, t.levels[0].pos, t.levels[0].crd, t.levels[1].pos, t.levels[1].crd):
+        assert not array.flags.writeable
+        with pytest.raises(ValueError):
+            array[0] = 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.shape = (1, 1)  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.levels[0].pos = None  # type: ignore[misc]
+
+
+def test_inputs_are_copied_not_frozen():
+    pos, crd, vals = np.array([0, 2, 2, 3]), np.array([0, 3, 1]), np.array([1.0, 2, 3])
+    t = Tensor.from_arrays((3, 4), "csr", [None, (pos, crd)], vals)
+    assert pos.flags.writeable and vals.flags.writeable
+    crd[0], vals[0] = 2, 9.0
+    assert_same(t, CSR_3x4)
+    m = sp.csr_matrix(CSR_3x4)
+    s = Tensor.from_scipy(m)
+    m.data[:] = 0
+    assert_same(s, CSR_3x4)
+    a = CSR_3x4.copy()
+    d = Tensor.from_dense(a)
+    a[0, 0] = 5
+    assert_same(d, CSR_3x4)
+
+
+# --------------------------------------------------------------------------- conversions
+
+
+def test_repr_and_properties():
+    t = Tensor.from_dense(CSR_3x4, "csr", dtype="float32")
+    assert repr(t) == "Tensor(shape=(3, 4), format=csr, nnz=3, dtype=float32, index_dtype=int32)"
+    assert (t.order, t.nnz, t.level_shape) == (2, 3, (3, 4))
+    assert Tensor.from_dense(CSR_3x4, "csc").level_shape == (4, 3)
+
+
+def test_array_protocol():
+    t = Tensor.from_dense(CSR_3x4, "csc")
+    np.testing.assert_array_equal(np.asarray(t), CSR_3x4)
+    assert np.array(t, dtype=np.float32).dtype == np.float32
+    with pytest.raises(ValueError, match="copy=False"):
+        np.array(t, copy=False)
+
+
+def test_to_format_identity_and_zero_dropping():
+    t = Tensor.from_dense(CSR_3x4, "dense")
+    assert t.to_format("dense") is t and t.to_format(t.format) is t
+    csr = t.to_format("csr")
+    assert csr.nnz == 3 and csr.to_format("csr") is csr
+    assert_same(csr, CSR_3x4)
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_to_format_all_pairs(order):
+    shape = (4, 3, 5)[:order]
+    for source, target in itertools.product(FORMATS[order], repeat=2):
+        t = random(shape, 0.3, source, seed=order)
+        assert_same(t.to_format(target), t.to_dense())
+
+
+def test_coords_of_a_dense_format_include_zeros():
+    coords, values = Tensor.from_dense(CSR_3x4).coords()
+    assert coords.shape == (2, 12) and values.tolist() == CSR_3x4.ravel().tolist()
+    coords, values = Tensor.from_dense(CSR_3x4, "csc").coords()
+    assert coords.tolist() == [[0, 2, 0], [0, 1, 3]] and values.tolist() == [1, 3, 2]
+    values[0] = 100  # a copy
+    assert Tensor.from_dense(CSR_3x4, "csc").vals[0] == 1
+
+
+def test_astype_shares_or_converts():
+    t = Tensor.from_dense(CSR_3x4, "csr")
+    assert t.astype() is t and t.astype("float64", index_dtype="int32") is t
+    f = t.astype("float32")
+    assert f.dtype == np.float32 and f.levels[1].pos is t.levels[1].pos
+
+
+# ---- scipy
+
+
+SCIPY_KINDS = [
+    ("csr", "csr", sp.csr_matrix),
+    ("csc", "csc", sp.csc_matrix),
+    ("coo", "uq", sp.coo_matrix),
+    ("csr_array", "csr", sp.csr_array),
+    ("coo_array", "uq", sp.coo_array),
+    ("lil", "uq", sp.lil_matrix),
+    ("dok", "uq", sp.dok_array),
+    ("bsr", "uq", sp.bsr_matrix),
+]
+
+
+@pytest.mark.parametrize("kind,default,make", SCIPY_KINDS, ids=[k[0] for k in SCIPY_KINDS])
+def test_from_scipy_default_formats(kind, default, make):
+    t = Tensor.from_scipy(make(CSR_3x4))
+    assert t.format.spelling == parse_format(default, 2).spelling
+    assert_same(t, CSR_3x4)
+    assert_same(Tensor.from_scipy(make(CSR_3x4), "dcsc"), CSR_3x4)
+
+
+@pytest.mark.parametrize("make", [sp.csr_matrix, sp.csc_matrix])
+def test_from_scipy_non_canonical(make):
+    # duplicates (summed) and unsorted indices within a row/column
+    indptr, indices = np.array([0, 3, 3, 5]), np.array([3, 0, 3, 1, 0])
+    m = make((np.array([1.0, 2, 3, 4, 5]), indices, indptr), shape=(3, 4) if make is sp.csr_matrix else (4, 3))
+    assert not m.has_canonical_format
+    expected = m.toarray()
+    assert_same(Tensor.from_scipy(m), expected)
+    assert_same(Tensor.from_scipy(m, "coo"), expected)
+    assert m.indices.tolist() == indices.tolist()  # the caller's matrix is untouched
+
+
+def test_from_scipy_int64_indices_become_int32():
+    m = sp.csr_matrix(CSR_3x4)
+    m.indptr, m.indices = m.indptr.astype(np.int64), m.indices.astype(np.int64)
+    assert Tensor.from_scipy(m).index_dtype == np.int32
+    assert Tensor.from_scipy(m, index_dtype="int64").index_dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    "fmt,kind", [("csr", "csr"), ("csc", "csc"), ("coo", "coo"), ("dcsr", "coo"), ("dense", "coo")]
+)
+def test_to_scipy(fmt, kind):
+    m = Tensor.from_dense(CSR_3x4, fmt).to_scipy()
+    assert m.format == kind
+    np.testing.assert_array_equal(m.toarray(), CSR_3x4)
+    m.data[:] = 0  # writable, and a copy
+
+
+def test_to_scipy_needs_a_matrix():
+    with pytest.raises(FormatError, match="order-2"):
+        random((2, 3, 4), 0.5).to_scipy()
+
+
+def test_from_scipy_complex_values():
+    with pytest.raises(DTypeError, match="complex128"):
+        Tensor.from_scipy(sp.csr_matrix(np.eye(2, dtype=complex)), name="A")
+
+
+# ---- torch
+
+
+def test_from_torch_layouts():
+    dense = torch.tensor(CSR_3x4, requires_grad=True)
+    assert Tensor.from_torch(dense).format.is_dense
+    coo = torch.sparse_coo_tensor([[2, 0, 2], [1, 3, 1]], [1.0, 2.0, 2.0], (3, 4))  # uncoalesced
+    t = Tensor.from_torch(coo)
+    assert str(t.format) == "uq"
+    expected = np.zeros((3, 4))
+    expected[2, 1], expected[0, 3] = 3, 2
+    assert_same(t, expected)
+    for layout, fmt in ((torch.sparse_csr, "csr"), (torch.sparse_csc, "csc")):
+        s = torch.tensor(CSR_3x4).to_sparse(layout=layout)
+        converted = Tensor.from_torch(s)
+        assert str(converted.format) == fmt
+        assert_same(converted, CSR_3x4)
+        assert_same(Tensor.from_torch(s, "dcsr"), CSR_3x4)
+
+
+def test_from_torch_unsorted_csr_falls_back_to_packing():
+    crow, col = torch.tensor([0, 2, 2, 3]), torch.tensor([3, 0, 1])
+    s = torch.sparse_csr_tensor(crow, col, torch.tensor([2.0, 1.0, 3.0]), (3, 4))
+    assert_same(Tensor.from_torch(s), CSR_3x4)
+
+
+def test_from_torch_hybrid_refused():
+    hybrid = torch.sparse_coo_tensor([[0, 1]], torch.ones(2, 3), (2, 3))
+    with pytest.raises(FormatError, match="hybrid"):
+        Tensor.from_torch(hybrid)
+
+
+@pytest.mark.parametrize(
+    "fmt,layout", [("dense", torch.strided), ("csr", torch.sparse_csr), ("coo", torch.sparse_coo),
+                   ("csc", torch.sparse_coo), ("dcsr", torch.sparse_coo)]
+)  # fmt: skip
+def test_to_torch(fmt, layout):
+    t = Tensor.from_dense(CSR_3x4, fmt, dtype="float32").to_torch()
+    assert t.layout == layout and t.dtype == torch.float32
+    np.testing.assert_array_equal(t.to_dense().numpy(), CSR_3x4)
+
+
+# ---- as_tensor
+
+
+@pytest.mark.parametrize(
+    "obj,fmt,expected_format",
+    [
+        (CSR_3x4, None, "dense"),
+        (CSR_3x4, "csr", "csr"),
+        (CSR_3x4.tolist(), "coo", "uq"),
+        (sp.csc_matrix(CSR_3x4), None, "csc"),
+        (sp.csc_matrix(CSR_3x4), "csr", "csr"),
+        (torch.tensor(CSR_3x4).to_sparse_csr(), None, "csr"),
+        (torch.tensor(CSR_3x4), "dcsr", "dcsr"),
+    ],
+)
+def test_as_tensor_dispatch(obj, fmt, expected_format):
+    t = as_tensor(obj, fmt, name="A")
+    assert str(t.format) == expected_format
+    assert_same(t, CSR_3x4)
+
+
+def test_as_tensor_scalars():
+    for value in (2.5, 3, np.float32(1.5), np.array(4.0), True):
+        t = as_tensor(value)
+        assert t.order == 0 and t.to_dense() == float(value)
+    with pytest.raises(DTypeError):
+        as_tensor(1j)
+
+
+def test_as_tensor_of_a_tensor():
+    t = Tensor.from_dense(CSR_3x4, "csr")
+    assert as_tensor(t) is t and as_tensor(t, "csr") is t
+    assert as_tensor(t, "ds:1,0").format == parse_format("csc", 2)
+    f = as_tensor(t, dtype="float32", index_dtype="int64")
+    assert (f.dtype, f.index_dtype) == (np.float32, np.int64)
+
+
+@pytest.mark.parametrize("bad", [{"a": 1}, "abc", object(), None, [[1, 2], [3]]])
+def test_as_tensor_rejects(bad):
+    with pytest.raises(InputError, match="tensor 'A'"):
+        as_tensor(bad, name="A")
+
+
+def test_as_tensor_wrong_order_for_format():
+    with pytest.raises(FormatError, match="tensor 'A'"):
+        as_tensor(np.ones(3), "csr", name="A")
+
+
+# --------------------------------------------------------------------------- random
+
+
+@pytest.mark.parametrize(
+    "shape,density",
+    [((10, 8), 0.3), ((10, 8), 0.0), ((10, 8), 1.0), ((5, 6, 7), 0.1), ((100,), 0.5),
+     ((0, 4), 0.5), ((3, 0, 2), 1.0), ((1, 1), 1.0), ((2, 2), 0.5), ((), 1.0)],
+)  # fmt: skip
+def test_random_exact_nnz(shape, density):
+    t = random(shape, density, "coo" if shape else None)
+    t.validate()
+    expected = round(density * int(np.prod(shape)))
+    assert t.nnz == expected and np.count_nonzero(t.to_dense()) == expected
+
+
+def test_random_default_formats_and_dtypes():
+    assert str(random((4,), 0.5).format) == "s"
+    assert str(random((4, 4), 0.5).format) == "csr"
+    assert str(random((4, 4, 4), 0.5).format) == "sss"
+    t = random((6, 6), 0.5, dtype="float32", index_dtype="int64")
+    assert (t.dtype, t.index_dtype) == (np.float32, np.int64)
+
+
+def test_random_is_reproducible():
+    a, b, c = (random((20, 30), 0.2, seed=s).to_dense() for s in (1, 1, 2))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("shape", [(10, 8), (20, 5, 3), (50, 50)])
+def test_random_has_empty_rows_and_columns(shape):
+    dense = random(shape, 0.5, seed=3).to_dense()
+    row_counts = np.count_nonzero(dense.reshape(shape[0], -1), axis=1)
+    assert np.sum(row_counts == 0) >= round(0.2 * shape[0])
+    column_counts = np.count_nonzero(np.moveaxis(dense, 1, 0).reshape(shape[1], -1), axis=1)
+    assert np.any(column_counts == 0)
+
+
+def test_random_values():
+    floats = random((30, 30), 0.5).vals
+    assert np.all((floats >= -1) & (floats < 1) & (floats != 0))
+    ints = random((30, 30), 0.5, integer=True).vals
+    assert np.all((np.abs(ints) <= 4) & (ints != 0) & (ints == np.round(ints)))
+
+
+def test_random_bad_density():
+    with pytest.raises(InputError, match="density"):
+        random((3, 3), 1.5)
+
+
+# --------------------------------------------------------------------------- files
+
+
+@pytest.mark.parametrize("shape", [(7,), (6, 5), (4, 3, 5)])
+def test_tns_round_trip(tmp_path, shape):
+    t = random(shape, 0.3)
+    save_tns(tmp_path / "t.tns", t)
+    back = load_tns(tmp_path / "t.tns")
+    assert back.shape == shape and back.format == t.format
+    assert_same(back, t.to_dense())
+    assert_same(load(tmp_path / "t.tns", "coo"), t.to_dense())
+
+
+def test_tns_round_trip_gzip_and_float32(tmp_path):
+    t = random((5, 6, 7), 0.2, dtype="float32")
+    save(tmp_path / "t.tns.gz", t)
+    with gzip.open(tmp_path / "t.tns.gz", "rt") as f:
+        assert f.readline().startswith("# shape: 5 6 7")
+    assert_same(load(tmp_path / "t.tns.gz", dtype="float32"), t.to_dense())
+
+
+def test_tns_frostt_file_infers_shape(tmp_path):
+    path = tmp_path / "x.tns"
+    path.write_text("# a comment\n1 1 2 1.5\n\n3 2 1 -2\n1 1 2 0.5   # duplicate, summed\n")
+    t = load_tns(path)
+    expected = np.zeros((3, 2, 2))
+    expected[0, 0, 1], expected[2, 1, 0] = 2.0, -2
+    assert t.shape == (3, 2, 2) and str(t.format) == "sss"
+    assert_same(t, expected)
+    assert load_tns(path, shape=(4, 4, 4)).shape == (4, 4, 4)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("1 1 1.0\n2 x 1.0\n", "line 2: cannot read '2 x 1.0'"),
+        ("# c\n1 1 1.0\n2 1\n", "line 3: 2 columns where earlier lines have 3"),
+        ("1 1 1.0\n\n0 1 1.0\n", "line 3: coordinates must be integers >= 1"),
+        ("1 1.5 1.0\n", "line 1: coordinates must be integers >= 1"),
+        ("# nothing\n", "no entries, so the shape is unknown"),
+    ],
+)
+def test_tns_bad_files(tmp_path, text, message):
+    path = tmp_path / "bad.tns"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_tns(path)
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_tns_errors_with_shape(tmp_path):
+    path = tmp_path / "e.tns"
+    path.write_text("")
+    assert load_tns(path, shape=(2, 3)).shape == (2, 3)
+    path.write_text("3 1 1.0\n")
+    with pytest.raises(StorageError, match="e.tns: coordinate 2 of entry 0 is out of range"):
+        load_tns(path, shape=(2, 3))
+    with pytest.raises(InputError, match="no such file|cannot read"):
+        load_tns(tmp_path / "missing.tns")
+
+
+def test_mtx_round_trip(tmp_path):
+    t = random((9, 7), 0.3)
+    for name in ("m.mtx", "m.mtx.gz"):
+        save_mtx(tmp_path / name, t)
+        back = load(tmp_path / name)
+        assert str(back.format) == "csr"
+        assert_same(back, t.to_dense())
+    assert str(load_mtx(tmp_path / "m.mtx", "coo").format) == "uq"
+
+
+def test_mtx_symmetric_pattern_integer_and_array(tmp_path):
+    (tmp_path / "s.mtx").write_text(
+        "%%MatrixMarket matrix coordinate real symmetric\n3 3 2\n2 1 5.0\n3 3 1.0\n"
+    )
+    assert_same(load_mtx(tmp_path / "s.mtx"), np.array([[0, 5.0, 0], [5, 0, 0], [0, 0, 1]]))
+    (tmp_path / "p.mtx").write_text("%%MatrixMarket matrix coordinate pattern general\n2 2 1\n1 2\n")
+    assert_same(load_mtx(tmp_path / "p.mtx"), np.array([[0, 1.0], [0, 0]]))
+    (tmp_path / "i.mtx").write_text("%%MatrixMarket matrix coordinate integer general\n1 2 1\n1 2 7\n")
+    assert load_mtx(tmp_path / "i.mtx").dtype == np.float64
+    (tmp_path / "a.mtx").write_text("%%MatrixMarket matrix array real general\n2 1\n1.0\n0.0\n")
+    assert load_mtx(tmp_path / "a.mtx").format.is_dense
+
+
+def test_mtx_errors(tmp_path):
+    (tmp_path / "bad.mtx").write_text("%%MatrixMarket matrix coordinate real general\n3 3 2\n1 x 2\n")
+    with pytest.raises(InputError, match="bad.mtx"):
+        load_mtx(tmp_path / "bad.mtx")
+    (tmp_path / "c.mtx").write_text("%%MatrixMarket matrix coordinate complex general\n1 1 1\n1 1 1 2\n")
+    with pytest.raises(DTypeError, match="c.mtx: complex"):
+        load_mtx(tmp_path / "c.mtx")
+    with pytest.raises(FormatError, match="matrices"):
+        save_mtx(tmp_path / "x.mtx", random((2, 2, 2), 0.5))
+    with pytest.raises(InputError, match="unknown tensor file type '.npz'"):
+        load(tmp_path / "x.npz")
+
+
+# --------------------------------------------------------------------------- properties
+
+
+@pytest.mark.parametrize("order,fmt", ALL_FORMATS)
+@given(data=st.data())
+@settings(max_examples=20, deadline=None)
+def test_dense_round_trip(order, fmt, data):
+    array = data.draw(dense_arrays(order))
+    index_dtype = data.draw(st.sampled_from(["int32", "int64"]))
+    dtype = data.draw(st.sampled_from(["float32", "float64"]))
+    t = Tensor.from_dense(array, fmt, index_dtype=index_dtype, dtype=dtype)
+    assert_same(t, array.astype(dtype))
+    assert (t.dtype, t.index_dtype) == (np.dtype(dtype), np.dtype(index_dtype))
+    assert all(a.dtype == np.dtype(index_dtype) for level in t.levels for a in level.arrays())
+    if not has_dense_level(t):
+        assert t.nnz == np.count_nonzero(array)
+    coords, values = t.coords()
+    again = Tensor.from_coo(coords, values, array.shape, fmt, index_dtype=index_dtype)
+    assert_same(again, array.astype(dtype))
+    np.testing.assert_array_equal(again.vals, t.vals)
+
+
+@given(array=dense_arrays(2), fmt=st.sampled_from(FORMATS[2]))
+@settings(max_examples=50, deadline=None)
+def test_scipy_and_torch_round_trips(array, fmt):
+    t = Tensor.from_dense(array, fmt)
+    np.testing.assert_array_equal(t.to_scipy().toarray(), array)
+    np.testing.assert_array_equal(t.to_torch().to_dense().numpy(), array)
+    assert_same(Tensor.from_scipy(t.to_scipy(), fmt), array)
+    assert_same(Tensor.from_torch(t.to_torch(), fmt), array)
+
+
+@given(
+    shape=st.lists(st.integers(0, 6), min_size=1, max_size=3).map(tuple),
+    density=st.floats(0, 1),
+    seed=st.integers(0, 1000),
+)
+@settings(max_examples=50, deadline=None)
+def test_random_properties(shape, density, seed):
+    t = random(shape, density, "coo", seed=seed)
+    t.validate()
+    assert t.nnz == round(density * int(np.prod(shape)))
+    assert np.all(t.vals != 0)
