@@ -1,9 +1,9 @@
 """sparsec: a sparse tensor-algebra compiler (index notation → C kernels), after TACO.
 
-    k = sparsec.kernel("y(i) = A(i,j) * x(j)", formats={"A": "csr"})
-    y = k(A=A, x=x)          # A: scipy/torch/sparsec.Tensor, x: numpy/torch
-    k.check(A=A, x=x)        # compare with torch.einsum on dense inputs
-    print(k.source)          # the generated C
+k = sparsec.kernel("y(i) = A(i,j) * x(j)", formats={"A": "csr"})
+y = k(A=A, x=x)          # A: scipy/torch/sparsec.Tensor, x: numpy/torch
+k.check(A=A, x=x)        # compare with torch.einsum on dense inputs
+print(k.source)          # the generated C
 """
 
 from .errors import (

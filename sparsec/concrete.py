@@ -14,8 +14,9 @@ the lowerer computes them into a scalar temporary (TACO's ``where``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Union, assert_never
+from typing import Union, assert_never
 
 from .notation import Access, Assignment, BinOp, Literal, Neg
 

@@ -108,7 +108,9 @@ class Format:
             if isinstance(level, Singleton) and k == 0:
                 raise FormatError("a singleton level needs a parent level; it cannot be level 0")
             if k > 0 and not self.levels[k - 1].unique and not isinstance(level, Singleton):
-                raise FormatError(f"level {k} sits under a non-unique level and must be a singleton")
+                raise FormatError(
+                    f"level {k} sits under a non-unique level and must be a singleton"
+                )
 
     @property
     def order(self) -> int:

@@ -18,7 +18,7 @@ import re
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 import numpy as np
 
@@ -30,7 +30,8 @@ PathLike = str | Path
 _SHAPE_COMMENT = re.compile(r"^#\s*shape\s*[:=]?\s*((?:\d+\s*)*)$", re.IGNORECASE)
 
 
-def _open(path: Path, mode: str = "rt") -> TextIO:
+def _open(path: Path, mode: str = "rt") -> IO[Any]:
+    """``open`` or, for a ``.gz`` suffix, ``gzip.open``."""
     if path.suffix == ".gz":
         return gzip.open(path, mode)  # type: ignore[return-value]
     return open(path, mode)

@@ -12,10 +12,12 @@ the storage invariants (done once, when the `Tensor` is built; Tensors are immut
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +26,6 @@ from .abi import Param
 from .codegen import Generated, generate
 from .errors import DTypeError, InputError, ScheduleError, ShapeError, SparsecError
 from .formats import Format
-from .ir import VAL
 from .parser import parse_expression
 from .reference import compare, reference
 from .spec import FormatsArg, Spec, TensorVar, make_spec
@@ -33,6 +34,7 @@ from .tensor import Tensor, as_tensor
 TARGETS = ("c",)
 VALUE_DTYPES = {"float32": np.float32, "float64": np.float64}
 INDEX_DTYPES = {"int32": np.int32, "int64": np.int64}
+DEFAULT_EXTENTS = (23, 19, 17, 13, 11, 7)
 _VALUE_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double}
 
 
@@ -40,6 +42,8 @@ _VALUE_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double}
 class _Compiled:
     generated: Generated
     fn: Any
+    #: (field, tensor, level, index) per ABI parameter, in order
+    plan: tuple[tuple[str, str | None, int, str | None], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +82,9 @@ class Kernel:
         if not isinstance(expr, str):
             raise InputError(f"expression must be a string, not {type(expr).__name__}")
         if target not in TARGETS:
-            raise SparsecError(f"unknown target {target!r}; supported targets: {', '.join(TARGETS)}")
+            raise SparsecError(
+                f"unknown target {target!r}; supported targets: {', '.join(TARGETS)}"
+            )
         self.expression = expr
         self.target = target
         self.assignment = parse_expression(expr)
@@ -91,6 +97,19 @@ class Kernel:
         self.index_dtype = _dtype_name(index_dtype, INDEX_DTYPES, "index dtype")
         self._compiled: dict[tuple[str, str], _Compiled] = {}
         self._lock = threading.Lock()
+        spec = self.spec
+        self._wanted = spec.inputs + ((spec.output,) if spec.statement.accumulate else ())
+        self._names = frozenset(t.name for t in self._wanted)
+        used = {a.name: a for a in self.assignment.accesses()}
+        # (tensor, axis of the converted value, index): dense values are kept in level order
+        self._modes = tuple(
+            (t.name, t.format.level_of_mode(mode) if t.format.is_dense else mode, index)
+            for t in self._wanted
+            for mode, index in enumerate(used[t.name].indices)
+        )
+        out = spec.output
+        self._out_level_indices = tuple(spec.statement.lhs.indices[m] for m in out.format.ordering)
+        self._out_identity = out.format.ordering == tuple(range(out.order))
 
     # ------------------------------------------------------------- inspection
     @property
@@ -121,10 +140,11 @@ class Kernel:
             if found is None:
                 gen = self.generated(dtype, index_dtype)
                 lib = runtime.compile_cached(gen.source)
-                fn = getattr(lib, "sparsec_kernel")
+                fn = lib.sparsec_kernel
                 fn.argtypes = [_ctype(p, dtype) for p in gen.signature.params]
                 fn.restype = ctypes.c_int
-                found = self._compiled[key] = _Compiled(gen, fn)
+                plan = tuple((p.field, p.tensor, p.level, p.index) for p in gen.signature.params)
+                found = self._compiled[key] = _Compiled(gen, fn, plan)
             return found
 
     # ------------------------------------------------------------------- call
@@ -141,87 +161,169 @@ class Kernel:
         prepared = self._prepare(inputs)
         compiled = self._compile(prepared.dtype, prepared.index_dtype)
         got = self._run(compiled, prepared, threads)
-        dense = {name: torch.from_numpy(np.asarray(a, dtype=np.float64)) for name, a in prepared.dense().items()}
+        dense = {}
+        for t in self._wanted:
+            v = prepared.values[t.name]
+            if isinstance(v, Tensor):
+                v = v.to_dense()
+            elif t.order and t.format.ordering != tuple(range(t.order)):
+                v = np.transpose(v, np.argsort(t.format.ordering))  # back to mode order
+            dense[t.name] = torch.from_numpy(np.array(v, dtype=np.float64))
         current = dense.pop(self.spec.output.name, None)
         want = reference(self.spec.statement, dense, prepared.dims, current).numpy()
         err = compare(np.asarray(got), want, prepared.dtype, f"kernel {self.assignment}")
         return CheckResult(err, prepared.dtype)
 
+    def random_inputs(
+        self, dims: Mapping[str, int] | None = None, *, seed: int = 0, density: float = 0.3
+    ) -> tuple[dict[str, Any], dict[str, int]]:
+        """Random inputs for this kernel and the extents used.
+
+        Sparse inputs are `sparsec.random` tensors in their declared formats (with empty
+        rows/slices); dense inputs have ~``1 - density`` zeros and an all-zero first slice.
+        Unlisted index extents get distinct small defaults so shape mix-ups show.
+        """
+        from .tensor import random
+
+        dims = dict(dims or {})
+        unknown = [i for i in dims if i not in self.spec.indices]
+        if unknown:
+            raise InputError(
+                f"--dims names {', '.join(unknown)}, not an index of {self.assignment} "
+                f"(indices: {', '.join(self.spec.indices)})"
+            )
+        for n, index in enumerate(self.spec.indices):
+            dims.setdefault(index, DEFAULT_EXTENTS[n % len(DEFAULT_EXTENTS)])
+        rng = np.random.default_rng(seed)
+        dtype = self.dtype or "float64"
+        accesses = {a.name: a for a in self.spec.assignment.accesses()}
+        inputs: dict[str, Any] = {}
+        wanted = list(self.spec.inputs) + (
+            [self.spec.output] if self.spec.statement.accumulate else []
+        )
+        for n, t in enumerate(wanted):
+            shape = tuple(dims[i] for i in accesses[t.name].indices)
+            if t.order == 0:
+                inputs[t.name] = float(rng.uniform(0.5, 2.0))
+            elif t.format.is_dense:
+                arr = np.where(
+                    rng.random(shape) < max(density, 0.5), rng.uniform(-1, 1, shape), 0.0
+                )
+                if shape[0] > 2:
+                    arr[rng.integers(shape[0])] = 0.0
+                inputs[t.name] = arr.astype(dtype)
+            else:
+                inputs[t.name] = random(
+                    shape,
+                    density,
+                    t.format,
+                    seed=seed + n,
+                    dtype=dtype,
+                    index_dtype=self.index_dtype,
+                )
+        return inputs, {i: dims[i] for i in self.spec.indices}
+
     # -------------------------------------------------------------- internals
-    def _prepare(self, inputs: Mapping[str, Any]) -> _Prepared:
-        spec = self.spec
-        wanted = [t for t in spec.inputs] + ([spec.output] if spec.statement.accumulate else [])
-        names = [t.name for t in wanted]
+    def _name_error(self, inputs: Mapping[str, Any]) -> InputError:
+        names = [t.name for t in self._wanted]
         missing = [n for n in names if n not in inputs]
         extra = [n for n in inputs if n not in names]
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append(f"missing input{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
-            if extra:
-                parts.append(f"unexpected input{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))}")
-            raise InputError(
-                f"{'; '.join(parts)}; kernel {self.assignment} takes {', '.join(names) or 'no inputs'}"
-            )
-        use_torch = any(_is_torch(v) for v in inputs.values())
-        dtype = self.dtype or _common_dtype(wanted, inputs)
-        index_dtype = self.index_dtype or _common_index_dtype(wanted, inputs)
-        values: dict[str, Any] = {}
-        for t in wanted:
-            values[t.name] = _convert(t, inputs[t.name], dtype, index_dtype)
-        if self.index_dtype is None:
-            # A large input may have forced int64: bring every sparse input to one width.
-            widths = {v.index_dtype.name for v in values.values() if isinstance(v, Tensor) and v.order}
-            if "int64" in widths and index_dtype != "int64":
-                index_dtype = "int64"
-                values = {
-                    n: v.astype(index_dtype="int64") if isinstance(v, Tensor) and v.order else v
-                    for n, v in values.items()
-                }
-        dims = _dims(spec, wanted, values)
-        return _Prepared(spec, values, dims, dtype, index_dtype, use_torch)
+        parts = []
+        if missing:
+            parts.append(f"missing input{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}")
+        if extra:
+            parts.append(f"unexpected input{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}")
+        takes = ", ".join(names) or "no inputs"
+        return InputError(f"{'; '.join(parts)}; kernel {self.assignment} takes {takes}")
 
-    def _run(self, compiled: _Compiled, prepared: _Prepared, threads: int | None) -> np.ndarray:
-        spec = self.spec
-        out_t = spec.output
+    def _prepare(self, inputs: Mapping[str, Any]) -> _Prepared:
+        """Validate and convert the inputs; cheap when they already fit (the hot path)."""
+        if inputs.keys() != self._names:
+            raise self._name_error(inputs)
+        dtype = self.dtype or _common_dtype(self._wanted, inputs)
+        index_dtype = self.index_dtype or _common_index_dtype(self._wanted, inputs)
+        values = {t.name: _convert(t, inputs[t.name], dtype, index_dtype) for t in self._wanted}
+        if self.index_dtype is None and index_dtype == "int32":
+            # A large input may have forced int64: bring every sparse input to one width.
+            if any(isinstance(v, Tensor) and v.index_dtype == _I64 for v in values.values()):
+                index_dtype = "int64"
+                values = {n: _widen(v) for n, v in values.items()}
+        dims = self._dims(values)
+        use_torch = any(_is_torch(v) for v in inputs.values())
+        return _Prepared(values, dims, dtype, index_dtype, use_torch)
+
+    def _dims(self, values: Mapping[str, Any]) -> dict[str, int]:
+        dims: dict[str, int] = {}
+        seen: dict[str, str] = {}
+        for name, mode, index in self._modes:
+            size = int(values[name].shape[mode])
+            known = dims.get(index)
+            if known is None:
+                dims[index], seen[index] = size, f"{name} (mode {mode})"
+            elif known != size:
+                raise ShapeError(
+                    f"index {index} has extent {known} in {seen[index]} but {size} in "
+                    f"{name} (mode {mode}); shapes must agree wherever an index is shared"
+                )
+        return dims
+
+    def _run(self, compiled: _Compiled, prepared: _Prepared, threads: int | None) -> Any:
+        out_t = self.spec.output
         np_dtype = VALUE_DTYPES[prepared.dtype]
-        level_shape = tuple(prepared.dims[spec.statement.lhs.indices[m]] for m in out_t.format.ordering)
-        if spec.statement.accumulate:
-            current = prepared.values[out_t.name]
-            out = np.ascontiguousarray(np.transpose(current, out_t.format.ordering), dtype=np_dtype).reshape(-1).copy()
+        dims = prepared.dims
+        level_shape = tuple(dims[i] for i in self._out_level_indices)
+        if self.spec.statement.accumulate:
+            # the current value, already in level order: the kernel adds into a copy
+            out = np.array(prepared.values[out_t.name], dtype=np_dtype, order="C").reshape(-1)
         else:
-            out = np.empty(int(np.prod(level_shape, dtype=np.int64)) if level_shape else 1, dtype=np_dtype)
+            out = np.empty(math.prod(level_shape), dtype=np_dtype)
         nthreads = _threads(threads)
+        values = prepared.values
         args: list[Any] = []
-        keep: list[Any] = [out]
-        for p in compiled.generated.signature.params:
-            args.append(_argument(p, spec, prepared, out, nthreads, keep))
+        for field, tensor, level, index in compiled.plan:
+            match field:
+                case "vals" if tensor == out_t.name:
+                    args.append(out.ctypes.data)
+                case "vals":
+                    v = values[tensor]
+                    args.append((v.vals if isinstance(v, Tensor) else v).ctypes.data)
+                case "pos":
+                    args.append(values[tensor].levels[level].pos.ctypes.data)
+                case "crd":
+                    args.append(values[tensor].levels[level].crd.ctypes.data)
+                case "value":
+                    args.append(values[tensor])
+                case "dim":
+                    args.append(dims[index])
+                case "threads":
+                    args.append(nthreads)
         status = compiled.fn(*args)
         if status != 0:
             raise SparsecError(f"kernel returned error status {status}")
         if out_t.order == 0:
-            return out[0]
-        inverse = np.argsort(out_t.format.ordering)
-        return np.transpose(out.reshape(level_shape), inverse)
+            return np_dtype(out[0])
+        if self._out_identity:
+            return out.reshape(level_shape)
+        return np.transpose(out.reshape(level_shape), np.argsort(out_t.format.ordering))
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Prepared:
-    spec: Spec
+    """Inputs in kernel layout: floats (scalars), C-ordered ndarrays (dense), Tensors."""
+
     values: dict[str, Any]
     dims: dict[str, int]
     dtype: str
     index_dtype: str
     use_torch: bool
 
-    def dense(self) -> dict[str, np.ndarray]:
-        return {n: (v.to_dense() if isinstance(v, Tensor) else np.asarray(v)) for n, v in self.values.items()}
-
-    def wrap(self, out: np.ndarray) -> Any:
+    def wrap(self, out: Any) -> Any:
         if self.use_torch:
             import torch
 
-            return torch.from_numpy(np.ascontiguousarray(out)) if np.ndim(out) else torch.tensor(out)
+            return (
+                torch.from_numpy(np.ascontiguousarray(out)) if np.ndim(out) else torch.tensor(out)
+            )
         return np.ascontiguousarray(out) if np.ndim(out) else out
 
 
@@ -267,32 +369,49 @@ def _is_torch(value: Any) -> bool:
     return type(value).__module__.startswith("torch")
 
 
-def _value_dtype_of(value: Any) -> str | None:
+_F32, _F64, _I64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
+
+
+def _value_dtype_of(value: Any) -> np.dtype | None:
     if isinstance(value, Tensor):
-        return value.dtype.name
+        return value.vals.dtype
     dt = getattr(value, "dtype", None)
     if dt is None:
         return None
-    name = str(dt).replace("torch.", "")
-    return name if name in VALUE_DTYPES else None
+    if isinstance(dt, np.dtype):
+        return dt
+    return {"torch.float32": _F32, "torch.float64": _F64}.get(str(dt))
 
 
-def _common_dtype(wanted: list[TensorVar], inputs: Mapping[str, Any]) -> str:
+def _common_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
     """float32 only when every floating input is float32; float64 otherwise (torch rule)."""
-    names = {_value_dtype_of(inputs[t.name]) for t in wanted if t.order}
-    names.discard(None)
-    return "float32" if names == {"float32"} else "float64"
-
-
-def _common_index_dtype(wanted: list[TensorVar], inputs: Mapping[str, Any]) -> str:
+    found = False
     for t in wanted:
+        if t.order:
+            dt = _value_dtype_of(inputs[t.name])
+            if dt is not None and dt != _F32:
+                return "float64"
+            found = found or dt is not None
+    return "float32" if found else "float64"
+
+
+def _common_index_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
+    for t in wanted:
+        if t.format.is_dense:
+            continue
         v = inputs[t.name]
-        if isinstance(v, Tensor) and v.order and not t.format.is_dense and v.index_dtype.name == "int64":
-            return "int64"
-        idx = getattr(v, "indices", None)
-        if getattr(idx, "dtype", None) == np.int64 and not t.format.is_dense:
+        if isinstance(v, Tensor):
+            if v.index_dtype == _I64:
+                return "int64"
+        elif getattr(getattr(v, "indices", None), "dtype", None) == _I64:
             return "int64"
     return "int32"
+
+
+def _widen(value: Any) -> Any:
+    if isinstance(value, Tensor) and value.order and value.index_dtype != _I64:
+        return value.astype(index_dtype="int64")
+    return value
 
 
 def _convert(t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any:
@@ -302,109 +421,95 @@ def _convert(t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any:
         return _scalar(value, where)
     if t.format.is_dense:
         return _dense(t, value, dtype, where)
-    try:
-        tensor = as_tensor(value, t.format, name=t.name, index_dtype=None, dtype=dtype)
-    except SparsecError:
-        raise
-    except Exception as err:  # a foreign object we could not read
-        raise InputError(f"{where}: cannot convert {type(value).__name__} to a sparse tensor: {err}") from None
-    if tensor.order != t.order:
-        raise ShapeError(f"{where} has order {tensor.order}, but the expression uses it with order {t.order}")
-    if tensor.index_dtype.name != index_dtype and index_dtype == "int64":
-        tensor = tensor.astype(index_dtype="int64")
-    return tensor
+    _reject_dtype(value, where)
+    np_dtype = VALUE_DTYPES[dtype]
+    if not (
+        isinstance(value, Tensor)
+        and value.format == t.format
+        and value.vals.dtype == np_dtype
+        and value.order == t.order
+    ):
+        try:
+            value = as_tensor(value, t.format, name=t.name, dtype=dtype)
+        except SparsecError:
+            raise
+        except Exception as err:  # a foreign object we could not read
+            raise InputError(
+                f"{where}: cannot convert {type(value).__name__} to a sparse tensor: {err}"
+            ) from None
+    if value.order != t.order:
+        raise ShapeError(
+            f"{where} has order {value.order}, but the expression uses it with order {t.order}"
+        )
+    if index_dtype == "int64":
+        value = _widen(value)
+    return value
 
 
 def _scalar(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.number, np.ndarray)) and not _is_torch(value):
+    if isinstance(value, float):
+        return value
+    if _is_torch(value):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, bool) or not isinstance(value, (int, np.number, np.ndarray)):
         raise InputError(f"{where} is a scalar operand: pass a number, not {type(value).__name__}")
-    arr = np.asarray(value.detach().cpu() if _is_torch(value) else value)
+    arr = np.asarray(value)
     if arr.ndim != 0:
         raise ShapeError(f"{where} is a scalar operand but has shape {arr.shape}")
-    if arr.dtype.kind == "c" or arr.dtype == np.float16:
+    if arr.dtype.kind not in "fiu" or arr.dtype == np.float16:
         raise DTypeError(f"{where}: {arr.dtype} values are not supported; use float32 or float64")
     return float(arr)
 
 
+_BAD_TORCH = ("torch.float16", "torch.bfloat16", "torch.complex64", "torch.complex128")
+
+
+def _reject_dtype(value: Any, where: str) -> None:
+    """Refuse value dtypes a kernel cannot compute in (rather than silently converting)."""
+    dt = value.vals.dtype if isinstance(value, Tensor) else getattr(value, "dtype", None)
+    if dt is None:
+        return
+    text = str(dt)
+    if text in _BAD_TORCH or (isinstance(dt, np.dtype) and (dt.kind not in "fiub" or dt == np.float16)):
+        shown = text[6:] if text.startswith("torch.") else text
+        raise DTypeError(f"{where}: {shown} values are not supported; use float32 or float64")
+
+
 def _dense(t: TensorVar, value: Any, dtype: str, where: str) -> np.ndarray:
-    if isinstance(value, Tensor):
-        arr = value.to_dense()
-    elif _is_torch(value):
-        if getattr(value, "is_cuda", False):
-            raise InputError(f"{where} is a CUDA tensor; the C target takes CPU tensors")
-        v = value.detach()
-        v = v.to_dense() if v.layout != _torch_strided() else v
-        if str(v.dtype) in ("torch.float16", "torch.bfloat16", "torch.complex64", "torch.complex128"):
-            raise DTypeError(f"{where}: {str(v.dtype)[6:]} values are not supported; use float32 or float64")
-        arr = v.cpu().numpy()
-    elif hasattr(value, "toarray") and hasattr(value, "tocoo"):
-        arr = value.toarray()
-    else:
-        try:
-            arr = np.asarray(value)
-        except Exception as err:
-            raise InputError(f"{where}: cannot read {type(value).__name__} as an array: {err}") from None
-    if arr.dtype.kind not in "fiub" or arr.dtype == np.float16:
-        raise DTypeError(
-            f"{where}: {arr.dtype} values are not supported; use float32 or float64"
+    """A dense operand as a C-ordered array *in level order* of the kernel's value dtype."""
+    if type(value) is not np.ndarray:
+        if isinstance(value, Tensor):
+            value = value.to_dense()
+        elif _is_torch(value):
+            if getattr(value, "is_cuda", False):
+                raise InputError(f"{where} is a CUDA tensor; the C target takes CPU tensors")
+            _reject_dtype(value, where)
+            value = value.detach()
+            value = (value if value.layout == _torch_strided() else value.to_dense()).cpu().numpy()
+        elif hasattr(value, "toarray") and hasattr(value, "tocoo"):
+            value = value.toarray()
+        else:
+            try:
+                value = np.asarray(value)
+            except Exception as err:
+                raise InputError(
+                    f"{where}: cannot read {type(value).__name__} as an array: {err}"
+                ) from None
+    _reject_dtype(value, where)
+    if value.ndim != t.order:
+        raise ShapeError(
+            f"{where} has {value.ndim} dimensions, but the expression uses it with order {t.order}"
         )
-    if arr.ndim != t.order:
-        raise ShapeError(f"{where} has {arr.ndim} dimensions, but the expression uses it with order {t.order}")
-    return np.ascontiguousarray(arr, dtype=VALUE_DTYPES[dtype])
+    ordering = t.format.ordering
+    if ordering != tuple(range(t.order)):
+        value = np.transpose(value, ordering)
+    return np.ascontiguousarray(value, dtype=VALUE_DTYPES[dtype])
 
 
 def _torch_strided() -> Any:
     import torch
 
     return torch.strided
-
-
-def _dims(spec: Spec, wanted: list[TensorVar], values: Mapping[str, Any]) -> dict[str, int]:
-    dims: dict[str, int] = {}
-    seen: dict[str, str] = {}
-    accesses = {a.name: a for a in spec.assignment.accesses()}
-    for t in wanted:
-        if t.order == 0:
-            continue
-        shape = tuple(values[t.name].shape)
-        for mode, index in enumerate(accesses[t.name].indices):
-            size = int(shape[mode])
-            if index in dims and dims[index] != size:
-                raise ShapeError(
-                    f"index {index} has extent {dims[index]} in {seen[index]} but {size} in "
-                    f"{t.name} (mode {mode}); shapes must agree wherever an index is shared"
-                )
-            if index not in dims:
-                dims[index], seen[index] = size, f"{t.name} (mode {mode})"
-    return dims
-
-
-def _argument(
-    p: Param, spec: Spec, prepared: _Prepared, out: np.ndarray, threads: int, keep: list[Any]
-) -> Any:
-    match p.field:
-        case "threads":
-            return threads
-        case "dim":
-            return prepared.dims[p.index]
-        case "value":
-            return prepared.values[p.tensor]
-    if p.tensor == spec.output.name and p.field == "vals":
-        return out.ctypes.data
-    value = prepared.values[p.tensor]
-    t = spec.tensor(p.tensor)
-    if t.format.is_dense:
-        arr = np.ascontiguousarray(np.transpose(value, t.format.ordering))
-    elif p.field == "vals":
-        arr = value.vals
-    else:
-        level = value.levels[p.level]
-        arr = level.pos if p.field == "pos" else level.crd
-    expected = VALUE_DTYPES[prepared.dtype] if p.type == VAL else INDEX_DTYPES[prepared.index_dtype]
-    if arr.dtype != expected or not arr.flags.c_contiguous:
-        raise DTypeError(f"internal: {p.name} has dtype {arr.dtype}, expected {np.dtype(expected)}")
-    keep.append(arr)
-    return arr.ctypes.data
 
 
 def kernel(
@@ -417,4 +522,6 @@ def kernel(
     index_dtype: Any = None,
 ) -> Kernel:
     """Compile ``expr`` (index notation) for the given formats; see `Kernel`."""
-    return Kernel(expr, formats, target=target, schedule=schedule, dtype=dtype, index_dtype=index_dtype)
+    return Kernel(
+        expr, formats, target=target, schedule=schedule, dtype=dtype, index_dtype=index_dtype
+    )

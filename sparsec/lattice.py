@@ -20,8 +20,9 @@ Points whose expression folds to zero are dropped (``optimize``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, assert_never
+from typing import assert_never
 
 from .concrete import ZERO, CExpr, Sum, Zero, accesses, without
 from .notation import Access, BinOp, Literal, Neg

@@ -96,9 +96,7 @@ class Lowerer:
     # ----------------------------------------------------------------- entry
     def kernel(self) -> LoweredKernel:
         stmt = self.spec.statement
-        order = loop_order(
-            stmt.loop_indices, [self.lhs, *accesses(stmt.rhs)], self.formats
-        )
+        order = loop_order(stmt.loop_indices, [self.lhs, *accesses(stmt.rhs)], self.formats)
         init = None if stmt.accumulate else self._zero_output()
         ctx = self._locate(Ctx(), [self.lhs])
         body = self.loops(order, stmt.rhs, ctx[1], OutputSink(), outermost=True)
@@ -197,7 +195,9 @@ class Lowerer:
         loops: list[ir.Stmt] = []
         for top in lattice.points:
             its = sorted(top.iterators, key=str)
-            cond = ir.conj(*(ir.Bin("<", ir.Var(state[it].pos), ir.Var(state[it].end)) for it in its))
+            cond = ir.conj(
+                *(ir.Bin("<", ir.Var(state[it].pos), ir.Var(state[it].end)) for it in its)
+            )
             reads: list[ir.Stmt] = [
                 ir.Decl(ir.I64, state[it].coord, self._crd(it, ir.Var(state[it].pos))) for it in its
             ]
@@ -205,7 +205,9 @@ class Lowerer:
             for it in its[1:]:
                 coord = ir.Call("min", (coord, ir.Var(state[it].coord)))
             reads.append(ir.Decl(ir.I64, name, coord))
-            body = self._dense_case_body(var, rest, lattice, lattice.sub_points(top), state, ctx, sink, its, reads)
+            body = self._dense_case_body(
+                var, rest, lattice, lattice.sub_points(top), state, ctx, sink, its, reads
+            )
             loops.append(ir.While(cond, body))
         return ir.block(*init, *loops)
 
@@ -256,7 +258,9 @@ class Lowerer:
             stmts.extend(orelse.body)
         for it in its:
             s = state[it]
-            stmts.append(ir.Assign(ir.Var(s.pos), ir.Select(ir.Var(s.here), s.advance, ir.Var(s.pos))))
+            stmts.append(
+                ir.Assign(ir.Var(s.pos), ir.Select(ir.Var(s.here), s.advance, ir.Var(s.pos)))
+            )
         return ir.block(*stmts)
 
     def _segment(self, it: Iterator, s: _IterState, coord: ir.Expr) -> list[ir.Stmt]:
@@ -338,7 +342,9 @@ class Lowerer:
         inner = ctx.bind({var: ir.Var(name)}, levels)
         nxt = ir.Var(s.next)
         scan = ir.While(
-            ir.conj(ir.Bin("<", nxt, ir.Var(s.end)), ir.Bin("==", self._crd(it, nxt), ir.Var(name))),
+            ir.conj(
+                ir.Bin("<", nxt, ir.Var(s.end)), ir.Bin("==", self._crd(it, nxt), ir.Var(name))
+            ),
             ir.block(ir.Assign(nxt, ir.Bin("+", nxt, ir.IntLit(1)))),
         )
         body = ir.block(
@@ -404,12 +410,16 @@ class Lowerer:
             while k < len(levels) and fmt.levels[k].locate and levels[k] in ctx.coords:
                 parent = ctx.levels[(access, k - 1)].pos if k > 0 else None
                 coord = ctx.coords[levels[k]]
-                pos = coord if parent is None else ir.add(
-                    ir.mul(parent, ir.Var(self.sig.dim(levels[k]))), coord
+                pos = (
+                    coord
+                    if parent is None
+                    else ir.add(ir.mul(parent, ir.Var(self.sig.dim(levels[k]))), coord)
                 )
                 p = self.namer.fresh(f"p{access.name}{k + 1}")
                 decls.append(ir.Decl(ir.I64, p, pos))
-                ctx = ctx.bind(levels={(access, k): Bound(ir.Var(p), ir.Bin("+", ir.Var(p), ir.IntLit(1)))})
+                ctx = ctx.bind(
+                    levels={(access, k): Bound(ir.Var(p), ir.Bin("+", ir.Var(p), ir.IntLit(1)))}
+                )
                 k += 1
         return ir.block(*decls), ctx
 

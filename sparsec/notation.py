@@ -9,8 +9,9 @@ A scalar operand or scalar left-hand side is an `Access` with no indices.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Union, assert_never
+from typing import Union, assert_never
 
 Span = tuple[int, int]
 NO_SPAN: Span = (0, 0)

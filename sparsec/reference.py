@@ -9,12 +9,13 @@ is dtype-aware: ``|got - want| <= rtol * (|want| + max(1, max|want|))`` with ``r
 from __future__ import annotations
 
 import string
-from typing import Mapping, assert_never
+from collections.abc import Mapping
+from typing import assert_never
 
 import numpy as np
 import torch
 
-from .concrete import Statement, Sum, Zero, CExpr
+from .concrete import CExpr, Statement, Sum, Zero
 from .errors import CheckError
 from .notation import Access, BinOp, Literal, Neg
 
@@ -128,9 +129,7 @@ def compare(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> float:
     tol = rtol * (np.abs(np.where(finite, want64, 0.0)) + scale)
     with np.errstate(invalid="ignore"):
         diff = np.abs(got64 - want64)
-        same_special = (np.isnan(got64) & np.isnan(want64)) | (
-            ~finite & (got64 == want64)
-        )
+        same_special = (np.isnan(got64) & np.isnan(want64)) | (~finite & (got64 == want64))
         bad = ~same_special & ~(diff <= tol)
     if bad.any():
         excess = np.where(bad, np.nan_to_num(diff / tol, nan=np.inf, posinf=np.inf), -1.0)

@@ -8,8 +8,8 @@ other tensor dense; when some formats are given, unlisted tensors are dense. Sca
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .concrete import Statement, concretize
 from .errors import FormatError

@@ -43,9 +43,12 @@ def _comment_safe(text: str) -> str:
     return text.replace("*/", "* /").replace("/*", "/ *")
 
 
-def header(spec: Spec, sig: Signature, order: tuple[str, ...], schedule: str, types: str) -> list[str]:
+def header(
+    spec: Spec, sig: Signature, order: tuple[str, ...], schedule: str, types: str
+) -> list[str]:
     formats = ", ".join(
-        f"{t.name}: {t.format}" + (f" ({t.format.spelling})" if str(t.format) != t.format.spelling else "")
+        f"{t.name}: {t.format}"
+        + (f" ({t.format.spelling})" if str(t.format) != t.format.spelling else "")
         for t in spec.tensors
     )
     return [
@@ -59,7 +62,9 @@ def header(spec: Spec, sig: Signature, order: tuple[str, ...], schedule: str, ty
     ]
 
 
-def generate(spec: Spec, *, dtype: str = "float64", index_dtype: str = "int32", parallel: bool = True) -> Generated:
+def generate(
+    spec: Spec, *, dtype: str = "float64", index_dtype: str = "int32", parallel: bool = True
+) -> Generated:
     namer = Namer()
     sig = signature(spec, namer)
     lowered = lower(spec, sig, namer, parallel=parallel)
@@ -71,12 +76,18 @@ def generate(spec: Spec, *, dtype: str = "float64", index_dtype: str = "int32", 
         else "serial"
     )
     val_t, idx_t = C_VALUE_TYPES[dtype], C_INDEX_TYPES[index_dtype]
-    source = environment().get_template("kernel.c.j2").render(
-        header=header(spec, sig, lowered.loop_order, schedule, f"values {val_t}, indices {idx_t}"),
-        val_type=val_t,
-        idx_type=idx_t,
-        name=KERNEL_NAME,
-        params=[C.param(p) for p in sig.params],
-        body="\n".join(printer.stmts(lowered.body)),
+    source = (
+        environment()
+        .get_template("kernel.c.j2")
+        .render(
+            header=header(
+                spec, sig, lowered.loop_order, schedule, f"values {val_t}, indices {idx_t}"
+            ),
+            val_type=val_t,
+            idx_type=idx_t,
+            name=KERNEL_NAME,
+            params=[C.param(p) for p in sig.params],
+            body="\n".join(printer.stmts(lowered.body)),
+        )
     )
     return Generated(source, sig, lowered.loop_order, dtype, index_dtype)

@@ -90,14 +90,22 @@ class Printer:
                     return [pad + line for line in self.t.atomic(lhs, op, rhs)]
                 return [f"{pad}{lhs} {op} {rhs};"]
             case ir.For(var=var, start=start, end=end, body=body, parallel=par):
-                head = [pad + line for line in self.t.parallel_pragma(par, self.threads)] if par else []
+                head = (
+                    [pad + line for line in self.t.parallel_pragma(par, self.threads)]
+                    if par
+                    else []
+                )
                 i64 = self.t.types[ir.I64]
                 head.append(
                     f"{pad}for ({i64} {var} = {self.expr(start)}; {var} < {self.expr(end)}; {var}++) {{"
                 )
                 return head + self.stmts(body, depth + 1) + [f"{pad}}}"]
             case ir.While(cond=cond, body=body):
-                return [f"{pad}while ({self.expr(cond)}) {{", *self.stmts(body, depth + 1), f"{pad}}}"]
+                return [
+                    f"{pad}while ({self.expr(cond)}) {{",
+                    *self.stmts(body, depth + 1),
+                    f"{pad}}}",
+                ]
             case ir.If(branches=branches, orelse=orelse):
                 lines: list[str] = []
                 for n, (cond, body) in enumerate(branches):

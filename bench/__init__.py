@@ -1,0 +1,13 @@
+"""sparsec benchmark suites: ``python -m bench [SUITE ...] [--quick] [--threads N]``.
+
+A suite is a module with ``main(argv: list[str] | None = None) -> int`` that accepts at
+least ``--quick`` (small sizes, a few seconds, for CI smoke runs) and ``--threads N``, prints
+a table to stdout and writes ``bench/results/<suite>.json``. Register it in `SUITES`.
+"""
+
+from __future__ import annotations
+
+#: suite name -> (module, one-line description); run in this order by ``python -m bench``.
+SUITES: dict[str, tuple[str, str]] = {
+    "core": ("bench.core", "SpMV (random, banded roofline), SpMM CSR x dense, compile times"),
+}

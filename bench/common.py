@@ -1,0 +1,218 @@
+"""Shared benchmark machinery: timing, baseline thread control, tables, JSON results.
+
+Timing contract: ``warmup`` untimed calls, then ``repeats`` (>= 10) calls each timed alone
+with ``time.perf_counter``; a `Timing` keeps every sample and reports median/min/max in ms.
+Speedups are always ``baseline_median / sparsec_median`` (> 1: sparsec is faster).
+
+Baselines run with an explicit thread count: torch through ``torch.set_num_threads``,
+scipy.sparse is single-threaded by construction. Each library is timed in its own block
+(all sparsec runs, then scipy, then torch) so one OpenMP runtime's spinning workers do not
+steal the cores of another's timed region on a small machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+MIN_REPEATS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Wall-clock samples of one callable, in milliseconds."""
+
+    samples_ms: tuple[float, ...]
+    warmup: int
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.samples_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.samples_ms)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "median_ms": self.median_ms,
+            "min_ms": self.min_ms,
+            "max_ms": self.max_ms,
+            "runs": len(self.samples_ms),
+            "warmup": self.warmup,
+            "samples_ms": list(self.samples_ms),
+        }
+
+
+def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20) -> Timing:
+    """Time ``fn()``: ``warmup`` untimed calls, then ``max(repeats, 10)`` timed ones."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(max(repeats, MIN_REPEATS)):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return Timing(tuple(samples), warmup)
+
+
+# --------------------------------------------------------------------------- threads
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the body with ``torch.set_num_threads(n)``; restore the previous count after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def threadpool_info() -> list[dict[str, Any]] | None:
+    """threadpoolctl's view of the loaded BLAS/OpenMP pools, or None when not installed."""
+    try:
+        import threadpoolctl
+    except ImportError:
+        return None
+    return threadpoolctl.threadpool_info()
+
+
+def environment() -> dict[str, Any]:
+    """Versions and machine facts recorded next to every result."""
+    import numpy
+    import scipy
+
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "SPARSEC_CFLAGS": os.environ.get("SPARSEC_CFLAGS"),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["torch_default_threads"] = torch.get_num_threads()
+        env["torch_parallel_info"] = torch.__config__.parallel_info()
+    except ImportError:
+        env["torch"] = None
+    try:
+        from sparsec import runtime
+
+        tc = runtime.toolchain()
+        env["sparsec_cc"] = " ".join(tc.cc)
+        env["sparsec_flags"] = " ".join(tc.flags)
+        env["sparsec_cc_version"] = tc.identity.splitlines()[1] if "\n" in tc.identity else ""
+    except Exception as err:  # record, never fail a benchmark over metadata
+        env["sparsec_cc"] = f"unknown ({err})"
+    info = threadpool_info()
+    if info is not None:
+        env["threadpoolctl"] = info
+    return env
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+# --------------------------------------------------------------------------- output
+
+
+def progress(message: str) -> None:
+    """One progress line on stderr (stdout stays the report)."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Table:
+    """A plain-text table: a header row, then rows of already formatted cells."""
+
+    columns: Sequence[str]
+    rows: list[Sequence[str]] = field(default_factory=list)
+
+    def add(self, *cells: Any) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"row has {len(cells)} cells, table has {len(self.columns)} columns")
+        self.rows.append([_cell(c) for c in cells])
+
+    def render(self) -> str:
+        widths = [len(c) for c in self.columns]
+        for row in self.rows:
+            widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+        # First column left-aligned (names), the rest right-aligned (numbers).
+        def line(cells: Sequence[str]) -> str:
+            parts = [
+                c.ljust(w) if i == 0 or not _numeric(c) else c.rjust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            ]
+            return "  ".join(parts).rstrip()
+
+        rule = "  ".join("-" * w for w in widths)
+        return "\n".join([line(list(self.columns)), rule, *(line(r) for r in self.rows)])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value >= 100:
+            return f"{value:.1f}"
+        if value >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _numeric(cell: str) -> bool:
+    return cell == "-" or cell.rstrip("x").replace(".", "", 1).isdigit()
+
+
+def write_results(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` to ``bench/results/<name>.json`` (directory created); return the path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Timing):
+        return obj.summary()
+    if hasattr(obj, "__dataclass_fields__"):
+        return asdict(obj)
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)

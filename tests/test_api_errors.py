@@ -1,0 +1,171 @@
+"""Bad input at the API: each is a `SparsecError` subclass with a clear message, never a crash."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import sparsec
+from sparsec import (
+    DTypeError,
+    FormatError,
+    InputError,
+    LoweringError,
+    NotationError,
+    ParseError,
+    ShapeError,
+    SparsecError,
+    StorageError,
+)
+
+SPMV = "y(i) = A(i,j) * x(j)"
+
+EXPRESSION_ERRORS = [
+    ("y(i) = (A(i,j) * x(j)", ParseError, "unbalanced parentheses"),
+    ("y(i) = A(i,j) * x(j))", ParseError, "unbalanced parentheses"),
+    ("y(i) = A(i,j) $ x(j)", ParseError, "unknown character '$'"),
+    ("A(i,j) = B(i,k)", NotationError, "j"),
+    ("B(i,i) = C(i)", NotationError, "appears twice"),
+    ("y(i) = A(i,j) * A(j)", NotationError, "order"),
+    ("", ParseError, "empty"),
+]
+
+
+@pytest.mark.parametrize("text,cls,fragment", EXPRESSION_ERRORS)
+def test_expression_errors(text, cls, fragment):
+    with pytest.raises(cls) as err:
+        sparsec.kernel(text)
+    assert fragment in str(err.value)
+    assert isinstance(err.value, SparsecError)
+
+
+def test_error_shows_caret_under_fault():
+    with pytest.raises(ParseError) as err:
+        sparsec.kernel("y(i) = A(i,j) $ x(j)")
+    lines = str(err.value).splitlines()
+    assert lines[-2].strip() == "y(i) = A(i,j) $ x(j)"
+    assert lines[-1].index("^") == lines[-2].index("$")
+
+
+FORMAT_ERRORS = [
+    ({"A": "xyz"}, "unknown format 'xyz'"),
+    ({"A": "sss"}, "3 levels but the tensor has order 2"),
+    ({"A": "csf3"}, "unknown format"),
+    ({"x": "csr"}, "order-2"),
+    ({"Z": "csr"}, "not a tensor of this expression"),
+    ({"y": "s"}, "dense outputs only"),
+    ({"A": "ds:0,0"}, "not a permutation"),
+    ({"A": "ud"}, "must be a singleton"),
+]
+
+
+@pytest.mark.parametrize("formats,fragment", FORMAT_ERRORS)
+def test_format_errors(formats, fragment):
+    with pytest.raises(FormatError, match=None) as err:
+        sparsec.kernel(SPMV, formats)
+    assert fragment in str(err.value)
+
+
+def test_no_loop_order_is_a_clear_error():
+    k = None
+    with pytest.raises(LoweringError, match="Store C with mode ordering"):
+        k = sparsec.kernel("A(i,j) = B(i,j) + C(j,i)", {"B": "csr", "C": "csr"})
+        k.source  # noqa: B018 - generation raises
+
+
+@pytest.fixture
+def spmv():
+    return sparsec.kernel(SPMV, {"A": "csr"})
+
+
+def test_missing_and_extra_inputs(spmv):
+    A = np.eye(3)
+    with pytest.raises(InputError, match="missing input 'x'"):
+        spmv(A=A)
+    with pytest.raises(InputError, match="unexpected input 'z'"):
+        spmv(A=A, x=np.ones(3), z=1)
+
+
+def test_wrong_dimensions(spmv):
+    with pytest.raises(ShapeError, match="index j has extent 3 in A .mode 1. but 4 in x"):
+        spmv(A=np.eye(3), x=np.ones(4))
+    with pytest.raises(ShapeError, match="order 1"):
+        spmv(A=np.eye(3), x=np.ones((3, 1)))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.ones(3, dtype=np.float16),
+        np.ones(3, dtype=np.complex128),
+        torch.ones(3, dtype=torch.float16),
+        torch.ones(3, dtype=torch.complex64),
+        np.array(["a", "b", "c"]),
+    ],
+)
+def test_unsupported_value_dtypes(spmv, value):
+    with pytest.raises(DTypeError, match="not supported"):
+        spmv(A=np.eye(3), x=value)
+
+
+@pytest.mark.parametrize(
+    "value", [np.eye(3, dtype=np.float16), np.eye(3, dtype=np.complex64)], ids=["f16", "c64"]
+)
+def test_unsupported_sparse_value_dtypes(spmv, value):
+    with pytest.raises(DTypeError):
+        spmv(A=value, x=np.ones(3))
+
+
+def _csr(indptr, indices, data, shape):
+    return sp.csr_matrix((np.array(data, float), np.array(indices), np.array(indptr)), shape=shape)
+
+
+BROKEN_CSR = [
+    # (pos, crd, shape, message fragment)
+    ([0, 2, 1, 3], [0, 1, 2], (3, 3), "non-decreasing"),
+    ([0, 1, 2, 4], [0, 1, 2], (3, 3), "the last pos must equal len(crd)"),
+    ([1, 1, 2, 3], [0, 1, 2], (3, 3), "pos[0]"),
+    ([0, 1, 2, 3], [0, 5, 2], (3, 3), "out of range"),
+    ([0, 1, 2, 3], [0, -1, 2], (3, 3), "out of range"),
+    ([0, 2, 2, 3], [1, 0, 2], (3, 3), "increasing"),
+    ([0, 2, 2, 3], [1, 1, 2], (3, 3), "increasing"),
+]
+
+
+@pytest.mark.parametrize("pos,crd,shape,fragment", BROKEN_CSR)
+def test_broken_csr_arrays_never_reach_c(spmv, pos, crd, shape, fragment):
+    with pytest.raises(StorageError) as err:
+        bad = sparsec.Tensor.from_arrays(
+            shape, "csr", [None, (np.array(pos), np.array(crd))], np.ones(len(crd)), name="A"
+        )
+        spmv(A=bad, x=np.ones(shape[1]))
+    assert fragment in str(err.value)
+
+
+def test_scalar_operand_must_be_a_number():
+    k = sparsec.kernel("a(i) = alpha * b(i)", {"b": "s"})
+    assert np.allclose(k(alpha=np.float32(2.0), b=np.ones(3)), 2.0)
+    assert np.allclose(k(alpha=torch.tensor(3.0), b=np.ones(3)), 3.0)
+    with pytest.raises(ShapeError, match="scalar operand"):
+        k(alpha=np.ones(2), b=np.ones(3))
+    with pytest.raises(InputError, match="scalar operand"):
+        k(alpha="2", b=np.ones(3))
+
+
+def test_unknown_target_and_schedule():
+    with pytest.raises(SparsecError, match="unknown target"):
+        sparsec.kernel(SPMV, target="fpga")
+    with pytest.raises(sparsec.ScheduleError, match="not supported yet"):
+        sparsec.kernel(SPMV, schedule="split(i,i0,i1,8)")
+
+
+def test_non_string_expression():
+    with pytest.raises(InputError, match="must be a string"):
+        sparsec.kernel(42)  # type: ignore[arg-type]
+
+
+def test_bad_thread_count(spmv):
+    with pytest.raises(InputError, match="threads"):
+        spmv(A=np.eye(2), x=np.ones(2), threads=0)

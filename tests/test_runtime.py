@@ -1,0 +1,79 @@
+"""Compile cache and toolchain handling."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import sparsec
+from sparsec import runtime
+from sparsec.errors import CompileError
+
+SOURCE = "int sparsec_kernel(void) { return 7; }\n"
+
+
+def test_cache_is_content_addressed_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    lib = runtime.compile_cached(SOURCE + "/* a */\n")
+    assert lib.sparsec_kernel() == 7
+    files = list(tmp_path.glob("*.so"))
+    assert len(files) == 1
+    runtime._loaded.clear()
+    stamp = files[0].stat().st_mtime_ns
+    runtime.compile_cached(SOURCE + "/* a */\n")
+    assert files[0].stat().st_mtime_ns == stamp  # not rebuilt
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob("*.c"))
+
+
+def test_flags_are_part_of_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SPARSEC_CFLAGS", "-O1")
+    runtime.compile_cached(SOURCE + "/* b */\n")
+    monkeypatch.setenv("SPARSEC_CFLAGS", "-O2")
+    runtime.compile_cached(SOURCE + "/* b */\n")
+    assert len(list(tmp_path.glob("*.so"))) == 2
+
+
+def test_truncated_cache_entry_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    src = SOURCE + "/* c */\n"
+    key = runtime.cache_key(src, runtime.toolchain())
+    (tmp_path / f"{key}.so").write_bytes(b"\x7fELF garbage")
+    assert runtime.compile_cached(src).sparsec_kernel() == 7
+
+
+def test_missing_compiler(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SPARSEC_CC", "no-such-compiler-xyz")
+    with pytest.raises(CompileError, match="not found"):
+        runtime.compile_cached(SOURCE + "/* d */\n")
+
+
+def test_failing_compiler_reports_its_message(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    with pytest.raises(CompileError, match="error"):
+        runtime.compile_cached("this is not C\n")
+
+
+def test_unwritable_cache_dir_falls_back(tmp_path, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o500)
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(ro / "sub"))
+    try:
+        assert runtime.compile_cached(SOURCE + "/* e */\n").sparsec_kernel() == 7
+    finally:
+        os.chmod(ro, 0o700)
+
+
+def test_serial_and_parallel_kernels_agree(rng):
+    from conftest import sparse_array
+
+    A = sparse_array((50, 40), rng)
+    x = rng.uniform(size=40)
+    par = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    ser = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, schedule="serial")
+    assert "omp parallel" in par.source and "omp parallel" not in ser.source
+    np.testing.assert_array_equal(par(A=A, x=x), ser(A=A, x=x))
