@@ -33,7 +33,8 @@ RESERVED = frozenset(
     if inline int long register restrict return short signed sizeof static struct switch
     typedef union unsigned void volatile while bool true false class new delete this
     template typename namespace private public protected virtual operator friend using
-    asm main NULL nullptr errno min max abs fabs exp log sqrt pow memset memcpy
+    asm main NULL nullptr errno math_errhandling min max abs fabs exp log sqrt pow memset
+    memcpy
     blockIdx threadIdx blockDim gridDim warpSize dim3 atomicAdd""".split()
 )
 
@@ -49,6 +50,8 @@ class Namer:
             raise ValueError(f"not an identifier: {base!r}")
         if base.startswith("_") or base.startswith("sc_") and base != "sc_threads":
             base = "u" + base  # leading underscores are the implementation's; sc_ is ours
+        if base.endswith("_t") or (len(base) > 1 and base.upper() == base):
+            base += "_u"  # type names (POSIX *_t) and macros (NAN, INT32_MAX) stay untouched
         name, n = base, 2
         while name in self._used:
             name, n = f"{base}_{n}", n + 1

@@ -904,28 +904,28 @@ def from_arrays(
     values = coerce_values(vals, value_dtype(dtype), name)
     idt = index_dtype_of(index_dtype)
     counts = _position_counts(fmt, shape, raw)
+    extremes = [
+        (k, array_name, int(array.min()), int(array.max()))
+        for k, st in enumerate(raw)
+        for array_name, array in (("pos", st.pos), ("crd", st.crd))
+        if array is not None and array.size
+    ]
     if idt is None:
-        extremes = [
-            abs(int(x)) for st in raw for a in st.arrays() if a.size for x in (a.min(), a.max())
-        ]
-        counts.append(max(extremes, default=0))
+        # stored values beyond int32, even invalid ones, pick int64: validation then names
+        # the bad value instead of the conversion failing
+        counts.append(max((max(-lo, hi) for *_, lo, hi in extremes), default=0))
     idt = choose_index_dtype(idt, shape, counts, name)
     info = np.iinfo(idt)
-    storages = []
-    for k, (st, level) in enumerate(zip(raw, fmt.levels, strict=True)):
-        converted = []
-        for array_name, array in (("pos", st.pos), ("crd", st.crd)):
-            if (
-                array is not None
-                and array.size
-                and (array.min() < info.min or array.max() > info.max)
-            ):
-                raise DTypeError(
-                    f"{_at_level(name, k, level)}{array_name} holds values that do not fit "
-                    f"{idt}; use index_dtype='int64'"
-                )
-            converted.append(None if array is None else np.array(array, dtype=idt, order="C"))
-        storages.append(LevelStorage(*converted))
+    for k, array_name, lo, hi in extremes:
+        if lo < info.min or hi > info.max:
+            raise DTypeError(
+                f"{_at_level(name, k, fmt.levels[k])}{array_name} holds values that do not fit "
+                f"{idt}; use index_dtype='int64'"
+            )
+    storages = [
+        LevelStorage(*(None if a is None else np.array(a, dtype=idt, order="C") for a in pair))
+        for pair in ((st.pos, st.crd) for st in raw)
+    ]
     values = np.array(values, order="C")
     _check_structure(shape, fmt, storages, values, idt, name)
     _check_contents(shape, fmt, storages, values, name)
@@ -1084,7 +1084,7 @@ def _sample_cells(rng: np.random.Generator, dims: Sequence[int], k: int) -> np.n
         return np.zeros((0, k), dtype=np.int64)
     total = math.prod(dims)
     if total <= INT64_MAX:
-        flat = _sample_distinct(rng, total, k, lambda n: rng.integers(0, total, size=n))
+        flat = _sample_distinct(rng, total, k)
         return np.array(np.unravel_index(flat, dims), dtype=np.int64).reshape(len(dims), k)
     # a grid too large for flat indices: draw coordinate tuples and keep the distinct ones
     found = np.zeros((len(dims), 0), dtype=np.int64)
@@ -1094,7 +1094,7 @@ def _sample_cells(rng: np.random.Generator, dims: Sequence[int], k: int) -> np.n
     return found[:, np.sort(rng.permutation(found.shape[1])[:k])]
 
 
-def _sample_distinct(rng: np.random.Generator, total: int, k: int, draw: Any) -> np.ndarray:
+def _sample_distinct(rng: np.random.Generator, total: int, k: int) -> np.ndarray:
     """``k`` distinct sorted integers from ``range(total)``, every k-subset equally likely.
 
     A dense request shuffles the range; a sparse one draws with replacement, keeps the
@@ -1107,7 +1107,8 @@ def _sample_distinct(rng: np.random.Generator, total: int, k: int, draw: Any) ->
         return np.sort(rng.choice(total, size=k, replace=False))
     found = np.zeros(0, dtype=np.int64)
     while len(found) < k:
-        found = np.sort(np.concatenate([found, draw(k - len(found) + k // 16 + 16)]))
+        extra = rng.integers(0, total, size=k - len(found) + k // 16 + 16)
+        found = np.sort(np.concatenate([found, extra]))
         found = found[np.concatenate(([True], found[1:] != found[:-1]))]
     if len(found) > k:
         found = found[np.sort(rng.permutation(len(found))[:k])]
