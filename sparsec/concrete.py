@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Union, assert_never
+from typing import assert_never
 
 from .notation import Access, Assignment, BinOp, Literal, Neg
 
@@ -43,7 +43,7 @@ class Zero:
         return "0"
 
 
-CExpr = Union[Access, Literal, Neg, BinOp, Sum, Zero]
+CExpr = Access | Literal | Neg | BinOp | Sum | Zero
 ZERO = Zero()
 
 

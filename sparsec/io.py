@@ -122,7 +122,8 @@ def load_tns(
         data = np.zeros((0, len(shape) + 1))
     order = data.shape[1] - 1
     coords = data[:, :order]
-    bad = np.flatnonzero(np.any((coords < 1) | (coords != np.floor(coords)), axis=1))
+    integral = np.isfinite(coords) & (coords >= 1) & (coords == np.floor(coords))
+    bad = np.flatnonzero(~np.all(integral, axis=1))
     if bad.size:
         number, text = _line_of_entry(path, int(bad[0]))
         raise InputError(

@@ -9,7 +9,6 @@ target's spelling. Loops carry an optional `Parallel` annotation and stores an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 VAL = "val"
 IDX = "idx"
@@ -73,7 +72,7 @@ class Select:
     other: Expr
 
 
-Expr = Union[Var, IntLit, FloatLit, Load, Bin, Unary, Call, Select]
+Expr = Var | IntLit | FloatLit | Load | Bin | Unary | Call | Select
 
 
 # ----------------------------------------------------------------- statements
@@ -141,7 +140,7 @@ class Block:
     body: tuple[Stmt, ...] = ()
 
 
-Stmt = Union[Decl, Assign, For, While, If, Comment, Block]
+Stmt = Decl | Assign | For | While | If | Comment | Block
 
 
 # -------------------------------------------------------------------- helpers

@@ -12,6 +12,7 @@ the storage invariants (done once, when the `Tensor` is built; Tensors are immut
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import threading
@@ -103,7 +104,7 @@ class Kernel:
         used = {a.name: a for a in self.assignment.accesses()}
         # (tensor, axis of the converted value, index): dense values are kept in level order
         self._modes = tuple(
-            (t.name, t.format.level_of_mode(mode) if t.format.is_dense else mode, index)
+            (t.name, t.format.level_of_mode(mode) if t.is_dense else mode, index)
             for t in self._wanted
             for mode, index in enumerate(used[t.name].indices)
         )
@@ -205,7 +206,7 @@ class Kernel:
             shape = tuple(dims[i] for i in accesses[t.name].indices)
             if t.order == 0:
                 inputs[t.name] = float(rng.uniform(0.5, 2.0))
-            elif t.format.is_dense:
+            elif t.is_dense:
                 arr = np.where(
                     rng.random(shape) < max(density, 0.5), rng.uniform(-1, 1, shape), 0.0
                 )
@@ -284,13 +285,12 @@ class Kernel:
             match field:
                 case "vals" if tensor == out_t.name:
                     args.append(out.ctypes.data)
-                case "vals":
+                case "vals" | "pos" | "crd":
                     v = values[tensor]
-                    args.append((v.vals if isinstance(v, Tensor) else v).ctypes.data)
-                case "pos":
-                    args.append(values[tensor].levels[level].pos.ctypes.data)
-                case "crd":
-                    args.append(values[tensor].levels[level].crd.ctypes.data)
+                    if isinstance(v, Tensor):
+                        args.append(v.addresses()[(field, level)])
+                    else:
+                        args.append(v.ctypes.data)
                 case "value":
                     args.append(values[tensor])
                 case "dim":
@@ -353,13 +353,19 @@ def _ctype(p: Param, dtype: str) -> Any:
     raise AssertionError(p)
 
 
+@functools.cache
+def default_threads() -> int:
+    """``OMP_NUM_THREADS`` (first entry) if set, else every core; read once per process."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    try:
+        return max(1, int(env.split(",")[0]))
+    except ValueError:
+        return max(1, os.cpu_count() or 1)
+
+
 def _threads(threads: int | None) -> int:
     if threads is None:
-        env = os.environ.get("OMP_NUM_THREADS", "")
-        try:
-            return max(1, int(env.split(",")[0]))
-        except ValueError:
-            return max(1, os.cpu_count() or 1)
+        return default_threads()
     if not isinstance(threads, int) or threads < 1:
         raise InputError(f"threads must be a positive integer, not {threads!r}")
     return threads
@@ -397,7 +403,7 @@ def _common_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> s
 
 def _common_index_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
     for t in wanted:
-        if t.format.is_dense:
+        if t.is_dense:
             continue
         v = inputs[t.name]
         if isinstance(v, Tensor):
@@ -419,13 +425,13 @@ def _convert(t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any:
     where = f"input {t.name!r}"
     if t.order == 0:
         return _scalar(value, where)
-    if t.format.is_dense:
+    if t.is_dense:
         return _dense(t, value, dtype, where)
     _reject_dtype(value, where)
     np_dtype = VALUE_DTYPES[dtype]
     if not (
         isinstance(value, Tensor)
-        and value.format == t.format
+        and (value.format is t.format or value.format == t.format)
         and value.vals.dtype == np_dtype
         and value.order == t.order
     ):
@@ -467,10 +473,12 @@ _BAD_TORCH = ("torch.float16", "torch.bfloat16", "torch.complex64", "torch.compl
 def _reject_dtype(value: Any, where: str) -> None:
     """Refuse value dtypes a kernel cannot compute in (rather than silently converting)."""
     dt = value.vals.dtype if isinstance(value, Tensor) else getattr(value, "dtype", None)
-    if dt is None:
+    if dt is None or dt is _F64 or dt is _F32:
         return
     text = str(dt)
-    if text in _BAD_TORCH or (isinstance(dt, np.dtype) and (dt.kind not in "fiub" or dt == np.float16)):
+    if text in _BAD_TORCH or (
+        isinstance(dt, np.dtype) and (dt.kind not in "fiub" or dt == np.float16)
+    ):
         shown = text[6:] if text.startswith("torch.") else text
         raise DTypeError(f"{where}: {shown} values are not supported; use float32 or float64")
 

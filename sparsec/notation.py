@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Union, assert_never
+from typing import assert_never
 
 Span = tuple[int, int]
 NO_SPAN: Span = (0, 0)
@@ -78,7 +78,7 @@ class BinOp:
         return f"{left} {self.op} {right}"
 
 
-Expr = Union[Access, Literal, Neg, BinOp]
+Expr = Access | Literal | Neg | BinOp
 
 BINARY_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 UNARY_PREC = 3

@@ -90,7 +90,7 @@ def _reduce(body: CExpr, indices: tuple[str, ...], inputs: Mapping[str, torch.Te
     evaluated = [evaluate(f, inputs) for f in factors]
     labels = _union(*(ls for _, ls in evaluated))
     out = tuple(x for x in labels if x not in indices)
-    letters = dict(zip(labels, string.ascii_letters))
+    letters = dict(zip(labels, string.ascii_letters, strict=False))
     spec = ",".join("".join(letters[x] for x in ls) for _, ls in evaluated)
     spec += "->" + "".join(letters[x] for x in out)
     # einsum needs every labelled dimension to exist; sizes of summed labels come from operands

@@ -17,12 +17,19 @@ from .formats import Format, default_sparse, dense, parse_format
 from .notation import Assignment
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TensorVar:
     name: str
     order: int
     format: Format
     is_output: bool
+
+    @property
+    def is_dense(self) -> bool:
+        return self._dense
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_dense", self.format.is_dense)
 
 
 @dataclass(frozen=True, slots=True)

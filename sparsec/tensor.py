@@ -28,7 +28,7 @@ import math
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,10 @@ class Tensor:
     levels: tuple[LevelStorage, ...]
     vals: np.ndarray
     index_dtype: np.dtype = None  # type: ignore[assignment]  # resolved in __post_init__
+    #: addresses of the (immutable) storage arrays, filled on first use by the kernel runtime
+    _addresses: dict[tuple[str, int], int] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", check_shape(self.shape))
@@ -85,6 +89,23 @@ class Tensor:
             array.flags.writeable = False
 
     # ---- properties
+
+    def addresses(self) -> dict[tuple[str, int], int]:
+        """``(array, level) -> address`` of each storage array (``("vals", -1)`` for values).
+
+        Computed once: the arrays are read-only and owned by this tensor, so the addresses
+        stay valid as long as it lives. Kernel calls use this instead of per-call lookups.
+        """
+        found = self._addresses
+        if found is None:
+            found = {("vals", -1): self.vals.ctypes.data}
+            for k, st in enumerate(self.levels):
+                if st.pos is not None:
+                    found[("pos", k)] = st.pos.ctypes.data
+                if st.crd is not None:
+                    found[("crd", k)] = st.crd.ctypes.data
+            object.__setattr__(self, "_addresses", found)
+        return found
 
     @property
     def order(self) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import sparsec
@@ -62,7 +61,6 @@ HOSTILE = [
 
 @pytest.mark.parametrize("expr,formats", HOSTILE)
 def test_hostile_names_are_mangled(expr, formats, rng):
-    from conftest import sparse_array
 
     k = sparsec.kernel(expr, formats)
     inputs, _ = k.random_inputs()
@@ -89,8 +87,21 @@ def test_kernel_source_compiles_with_warnings_as_errors(tmp_path):
         path = tmp_path / "k.c"
         path.write_text(sparsec.kernel(expr, fmts).source)
         out = subprocess.run(
-            ["cc", "-std=c11", "-fopenmp", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
-             "-Wno-unknown-pragmas", "-c", str(path), "-o", str(tmp_path / "k.o")],
-            capture_output=True, text=True,
+            [
+                "cc",
+                "-std=c11",
+                "-fopenmp",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-Wno-unused-parameter",
+                "-Wno-unknown-pragmas",
+                "-c",
+                str(path),
+                "-o",
+                str(tmp_path / "k.o"),
+            ],
+            capture_output=True,
+            text=True,
         )
         assert out.returncode == 0, out.stderr

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import sparse_array
 
 import sparsec
-from conftest import sparse_array
 
 I, J, K, L = 7, 6, 5, 4
 
@@ -39,7 +39,12 @@ for b_fmt in ("sss", "dss", "uqq"):
 
 for c_fmt in ("dense", "s"):
     CASES.append(
-        ("A(i,j) = B(i,j,k) * c(k)", {"B": "csf", "c": c_fmt}, "ijk,k->ij", {"B": (I, J, K), "c": (K,)})
+        (
+            "A(i,j) = B(i,j,k) * c(k)",
+            {"B": "csf", "c": c_fmt},
+            "ijk,k->ij",
+            {"B": (I, J, K), "c": (K,)},
+        )
     )
 CASES.append(
     ("A(i,j,l) = B(i,j,k) * C(k,l)", {"B": "csf"}, "ijk,kl->ijl", {"B": (I, J, K), "C": (K, L)})
@@ -92,7 +97,9 @@ for b_fmt in ("dense", "s"):
         )
     )
 for c_fmt in ("csr", "dense"):
-    CASES.append(("a = B(i,j) * C(i,j)", {"B": "csr", "C": c_fmt}, "ij,ij->", {"B": (I, J), "C": (I, J)}))
+    CASES.append(
+        ("a = B(i,j) * C(i,j)", {"B": "csr", "C": c_fmt}, "ij,ij->", {"B": (I, J), "C": (I, J)})
+    )
 for d_fmt in ("dense", "s"):
     CASES.append(
         (
@@ -102,7 +109,9 @@ for d_fmt in ("dense", "s"):
             {"alpha": (), "B": (I, K), "c": (K,), "beta": (), "d": (I,)},
         )
     )
-CASES.append(("y(i) += A(i,j) * x(j)", {"A": "csr"}, "y + A@x", {"A": (I, J), "x": (J,), "y": (I,)}))
+CASES.append(
+    ("y(i) += A(i,j) * x(j)", {"A": "csr"}, "y + A@x", {"A": (I, J), "x": (J,), "y": (I,)})
+)
 CASES.append(
     (
         "A(i,j) = B(i,j) * C(i,k) * D(k,j)",

@@ -21,7 +21,10 @@ PLACEMENT = [
     ("a(i) = B(i,k) * c(k) + d(i)", "a(i) = sum(k, B(i,k) * c(k)) + d(i)"),
     ("r(i) = b(i) - A(i,k) * x(k)", "r(i) = b(i) - sum(k, A(i,k) * x(k))"),
     ("a(i) = B(i,k) * c(k) + D(i,k)", "a(i) = sum(k, B(i,k) * c(k) + D(i,k))"),
-    ("a(i) = alpha * B(i,k) * c(k) + beta * d(i)", "a(i) = sum(k, alpha * B(i,k) * c(k)) + beta * d(i)"),
+    (
+        "a(i) = alpha * B(i,k) * c(k) + beta * d(i)",
+        "a(i) = sum(k, alpha * B(i,k) * c(k)) + beta * d(i)",
+    ),
     ("a(i) = -(B(i,k) * c(k))", "a(i) = sum(k, -(B(i,k) * c(k)))"),
     ("a(i) = B(i,k) * c(k) / d(i)", "a(i) = sum(k, B(i,k) * c(k) / d(i))"),
     ("a(i) = d(i) / (B(i,k) * c(k))", "a(i) = d(i) / sum(k, B(i,k) * c(k))"),

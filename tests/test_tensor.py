@@ -709,6 +709,7 @@ def test_tns_frostt_file_infers_shape(tmp_path):
         ("# c\n1 1 1.0\n2 1\n", "line 3: 2 columns where earlier lines have 3"),
         ("1 1 1.0\n\n0 1 1.0\n", "line 3: coordinates must be integers >= 1"),
         ("1 1.5 1.0\n", "line 1: coordinates must be integers >= 1"),
+        ("1 1 1.0\n2 inf 1.0\n", "line 2: coordinates must be integers >= 1"),
         ("# nothing\n", "no entries, so the shape is unknown"),
     ],
 )
