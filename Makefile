@@ -28,7 +28,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy sparsec
 
 test: $(STAMP)
-	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory lint typecheck
 	$(PY) -m pytest -q -n 2 -m "not slow"
 
 bench: $(STAMP)

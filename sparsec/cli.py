@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from . import __version__
 from .errors import SparsecError
@@ -32,7 +33,7 @@ examples:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own errors also exit 2, no traceback
+    def error(self, message: str) -> NoReturn:  # argparse's own errors also exit 2, no traceback
         self.print_usage(sys.stderr)
         print(f"sparsec: error: {message}", file=sys.stderr)
         raise SystemExit(2)

@@ -47,6 +47,17 @@ CExpr = Access | Literal | Neg | BinOp | Sum | Zero
 ZERO = Zero()
 
 
+# From here on `Neg` and `BinOp` also hold `Sum` and `Zero` operands: the notation nodes
+# are reused rather than copied, and these two constructors are where that widening is
+# stated once for the type checker.
+def _neg(operand: CExpr, span: tuple[int, int]) -> CExpr:
+    return Neg(operand, span)  # type: ignore[arg-type]
+
+
+def _bin(op: str, left: CExpr, right: CExpr, span: tuple[int, int]) -> CExpr:
+    return BinOp(op, left, right, span)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True, slots=True)
 class Statement:
     """``lhs (+)= Σ top_sums . rhs`` with nested sums inside ``rhs``."""
@@ -102,9 +113,9 @@ def concretize(assignment: Assignment) -> Statement:
         here = index_counts(expr)
         match expr:
             case Neg(operand=x):
-                rebuilt: CExpr = Neg(place(x), expr.span)
+                rebuilt: CExpr = _neg(place(x), expr.span)
             case BinOp(op=op, left=left, right=right):
-                rebuilt = BinOp(op, place(left), place(right), expr.span)
+                rebuilt = _bin(op, place(left), place(right), expr.span)
             case Access() | Literal() | Zero() | Sum():
                 rebuilt = expr
             case _:
@@ -130,15 +141,15 @@ def lift(expr: CExpr) -> tuple[tuple[str, ...], CExpr]:
         case BinOp(op="*", left=left, right=right):
             vl, bl = lift(left)
             vr, br = lift(right)
-            return vl + vr, BinOp("*", bl, br, expr.span)
+            return vl + vr, _bin("*", bl, br, expr.span)
         case BinOp(op="/", left=left, right=right):
             vl, bl = lift(left)
-            return vl, BinOp("/", bl, nest(right), expr.span)
+            return vl, _bin("/", bl, nest(right), expr.span)
         case BinOp(op=op, left=left, right=right):
-            return (), BinOp(op, nest(left), nest(right), expr.span)
+            return (), _bin(op, nest(left), nest(right), expr.span)
         case Neg(operand=x):
             v, b = lift(x)
-            return v, Neg(b, expr.span)
+            return v, _neg(b, expr.span)
         case Access() | Literal() | Zero():
             return (), expr
         case _:
@@ -164,9 +175,9 @@ def without(expr: CExpr, absent: frozenset[Access]) -> CExpr:
             return ZERO if expr in absent else expr
         case Literal() | Zero():
             return expr
-        case Neg(operand=x):
-            x = without(x, absent)
-            return ZERO if x is ZERO else Neg(x, expr.span)
+        case Neg(operand=operand):
+            x = without(operand, absent)
+            return ZERO if x is ZERO else _neg(x, expr.span)
         case Sum(indices=indices, body=body):
             body = without(body, absent)
             return ZERO if body is ZERO else Sum(indices, body)
@@ -174,19 +185,19 @@ def without(expr: CExpr, absent: frozenset[Access]) -> CExpr:
             a, b = without(left, absent), without(right, absent)
             match op:
                 case "*":
-                    return ZERO if a is ZERO or b is ZERO else BinOp(op, a, b, expr.span)
+                    return ZERO if a is ZERO or b is ZERO else _bin(op, a, b, expr.span)
                 case "+":
                     if a is ZERO:
                         return b
-                    return a if b is ZERO else BinOp(op, a, b, expr.span)
+                    return a if b is ZERO else _bin(op, a, b, expr.span)
                 case "-":
                     if b is ZERO:
                         return a
-                    return Neg(b, expr.span) if a is ZERO else BinOp(op, a, b, expr.span)
+                    return _neg(b, expr.span) if a is ZERO else _bin(op, a, b, expr.span)
                 case "/":
                     if a is ZERO and isinstance(b, Literal) and b.value != 0:
                         return ZERO
-                    return BinOp(op, a, b, expr.span)
+                    return _bin(op, a, b, expr.span)
                 case _:
                     raise AssertionError(op)
         case _:

@@ -102,7 +102,8 @@ class Parallel:
 
     unit: str
     schedule: str = "static"
-    chunk: int = 0
+    #: name of a variable holding the chunk size, or "" for the runtime's default
+    chunk: str = ""
 
 
 @dataclass(frozen=True, slots=True)

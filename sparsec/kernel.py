@@ -44,7 +44,7 @@ class _Compiled:
     generated: Generated
     fn: Any
     #: (field, tensor, level, index) per ABI parameter, in order
-    plan: tuple[tuple[str, str | None, int, str | None], ...]
+    plan: tuple[tuple[str, str, int, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +144,9 @@ class Kernel:
                 fn = lib.sparsec_kernel
                 fn.argtypes = [_ctype(p, dtype) for p in gen.signature.params]
                 fn.restype = ctypes.c_int
-                plan = tuple((p.field, p.tensor, p.level, p.index) for p in gen.signature.params)
+                plan = tuple(
+                    (p.field, p.tensor or "", p.level, p.index or "") for p in gen.signature.params
+                )
                 found = self._compiled[key] = _Compiled(gen, fn, plan)
             return found
 
@@ -376,17 +378,16 @@ def _is_torch(value: Any) -> bool:
 
 
 _F32, _F64, _I64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
+_TORCH_FLOATS: dict[str, np.dtype] = {"torch.float32": _F32, "torch.float64": _F64}
 
 
 def _value_dtype_of(value: Any) -> np.dtype | None:
     if isinstance(value, Tensor):
         return value.vals.dtype
-    dt = getattr(value, "dtype", None)
-    if dt is None:
-        return None
-    if isinstance(dt, np.dtype):
+    dt: Any = getattr(value, "dtype", None)
+    if dt is None or isinstance(dt, np.dtype):
         return dt
-    return {"torch.float32": _F32, "torch.float64": _F64}.get(str(dt))
+    return _TORCH_FLOATS.get(str(dt))
 
 
 def _common_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:

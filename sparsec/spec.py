@@ -9,7 +9,7 @@ other tensor dense; when some formats are given, unlisted tensors are dense. Sca
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .concrete import Statement, concretize
 from .errors import FormatError
@@ -24,12 +24,11 @@ class TensorVar:
     format: Format
     is_output: bool
 
-    @property
-    def is_dense(self) -> bool:
-        return self._dense
+    #: the format has only dense levels (cached: checked on every kernel call)
+    is_dense: bool = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_dense", self.format.is_dense)
+        object.__setattr__(self, "is_dense", self.format.is_dense)
 
 
 @dataclass(frozen=True, slots=True)
