@@ -163,12 +163,14 @@ def nest(expr: CExpr) -> CExpr:
 
 
 # ------------------------------------------------------------- simplification
-def without(expr: CExpr, absent: frozenset[Access]) -> CExpr:
+def without(expr: CExpr, absent: frozenset[Access], fold: bool = True) -> CExpr:
     """``expr`` with the ``absent`` accesses replaced by structural zeros, folded.
 
     Folding follows the ring: ``0*x = 0``, ``0+x = x``, ``x-0 = x``, ``0-x = -x``,
     ``-0 = 0``, ``Σ 0 = 0``, ``0/x = 0`` only for a literal ``x`` (otherwise ``0/0`` must
-    stay NaN, as dense torch computes it).
+    stay NaN, as dense torch computes it). A divisor is never folded (``fold=False``):
+    there the sign of a zero decides between ``+inf`` and ``-inf``, so ``0 * x`` must be
+    computed as dense torch computes it.
     """
     match expr:
         case Access():
@@ -176,13 +178,20 @@ def without(expr: CExpr, absent: frozenset[Access]) -> CExpr:
         case Literal() | Zero():
             return expr
         case Neg(operand=operand):
-            x = without(operand, absent)
-            return ZERO if x is ZERO else _neg(x, expr.span)
+            x = without(operand, absent, fold)
+            return ZERO if x is ZERO and fold else _neg(x, expr.span)
         case Sum(indices=indices, body=body):
-            body = without(body, absent)
-            return ZERO if body is ZERO else Sum(indices, body)
+            inner = without(body, absent, fold)
+            return ZERO if inner is ZERO else Sum(indices, inner)
+        case BinOp(op="/", left=left, right=right):
+            a, b = without(left, absent, fold), without(right, absent, fold=False)
+            if fold and a is ZERO and isinstance(b, Literal) and b.value != 0:
+                return ZERO
+            return _bin("/", a, b, expr.span)
         case BinOp(op=op, left=left, right=right):
-            a, b = without(left, absent), without(right, absent)
+            a, b = without(left, absent, fold), without(right, absent, fold)
+            if not fold:
+                return _bin(op, a, b, expr.span)
             match op:
                 case "*":
                     return ZERO if a is ZERO or b is ZERO else _bin(op, a, b, expr.span)
@@ -194,10 +203,6 @@ def without(expr: CExpr, absent: frozenset[Access]) -> CExpr:
                     if b is ZERO:
                         return a
                     return _neg(b, expr.span) if a is ZERO else _bin(op, a, b, expr.span)
-                case "/":
-                    if a is ZERO and isinstance(b, Literal) and b.value != 0:
-                        return ZERO
-                    return _bin(op, a, b, expr.span)
                 case _:
                     raise AssertionError(op)
         case _:

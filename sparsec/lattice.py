@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 
-from .concrete import ZERO, CExpr, Sum, Zero, accesses, without
+from .concrete import ZERO, CExpr, Sum, Zero, accesses, children, without
+from .errors import LoweringError
 from .notation import Access, BinOp, Literal, Neg
 
 
@@ -96,50 +97,87 @@ def _dedupe(points: list[Point]) -> list[Point]:
     return list(dict.fromkeys(points))
 
 
-def point_sets(expr: CExpr, iterator_of: Callable[[Access], Iterator | None]) -> list[Point]:
-    """The lattice points (iterator sets) of ``expr`` for one index variable."""
+def point_sets(
+    expr: CExpr, iterator_of: Callable[[Access], Iterator | None], exact: bool = False
+) -> list[Point]:
+    """The lattice points (iterator sets) of ``expr`` for one index variable.
+
+    ``exact`` (inside a divisor) makes every operand full, so every combination of present
+    iterators is its own point: there a zero's sign decides the sign of an infinity.
+    """
     match expr:
         case Access():
             it = iterator_of(expr)
-            return [frozenset({it})] if it is not None else [frozenset()]
+            if it is None:
+                return [frozenset()]
+            return [frozenset({it}), frozenset()] if exact else [frozenset({it})]
         case Literal():
             return [frozenset()]
         case Zero():
-            return []
+            return [frozenset()] if exact else []
         case Neg(operand=x):
-            return point_sets(x, iterator_of)
+            return point_sets(x, iterator_of, exact)
         case Sum(body=body):
-            return point_sets(body, iterator_of)
+            return point_sets(body, iterator_of, exact)
         case BinOp(op="*", left=left, right=right):
-            return conjunction(point_sets(left, iterator_of), point_sets(right, iterator_of))
+            return conjunction(
+                point_sets(left, iterator_of, exact), point_sets(right, iterator_of, exact)
+            )
         case BinOp(op="+" | "-", left=left, right=right):
-            return disjunction(point_sets(left, iterator_of), point_sets(right, iterator_of))
+            return disjunction(
+                point_sets(left, iterator_of, exact), point_sets(right, iterator_of, exact)
+            )
         case BinOp(op="/", left=left, right=right):
-            numerator = point_sets(left, iterator_of)
+            numerator = point_sets(left, iterator_of, exact)
             if isinstance(right, Literal) and right.value != 0:
                 return numerator
-            return conjunction(full(numerator), full(point_sets(right, iterator_of)))
+            return conjunction(full(numerator), point_sets(right, iterator_of, exact=True))
         case BinOp(op=op):
             raise AssertionError(f"unknown operator {op}")
         case _:
             assert_never(expr)
 
 
-def build(expr: CExpr, iterator_of: Callable[[Access], Iterator | None]) -> Lattice:
+def build(
+    expr: CExpr, iterator_of: Callable[[Access], Iterator | None], exact: bool = False
+) -> Lattice:
     """The merge lattice of ``expr`` for the variable that ``iterator_of`` describes.
 
     ``iterator_of(access)`` returns the iterator an access contributes, or ``None`` when
     the access is present at every coordinate (dense level, or variable not used).
+    With ``exact`` (an expression that divides by a non-literal, so infinities and NaN
+    can arise), every subset of iterators is a point and nothing is folded: each case
+    computes what dense arithmetic computes, ``inf * 0`` included.
     """
-    sets = point_sets(expr, iterator_of)
+    sets = point_sets(expr, iterator_of, exact)
     by_access = {it.access: it for p in sets for it in p}
+    if exact and len(by_access) > MAX_EXACT_ITERATORS:
+        raise LoweringError(
+            f"this expression divides by a non-constant, which needs every combination of "
+            f"{len(by_access)} sparse operands co-iterated at one index; at most "
+            f"{MAX_EXACT_ITERATORS} are supported. Store some operands dense"
+        )
     points = []
     for p in sorted(sets, key=lambda s: -len(s)):
         absent = frozenset(a for a, it in by_access.items() if it not in p)
-        simplified = without(expr, absent)
+        simplified = without(expr, absent, fold=not exact)
         if simplified is not ZERO:
             points.append(LatticePoint(p, simplified))
     return Lattice(tuple(points))
+
+
+MAX_EXACT_ITERATORS = 5
+
+
+def divides(expr: CExpr) -> bool:
+    """Does ``expr`` divide by anything but a non-zero literal (so inf/NaN may arise)?"""
+    match expr:
+        case BinOp(op="/", right=Literal(value=v)) if v != 0:
+            return divides(expr.left)
+        case BinOp(op="/"):
+            return True
+        case _:
+            return any(divides(c) for c in children(expr))
 
 
 def sparse_accesses(expr: CExpr) -> list[Access]:

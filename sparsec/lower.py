@@ -24,7 +24,7 @@ from . import ir
 from .abi import Namer, Signature
 from .concrete import ZERO, CExpr, Sum, Zero, accesses
 from .errors import LoweringError
-from .lattice import Iterator, Lattice, LatticePoint, build
+from .lattice import Iterator, Lattice, LatticePoint, build, divides
 from .notation import Access, BinOp, Literal, Neg
 from .order import level_indices, loop_order
 from .spec import Spec
@@ -92,6 +92,8 @@ class Lowerer:
         self.lhs = spec.statement.lhs
         self.parallel = parallel
         self.var_names = {i: namer.fresh(i) for i in spec.indices}
+        #: dense-exact lowering (see `lattice.build`) when the expression may make inf/NaN
+        self.exact = divides(spec.statement.rhs)
 
     # ----------------------------------------------------------------- entry
     def kernel(self) -> LoweredKernel:
@@ -152,7 +154,7 @@ class Lowerer:
         if not order:
             return self.compute(expr, ctx, sink)
         var, rest = order[0], order[1:]
-        lattice = build(expr, lambda a: self._iterator(a, var, ctx))
+        lattice = build(expr, lambda a: self._iterator(a, var, ctx), self.exact)
         if not lattice.points:
             return ir.Block()
         return self.merge(var, rest, lattice, ctx, sink, outermost)
