@@ -28,7 +28,6 @@ from .codegen import Generated, generate
 from .errors import DTypeError, InputError, ScheduleError, ShapeError, SparsecError
 from .formats import Format
 from .parser import parse_expression
-from .reference import compare, reference
 from .spec import FormatsArg, Spec, TensorVar, make_spec
 from .tensor import Tensor, as_tensor
 
@@ -159,7 +158,15 @@ class Kernel:
 
     def check(self, *, threads: int | None = None, **inputs: Any) -> CheckResult:
         """Run the kernel and compare with ``torch.einsum`` on densified inputs."""
-        import torch
+        try:
+            import torch
+        except ImportError:
+            raise SparsecError(
+                "Kernel.check compares with torch, which is not installed; install a CPU "
+                "build with `pip install torch==2.13.0` (or the extra sparsec[torch])"
+            ) from None
+
+        from .reference import compare, reference
 
         prepared = self._prepare(inputs)
         compiled = self._compile(prepared.dtype, prepared.index_dtype)
