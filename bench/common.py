@@ -170,6 +170,7 @@ class Table:
         widths = [len(c) for c in self.columns]
         for row in self.rows:
             widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+
         # First column left-aligned (names), the rest right-aligned (numbers).
         def line(cells: Sequence[str]) -> str:
             parts = [
@@ -195,7 +196,7 @@ def _cell(value: Any) -> str:
 
 
 def _numeric(cell: str) -> bool:
-    return cell == "-" or cell.rstrip("x").replace(".", "", 1).isdigit()
+    return cell == "-" or cell.rstrip("x%").replace(".", "", 1).isdigit()
 
 
 def write_results(name: str, payload: dict[str, Any]) -> Path:

@@ -70,13 +70,34 @@ class Config:
     def make(quick: bool, threads: int | None, compile_repeats: int | None) -> Config:
         import torch
 
-        n_threads = threads or os.cpu_count() or 1
-        reps = compile_repeats if compile_repeats is not None else (1 if quick else 3)
+        common = {
+            "quick": quick,
+            "threads": threads or os.cpu_count() or 1,
+            "torch_threads": torch.get_num_threads(),
+            "per_row": 10,
+            "spmm_sparsity": 0.9,
+        }
         if quick:
-            return Config(True, n_threads, torch.get_num_threads(), 1, 10, 2_000, 10, 20_000,
-                          (768, 192, 64), 0.9, 2**20, reps)
-        return Config(False, n_threads, torch.get_num_threads(), 3, 25, 100_000, 10, 2_000_000,
-                      (3072, 768, 512), 0.9, 2**23, reps)
+            return Config(
+                **common,
+                warmup=1,
+                repeats=10,
+                random_n=2_000,
+                banded_n=20_000,
+                spmm_shape=(768, 192, 64),
+                triad_n=2**20,
+                compile_repeats=1 if compile_repeats is None else compile_repeats,
+            )
+        return Config(
+            **common,
+            warmup=3,
+            repeats=25,
+            random_n=100_000,
+            banded_n=2_000_000,
+            spmm_shape=(3072, 768, 512),
+            triad_n=2**23,
+            compile_repeats=3 if compile_repeats is None else compile_repeats,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +192,9 @@ def torch_csr(m: sp.csr_matrix) -> Any:
 
 def spmv_traffic(rows: int, cols: int, nnz: int, val_bytes: int, idx_bytes: int) -> int:
     """Compulsory bytes of CSR SpMV: vals, crd, pos, x and y each moved once."""
-    return nnz * (val_bytes + idx_bytes) + (rows + 1) * idx_bytes + cols * val_bytes + rows * val_bytes
+    return (
+        nnz * (val_bytes + idx_bytes) + (rows + 1) * idx_bytes + cols * val_bytes + rows * val_bytes
+    )
 
 
 # --------------------------------------------------------------------------- contenders
@@ -187,7 +210,9 @@ def torch_contenders(cfg: Config, impl: str, fn: Callable[[], Any]) -> list[Cont
     return [Contender(impl, t, fn, uses_torch=True) for t in counts]
 
 
-def run_case(cfg: Config, case: CaseResult, reference: np.ndarray, contenders: list[Contender]) -> CaseResult:
+def run_case(
+    cfg: Config, case: CaseResult, reference: np.ndarray, contenders: list[Contender]
+) -> CaseResult:
     """Check every contender against ``reference``, then time each in its own block."""
     rtol, atol = (1e-4, 1e-5) if reference.dtype == np.float32 else (1e-9, 1e-12)
     atol *= max(1.0, float(np.abs(reference).max(initial=0.0)))
@@ -230,13 +255,16 @@ def _strided() -> Any:
 # --------------------------------------------------------------------------- cases
 
 
-def spmv_case(cfg: Config, name: str, detail: str, A: sp.csr_matrix, seed: int) -> CaseResult:
+def spmv_case(
+    cfg: Config, name: str, detail: str, A: sp.csr_matrix, seed: int, roofline: bool = True
+) -> CaseResult:
     import torch
 
     x = np.random.default_rng(seed).uniform(-1.0, 1.0, size=A.shape[1]).astype(A.dtype)
     item, idx = A.dtype.itemsize, A.indices.dtype.itemsize
     case = CaseResult(name, detail, {"shape": A.shape, "nnz": A.nnz, "dtype": A.dtype.name})
-    case.traffic_bytes = spmv_traffic(A.shape[0], A.shape[1], A.nnz, item, idx)
+    if roofline:  # not for cache-resident inputs, where the traffic model means nothing
+        case.traffic_bytes = spmv_traffic(A.shape[0], A.shape[1], A.nnz, item, idx)
     k = sparsec.kernel(SPMV, {"A": "csr"})
     At = sparsec.Tensor.from_scipy(A)
     case.params["loop_order"] = k.generated(A.dtype.name).loop_order
@@ -261,7 +289,9 @@ def spmm_case(cfg: Config, dtype: Any, seed: int) -> CaseResult:
     X = rng.uniform(-1.0, 1.0, size=(inner, cols)).astype(dtype)
     name = f"spmm-{np.dtype(dtype).name}"
     detail = f"W {rows}x{inner} csr {cfg.spmm_sparsity:.0%} sparse x X {inner}x{cols} dense"
-    case = CaseResult(name, detail, {"W": W.shape, "X": X.shape, "nnz": W.nnz, "dtype": np.dtype(dtype).name})
+    case = CaseResult(
+        name, detail, {"W": W.shape, "X": X.shape, "nnz": W.nnz, "dtype": np.dtype(dtype).name}
+    )
     k = sparsec.kernel(SPMM, {"W": "csr"})
     Wt = sparsec.Tensor.from_scipy(W)
     case.params["loop_order"] = k.generated(np.dtype(dtype).name).loop_order
@@ -285,7 +315,9 @@ def triad(cfg: Config) -> dict[int, float]:
     for t in sorted({1, cfg.threads, cfg.torch_threads}):
         progress(f"triad: {t} thread(s)")
         with torch_threads(t):
-            timing = measure(lambda: torch.add(b, c, alpha=3.0, out=a), warmup=cfg.warmup, repeats=cfg.repeats)
+            timing = measure(
+                lambda: torch.add(b, c, alpha=3.0, out=a), warmup=cfg.warmup, repeats=cfg.repeats
+            )
         out[t] = 3 * n * 8 / (timing.median_ms * 1e6)
     return out
 
@@ -347,8 +379,18 @@ def _probe(cache: str) -> dict[str, float]:
 def report(cfg: Config, cases: list[CaseResult], bw: dict[int, float]) -> str:
     n = cfg.threads
     table = Table(
-        ["case", "impl", "thr", "median ms", "min ms", "max ms", "GB/s", "% triad",
-         "sc@1T speedup", f"sc@{n}T speedup"]
+        [
+            "case",
+            "impl",
+            "thr",
+            "median ms",
+            "min ms",
+            "max ms",
+            "GB/s",
+            "% triad",
+            "sc@1T speedup",
+            f"sc@{n}T speedup",
+        ]
     )
     for case in cases:
         sc1, scn = case.median("sparsec", 1), case.median("sparsec", n)
@@ -362,13 +404,19 @@ def report(cfg: Config, cases: list[CaseResult], bw: dict[int, float]) -> str:
                 r.timing.min_ms,
                 r.timing.max_ms,
                 r.gbps,
-                None if r.gbps is None or r.threads not in bw else f"{100 * r.gbps / bw[r.threads]:.0f}%",
+                None
+                if r.gbps is None or r.threads not in bw
+                else f"{100 * r.gbps / bw[r.threads]:.0f}%",
                 f"{r.timing.median_ms / sc1:.2f}x" if baseline and sc1 else None,
                 f"{r.timing.median_ms / scn:.2f}x" if baseline and scn else None,
             )
     lines = [f"{c.name}: {c.detail}" for c in cases]
-    lines.append("triad (torch, a = b + 3c): " + ", ".join(f"{t}T {g:.1f} GB/s" for t, g in bw.items()))
-    lines.append("speedup = baseline median / sparsec median at 1 or all threads (>1: sparsec faster)")
+    lines.append(
+        "triad (torch, a = b + 3c): " + ", ".join(f"{t}T {g:.1f} GB/s" for t, g in bw.items())
+    )
+    lines.append(
+        "speedup = baseline median / sparsec median at 1 or all threads (>1: sparsec faster)"
+    )
     return "\n".join(lines) + "\n\n" + table.render()
 
 
@@ -386,9 +434,13 @@ def compile_report(times: dict[str, dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.core", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.core", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes and few runs (CI smoke)")
-    parser.add_argument("--threads", type=int, default=None, help="sparsec's all-threads count (default: all cores)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="sparsec's all-threads count (default: all cores)"
+    )
     parser.add_argument("--no-compile", action="store_true", help="skip the compile-time probe")
     parser.add_argument("--compile-repeats", type=int, default=None)
     args = parser.parse_args(argv)
@@ -398,21 +450,41 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     load = os.getloadavg()[0]
     if load > 0.5:
-        progress(f"warning: load average {load:.2f} before start: other processes share the "
-                 "cores, so multi-threaded timings will be noisy")
-    progress(f"core suite ({'quick' if cfg.quick else 'full'}), sparsec threads 1 and {cfg.threads}, "
-             f"torch threads {cfg.torch_threads} and 1")
+        progress(
+            f"warning: load average {load:.2f} before start: other processes share the "
+            "cores, so multi-threaded timings will be noisy"
+        )
+    progress(
+        f"core suite ({'quick' if cfg.quick else 'full'}), sparsec threads 1 and {cfg.threads}, "
+        f"torch threads {cfg.torch_threads} and 1"
+    )
 
     rng = np.random.default_rng(0)
     n, b = cfg.random_n, cfg.banded_n
     progress("building inputs")
     cases = [
-        spmv_case(cfg, "spmv-tiny", "A 256x256, 10 random nonzeros per row: per-call overhead",
-                  random_rows_csr(256, 10, rng, np.float64), seed=0),
-        spmv_case(cfg, "spmv-random", f"A {n}x{n}, {cfg.per_row} random nonzeros per row, float64",
-                  random_rows_csr(n, cfg.per_row, rng, np.float64), seed=1),
-        spmv_case(cfg, "spmv-banded", f"A {b}x{b}, 5 diagonals (offsets -2..2), float64",
-                  banded_csr(b, range(-2, 3), rng, np.float64), seed=2),
+        spmv_case(
+            cfg,
+            "spmv-tiny",
+            "A 256x256, 10 random nonzeros per row: per-call overhead",
+            random_rows_csr(256, 10, rng, np.float64),
+            seed=0,
+            roofline=False,
+        ),
+        spmv_case(
+            cfg,
+            "spmv-random",
+            f"A {n}x{n}, {cfg.per_row} random nonzeros per row, float64",
+            random_rows_csr(n, cfg.per_row, rng, np.float64),
+            seed=1,
+        ),
+        spmv_case(
+            cfg,
+            "spmv-banded",
+            f"A {b}x{b}, 5 diagonals (offsets -2..2), float64",
+            banded_csr(b, range(-2, 3), rng, np.float64),
+            seed=2,
+        ),
         spmm_case(cfg, np.float64, seed=3),
         spmm_case(cfg, np.float32, seed=3),
     ]

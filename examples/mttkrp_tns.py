@@ -1,6 +1,6 @@
 """MTTKRP on a FROSTT .tns tensor: A(i,j) = B(i,k,l) * D(l,j) * C(k,j) with B stored as CSF.
 
-    python examples/mttkrp_tns.py [tensor.tns] [rank]    # default: examples/data/small.tns, 8
+python examples/mttkrp_tns.py [tensor.tns] [rank]    # default: examples/data/small.tns, 8
 """
 
 import sys
@@ -15,12 +15,12 @@ path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "data
 rank = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 
 B = load_tns(path, "csf")  # compressed at every level: B1_pos/B1_crd, B2_..., B3_...
-I, K, L = B.shape
-print(f"{path.name}: {I} x {K} x {L}, {B.nnz} nonzeros, format {B.format}")
+n_i, n_k, n_l = B.shape
+print(f"{path.name}: {n_i} x {n_k} x {n_l}, {B.nnz} nonzeros, format {B.format}")
 
 rng = np.random.default_rng(0)
-C = rng.standard_normal((K, rank))  # factor matrices (dense)
-D = rng.standard_normal((L, rank))
+C = rng.standard_normal((n_k, rank))  # factor matrices (dense)
+D = rng.standard_normal((n_l, rank))
 
 mttkrp = sparsec.kernel("A(i,j) = B(i,k,l) * D(l,j) * C(k,j)", {"B": "csf"})
 A = mttkrp(B=B, C=C, D=D)

@@ -1,6 +1,6 @@
 """SpMV on a Matrix Market file: load it, compile y(i) = A(i,j) * x(j) for CSR, compare with scipy.
 
-    python examples/spmv_mtx.py [matrix.mtx]     # default: examples/data/small.mtx
+python examples/spmv_mtx.py [matrix.mtx]     # default: examples/data/small.mtx
 """
 
 import sys
@@ -25,4 +25,6 @@ y = spmv(A=A, x=x)  # compiled on first use, then cached on disk
 expected = scipy.io.mmread(path).tocsr() @ x
 error = float(np.abs(y - expected).max())
 assert np.allclose(y, expected), f"sparsec and scipy disagree (max abs error {error:.3g})"
-print(f"y = A @ x matches scipy.sparse: max abs error {error:.3g}, ||y||_2 = {np.linalg.norm(y):.6f}")
+print(
+    f"y = A @ x matches scipy.sparse: max abs error {error:.3g}, ||y||_2 = {np.linalg.norm(y):.6f}"
+)

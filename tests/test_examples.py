@@ -1,0 +1,60 @@
+"""Every script in examples/ runs as a user would run it and prints what it promises.
+
+Each runs in a fresh interpreter (cwd = repo root, the repo on PYTHONPATH, the test session's
+private kernel cache inherited through SPARSEC_CACHE_DIR). The benchmark's ``--quick`` mode
+runs here too, as a smoke test of the harness (it asserts correctness, never speed).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+EXAMPLES = [
+    # (script, substrings its output must contain)
+    ("spmv_mtx.py", ["small.mtx: 36 x 36, 156 stored nonzeros", "matches scipy.sparse"]),
+    ("mttkrp_tns.py", ["small.tns: 12 x 10 x 8", "ok: matches dense torch", "int sparsec_kernel("]),
+    ("pruned_layer.py", ["90% sparse", "loop order o, i, t", "matches torch dense"]),
+    ("formats.py", ["dcsr", "j -> i", "all four agree with scipy"]),
+]
+
+
+def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_every_example_is_listed() -> None:
+    scripts = {p.name for p in (ROOT / "examples").glob("*.py")}
+    assert scripts == {name for name, _ in EXAMPLES}
+
+
+@pytest.mark.parametrize(("script", "expected"), EXAMPLES, ids=[name for name, _ in EXAMPLES])
+def test_example_runs(script: str, expected: list[str]) -> None:
+    done = _run([str(ROOT / "examples" / script)])
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr}"
+    for text in expected:
+        assert text in done.stdout, f"{script}: {text!r} not in output:\n{done.stdout}"
+
+
+def test_bench_quick_smoke() -> None:
+    done = _run(["-m", "bench", "core", "--quick", "--no-compile", "--threads", "2"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    for case in ("spmv-random", "spmv-banded", "spmm-float64", "spmm-float32"):
+        assert case in done.stdout
+    assert "speedup" in done.stdout
