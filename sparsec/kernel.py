@@ -97,6 +97,8 @@ class Kernel:
         self.index_dtype = _dtype_name(index_dtype, INDEX_DTYPES, "index dtype")
         self._compiled: dict[tuple[str, str], _Compiled] = {}
         self._lock = threading.Lock()
+        #: SPARSEC_POISON=1 fills fresh outputs with NaN before each call (used by the tests)
+        self._poison = os.environ.get("SPARSEC_POISON") == "1"
         spec = self.spec
         self._wanted = spec.inputs + ((spec.output,) if spec.statement.accumulate else ())
         self._names = frozenset(t.name for t in self._wanted)
@@ -118,7 +120,8 @@ class Kernel:
 
     @property
     def schedule(self) -> str:
-        return "default (parallel outermost output loop)" if self.parallel else "serial"
+        """The schedule actually applied (as in the generated code's header)."""
+        return self.generated().schedule
 
     def generated(self, dtype: str | None = None, index_dtype: str | None = None) -> Generated:
         key = (dtype or self.dtype or "float64", index_dtype or self.index_dtype or "int32")
@@ -287,6 +290,8 @@ class Kernel:
             out = np.array(prepared.values[out_t.name], dtype=np_dtype, order="C").reshape(-1)
         else:
             out = np.empty(math.prod(level_shape), dtype=np_dtype)
+            if self._poison:
+                out.fill(np.nan)  # test mode: an element the kernel fails to write shows
         nthreads = _threads(threads)
         values = prepared.values
         args: list[Any] = []

@@ -44,14 +44,20 @@ class Ctx:
 
     coords: dict[str, ir.Expr] = field(default_factory=dict)
     levels: dict[tuple[Access, int], Bound] = field(default_factory=dict)
+    #: variables bound by plain dense loops, which visit every coordinate exactly once
+    covered: frozenset[str] = frozenset()
 
     def bind(
         self,
         coords: dict[str, ir.Expr] | None = None,
         levels: dict[tuple[Access, int], Bound] | None = None,
+        covered: str | None = None,
     ) -> Ctx:
         return replace(
-            self, coords={**self.coords, **(coords or {})}, levels={**self.levels, **(levels or {})}
+            self,
+            coords={**self.coords, **(coords or {})},
+            levels={**self.levels, **(levels or {})},
+            covered=self.covered | {covered} if covered else self.covered,
         )
 
     def depth(self, access: Access) -> int:
@@ -79,12 +85,24 @@ Sink = OutputSink | AccSink
 class LoweredKernel:
     body: ir.Block
     loop_order: tuple[str, ...]
+    #: loops that run on CPU threads, by index variable
+    parallel_loops: tuple[str, ...] = ()
+    #: every output element is written exactly once (no zeroing; ``=`` stores)
+    exclusive: bool = False
 
 
 class Lowerer:
     """Holds what every step needs: the spec, the ABI names, and the name supply."""
 
-    def __init__(self, spec: Spec, sig: Signature, namer: Namer, *, parallel: bool = True) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        sig: Signature,
+        namer: Namer,
+        *,
+        parallel: bool = True,
+        exclusive: bool = False,
+    ) -> None:
         self.spec = spec
         self.sig = sig
         self.namer = namer
@@ -94,15 +112,40 @@ class Lowerer:
         self.var_names = {i: namer.fresh(i) for i in spec.indices}
         #: dense-exact lowering (see `lattice.build`) when the expression may make inf/NaN
         self.exact = divides(spec.statement.rhs)
+        #: second pass: output writes are known to be exclusive (see `lower`)
+        self.exclusive = exclusive
+        self.out_op = "=" if exclusive else "+="
+        #: per output write site: does it write each element exactly once?
+        self.write_sites: list[bool] = []
+        self.parallel_loops: list[str] = []
+        #: zero the output slice of each outermost iteration (cache-hot) instead of up front
+        self.zero_in_loop = False
+        self.zeroed_slices = False
 
     # ----------------------------------------------------------------- entry
     def kernel(self) -> LoweredKernel:
         stmt = self.spec.statement
         order = loop_order(stmt.loop_indices, [self.lhs, *accesses(stmt.rhs)], self.formats)
-        init = None if stmt.accumulate else self._zero_output()
+        self.zero_in_loop = (
+            not stmt.accumulate
+            and not self.exclusive
+            and self.lhs.order > 0
+            and order[0] == level_indices(self.lhs, self.spec.output.format)[0]
+        )
         ctx = self._locate(Ctx(), [self.lhs])
         body = self.loops(order, stmt.rhs, ctx[1], OutputSink(), outermost=True)
-        return LoweredKernel(ir.block(init, ctx[0], body), order)
+        zeroed = stmt.accumulate or self.exclusive or self.zeroed_slices
+        init = None if zeroed else self._zero_output()
+        exclusive = bool(self.write_sites) and all(self.write_sites) and not stmt.accumulate
+        return LoweredKernel(
+            ir.block(init, ctx[0], body), order, tuple(self.parallel_loops), exclusive
+        )
+
+    def _write(self, ctx: Ctx, value: ir.Expr) -> ir.Assign:
+        """Store into the output; records whether this site writes each element once."""
+        lhs = set(self.lhs.indices)
+        self.write_sites.append(lhs <= ctx.covered and set(ctx.coords) <= lhs)
+        return ir.Assign(self._output_slot(ctx), value, self.out_op)
 
     def _zero_output(self) -> ir.Stmt:
         out = self.spec.output
@@ -118,8 +161,21 @@ class Lowerer:
             ir.For(p, ir.IntLit(0), size, ir.block(store), par),
         )
 
-    def _parallel_for(self, trip: ir.Expr) -> tuple[ir.Stmt, ir.Parallel]:
+    def _zero_slice(self, coord: ir.Expr) -> ir.Stmt:
+        """Zero the output elements whose first-level coordinate is ``coord``."""
+        self.zeroed_slices = True
+        size: ir.Expr = ir.IntLit(1)
+        for var in level_indices(self.lhs, self.spec.output.format)[1:]:
+            size = ir.mul(size, ir.Var(self.sig.dim(var)))
+        vals = self.sig.array(self.spec.output.name, "vals")
+        p = self.namer.fresh("p")
+        start = ir.mul(coord, size)
+        store = ir.Assign(ir.Load(vals, ir.add(start, ir.Var(p))), ir.FloatLit(0.0))
+        return ir.For(p, ir.IntLit(0), size, ir.block(store))
+
+    def _parallel_for(self, var: str, trip: ir.Expr) -> tuple[ir.Stmt, ir.Parallel]:
         """A dynamic schedule with about eight chunks per thread (skewed rows balance)."""
+        self.parallel_loops.append(var)
         chunk = self.namer.fresh("chunk")
         threads = ir.Var(self.sig.threads)
         per = ir.Bin("*", ir.IntLit(8), threads)
@@ -138,6 +194,7 @@ class Lowerer:
     ) -> ir.Block:
         """Code computing ``Σ order . expr`` (over the not-yet-bound ``order``) into ``sink``."""
         if expr is ZERO:
+            self._nothing_written(sink)
             return ir.Block()
         if (
             order
@@ -149,15 +206,21 @@ class Lowerer:
             return ir.block(
                 ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
                 self.loops(order, expr, ctx, AccSink(acc)),
-                ir.Assign(self._output_slot(ctx), ir.Var(acc), "+="),
+                self._write(ctx, ir.Var(acc)),
             )
         if not order:
             return self.compute(expr, ctx, sink)
         var, rest = order[0], order[1:]
         lattice = build(expr, lambda a: self._iterator(a, var, ctx), self.exact)
         if not lattice.points:
+            self._nothing_written(sink)
             return ir.Block()
         return self.merge(var, rest, lattice, ctx, sink, outermost)
+
+    def _nothing_written(self, sink: Sink) -> None:
+        """A branch that stores nothing: the output must then be zeroed up front."""
+        if isinstance(sink, OutputSink):
+            self.write_sites.append(False)
 
     def _iterator(self, access: Access, var: str, ctx: Ctx) -> Iterator | None:
         levels = level_indices(access, self.formats[access.name])
@@ -310,10 +373,12 @@ class Lowerer:
         outermost: bool,
     ) -> ir.Block:
         name = self.var_names[var]
-        inner = ctx.bind({var: ir.Var(name)})
+        inner = ctx.bind({var: ir.Var(name)}, covered=var)
         body = self._enter(rest, point.expr, inner, sink)
+        if outermost and self.zero_in_loop:
+            body = ir.block(self._zero_slice(ir.Var(name)), body)
         trip = ir.Var(self.sig.dim(var))
-        par = self._parallel_for(trip) if self._can_parallelize(var, outermost) else None
+        par = self._parallel_for(var, trip) if self._can_parallelize(var, outermost) else None
         loop = ir.For(name, ir.IntLit(0), trip, body, par[1] if par else None)
         return ir.block(par[0] if par else None, loop)
 
@@ -335,10 +400,11 @@ class Lowerer:
             levels = {(it.access, it.level): Bound(pos, ir.Bin("+", pos, ir.IntLit(1)))}
             inner = ctx.bind({var: ir.Var(name)}, levels)
             body = ir.block(read, self._enter(rest, point.expr, inner, sink))
-            trip = ir.Bin("-", s.hi, s.lo)
-            par = self._parallel_for(trip) if self._can_parallelize(var, outermost) else None
-            loop = ir.For(s.pos, s.lo, s.hi, body, par[1] if par else None)
-            return ir.block(par[0] if par else None, loop)
+            end = ir.Decl(ir.I64, s.end, s.hi)
+            trip = ir.Bin("-", ir.Var(s.end), s.lo)
+            par = self._parallel_for(var, trip) if self._can_parallelize(var, outermost) else None
+            loop = ir.For(s.pos, s.lo, ir.Var(s.end), body, par[1] if par else None)
+            return ir.block(end, par[0] if par else None, loop)
         # Non-unique level: walk runs of equal coordinates; children see [p, next).
         levels = {(it.access, it.level): Bound(pos, ir.Var(s.next))}
         inner = ctx.bind({var: ir.Var(name)}, levels)
@@ -437,7 +503,7 @@ class Lowerer:
         value = self.value(expr, ctx, stmts)
         match sink:
             case OutputSink():
-                stmts.append(ir.Assign(self._output_slot(ctx), value, "+="))
+                stmts.append(self._write(ctx, value))
             case AccSink(name=name):
                 stmts.append(ir.Assign(ir.Var(name), value, "+="))
         return ir.block(*stmts)
@@ -485,5 +551,15 @@ class _IterState:
     advance: ir.Expr
 
 
-def lower(spec: Spec, sig: Signature, namer: Namer, *, parallel: bool = True) -> LoweredKernel:
-    return Lowerer(spec, sig, namer, parallel=parallel).kernel()
+def lower(spec: Spec, make_names, *, parallel: bool = True) -> tuple[LoweredKernel, Signature]:
+    """Lower ``spec``; a second pass drops the output zeroing when every element is
+    written exactly once (plain dense loops over all output indices), storing with ``=``.
+
+    ``make_names()`` returns a fresh ``(Signature, Namer)``, so both passes name alike.
+    """
+    sig, namer = make_names()
+    first = Lowerer(spec, sig, namer, parallel=parallel).kernel()
+    if not first.exclusive:
+        return first, sig
+    sig, namer = make_names()
+    return Lowerer(spec, sig, namer, parallel=parallel, exclusive=True).kernel(), sig

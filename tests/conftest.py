@@ -10,6 +10,8 @@ import pytest
 
 _CACHE = tempfile.mkdtemp(prefix="sparsec-test-cache-")
 os.environ.setdefault("SPARSEC_CACHE_DIR", _CACHE)
+# every fresh output starts as NaN, so an element a kernel forgets to write fails a test
+os.environ["SPARSEC_POISON"] = "1"
 
 
 def sparse_array(

@@ -41,7 +41,7 @@ def test_statement_printing():
         ir.Parallel("CPUThread", "dynamic", "chunk"),
     )
     assert P.stmts(loop, 0) == [
-        "#pragma omp parallel for schedule(dynamic, chunk) num_threads(sc_threads)",
+        "#pragma omp parallel for schedule(dynamic, chunk) num_threads(sc_threads) if(sc_threads > 1)",
         "for (int64_t i = 0; i < n; i++) {",
         "  y[i] += t;",
         "}",

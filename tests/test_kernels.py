@@ -7,6 +7,8 @@ inputs with real zeros, an empty first-mode slice and an empty second-mode slice
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -243,3 +245,26 @@ def test_source_is_readable_c():
     src = sparsec.kernel(SPMV, {"A": "csr"}).source
     assert "restrict" in src and "A2_pos" in src and "A2_crd" in src and "x_vals" in src
     assert "formats: y: dense (d), A: csr (ds), x: dense (d)" in src
+
+
+ZEROING = [
+    # (expression, formats, output zeroed up front, stores with "=")
+    ("y(i) = A(i,j) * x(j)", {"A": "csr"}, False, True),
+    ("y(i) = A(i,j) * x(j)", {"A": "dcsr"}, True, False),  # empty rows are never visited
+    ("y(i) = A(i,j) * x(j)", {"A": "csc"}, True, False),  # scatter over rows
+    ("C(i,j) = A(i,k) * B(k,j)", {"A": "csr"}, False, False),  # row slice zeroed in the loop
+    ("a(i) = b(i) + c(i)", {"b": "s"}, True, False),  # co-iteration: cases, not one store
+    ("A(i,j) = B(i,j) * c(j)", {"B": "dense"}, False, True),
+]
+
+
+@pytest.mark.parametrize("expr,formats,zeroed,assigns", ZEROING)
+def test_output_zeroing_only_where_needed(expr, formats, zeroed, assigns, rng):
+    k = sparsec.kernel(expr, formats)
+    src = k.source
+    assert ("// zero the output" in src) == zeroed
+    accumulates = re.search(rf"\b{k.spec.output.name}_vals\[[^\]]+\] \+=", src) is not None
+    assert accumulates == (not assigns)
+    # and the answer is right with outputs poisoned (NaN) before the call
+    inputs, _ = k.random_inputs({i: 9 for i in k.spec.indices}, seed=5)
+    k.check(**inputs)

@@ -24,6 +24,7 @@ class Generated:
     source: str
     signature: Signature
     loop_order: tuple[str, ...]
+    schedule: str
     dtype: str
     index_dtype: str
 
@@ -62,19 +63,35 @@ def header(
     ]
 
 
+def describe_schedule(parallel: bool, loops: tuple[str, ...], order: tuple[str, ...]) -> str:
+    """What the default schedule did, in words (header comment and `Kernel.schedule`)."""
+    if not parallel:
+        return "serial (requested)"
+    if loops:
+        return (
+            f"default: loop {', '.join(loops)} runs on CPU threads "
+            "(OpenMP dynamic, ~8 chunks per thread); inner loops serial"
+        )
+    first = order[0] if order else None
+    why = (
+        f"the outermost loop ({first}) is not a plain loop over an output index"
+        if first
+        else "there are no loops"
+    )
+    return f"default: serial, since {why}"
+
+
 def generate(
     spec: Spec, *, dtype: str = "float64", index_dtype: str = "int32", parallel: bool = True
 ) -> Generated:
-    namer = Namer()
-    sig = signature(spec, namer)
-    lowered = lower(spec, sig, namer, parallel=parallel)
+
+    def make_names() -> tuple[Signature, Namer]:
+        namer = Namer()
+        return signature(spec, namer), namer
+
+    lowered, sig = lower(spec, make_names, parallel=parallel)
     printer = Printer(C, threads=sig.threads)
-    schedule = (
-        "default: the outermost loop over an output index runs on CPU threads "
-        "(OpenMP, dynamic, ~8 chunks per thread)"
-        if parallel
-        else "serial"
-    )
+    schedule = describe_schedule(parallel, lowered.parallel_loops, lowered.loop_order)
     val_t, idx_t = C_VALUE_TYPES[dtype], C_INDEX_TYPES[index_dtype]
     source = (
         environment()
@@ -90,4 +107,4 @@ def generate(
             body="\n".join(printer.stmts(lowered.body)),
         )
     )
-    return Generated(source, sig, lowered.loop_order, dtype, index_dtype)
+    return Generated(source, sig, lowered.loop_order, schedule, dtype, index_dtype)

@@ -53,7 +53,10 @@ class Target:
         match par.unit:
             case "CPUThread":
                 sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
-                return [f"#pragma omp parallel for schedule({sched}) num_threads({threads})"]
+                return [
+                    f"#pragma omp parallel for schedule({sched}) num_threads({threads}) "
+                    f"if({threads} > 1)"
+                ]
             case "CPUVector":
                 return ["#pragma omp simd"]
             case _:
