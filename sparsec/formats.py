@@ -136,6 +136,8 @@ class Format:
         for name in ("csr", "csc", "dcsr", "dcsc"):
             if self.order == 2 and PRESETS[name](2) == self:
                 return name
+        if self.order >= 2 and _coo(self.order) == self:
+            return "coo"
         return self.spelling or "scalar"
 
 

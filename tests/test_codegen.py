@@ -71,7 +71,7 @@ def test_hostile_names_are_mangled(expr, formats, rng):
 
 def test_header_lists_every_tensor_format_and_the_abi():
     src = sparsec.kernel("A(i,j) = B(i,k,l) * D(l,j) * C(k,j)", {"B": "uqq"}).source
-    assert "formats: A: dense (dd), B: uqq, D: dense (dd), C: dense (dd)" in src
+    assert "formats: A: dense (dd), B: coo (uqq), D: dense (dd), C: dense (dd)" in src
     assert "loop order: i, k, l, j" in src
     assert "arguments: A_vals, B1_pos, B1_crd, B2_crd, B3_crd, B_vals, D_vals, C_vals" in src
 
