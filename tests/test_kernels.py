@@ -268,3 +268,25 @@ def test_output_zeroing_only_where_needed(expr, formats, zeroed, assigns, rng):
     # and the answer is right with outputs poisoned (NaN) before the call
     inputs, _ = k.random_inputs({i: 9 for i in k.spec.indices}, seed=5)
     k.check(**inputs)
+
+
+def test_repeated_calls_take_the_fast_path_and_still_validate(rng):
+    k = sparsec.kernel("y(i) = alpha * A(i,j) * x(j)", {"A": "csr"})
+    A = sparsec.Tensor.from_dense(sparse_array((30, 20), rng), "csr")
+    x = rng.uniform(size=20)
+    first = k(alpha=2.0, A=A, x=x)
+    assert k._fast is not None
+    for _ in range(3):
+        np.testing.assert_array_equal(k(alpha=2.0, A=A, x=x), first)
+    # different sizes through the same fast path
+    B = sparsec.Tensor.from_dense(sparse_array((7, 5), rng), "csr")
+    z = rng.uniform(size=5)
+    np.testing.assert_allclose(k(alpha=0.5, A=B, x=z), 0.5 * (B.to_dense() @ z), rtol=1e-12)
+    # inputs that do not fit fall back to the general path, which validates and converts
+    with pytest.raises(sparsec.ShapeError):
+        k(alpha=2.0, A=A, x=np.ones(21))
+    with pytest.raises(sparsec.InputError):
+        k(alpha=2.0, A=A)
+    np.testing.assert_allclose(k(alpha=2, A=A, x=x.astype(np.float32)), first, rtol=1e-6)
+    np.testing.assert_allclose(k(alpha=2.0, A=A.to_scipy(), x=x[::-1].copy()[::-1]), first)
+    np.testing.assert_allclose(k(alpha=2.0, A=A, x=np.asfortranarray(x)), first)
