@@ -93,9 +93,12 @@ def _reduce(body: CExpr, indices: tuple[str, ...], inputs: Mapping[str, torch.Te
     letters = dict(zip(labels, string.ascii_letters, strict=False))
     spec = ",".join("".join(letters[x] for x in ls) for _, ls in evaluated)
     spec += "->" + "".join(letters[x] for x in out)
-    # einsum needs every labelled dimension to exist; sizes of summed labels come from operands
-    result = torch.einsum(spec, *(t for t, _ in evaluated))
-    return sign * result, out
+    operands = [t for t, _ in evaluated]
+    if sign < 0:
+        # negate a factor, not the sum: each term is computed as written (as the kernel
+        # does), so a sum of zeros keeps the sign IEEE addition gives it
+        operands[0] = -operands[0]
+    return torch.einsum(spec, *operands), out
 
 
 def reference(
