@@ -48,7 +48,7 @@ class Namer:
     def fresh(self, base: str) -> str:
         if not _IDENT.match(base):
             raise ValueError(f"not an identifier: {base!r}")
-        if base.startswith("_") or base.startswith("sc_") and base != "sc_threads":
+        if base.startswith("_") or base.startswith("sc_"):
             base = "u" + base  # leading underscores are the implementation's; sc_ is ours
         if base.endswith("_t") or (len(base) > 1 and base.upper() == base):
             base += "_u"  # type names (POSIX *_t) and macros (NAN, INT32_MAX) stay untouched
@@ -73,7 +73,7 @@ class Param:
     kind: str
     #: symbolic element type: VAL, IDX, I64 or INT
     type: str
-    #: "pos", "crd", "vals", "value", "dim" or "threads"
+    #: "pos", "crd", "vals", "value", "dim", "sizes" or "threads"
     field: str
     tensor: str | None = None
     level: int = -1
@@ -104,6 +104,10 @@ class Signature:
     def threads(self) -> str:
         return next(p.name for p in self.params if p.field == "threads")
 
+    @property
+    def sizes(self) -> str:
+        return next(p.name for p in self.params if p.field == "sizes")
+
 
 def signature(spec: Spec, namer: Namer) -> Signature:
     """The parameter list of ``spec``'s kernel, naming each parameter through ``namer``."""
@@ -116,11 +120,14 @@ def signature(spec: Spec, namer: Namer) -> Signature:
         for k, level in enumerate(t.format.levels):
             for field in level.arrays:
                 name = namer.fresh(f"{t.name}{k + 1}_{field}")
-                params.append(Param(name, "array", IDX, field, t.name, k))
+                params.append(Param(name, "array", IDX, field, t.name, k, writable=t.is_output))
         params.append(
             Param(namer.fresh(f"{t.name}_vals"), "array", VAL, "vals", t.name, writable=t.is_output)
         )
     for index in spec.indices:
         params.append(Param(namer.fresh(f"{index}_dim"), "value", I64, "dim", index=index))
+    if not spec.output.format.is_dense:
+        # the assemble kernel reports the number of positions of each output level here
+        params.append(Param(namer.reserve("sc_sizes"), "array", I64, "sizes", writable=True))
     params.append(Param(threads, "value", INT, "threads"))
     return Signature(tuple(params))

@@ -29,7 +29,7 @@ from .errors import DTypeError, InputError, ScheduleError, ShapeError, SparsecEr
 from .formats import Format
 from .parser import parse_expression
 from .spec import FormatsArg, Spec, TensorVar, make_spec
-from .tensor import Tensor, as_tensor
+from .tensor import LevelStorage, Tensor, as_tensor
 
 TARGETS = ("c",)
 VALUE_DTYPES = {"float32": np.float32, "float64": np.float64}
@@ -42,6 +42,8 @@ _VALUE_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double}
 class _Compiled:
     generated: Generated
     fn: Any
+    #: the symbolic (counting) phase of a sparse output, else None
+    assemble: Any
     #: (field, tensor, level, index) per ABI parameter, in order
     plan: tuple[tuple[str, str, int, str], ...]
 
@@ -103,12 +105,18 @@ class Kernel:
         spec = self.spec
         self._wanted = spec.inputs + ((spec.output,) if spec.statement.accumulate else ())
         self._names = frozenset(t.name for t in self._wanted)
-        used = {a.name: a for a in self.assignment.accesses()}
-        # (tensor, axis of the converted value, index): dense values are kept in level order
+        # (tensor, axis of the converted value, index) for every access of every input (a
+        # tensor used twice, as in A(k,i)*A(k,j), ties both index lists to its shape);
+        # dense values are kept in level order
+        wanted = {t.name: t for t in self._wanted}
         self._modes = tuple(
-            (t.name, t.format.level_of_mode(mode) if t.is_dense else mode, index)
-            for t in self._wanted
-            for mode, index in enumerate(used[t.name].indices)
+            dict.fromkeys(
+                (a.name, t.format.level_of_mode(mode) if t.is_dense else mode, index)
+                for a in self.assignment.accesses()
+                if (t := wanted.get(a.name)) is not None
+                and (a is not self.assignment.lhs or a.name in self._names)
+                for mode, index in enumerate(a.indices)
+            )
         )
         out = spec.output
         self._out_level_indices = tuple(spec.statement.lhs.indices[m] for m in out.format.ordering)
@@ -150,7 +158,12 @@ class Kernel:
                 plan = tuple(
                     (p.field, p.tensor or "", p.level, p.index or "") for p in gen.signature.params
                 )
-                found = self._compiled[key] = _Compiled(gen, fn, plan)
+                assemble = None
+                if not self.spec.output.is_dense:
+                    assemble = lib.sparsec_assemble
+                    assemble.argtypes = fn.argtypes
+                    assemble.restype = ctypes.c_int
+                found = self._compiled[key] = _Compiled(gen, fn, assemble, plan)
             return found
 
     # ------------------------------------------------------------------- call
@@ -192,6 +205,8 @@ class Kernel:
             dense[t.name] = torch.from_numpy(np.array(v, dtype=np.float64))
         current = dense.pop(self.spec.output.name, None)
         want = reference(self.spec.statement, dense, prepared.dims, current).numpy()
+        if isinstance(got, Tensor):
+            got.validate(self.spec.output.name)  # the assembled storage keeps every invariant
         err = compare(np.asarray(got), want, prepared.dtype, f"kernel {self.assignment}")
         return CheckResult(err, prepared.dtype)
 
@@ -207,6 +222,7 @@ class Kernel:
         from .tensor import random
 
         dims = dict(dims or {})
+        given = set(dims)
         unknown = [i for i in dims if i not in self.spec.indices]
         if unknown:
             raise InputError(
@@ -215,6 +231,17 @@ class Kernel:
             )
         for n, index in enumerate(self.spec.indices):
             dims.setdefault(index, DEFAULT_EXTENTS[n % len(DEFAULT_EXTENTS)])
+        # a tensor used with different index lists needs equal extents mode by mode
+        for a in self.spec.assignment.accesses():
+            first = next(b for b in self.spec.assignment.accesses() if b.name == a.name)
+            for mine, theirs in zip(a.indices, first.indices, strict=True):
+                if dims[mine] != dims[theirs]:
+                    if mine in given:
+                        raise InputError(
+                            f"{a.name} is used as {first} and {a}, so {theirs} and {mine} "
+                            f"need equal extents, not {dims[theirs]} and {dims[mine]}"
+                        )
+                    dims[mine] = dims[theirs]
         rng = np.random.default_rng(seed)
         dtype = self.dtype or "float64"
         accesses = {a.name: a for a in self.spec.assignment.accesses()}
@@ -243,6 +270,47 @@ class Kernel:
                     index_dtype=self.index_dtype,
                 )
         return inputs, {i: dims[i] for i in self.spec.indices}
+
+    def _run_sparse(self, compiled: _Compiled, prepared: _Prepared, threads: int | None) -> Tensor:
+        """Two phases: count each output level's positions, allocate exactly, then fill."""
+        out_t = self.spec.output
+        fmt = out_t.format
+        nthreads = _threads(threads)
+        sizes = np.zeros(max(1, out_t.order), dtype=np.int64)
+        args = _arguments(compiled, prepared, {("sizes", -1): sizes}, nthreads)
+        if compiled.assemble(*args) != 0:
+            raise SparsecError("assemble kernel returned an error status")
+        index_dtype = INDEX_DTYPES[prepared.index_dtype]
+        val_dtype = VALUE_DTYPES[prepared.dtype]
+        arrays: dict[tuple[str, int], np.ndarray] = {}
+        levels = []
+        parents = 1
+        for k, level in enumerate(fmt.levels):
+            size = prepared.dims[self._out_level_indices[k]]
+            count = parents * size if level.locate else int(sizes[k])
+            if prepared.index_dtype == "int32" and max(count, size, parents) > _INT32_MAX:
+                raise DTypeError(
+                    f"output {out_t.name!r} needs {max(count, size, parents)} positions at "
+                    f"level {k + 1}, more than int32 indices hold; use index_dtype='int64'"
+                )
+            pos = crd = None
+            if "pos" in level.arrays:
+                pos = arrays[("pos", k)] = np.empty(parents + 1, dtype=index_dtype)
+            if "crd" in level.arrays:
+                crd = arrays[("crd", k)] = np.empty(count, dtype=index_dtype)
+            levels.append(LevelStorage(pos, crd))
+            parents = count
+        vals = arrays[("vals", -1)] = np.empty(parents, dtype=val_dtype)
+        if self._poison:
+            vals.fill(np.nan)
+            for key, arr in arrays.items():
+                if key[0] != "vals":
+                    arr.fill(-1)
+        args = _arguments(compiled, prepared, arrays, nthreads)
+        if compiled.fn(*args) != 0:
+            raise SparsecError("kernel returned an error status")
+        shape = tuple(prepared.dims[i] for i in self.spec.statement.lhs.indices)
+        return Tensor(shape, fmt, tuple(levels), vals, np.dtype(index_dtype))
 
     # -------------------------------------------------------------- internals
     def _name_error(self, inputs: Mapping[str, Any]) -> InputError:
@@ -289,6 +357,8 @@ class Kernel:
         return dims
 
     def _run(self, compiled: _Compiled, prepared: _Prepared, threads: int | None) -> Any:
+        if compiled.assemble is not None:
+            return self._run_sparse(compiled, prepared, threads)
         out_t = self.spec.output
         np_dtype = VALUE_DTYPES[prepared.dtype]
         dims = prepared.dims
@@ -307,6 +377,8 @@ class Kernel:
             match field:
                 case "vals" if tensor == out_t.name:
                     args.append(out.ctypes.data)
+                case "sizes":
+                    args.append(None)
                 case "vals" | "pos" | "crd":
                     v = values[tensor]
                     if isinstance(v, Tensor):
@@ -343,7 +415,7 @@ class _FastPath:
         kernel: Kernel, compiled: _Compiled, prepared: _Prepared, inputs: Mapping[str, Any]
     ) -> _FastPath | None:
         spec = kernel.spec
-        if spec.statement.accumulate or prepared.use_torch:
+        if spec.statement.accumulate or prepared.use_torch or not spec.output.is_dense:
             return None
         if not kernel._out_identity:
             return None
@@ -446,6 +518,35 @@ class _FastPath:
         return out[0] if self.scalar_out else out.reshape(level_shape)
 
 
+def _arguments(
+    compiled: _Compiled,
+    prepared: _Prepared,
+    output: dict[tuple[str, int], Any],
+    threads: int,
+) -> list[Any]:
+    """The ABI argument list; ``output[(field, level)]`` gives the output's arrays."""
+    values, dims = prepared.values, prepared.dims
+    out_name = next(t for f, t, _, _ in compiled.plan if f == "vals")
+    args: list[Any] = []
+    for field, tensor, level, index in compiled.plan:
+        if field in ("vals", "pos", "crd", "sizes") and (tensor == out_name or field == "sizes"):
+            arr = output.get((field, level))
+            args.append(None if arr is None else arr.ctypes.data)
+        elif field in ("vals", "pos", "crd"):
+            v = values[tensor]
+            args.append(v.addresses()[(field, level)] if isinstance(v, Tensor) else v.ctypes.data)
+        elif field == "value":
+            args.append(values[tensor])
+        elif field == "dim":
+            args.append(dims[index])
+        else:
+            args.append(threads)
+    return args
+
+
+_INT32_MAX = 2**31 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class _Prepared:
     """Inputs in kernel layout: floats (scalars), C-ordered ndarrays (dense), Tensors."""
@@ -457,6 +558,8 @@ class _Prepared:
     use_torch: bool
 
     def wrap(self, out: Any) -> Any:
+        if isinstance(out, Tensor):
+            return out  # a sparse output is a sparsec.Tensor (to_torch()/to_scipy() convert)
         if self.use_torch:
             import torch
 

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field, replace
 
 from . import ir
 from .abi import Namer, Signature
+from .assemble import Assembler
 from .concrete import ZERO, CExpr, Sum, Zero, accesses
 from .errors import LoweringError
 from .lattice import Iterator, Lattice, LatticePoint, build, divides
 from .notation import Access, BinOp, Literal, Neg
-from .order import level_indices, loop_order
+from .order import level_indices, loop_order, output_edges
 from .spec import Spec
 
 
@@ -76,6 +77,8 @@ class OutputSink:
 @dataclass(frozen=True, slots=True)
 class AccSink:
     name: str
+    #: set to 1 when a term is added (sparse outputs store only reached entries)
+    flag: str = ""
 
 
 Sink = OutputSink | AccSink
@@ -102,6 +105,7 @@ class Lowerer:
         *,
         parallel: bool = True,
         exclusive: bool = False,
+        counting: bool = False,
     ) -> None:
         self.spec = spec
         self.sig = sig
@@ -121,11 +125,23 @@ class Lowerer:
         #: zero the output slice of each outermost iteration (cache-hot) instead of up front
         self.zero_in_loop = False
         self.zeroed_slices = False
+        #: sparse output: the kernel assembles pos/crd/vals (``counting``: sizes only)
+        self.assembler = None if spec.output.format.is_dense else Assembler(self, counting=counting)
 
     # ----------------------------------------------------------------- entry
     def kernel(self) -> LoweredKernel:
         stmt = self.spec.statement
-        order = loop_order(stmt.loop_indices, [self.lhs, *accesses(stmt.rhs)], self.formats)
+        extra = output_edges(self.lhs, self.spec.output.format, stmt.top_sums)
+        order = loop_order(
+            stmt.loop_indices, [self.lhs, *accesses(stmt.rhs)], self.formats, extra=extra
+        )
+        if self.assembler is not None:
+            ctx = self._locate(Ctx(), [self.lhs])
+            body = self.loops(order, stmt.rhs, ctx[1], OutputSink(), outermost=True)
+            return LoweredKernel(
+                ir.block(*self.assembler.prologue(), ctx[0], body, *self.assembler.epilogue()),
+                order,
+            )
         self.zero_in_loop = (
             not stmt.accumulate
             and not self.exclusive
@@ -141,11 +157,14 @@ class Lowerer:
             ir.block(init, ctx[0], body), order, tuple(self.parallel_loops), exclusive
         )
 
-    def _write(self, ctx: Ctx, value: ir.Expr) -> ir.Assign:
+    def _write(self, ctx: Ctx, value: ir.Expr | None) -> ir.Block:
         """Store into the output; records whether this site writes each element once."""
+        if self.assembler is not None:
+            return ir.block(*self.assembler.store(self._output_slot(ctx), value))
+        assert value is not None
         lhs = set(self.lhs.indices)
         self.write_sites.append(lhs <= ctx.covered and set(ctx.coords) <= lhs)
-        return ir.Assign(self._output_slot(ctx), value, self.out_op)
+        return ir.block(ir.Assign(self._output_slot(ctx), value, self.out_op))
 
     def _zero_output(self) -> ir.Stmt:
         out = self.spec.output
@@ -203,10 +222,20 @@ class Lowerer:
             and ctx.depth(self.lhs) == self.lhs.order
         ):
             acc = self.namer.fresh("acc")
+            if self.assembler is None:
+                return ir.block(
+                    ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
+                    self.loops(order, expr, ctx, AccSink(acc)),
+                    self._write(ctx, ir.Var(acc)),
+                )
+            # sparse output: an entry exists only if some term reached it
+            reached = self.namer.fresh("reached")
+            counting = self.assembler.counting
             return ir.block(
-                ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
-                self.loops(order, expr, ctx, AccSink(acc)),
-                self._write(ctx, ir.Var(acc)),
+                None if counting else ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
+                ir.Decl(ir.BOOL, reached, ir.IntLit(0)),
+                self.loops(order, expr, ctx, AccSink("" if counting else acc, reached)),
+                ir.If(((ir.Var(reached), self._write(ctx, None if counting else ir.Var(acc))),)),
             )
         if not order:
             return self.compute(expr, ctx, sink)
@@ -357,11 +386,23 @@ class Lowerer:
             for it in point.iterators
         }
         inner = ctx.bind({var: ir.Var(self.var_names[var])}, levels)
-        return self._enter(rest, point.expr, inner, sink)
+        return self._enter(var, rest, point.expr, inner, sink)
 
-    def _enter(self, rest: tuple[str, ...], expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
+    def _enter(
+        self, var: str, rest: tuple[str, ...], expr: CExpr, ctx: Ctx, sink: Sink
+    ) -> ir.Block:
+        """Code for the body of one iteration that has just bound ``var``."""
+        level = self.assembler.level_of(var) if self.assembler else None
+        if self.assembler is None or level is None:
+            located, ctx = self._locate(ctx, [self.lhs, *accesses(expr)])
+            return ir.block(located, self.loops(rest, expr, ctx, sink))
+        slot = self.assembler.bind(level)
+        if slot is not None:
+            ctx = ctx.bind(levels={(self.lhs, level): Bound(slot, ir.Bin("+", slot, ir.IntLit(1)))})
         located, ctx = self._locate(ctx, [self.lhs, *accesses(expr)])
-        return ir.block(located, self.loops(rest, expr, ctx, sink))
+        bound = ctx.levels.get((self.lhs, level))
+        before, after = self.assembler.around(level, bound.pos if bound else None)
+        return ir.block(located, *before, self.loops(rest, expr, ctx, sink), *after)
 
     def _dense_loop(
         self,
@@ -374,7 +415,7 @@ class Lowerer:
     ) -> ir.Block:
         name = self.var_names[var]
         inner = ctx.bind({var: ir.Var(name)}, covered=var)
-        body = self._enter(rest, point.expr, inner, sink)
+        body = self._enter(var, rest, point.expr, inner, sink)
         if outermost and self.zero_in_loop:
             body = ir.block(self._zero_slice(ir.Var(name)), body)
         trip = ir.Var(self.sig.dim(var))
@@ -399,7 +440,7 @@ class Lowerer:
         if self._unique(it):
             levels = {(it.access, it.level): Bound(pos, ir.Bin("+", pos, ir.IntLit(1)))}
             inner = ctx.bind({var: ir.Var(name)}, levels)
-            body = ir.block(read, self._enter(rest, point.expr, inner, sink))
+            body = ir.block(read, self._enter(var, rest, point.expr, inner, sink))
             end = ir.Decl(ir.I64, s.end, s.hi)
             trip = ir.Bin("-", ir.Var(s.end), s.lo)
             par = self._parallel_for(var, trip) if self._can_parallelize(var, outermost) else None
@@ -419,7 +460,7 @@ class Lowerer:
             read,
             ir.Decl(ir.I64, s.next, ir.Bin("+", pos, ir.IntLit(1))),
             scan,
-            self._enter(rest, point.expr, inner, sink),
+            self._enter(var, rest, point.expr, inner, sink),
             ir.Assign(pos, nxt),
         )
         return ir.block(
@@ -499,13 +540,21 @@ class Lowerer:
         return ir.Load(vals, ctx.levels[(self.lhs, self.lhs.order - 1)].pos)
 
     def compute(self, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
+        """The innermost statement: add the value of ``expr`` into ``sink``.
+
+        When only counting a sparse output's positions, no value is computed.
+        """
         stmts: list[ir.Stmt] = []
-        value = self.value(expr, ctx, stmts)
+        counting = self.assembler is not None and self.assembler.counting
+        value = None if counting else self.value(expr, ctx, stmts)
         match sink:
             case OutputSink():
                 stmts.append(self._write(ctx, value))
-            case AccSink(name=name):
-                stmts.append(ir.Assign(ir.Var(name), value, "+="))
+            case AccSink(name=name, flag=flag):
+                if value is not None:
+                    stmts.append(ir.Assign(ir.Var(name), value, "+="))
+                if flag:
+                    stmts.append(ir.Assign(ir.Var(flag), ir.IntLit(1)))
         return ir.block(*stmts)
 
     def value(self, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Expr:
@@ -551,13 +600,19 @@ class _IterState:
     advance: ir.Expr
 
 
-def lower(spec: Spec, make_names, *, parallel: bool = True) -> tuple[LoweredKernel, Signature]:
+def lower(
+    spec: Spec, make_names, *, parallel: bool = True, counting: bool = False
+) -> tuple[LoweredKernel, Signature]:
     """Lower ``spec``; a second pass drops the output zeroing when every element is
     written exactly once (plain dense loops over all output indices), storing with ``=``.
 
     ``make_names()`` returns a fresh ``(Signature, Namer)``, so both passes name alike.
+    ``counting`` lowers the assemble kernel of a sparse output (sizes only).
     """
     sig, namer = make_names()
+    if not spec.output.format.is_dense:
+        lowered = Lowerer(spec, sig, namer, parallel=False, counting=counting).kernel()
+        return lowered, sig
     first = Lowerer(spec, sig, namer, parallel=parallel).kernel()
     if not first.exclusive:
         return first, sig

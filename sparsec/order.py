@@ -85,9 +85,14 @@ def loop_order(
     accesses: list[Access],
     formats: dict[str, Format],
     outer: tuple[str, ...] = (),
+    extra: tuple[Edge, ...] = (),
 ) -> tuple[str, ...]:
-    """Order the variables ``scope`` of one loop nest placed inside loops ``outer``."""
+    """Order the variables ``scope`` of one loop nest placed inside loops ``outer``.
+
+    ``extra`` are further hard edges (a sparse output's assembly order).
+    """
     hard, soft = edges(accesses, formats, set(scope), set(outer))
+    hard += [e for e in extra if e.before in scope and e.after in scope]
     order = topological(scope, hard, soft)
     if order is not None:
         return order
@@ -100,6 +105,21 @@ def _suggest(access: Access, fmt: Format, order: tuple[str, ...]) -> str:
     ordering = sorted(range(access.order), key=lambda mode: rank.get(access.indices[mode], 1 << 30))
     letters = "".join(level.spelling for level in fmt.levels)
     return f"{letters}:{','.join(map(str, ordering))}"
+
+
+def output_edges(lhs: Access, fmt: Format, reductions: tuple[str, ...]) -> tuple[Edge, ...]:
+    """A sparse output is appended in order: its sparse levels' indices come before every
+    reduction index, and dense levels below them come after the last sparse one."""
+    if fmt.is_dense:
+        return ()
+    levels = level_indices(lhs, fmt)
+    sparse = [k for k, level in enumerate(fmt.levels) if level.position_iteration]
+    found: list[Edge] = []
+    for k in sparse:
+        found += [Edge(levels[k], r, lhs.name) for r in reductions]
+    for k in range(sparse[-1] + 1, len(levels)):
+        found.append(Edge(levels[sparse[-1]], levels[k], lhs.name))
+    return tuple(found)
 
 
 def _describe(edges_of: list[Edge]) -> str:

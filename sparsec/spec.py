@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .assemble import OutputLayout
 from .concrete import Statement, concretize
 from .errors import FormatError
 from .formats import Format, default_sparse, dense, parse_format
@@ -90,9 +91,11 @@ def make_spec(assignment: Assignment, formats: FormatsArg = None) -> Spec:
     )
     out = tensors[0]
     if not out.format.is_dense:
-        raise FormatError(
-            f"output {output!r} is declared {out.format}; this version writes dense outputs "
-            f"only (sparse output assembly is not implemented yet), so declare it dense"
-        )
+        OutputLayout.of(out.format, output)  # raises for layouts that cannot be appended
+        if assignment.accumulate:
+            raise FormatError(
+                f"output {output!r} is sparse ({out.format}); '+=' into a sparse output is not "
+                f"supported: write {output} = {output} + ... with {output} as an input instead"
+            )
     indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
     return Spec(assignment, concretize(assignment), tensors, indices)

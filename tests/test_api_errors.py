@@ -55,7 +55,7 @@ FORMAT_ERRORS = [
     ({"A": "csf3"}, "unknown format"),
     ({"x": "csr"}, "order-2"),
     ({"Z": "csr"}, "not a tensor of this expression"),
-    ({"y": "s"}, "dense outputs only"),
+    ({"y": "q"}, "singleton level needs a parent"),
     ({"A": "ds:0,0"}, "not a permutation"),
     ({"A": "ud"}, "must be a singleton"),
 ]

@@ -14,6 +14,7 @@ from ..spec import Spec
 from .printer import C, Printer
 
 KERNEL_NAME = "sparsec_kernel"
+ASSEMBLE_NAME = "sparsec_assemble"
 
 C_VALUE_TYPES = {"float32": "float", "float64": "double"}
 C_INDEX_TYPES = {"int32": "int32_t", "int64": "int64_t"}
@@ -63,10 +64,14 @@ def header(
     ]
 
 
-def describe_schedule(parallel: bool, loops: tuple[str, ...], order: tuple[str, ...]) -> str:
+def describe_schedule(
+    spec: Spec, parallel: bool, loops: tuple[str, ...], order: tuple[str, ...]
+) -> str:
     """What the default schedule did, in words (header comment and `Kernel.schedule`)."""
     if not parallel:
         return "serial (requested)"
+    if not spec.output.format.is_dense:
+        return "default: serial (a sparse output is appended in order)"
     if loops:
         return (
             f"default: loop {', '.join(loops)} runs on CPU threads "
@@ -81,9 +86,18 @@ def describe_schedule(parallel: bool, loops: tuple[str, ...], order: tuple[str, 
     return f"default: serial, since {why}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Function:
+    name: str
+    comment: str
+    body: str
+
+
 def generate(
     spec: Spec, *, dtype: str = "float64", index_dtype: str = "int32", parallel: bool = True
 ) -> Generated:
+    """C source for ``spec``: ``sparsec_kernel`` and, for a sparse output, also
+    ``sparsec_assemble``, which only counts the output's positions into ``sc_sizes``."""
 
     def make_names() -> tuple[Signature, Namer]:
         namer = Namer()
@@ -91,7 +105,21 @@ def generate(
 
     lowered, sig = lower(spec, make_names, parallel=parallel)
     printer = Printer(C, threads=sig.threads)
-    schedule = describe_schedule(parallel, lowered.parallel_loops, lowered.loop_order)
+    functions = []
+    if not spec.output.format.is_dense:
+        counted, _ = lower(spec, make_names, parallel=parallel, counting=True)
+        functions.append(
+            _Function(
+                ASSEMBLE_NAME,
+                "symbolic phase: count the positions of every output level into sc_sizes",
+                "\n".join(printer.stmts(counted.body)),
+            )
+        )
+        comment = "numeric phase: append coordinates and values into the allocated arrays"
+    else:
+        comment = ""
+    functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(lowered.body))))
+    schedule = describe_schedule(spec, parallel, lowered.parallel_loops, lowered.loop_order)
     val_t, idx_t = C_VALUE_TYPES[dtype], C_INDEX_TYPES[index_dtype]
     source = (
         environment()
@@ -102,9 +130,8 @@ def generate(
             ),
             val_type=val_t,
             idx_type=idx_t,
-            name=KERNEL_NAME,
+            functions=functions,
             params=[C.param(p) for p in sig.params],
-            body="\n".join(printer.stmts(lowered.body)),
         )
     )
     return Generated(source, sig, lowered.loop_order, schedule, dtype, index_dtype)

@@ -1,0 +1,235 @@
+"""Assembly of sparse outputs: the kernel builds the output's pos/crd/vals itself.
+
+Two kernels come from one lowering: ``assemble`` (symbolic) walks the loop nest and
+only counts the positions of every output level, which it reports in ``sc_sizes``; the
+runtime allocates exact arrays; ``compute`` (numeric) walks it again and appends.
+
+Appending needs the output's sparse levels visited in order, so the iteration graph puts
+their index variables first, in level order, before every reduction (`order.py`). Then
+each level is handled where its variable is bound:
+
+* a dense level directly above a compressed one records ``pos[p + 1] = count`` after its
+  iteration (a prefix-max at the end fills the entries of parents never visited);
+* a compressed level that is not the last records the child count before its body and
+  appends its coordinate afterwards if the body appended anything below;
+* the last compressed level (or COO's non-unique level and its singletons) appends at the
+  store, once per output entry; dense levels below it form a block per entry that is
+  zeroed before and kept only if something was stored into it.
+
+An entry exists exactly where at least one term of the expression is structurally present
+(a lattice case ran); values that cancel numerically (``B - B``) are kept as explicit
+zeros, as in TACO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ir
+from .errors import FormatError
+from .formats import Compressed, Dense, Format, Singleton
+from .notation import Access
+from .order import level_indices
+
+
+@dataclass(frozen=True, slots=True)
+class OutputLayout:
+    """Which output levels are located (dense prefix), appended, or a dense block below."""
+
+    fmt: Format
+    #: the levels before the first compressed one (all dense)
+    dense_prefix: int
+    #: appended unique compressed levels, excluding the last appended group
+    inner: tuple[int, ...]
+    #: first level of the last appended group (a unique compressed level or COO's "u")
+    last: int
+    #: singleton levels stored alongside ``last`` at every entry (COO)
+    tail: tuple[int, ...]
+    #: dense levels below the last group: a block per entry
+    block: tuple[int, ...]
+
+    @staticmethod
+    def of(fmt: Format, name: str) -> OutputLayout:
+        levels = fmt.levels
+        n = len(levels)
+        k = 0
+        while k < n and isinstance(levels[k], Dense):
+            k += 1
+        prefix = k
+        sparse = [j for j in range(n) if not isinstance(levels[j], Dense)]
+        if any(isinstance(levels[j], Dense) for j in range(prefix, (sparse[-1] if sparse else 0))):
+            raise FormatError(
+                f"output {name!r} ({fmt.spelling}): a dense level between sparse levels is not "
+                "supported for outputs; use e.g. 'ds', 'ss', 'sss', 'ssd' or COO 'uqq'"
+            )
+        compressed = [j for j in sparse if isinstance(levels[j], Compressed)]
+        singles = [j for j in sparse if isinstance(levels[j], Singleton)]
+        last = compressed[-1]
+        if singles and (
+            levels[last].unique or singles != list(range(last + 1, last + 1 + len(singles)))
+        ):
+            raise FormatError(
+                f"output {name!r} ({fmt.spelling}): singleton output levels must follow one "
+                "non-unique compressed level at the end (COO, e.g. 'uq', 'uqq')"
+            )
+        block = tuple(range(sparse[-1] + 1, n))
+        if block and singles:
+            raise FormatError(
+                f"output {name!r} ({fmt.spelling}): COO levels cannot have dense levels below"
+            )
+        return OutputLayout(fmt, prefix, tuple(compressed[:-1]), last, tuple(singles), block)
+
+
+class Assembler:
+    """Generates the output-assembly statements for one kernel (count or compute mode)."""
+
+    def __init__(self, lowerer, counting: bool) -> None:  # noqa: ANN001 - avoids a cycle
+        self.low = lowerer
+        self.counting = counting
+        self.lhs: Access = lowerer.lhs
+        out = lowerer.spec.output
+        self.name = out.name
+        self.layout = OutputLayout.of(out.format, out.name)
+        self.vars = level_indices(self.lhs, out.format)
+        namer, sig = lowerer.namer, lowerer.sig
+        appended = (*self.layout.inner, self.layout.last)
+        #: position counter per appended level (the next free position)
+        self.count = {k: namer.fresh(f"p{self.name}{k + 1}") for k in appended}
+        self.pos = {k: sig.array(self.name, "pos", k) for k in appended}
+        self.crd = {k: sig.array(self.name, "crd", k) for k in (*appended, *self.layout.tail)}
+        self.vals = sig.array(self.name, "vals")
+        self.sizes = sig.sizes
+        self.touched = namer.fresh("stored") if self.layout.block else ""
+
+    # --------------------------------------------------------------- helpers
+    def _store(self, array: str, index: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
+        return [] if self.counting else [ir.Assign(ir.Load(array, index), value)]
+
+    def _inc(self, k: int) -> ir.Stmt:
+        c = ir.Var(self.count[k])
+        return ir.Assign(c, ir.Bin("+", c, ir.IntLit(1)))
+
+    def _coord(self, k: int) -> ir.Expr:
+        return ir.Var(self.low.var_names[self.vars[k]])
+
+    def _dim(self, k: int) -> ir.Expr:
+        return ir.Var(self.low.sig.dim(self.vars[k]))
+
+    def _prefix_positions(self) -> ir.Expr:
+        """Positions of the dense prefix: the parents of the first sparse level."""
+        size: ir.Expr = ir.IntLit(1)
+        for k in range(self.layout.dense_prefix):
+            size = ir.mul(size, self._dim(k))
+        return size
+
+    def _block_size(self) -> ir.Expr:
+        size: ir.Expr = ir.IntLit(1)
+        for k in self.layout.block:
+            size = ir.mul(size, self._dim(k))
+        return size
+
+    # -------------------------------------------------------------- kernel
+    def prologue(self) -> list[ir.Stmt]:
+        stmts: list[ir.Stmt] = [ir.Decl(ir.I64, c, ir.IntLit(0)) for c in self.count.values()]
+        first = min(self.count)
+        if self.counting:
+            return stmts
+        if first == 0:
+            stmts += self._store(self.pos[0], ir.IntLit(0), ir.IntLit(0))
+        else:
+            p = self.low.namer.fresh("p")
+            zero = ir.Assign(ir.Load(self.pos[first], ir.Var(p)), ir.IntLit(0))
+            end = ir.Bin("+", self._prefix_positions(), ir.IntLit(1))
+            stmts.append(ir.For(p, ir.IntLit(0), end, ir.block(zero)))
+        for k in self.count:
+            if k != first:
+                stmts += self._store(self.pos[k], ir.IntLit(0), ir.IntLit(0))
+        return stmts
+
+    def epilogue(self) -> list[ir.Stmt]:
+        first = min(self.count)
+        if self.counting:
+            stmts: list[ir.Stmt] = []
+            for k, c in self.count.items():
+                stmts.append(ir.Assign(ir.Load(self.sizes, ir.IntLit(k)), ir.Var(c)))
+            for k in self.layout.tail:
+                stmts.append(
+                    ir.Assign(
+                        ir.Load(self.sizes, ir.IntLit(k)), ir.Var(self.count[self.layout.last])
+                    )
+                )
+            return stmts
+        if first == 0:
+            return self._store(self.pos[0], ir.IntLit(1), ir.Var(self.count[0]))
+        # parents never visited keep the count of the parent before them (prefix max)
+        p = self.low.namer.fresh("p")
+        pos = self.pos[first]
+        here, before = ir.Load(pos, ir.Var(p)), ir.Load(pos, ir.Bin("-", ir.Var(p), ir.IntLit(1)))
+        fix = ir.If(((ir.Bin("<", here, before), ir.block(ir.Assign(here, before))),))
+        end = ir.Bin("+", self._prefix_positions(), ir.IntLit(1))
+        return [ir.For(p, ir.IntLit(1), end, ir.block(fix))]
+
+    # ------------------------------------------------------ around a level
+    def level_of(self, var: str) -> int | None:
+        return self.vars.index(var) if var in self.vars else None
+
+    def bind(self, k: int) -> ir.Expr | None:
+        """The position an appended level ``k`` takes while its body runs (its counter);
+        COO's singleton levels share the position of their non-unique parent."""
+        if k in self.count:
+            return ir.Var(self.count[k])
+        if k in self.layout.tail:
+            return ir.Var(self.count[self.layout.last])
+        return None
+
+    def around(self, k: int, ctx_pos: ir.Expr | None) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """Statements before and after the body of one iteration binding output level ``k``."""
+        layout = self.layout
+        before: list[ir.Stmt] = []
+        after: list[ir.Stmt] = []
+        if k == layout.dense_prefix - 1 and ctx_pos is not None:
+            # the dense parent of the first sparse level: record where its children end
+            child = min(self.count)
+            after += self._store(
+                self.pos[child], ir.Bin("+", ctx_pos, ir.IntLit(1)), ir.Var(self.count[child])
+            )
+        elif k in layout.inner:
+            child = min(j for j in self.count if j > k)
+            start = self.low.namer.fresh(f"{self.count[child]}_start")
+            before.append(ir.Decl(ir.I64, start, ir.Var(self.count[child])))
+            body = self._store(self.crd[k], ir.Var(self.count[k]), self._coord(k))
+            body.append(self._inc(k))
+            body += self._store(self.pos[child], ir.Var(self.count[k]), ir.Var(self.count[child]))
+            cond = ir.Bin(">", ir.Var(self.count[child]), ir.Var(start))
+            after.append(ir.If(((cond, ir.block(*body)),)))
+        elif k == layout.last and layout.block:
+            c = ir.Var(self.count[k])
+            before.append(ir.Decl(ir.BOOL, self.touched, ir.IntLit(0)))
+            if not self.counting:
+                p = self.low.namer.fresh("p")
+                size = self._block_size()
+                at = ir.add(ir.mul(c, size), ir.Var(p))
+                zero = ir.Assign(ir.Load(self.vals, at), ir.FloatLit(0.0))
+                before.append(ir.For(p, ir.IntLit(0), size, ir.block(zero)))
+            body = self._store(self.crd[k], c, self._coord(k))
+            body.append(self._inc(k))
+            after.append(ir.If(((ir.Var(self.touched), ir.block(*body)),)))
+        return before, after
+
+    # --------------------------------------------------------------- store
+    def store(self, slot: ir.Load, value: ir.Expr | None) -> list[ir.Stmt]:
+        """One output entry at the innermost level (``value`` is None when counting)."""
+        layout = self.layout
+        if layout.block:
+            stmts: list[ir.Stmt] = [ir.Assign(ir.Var(self.touched), ir.IntLit(1))]
+            if value is not None and not self.counting:
+                stmts.append(ir.Assign(slot, value, "+="))
+            return stmts
+        c = ir.Var(self.count[layout.last])
+        stmts = []
+        for k in (layout.last, *layout.tail):
+            stmts += self._store(self.crd[k], c, self._coord(k))
+        if value is not None:
+            stmts += self._store(self.vals, c, value)
+        stmts.append(self._inc(layout.last))
+        return stmts
