@@ -31,6 +31,9 @@ from .formats import Compressed, Dense, Format, Singleton
 from .notation import Access
 from .order import level_indices
 
+#: kernel status when a workspace cannot be allocated
+OUT_OF_MEMORY = 2
+
 
 @dataclass(frozen=True, slots=True)
 class OutputLayout:
@@ -233,3 +236,82 @@ class Assembler:
             stmts += self._store(self.vals, c, value)
         stmts.append(self._inc(layout.last))
         return stmts
+
+    # ------------------------------------------------------------ workspace
+    def can_scatter(self) -> bool:
+        """A unique compressed last level with nothing below it can go through a workspace."""
+        layout = self.layout
+        return layout.fmt.levels[layout.last].unique and not layout.block and not layout.tail
+
+    def workspace_alloc(self, var: str | None) -> list[ir.Stmt]:
+        """A dense row over ``var``: values, a seen-flag per coordinate, the list of seen."""
+        if var is None:
+            return []
+        namer = self.low.namer
+        self.w = namer.fresh("w")
+        self.seen = namer.fresh("w_seen")
+        self.list = namer.fresh("w_list")
+        self.length = namer.fresh("w_len")
+        size = ir.Var(self.low.sig.dim(var))
+        stmts: list[ir.Stmt] = [ir.Comment(f"workspace: a dense row over {var} (Gustavson)")]
+        if not self.counting:
+            stmts.append(ir.Alloc(ir.VAL, self.w, size))
+        stmts += [
+            ir.Alloc(ir.BOOL, self.seen, size),
+            ir.Alloc(ir.I64, self.list, size),
+            ir.Decl(ir.I64, self.length, ir.IntLit(0)),
+        ]
+        names = [self.seen, self.list] if self.counting else [self.w, self.seen, self.list]
+        failed: ir.Expr = ir.Unary("!", ir.Var(names[0]))
+        for name in names[1:]:
+            failed = ir.Bin("||", failed, ir.Unary("!", ir.Var(name)))
+        stmts.append(ir.Return(OUT_OF_MEMORY, failed))
+        return stmts
+
+    def workspace_free(self, var: str | None) -> list[ir.Stmt]:
+        if var is None:
+            return []
+        names = [self.seen, self.list] if self.counting else [self.w, self.seen, self.list]
+        return [ir.Free(n) for n in names]
+
+    def scatter(self, coord: ir.Expr, value: ir.Expr | None) -> list[ir.Stmt]:
+        """``w[j] += value``, remembering ``j`` the first time it is reached."""
+        n = ir.Var(self.length)
+        first = ir.block(
+            ir.Assign(ir.Load(self.seen, coord), ir.IntLit(1)),
+            ir.Assign(ir.Load(self.list, n), coord),
+            ir.Assign(n, ir.Bin("+", n, ir.IntLit(1))),
+        )
+        stmts: list[ir.Stmt] = [ir.If(((ir.Unary("!", ir.Load(self.seen, coord)), first),))]
+        if value is not None and not self.counting:
+            stmts.append(ir.Assign(ir.Load(self.w, coord), value, "+="))
+        return stmts
+
+    def gather(self) -> list[ir.Stmt]:
+        """Append the workspace's coordinates in order, then clear what was touched."""
+        n = ir.Var(self.length)
+        last = self.layout.last
+        c = ir.Var(self.count[last])
+        t = self.low.namer.fresh("q")
+        j = self.low.namer.fresh("j_w")
+        coord = ir.Load(self.list, ir.Var(t))
+        if self.counting:
+            body = ir.block(ir.Assign(ir.Load(self.seen, coord), ir.IntLit(0)))
+            return [
+                ir.Assign(c, ir.Bin("+", c, n)),
+                ir.For(t, ir.IntLit(0), n, body),
+                ir.Assign(n, ir.IntLit(0)),
+            ]
+        body = ir.block(
+            ir.Decl(ir.I64, j, coord),
+            ir.Assign(ir.Load(self.crd[last], c), ir.Var(j)),
+            ir.Assign(ir.Load(self.vals, c), ir.Load(self.w, ir.Var(j))),
+            self._inc(last),
+            ir.Assign(ir.Load(self.w, ir.Var(j)), ir.FloatLit(0.0)),
+            ir.Assign(ir.Load(self.seen, ir.Var(j)), ir.IntLit(0)),
+        )
+        return [
+            ir.Effect(ir.Call("sort", (ir.Var(self.list), n))),
+            ir.For(t, ir.IntLit(0), n, body),
+            ir.Assign(n, ir.IntLit(0)),
+        ]

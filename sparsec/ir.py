@@ -137,11 +137,40 @@ class Comment:
 
 
 @dataclass(frozen=True, slots=True)
+class Alloc:
+    """A zeroed local array of ``count`` elements of symbolic ``type`` (a workspace)."""
+
+    type: str
+    name: str
+    count: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """Leave the kernel with a status (non-zero: the runtime raises)."""
+
+    status: int
+    cond: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """A call evaluated for its effect (``sort`` of a coordinate list)."""
+
+    call: Call
+
+
+@dataclass(frozen=True, slots=True)
 class Block:
     body: tuple[Stmt, ...] = ()
 
 
-Stmt = Decl | Assign | For | While | If | Comment | Block
+Stmt = Decl | Assign | For | While | If | Comment | Alloc | Free | Effect | Return | Block
 
 
 # -------------------------------------------------------------------- helpers

@@ -279,7 +279,10 @@ class Kernel:
         sizes = np.zeros(max(1, out_t.order), dtype=np.int64)
         args = _arguments(compiled, prepared, {("sizes", -1): sizes}, nthreads)
         if compiled.assemble(*args) != 0:
-            raise SparsecError("assemble kernel returned an error status")
+            raise SparsecError(
+                f"kernel could not allocate its workspace (a dense row of the output "
+                f"{out_t.name!r}); out of memory"
+            )
         index_dtype = INDEX_DTYPES[prepared.index_dtype]
         val_dtype = VALUE_DTYPES[prepared.dtype]
         arrays: dict[tuple[str, int], np.ndarray] = {}
@@ -308,7 +311,10 @@ class Kernel:
                     arr.fill(-1)
         args = _arguments(compiled, prepared, arrays, nthreads)
         if compiled.fn(*args) != 0:
-            raise SparsecError("kernel returned an error status")
+            raise SparsecError(
+                f"kernel could not allocate its workspace (a dense row of the output "
+                f"{out_t.name!r}); out of memory"
+            )
         shape = tuple(prepared.dims[i] for i in self.spec.statement.lhs.indices)
         return Tensor(shape, fmt, tuple(levels), vals, np.dtype(index_dtype))
 

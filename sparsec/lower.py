@@ -81,7 +81,12 @@ class AccSink:
     flag: str = ""
 
 
-Sink = OutputSink | AccSink
+@dataclass(frozen=True, slots=True)
+class WorkspaceSink:
+    """Scatter into a dense workspace over the output's last level (Gustavson)."""
+
+
+Sink = OutputSink | AccSink | WorkspaceSink
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,19 +132,41 @@ class Lowerer:
         self.zeroed_slices = False
         #: sparse output: the kernel assembles pos/crd/vals (``counting``: sizes only)
         self.assembler = None if spec.output.format.is_dense else Assembler(self, counting=counting)
+        #: index of the output's last level when it is scattered into a workspace
+        self.workspace: str | None = None
 
     # ----------------------------------------------------------------- entry
     def kernel(self) -> LoweredKernel:
         stmt = self.spec.statement
+        everything = [self.lhs, *accesses(stmt.rhs)]
         extra = output_edges(self.lhs, self.spec.output.format, stmt.top_sums)
-        order = loop_order(
-            stmt.loop_indices, [self.lhs, *accesses(stmt.rhs)], self.formats, extra=extra
-        )
+        try:
+            order = loop_order(stmt.loop_indices, everything, self.formats, extra=extra)
+        except LoweringError:
+            if self.assembler is None or not self.assembler.can_scatter():
+                raise
+            # the last output level cannot come before the reductions: scatter it into a
+            # dense workspace and append the row afterwards (Gustavson's SpGEMM)
+            ws = self.assembler.vars[self.assembler.layout.last]
+            extra = tuple(e for e in extra if ws not in (e.before, e.after))
+            order = loop_order(stmt.loop_indices, everything, self.formats, extra=extra)
+            self.workspace = ws
         if self.assembler is not None:
+            alloc = self.assembler.workspace_alloc(self.workspace)
             ctx = self._locate(Ctx(), [self.lhs])
-            body = self.loops(order, stmt.rhs, ctx[1], OutputSink(), outermost=True)
+            if self.workspace and self.assembler.layout.last == 0:
+                body = self._scatter_gather(order, stmt.rhs, ctx[1])
+            else:
+                body = self.loops(order, stmt.rhs, ctx[1], OutputSink(), outermost=True)
             return LoweredKernel(
-                ir.block(*self.assembler.prologue(), ctx[0], body, *self.assembler.epilogue()),
+                ir.block(
+                    *self.assembler.prologue(),
+                    *alloc,
+                    ctx[0],
+                    body,
+                    *self.assembler.workspace_free(self.workspace),
+                    *self.assembler.epilogue(),
+                ),
                 order,
             )
         self.zero_in_loop = (
@@ -396,13 +423,25 @@ class Lowerer:
         if self.assembler is None or level is None:
             located, ctx = self._locate(ctx, [self.lhs, *accesses(expr)])
             return ir.block(located, self.loops(rest, expr, ctx, sink))
+        if var == self.workspace:
+            located, ctx = self._locate(ctx, list(accesses(expr)))
+            return ir.block(located, self.loops(rest, expr, ctx, sink))
         slot = self.assembler.bind(level)
         if slot is not None:
             ctx = ctx.bind(levels={(self.lhs, level): Bound(slot, ir.Bin("+", slot, ir.IntLit(1)))})
         located, ctx = self._locate(ctx, [self.lhs, *accesses(expr)])
         bound = ctx.levels.get((self.lhs, level))
         before, after = self.assembler.around(level, bound.pos if bound else None)
-        return ir.block(located, *before, self.loops(rest, expr, ctx, sink), *after)
+        if self.workspace and level == self.assembler.layout.last - 1:
+            inner = self._scatter_gather(rest, expr, ctx)
+        else:
+            inner = self.loops(rest, expr, ctx, sink)
+        return ir.block(located, *before, inner, *after)
+
+    def _scatter_gather(self, rest: tuple[str, ...], expr: CExpr, ctx: Ctx) -> ir.Block:
+        """Scatter the remaining loops into the workspace, then append its sorted row."""
+        assert self.assembler is not None
+        return ir.block(self.loops(rest, expr, ctx, WorkspaceSink()), *self.assembler.gather())
 
     def _dense_loop(
         self,
@@ -555,6 +594,10 @@ class Lowerer:
                     stmts.append(ir.Assign(ir.Var(name), value, "+="))
                 if flag:
                     stmts.append(ir.Assign(ir.Var(flag), ir.IntLit(1)))
+            case WorkspaceSink():
+                assert self.assembler is not None and self.workspace is not None
+                coord = ir.Var(self.var_names[self.workspace])
+                stmts.extend(self.assembler.scatter(coord, value))
         return ir.block(*stmts)
 
     def value(self, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Expr:

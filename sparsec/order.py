@@ -115,7 +115,7 @@ def output_edges(lhs: Access, fmt: Format, reductions: tuple[str, ...]) -> tuple
     levels = level_indices(lhs, fmt)
     sparse = [k for k, level in enumerate(fmt.levels) if level.position_iteration]
     found: list[Edge] = []
-    for k in sparse:
+    for k in range(sparse[-1] + 1):  # dense levels above take part: pos is written per row
         found += [Edge(levels[k], r, lhs.name) for r in reductions]
     for k in range(sparse[-1] + 1, len(levels)):
         found.append(Edge(levels[sparse[-1]], levels[k], lhs.name))

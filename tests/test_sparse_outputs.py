@@ -119,6 +119,27 @@ CASES += [
         "B@c+d",
         {"B": (I, J), "c": (J,), "d": (I,)},
     ),
+    # SpGEMM through a dense workspace (Gustavson): csr x csr, dcsr x csr, into csr and dcsr
+    (
+        "C(i,j) = A(i,k) * B(k,j)",
+        {"C": "csr", "A": "csr", "B": "csr"},
+        "ik,kj->ij",
+        {"A": (I, K), "B": (K, J)},
+    ),
+    (
+        "C(i,j) = A(i,k) * B(k,j)",
+        {"C": "csr", "A": "dcsr", "B": "csr"},
+        "ik,kj->ij",
+        {"A": (I, K), "B": (K, J)},
+    ),
+    (
+        "C(i,j) = A(i,k) * B(k,j)",
+        {"C": "dcsr", "A": "dcsr", "B": "dcsr"},
+        "ik,kj->ij",
+        {"A": (I, K), "B": (K, J)},
+    ),
+    # a sparse vector built by scattering: y = Aᵀ x
+    ("y(j) = A(k,j) * x(k)", {"y": "s", "A": "csr"}, "kj,k->j", {"A": (K, J), "x": (K,)}),
 ]
 
 
@@ -213,10 +234,21 @@ def test_conversions_out(rng):
     np.testing.assert_allclose(t.to_dense().numpy(), B * B)
 
 
-def test_csr_times_csr_needs_a_workspace_error_says_how():
-    k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"C": "csr", "A": "csr", "B": "csr"})
-    with pytest.raises(sparsec.LoweringError, match="Store B with mode ordering 1,0"):
+def test_spgemm_uses_a_workspace():
+    src = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"C": "csr", "A": "csr", "B": "csr"}).source
+    assert "workspace: a dense row over j" in src and "sc_sort(w_list, w_len)" in src
+    assert "free(w);" in src
+
+
+def test_transpose_product_with_csr_says_how_to_store_it():
+    k = sparsec.kernel("C(i,j) = A(k,i) * A(k,j)", {"C": "csr", "A": "csr"})
+    with pytest.raises(sparsec.LoweringError, match="Store A with mode ordering 1,0"):
         k.source  # noqa: B018
+
+
+def test_workspace_is_only_used_when_needed():
+    src = sparsec.kernel("A(i,j) = B(i,j) + C(i,j)", {"A": "csr", "B": "csr", "C": "csr"}).source
+    assert "// workspace:" not in src and "calloc" not in src
 
 
 def test_plus_equals_into_sparse_output_is_rejected():

@@ -39,7 +39,9 @@ class Target:
     name: str
     types: dict[str, str]
     restrict: str
-    calls: dict[str, str] = field(default_factory=lambda: {"min": "sc_min", "max": "sc_max"})
+    calls: dict[str, str] = field(
+        default_factory=lambda: {"min": "sc_min", "max": "sc_max", "sort": "sc_sort"}
+    )
     indent: str = "  "
 
     def param(self, p: Param) -> str:
@@ -122,6 +124,15 @@ class Printer:
                 return lines
             case ir.Comment(text=text):
                 return [f"{pad}// {text}"]
+            case ir.Alloc(type=ty, name=name, count=count):
+                t = self.t.types[ty]
+                return [f"{pad}{t}* {name} = ({t}*)calloc({self.expr(count)}, sizeof({t}));"]
+            case ir.Free(name=name):
+                return [f"{pad}free({name});"]
+            case ir.Effect(call=call):
+                return [f"{pad}{self.expr(call)};"]
+            case ir.Return(status=status, cond=cond):
+                return [f"{pad}if ({self.expr(cond)}) return {status};"]
             case _:
                 assert_never(node)
 
