@@ -248,6 +248,7 @@ class Assembler:
         if var is None:
             return []
         namer = self.low.namer
+        self.workspace_var = var
         self.w = namer.fresh("w")
         self.seen = namer.fresh("w_seen")
         self.list = namer.fresh("w_list")
@@ -256,8 +257,9 @@ class Assembler:
         stmts: list[ir.Stmt] = [ir.Comment(f"workspace: a dense row over {var} (Gustavson)")]
         if not self.counting:
             stmts.append(ir.Alloc(ir.VAL, self.w, size))
+        words = ir.Bin("/", ir.Bin("+", size, ir.IntLit(63)), ir.IntLit(64))
         stmts += [
-            ir.Alloc(ir.BOOL, self.seen, size),
+            ir.Alloc(ir.U64, self.seen, words),
             ir.Alloc(ir.I64, self.list, size),
             ir.Decl(ir.I64, self.length, ir.IntLit(0)),
         ]
@@ -277,26 +279,30 @@ class Assembler:
     def scatter(self, coord: ir.Expr, value: ir.Expr | None) -> list[ir.Stmt]:
         """``w[j] += value``, remembering ``j`` the first time it is reached."""
         n = ir.Var(self.length)
+        seen = ir.Var(self.seen)
         first = ir.block(
-            ir.Assign(ir.Load(self.seen, coord), ir.IntLit(1)),
+            ir.Effect(ir.Call("bit_set", (seen, coord))),
             ir.Assign(ir.Load(self.list, n), coord),
             ir.Assign(n, ir.Bin("+", n, ir.IntLit(1))),
         )
-        stmts: list[ir.Stmt] = [ir.If(((ir.Unary("!", ir.Load(self.seen, coord)), first),))]
+        reached = ir.Call("bit_test", (seen, coord))
+        stmts: list[ir.Stmt] = [ir.If(((ir.Unary("!", reached), first),))]
         if value is not None and not self.counting:
             stmts.append(ir.Assign(ir.Load(self.w, coord), value, "+="))
         return stmts
 
     def gather(self) -> list[ir.Stmt]:
-        """Append the workspace's coordinates in order, then clear what was touched."""
+        """Append the workspace's coordinates in order, clearing what was touched
+        (``sc_sort_reached`` clears the bitmap as it orders the list)."""
         n = ir.Var(self.length)
         last = self.layout.last
         c = ir.Var(self.count[last])
         t = self.low.namer.fresh("q")
         j = self.low.namer.fresh("j_w")
         coord = ir.Load(self.list, ir.Var(t))
+        seen = ir.Var(self.seen)
         if self.counting:
-            body = ir.block(ir.Assign(ir.Load(self.seen, coord), ir.IntLit(0)))
+            body = ir.block(ir.Effect(ir.Call("bit_clear", (seen, coord))))
             return [
                 ir.Assign(c, ir.Bin("+", c, n)),
                 ir.For(t, ir.IntLit(0), n, body),
@@ -308,10 +314,10 @@ class Assembler:
             ir.Assign(ir.Load(self.vals, c), ir.Load(self.w, ir.Var(j))),
             self._inc(last),
             ir.Assign(ir.Load(self.w, ir.Var(j)), ir.FloatLit(0.0)),
-            ir.Assign(ir.Load(self.seen, ir.Var(j)), ir.IntLit(0)),
         )
+        size = ir.Var(self.low.sig.dim(self.workspace_var))
         return [
-            ir.Effect(ir.Call("sort", (ir.Var(self.list), n))),
+            ir.Effect(ir.Call("sort_reached", (ir.Var(self.list), n, seen, size))),
             ir.For(t, ir.IntLit(0), n, body),
             ir.Assign(n, ir.IntLit(0)),
         ]

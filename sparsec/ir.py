@@ -13,6 +13,7 @@ from dataclasses import dataclass
 VAL = "val"
 IDX = "idx"
 I64 = "i64"
+U64 = "u64"
 BOOL = "bool"
 
 

@@ -40,7 +40,14 @@ class Target:
     types: dict[str, str]
     restrict: str
     calls: dict[str, str] = field(
-        default_factory=lambda: {"min": "sc_min", "max": "sc_max", "sort": "sc_sort"}
+        default_factory=lambda: {
+            "min": "sc_min",
+            "max": "sc_max",
+            "sort_reached": "sc_sort_reached",
+            "bit_test": "sc_bit_test",
+            "bit_set": "sc_bit_set",
+            "bit_clear": "sc_bit_clear",
+        }
     )
     indent: str = "  "
 
@@ -70,7 +77,14 @@ class Target:
 
 C = Target(
     name="c",
-    types={ir.VAL: "sc_val_t", ir.IDX: "sc_idx_t", ir.I64: "int64_t", ir.BOOL: "int", INT: "int"},
+    types={
+        ir.VAL: "sc_val_t",
+        ir.IDX: "sc_idx_t",
+        ir.I64: "int64_t",
+        ir.U64: "uint64_t",
+        ir.BOOL: "int",
+        INT: "int",
+    },
     restrict="restrict",
 )
 
