@@ -10,4 +10,5 @@ from __future__ import annotations
 #: suite name -> (module, one-line description); run in this order by ``python -m bench``.
 SUITES: dict[str, tuple[str, str]] = {
     "core": ("bench.core", "SpMV (random, banded roofline), SpMM CSR x dense, compile times"),
+    "sparse": ("bench.sparse", "sparse outputs: SpGEMM and sparse add into CSR, serial"),
 }

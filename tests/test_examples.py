@@ -58,3 +58,13 @@ def test_bench_quick_smoke() -> None:
     for case in ("spmv-random", "spmv-banded", "spmm-float64", "spmm-float32"):
         assert case in done.stdout
     assert "speedup" in done.stdout
+
+
+def test_bench_sparse_quick_smoke() -> None:
+    done = _run(["-m", "bench", "sparse", "--quick"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    for case in ("spgemm-random", "spgemm-bert", "add-random", "add-bert"):
+        assert case in done.stdout
+    for impl in ("sparsec", "scipy+sort", "torch-csr"):
+        assert impl in done.stdout
+    assert "speedup" in done.stdout
