@@ -82,6 +82,12 @@ class OutputLayout:
             )
         return OutputLayout(fmt, prefix, tuple(compressed[:-1]), last, tuple(singles), block)
 
+    @property
+    def rowwise(self) -> bool:
+        """Dense levels then one compressed level (CSR, CSC, 'dds'): every row's entries
+        can be counted into ``pos`` independently, prefix-summed, and filled in parallel."""
+        return self.dense_prefix >= 1 and not self.inner and not self.tail and not self.block
+
 
 class Assembler:
     """Generates the output-assembly statements for one kernel (count or compute mode)."""
@@ -103,6 +109,8 @@ class Assembler:
         self.vals = sig.array(self.name, "vals")
         self.sizes = sig.sizes
         self.touched = namer.fresh("stored") if self.layout.block else ""
+        #: rows are independent: per-row counters, ``pos`` prefix-summed by the runtime
+        self.rowwise = self.layout.rowwise
 
     # --------------------------------------------------------------- helpers
     def _store(self, array: str, index: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
@@ -133,6 +141,8 @@ class Assembler:
 
     # -------------------------------------------------------------- kernel
     def prologue(self) -> list[ir.Stmt]:
+        if self.rowwise:
+            return []  # counters live in each row; pos comes prefix-summed from the runtime
         stmts: list[ir.Stmt] = [ir.Decl(ir.I64, c, ir.IntLit(0)) for c in self.count.values()]
         first = min(self.count)
         if self.counting:
@@ -150,6 +160,8 @@ class Assembler:
         return stmts
 
     def epilogue(self) -> list[ir.Stmt]:
+        if self.rowwise:
+            return []
         first = min(self.count)
         if self.counting:
             stmts: list[ir.Stmt] = []
@@ -190,7 +202,16 @@ class Assembler:
         layout = self.layout
         before: list[ir.Stmt] = []
         after: list[ir.Stmt] = []
-        if k == layout.dense_prefix - 1 and ctx_pos is not None:
+        if k == layout.dense_prefix - 1 and ctx_pos is not None and self.rowwise:
+            # one row: count its entries into pos[p + 1], or fill them from pos[p]
+            c = self.count[layout.last]
+            pos = self.pos[layout.last]
+            start = ir.IntLit(0) if self.counting else ir.Load(pos, ctx_pos)
+            before.append(ir.Decl(ir.I64, c, start))
+            before += self._row_workspace()
+            if self.counting:
+                after.append(ir.Assign(ir.Load(pos, ir.Bin("+", ctx_pos, ir.IntLit(1))), ir.Var(c)))
+        elif k == layout.dense_prefix - 1 and ctx_pos is not None:
             # the dense parent of the first sparse level: record where its children end
             child = min(self.count)
             after += self._store(
@@ -254,18 +275,27 @@ class Assembler:
         self.list = namer.fresh("w_list")
         self.length = namer.fresh("w_len")
         size = ir.Var(self.low.sig.dim(var))
+        words = ir.Bin("/", ir.Bin("+", size, ir.IntLit(63)), ir.IntLit(64))
+        copies: ir.Expr = ir.IntLit(1)
+        if self.rowwise:
+            # one workspace per thread; each row takes its thread's slice (`_row_workspace`)
+            copies = ir.Var(self.low.sig.threads)
+            self.bases = {n: namer.fresh(f"{n}_all") for n in (self.w, self.seen, self.list)}
+            self.sizes_of: dict[str, ir.Expr] = {self.w: size, self.seen: words, self.list: size}
+        names = {n: self.bases[n] if self.rowwise else n for n in (self.w, self.seen, self.list)}
         stmts: list[ir.Stmt] = [ir.Comment(f"workspace: a dense row over {var} (Gustavson)")]
         if not self.counting:
-            stmts.append(ir.Alloc(ir.VAL, self.w, size))
-        words = ir.Bin("/", ir.Bin("+", size, ir.IntLit(63)), ir.IntLit(64))
+            stmts.append(ir.Alloc(ir.VAL, names[self.w], ir.mul(copies, size)))
         stmts += [
-            ir.Alloc(ir.U64, self.seen, words),
-            ir.Alloc(ir.I64, self.list, size),
-            ir.Decl(ir.I64, self.length, ir.IntLit(0)),
+            ir.Alloc(ir.U64, names[self.seen], ir.mul(copies, words)),
+            ir.Alloc(ir.I64, names[self.list], ir.mul(copies, size)),
         ]
-        names = [self.seen, self.list] if self.counting else [self.w, self.seen, self.list]
-        failed: ir.Expr = ir.Unary("!", ir.Var(names[0]))
-        for name in names[1:]:
+        if not self.rowwise:
+            stmts.append(ir.Decl(ir.I64, self.length, ir.IntLit(0)))
+        used = (self.seen, self.list) if self.counting else (self.w, self.seen, self.list)
+        self.allocated = [names[n] for n in used]
+        failed: ir.Expr = ir.Unary("!", ir.Var(self.allocated[0]))
+        for name in self.allocated[1:]:
             failed = ir.Bin("||", failed, ir.Unary("!", ir.Var(name)))
         stmts.append(ir.Return(OUT_OF_MEMORY, failed))
         return stmts
@@ -273,8 +303,21 @@ class Assembler:
     def workspace_free(self, var: str | None) -> list[ir.Stmt]:
         if var is None:
             return []
-        names = [self.seen, self.list] if self.counting else [self.w, self.seen, self.list]
-        return [ir.Free(n) for n in names]
+        return [ir.Free(n) for n in self.allocated]
+
+    def _row_workspace(self) -> list[ir.Stmt]:
+        """In a row of a parallel loop: this thread's slice of each workspace array."""
+        if not getattr(self, "bases", None):
+            return []
+        tid = ir.Call("thread_id", ())
+        stmts: list[ir.Stmt] = []
+        for name, base in self.bases.items():
+            if self.counting and name == self.w:
+                continue
+            ty = {self.w: ir.VAL, self.seen: ir.U64, self.list: ir.I64}[name]
+            stmts.append(ir.Pointer(ty, name, base, ir.mul(tid, self.sizes_of[name])))
+        stmts.append(ir.Decl(ir.I64, self.length, ir.IntLit(0)))
+        return stmts
 
     def scatter(self, coord: ir.Expr, value: ir.Expr | None) -> list[ir.Stmt]:
         """``w[j] += value``, remembering ``j`` the first time it is reached."""

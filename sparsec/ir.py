@@ -147,6 +147,16 @@ class Alloc:
 
 
 @dataclass(frozen=True, slots=True)
+class Pointer:
+    """``type* name = base + offset`` (a thread's slice of a workspace)."""
+
+    type: str
+    name: str
+    base: str
+    offset: Expr
+
+
+@dataclass(frozen=True, slots=True)
 class Free:
     name: str
 
@@ -171,7 +181,7 @@ class Block:
     body: tuple[Stmt, ...] = ()
 
 
-Stmt = Decl | Assign | For | While | If | Comment | Alloc | Free | Effect | Return | Block
+Stmt = Decl | Assign | For | While | If | Comment | Alloc | Pointer | Free | Effect | Return | Block
 
 
 # -------------------------------------------------------------------- helpers

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import runtime
 from .abi import Param
+from .assemble import OutputLayout
 from .codegen import Generated, generate
 from .errors import DTypeError, InputError, ScheduleError, ShapeError, SparsecError
 from .formats import Format
@@ -277,15 +278,32 @@ class Kernel:
         fmt = out_t.format
         nthreads = _threads(threads)
         sizes = np.zeros(max(1, out_t.order), dtype=np.int64)
-        args = _arguments(compiled, prepared, {("sizes", -1): sizes}, nthreads)
+        index_dtype = INDEX_DTYPES[prepared.index_dtype]
+        layout = OutputLayout.of(fmt, out_t.name)
+        counted: dict[tuple[str, int], np.ndarray] = {("sizes", -1): sizes}
+        if layout.rowwise:
+            # each row counts its entries into pos[p + 1]; the prefix sum makes them offsets
+            rows = math.prod(prepared.dims[self._out_level_indices[k]] for k in range(layout.last))
+            counted[("pos", layout.last)] = np.zeros(rows + 1, dtype=index_dtype)
+        args = _arguments(compiled, prepared, counted, nthreads)
         if compiled.assemble(*args) != 0:
             raise SparsecError(
                 f"kernel could not allocate its workspace (a dense row of the output "
                 f"{out_t.name!r}); out of memory"
             )
-        index_dtype = INDEX_DTYPES[prepared.index_dtype]
         val_dtype = VALUE_DTYPES[prepared.dtype]
         arrays: dict[tuple[str, int], np.ndarray] = {}
+        if layout.rowwise:
+            row_pos = counted[("pos", layout.last)]
+            offsets = np.cumsum(row_pos, dtype=np.int64)
+            if prepared.index_dtype == "int32" and offsets[-1] > _INT32_MAX:
+                raise DTypeError(
+                    f"output {out_t.name!r} has {offsets[-1]} entries, more than int32 "
+                    f"indices hold; use index_dtype='int64'"
+                )
+            row_pos[:] = offsets
+            sizes[layout.last] = offsets[-1]
+            arrays[("pos", layout.last)] = row_pos
         levels = []
         parents = 1
         for k, level in enumerate(fmt.levels):
@@ -296,9 +314,12 @@ class Kernel:
                     f"output {out_t.name!r} needs {max(count, size, parents)} positions at "
                     f"level {k + 1}, more than int32 indices hold; use index_dtype='int64'"
                 )
-            pos = crd = None
+            pos: np.ndarray | None = None
+            crd: np.ndarray | None = None
             if "pos" in level.arrays:
-                pos = arrays[("pos", k)] = np.empty(parents + 1, dtype=index_dtype)
+                if ("pos", k) not in arrays:  # a rowwise pos already holds the offsets
+                    arrays[("pos", k)] = np.empty(parents + 1, dtype=index_dtype)
+                pos = arrays[("pos", k)]
             if "crd" in level.arrays:
                 crd = arrays[("crd", k)] = np.empty(count, dtype=index_dtype)
             levels.append(LevelStorage(pos, crd))
@@ -307,7 +328,7 @@ class Kernel:
         if self._poison:
             vals.fill(np.nan)
             for key, arr in arrays.items():
-                if key[0] != "vals":
+                if key[0] == "crd" or (key[0] == "pos" and not layout.rowwise):
                     arr.fill(-1)
         args = _arguments(compiled, prepared, arrays, nthreads)
         if compiled.fn(*args) != 0:

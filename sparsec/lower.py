@@ -510,6 +510,8 @@ class Lowerer:
 
     def _can_parallelize(self, var: str, outermost: bool) -> bool:
         """Outermost loop over an output index: every iteration writes its own slice."""
+        if self.assembler is not None and not self.assembler.rowwise:
+            return False  # appending into one sequence of positions is serial
         return self.parallel and outermost and var in self.lhs.indices
 
     # ------------------------------------------------------------- iterators
@@ -654,7 +656,7 @@ def lower(
     """
     sig, namer = make_names()
     if not spec.output.format.is_dense:
-        lowered = Lowerer(spec, sig, namer, parallel=False, counting=counting).kernel()
+        lowered = Lowerer(spec, sig, namer, parallel=parallel, counting=counting).kernel()
         return lowered, sig
     first = Lowerer(spec, sig, namer, parallel=parallel).kernel()
     if not first.exclusive:

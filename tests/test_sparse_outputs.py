@@ -237,7 +237,28 @@ def test_conversions_out(rng):
 def test_spgemm_uses_a_workspace():
     src = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"C": "csr", "A": "csr", "B": "csr"}).source
     assert "workspace: a dense row over j" in src and "sc_sort_reached(w_list, w_len" in src
-    assert "free(w);" in src
+    assert "free(w_all);" in src  # one workspace row per thread, rows run in parallel
+    assert "#pragma omp parallel for" in src.split("sparsec_kernel(")[1]
+
+
+def test_rowwise_outputs_are_parallel_and_match_across_thread_counts(rng):
+    A = sparsec.Tensor.from_dense(sparse_array((60, 40), rng, integer=True), "csr")
+    B = sparsec.Tensor.from_dense(sparse_array((40, 50), rng, integer=True), "csr")
+    k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"C": "csr", "A": "csr", "B": "csr"})
+    results = [k(A=A, B=B, threads=t) for t in (1, 2, 4)]
+    for r in results:
+        r.validate()
+        np.testing.assert_array_equal(r.levels[1].pos, results[0].levels[1].pos)
+        np.testing.assert_array_equal(r.levels[1].crd, results[0].levels[1].crd)
+        np.testing.assert_array_equal(r.vals, results[0].vals)
+    np.testing.assert_array_equal(np.asarray(results[0]), A.to_dense() @ B.to_dense())
+    # a dcsr output appends into one sequence: serial
+    assert (
+        "omp parallel"
+        not in sparsec.kernel(
+            "C(i,j) = A(i,j) + B(i,j)", {"C": "dcsr", "A": "csr", "B": "csr"}
+        ).source
+    )
 
 
 def test_transpose_product_with_csr_says_how_to_store_it():

@@ -70,8 +70,8 @@ def describe_schedule(
     """What the default schedule did, in words (header comment and `Kernel.schedule`)."""
     if not parallel:
         return "serial (requested)"
-    if not spec.output.format.is_dense:
-        return "default: serial (a sparse output is appended in order)"
+    if not spec.output.format.is_dense and not loops:
+        return "default: serial (a sparse output is appended in one sequence)"
     if loops:
         return (
             f"default: loop {', '.join(loops)} runs on CPU threads "

@@ -47,6 +47,7 @@ class Target:
             "bit_test": "sc_bit_test",
             "bit_set": "sc_bit_set",
             "bit_clear": "sc_bit_clear",
+            "thread_id": "sc_thread_id",
         }
     )
     indent: str = "  "
@@ -141,6 +142,9 @@ class Printer:
             case ir.Alloc(type=ty, name=name, count=count):
                 t = self.t.types[ty]
                 return [f"{pad}{t}* {name} = ({t}*)calloc({self.expr(count)}, sizeof({t}));"]
+            case ir.Pointer(type=ty, name=name, base=base, offset=offset):
+                t = self.t.types[ty]
+                return [f"{pad}{t}* {name} = {base} + {self.expr(offset)};"]
             case ir.Free(name=name):
                 return [f"{pad}free({name});"]
             case ir.Effect(call=call):
