@@ -17,6 +17,7 @@ import torch
 
 from .concrete import CExpr, Statement, Sum, Zero
 from .errors import CheckError
+from .lattice import divides
 from .notation import Access, BinOp, Literal, Neg
 
 Labelled = tuple[torch.Tensor, tuple[str, ...]]
@@ -53,7 +54,13 @@ def _factors(expr: CExpr) -> tuple[list[CExpr], float]:
             return [expr], 1.0
 
 
-def evaluate(expr: CExpr, inputs: Mapping[str, torch.Tensor]) -> Labelled:
+def evaluate(expr: CExpr, inputs: Mapping[str, torch.Tensor], exact: bool = False) -> Labelled:
+    """The dense value of ``expr`` labelled by its free indices.
+
+    ``exact`` evaluates every product and sum as written, elementwise (no einsum): einsum
+    may factor ``Σk a(k) * c`` into ``c * Σk a(k)``, which differs when ``c`` is infinite
+    and some ``a(k)`` is zero. Used when the expression divides (so infinities arise).
+    """
     match expr:
         case Access(name=name, indices=indices):
             return inputs[name], indices
@@ -62,15 +69,20 @@ def evaluate(expr: CExpr, inputs: Mapping[str, torch.Tensor]) -> Labelled:
         case Zero():
             return torch.tensor(0.0, dtype=torch.float64), ()
         case Neg(operand=x):
-            t, labels = evaluate(x, inputs)
+            t, labels = evaluate(x, inputs, exact)
             return -t, labels
+        case Sum(indices=indices, body=body) if exact:
+            t, labels = evaluate(body, inputs, exact)
+            dims = [labels.index(i) for i in indices if i in labels]
+            kept = tuple(x for x in labels if x not in indices)
+            return (t.sum(dim=dims) if dims else t), kept
         case Sum(indices=indices, body=body):
             return _reduce(body, indices, inputs)
-        case BinOp(op="*"):
+        case BinOp(op="*") if not exact:
             return _reduce(expr, (), inputs)
         case BinOp(op=op, left=left, right=right):
-            a, la = evaluate(left, inputs)
-            b, lb = evaluate(right, inputs)
+            a, la = evaluate(left, inputs, exact)
+            b, lb = evaluate(right, inputs, exact)
             labels = _union(la, lb)
             a, b = _align(a, la, labels), _align(b, lb, labels)
             match op:
@@ -78,6 +90,8 @@ def evaluate(expr: CExpr, inputs: Mapping[str, torch.Tensor]) -> Labelled:
                     return a + b, labels
                 case "-":
                     return a - b, labels
+                case "*":
+                    return a * b, labels
                 case "/":
                     return a / b, labels
             raise AssertionError(op)
@@ -109,7 +123,7 @@ def reference(
 ) -> torch.Tensor:
     """The dense float64 value of ``statement``'s left-hand side."""
     rhs: CExpr = Sum(statement.top_sums, statement.rhs) if statement.top_sums else statement.rhs
-    t, labels = evaluate(rhs, inputs)
+    t, labels = evaluate(rhs, inputs, exact=divides(rhs))
     lhs = statement.lhs.indices
     t = _align(t, labels, lhs)
     t = t.expand(*(dims[i] for i in lhs)).clone() if lhs else t.clone()
