@@ -217,3 +217,41 @@ def _jsonable(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return obj.tolist()
     return str(obj)
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class Contender:
+    """One implementation of a case at one thread count; ``run()`` returns its result."""
+
+    impl: str
+    threads: int
+    run: Callable[[], Any]
+    uses_torch: bool = False
+
+
+@dataclass
+class Row:
+    impl: str
+    threads: int
+    timing: Timing
+    #: effective bandwidth, for memory-bound cases that state their traffic
+    gbps: float | None = None
+
+
+@dataclass
+class CaseResult:
+    name: str
+    detail: str
+    params: dict[str, Any]
+    rows: list[Row] = field(default_factory=list)
+    #: compulsory bytes moved, where a roofline applies
+    traffic_bytes: int | None = None
+
+    def median(self, impl: str, threads: int) -> float | None:
+        for r in self.rows:
+            if r.impl == impl and r.threads == threads:
+                return r.timing.median_ms
+        return None

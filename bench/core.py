@@ -30,7 +30,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,17 @@ import scipy.sparse as sp
 
 import sparsec
 
-from .common import Table, Timing, environment, measure, progress, torch_threads, write_results
+from .common import (
+    CaseResult,
+    Contender,
+    Row,
+    Table,
+    environment,
+    measure,
+    progress,
+    torch_threads,
+    write_results,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DENSE_LIMIT_BYTES = 256 * 2**20  # torch dense baselines only where the dense operand fits this
@@ -98,39 +108,6 @@ class Config:
             triad_n=2**23,
             compile_repeats=3 if compile_repeats is None else compile_repeats,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class Contender:
-    """One implementation of a case at one thread count; ``run()`` returns its result."""
-
-    impl: str
-    threads: int
-    run: Callable[[], Any]
-    uses_torch: bool = False
-
-
-@dataclass
-class Row:
-    impl: str
-    threads: int
-    timing: Timing
-    gbps: float | None = None
-
-
-@dataclass
-class CaseResult:
-    name: str
-    detail: str
-    params: dict[str, Any]
-    rows: list[Row] = field(default_factory=list)
-    traffic_bytes: int | None = None
-
-    def median(self, impl: str, threads: int) -> float | None:
-        for r in self.rows:
-            if r.impl == impl and r.threads == threads:
-                return r.timing.median_ms
-        return None
 
 
 # --------------------------------------------------------------------------- inputs

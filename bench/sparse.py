@@ -42,7 +42,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,17 @@ import scipy.sparse as sp
 
 import sparsec
 
-from .common import Table, Timing, environment, measure, progress, torch_threads, write_results
+from .common import (
+    CaseResult,
+    Contender,
+    Row,
+    Table,
+    environment,
+    measure,
+    progress,
+    torch_threads,
+    write_results,
+)
 from .core import WrongResult, random_rows_csr, torch_csr
 
 SPGEMM = "C(i,j) = A(i,k) * B(k,j)"
@@ -89,37 +99,6 @@ class Config:
         if quick:
             return Config(**common, warmup=1, repeats=10, random_n=1_000, bert_crop=(384, 96))
         return Config(**common, warmup=3, repeats=25, random_n=10_000, bert_crop=None)
-
-
-@dataclass(frozen=True, slots=True)
-class Contender:
-    """One implementation of a case at one thread count; ``run()`` returns its result."""
-
-    impl: str
-    threads: int
-    run: Callable[[], Any]
-    uses_torch: bool = False
-
-
-@dataclass
-class Row:
-    impl: str
-    threads: int
-    timing: Timing
-
-
-@dataclass
-class CaseResult:
-    name: str
-    detail: str
-    params: dict[str, Any]
-    rows: list[Row] = field(default_factory=list)
-
-    def median(self, impl: str, threads: int) -> float | None:
-        for r in self.rows:
-            if r.impl == impl and r.threads == threads:
-                return r.timing.median_ms
-        return None
 
 
 # --------------------------------------------------------------------------- inputs
