@@ -12,7 +12,6 @@ the storage invariants (done once, when the `Tensor` is built; Tensors are immut
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 import os
 import threading
@@ -25,16 +24,25 @@ import numpy as np
 from . import runtime
 from .abi import Param
 from .assemble import OutputLayout
+from .binding import (
+    INDEX_DTYPES,
+    INT64,
+    VALUE_DTYPES,
+    common_dtype,
+    common_index_dtype,
+    convert_input,
+    is_torch,
+    resolve_threads,
+    widen,
+)
 from .codegen import Generated, generate
 from .errors import DTypeError, InputError, ScheduleError, ShapeError, SparsecError
 from .formats import Format
 from .parser import parse_expression
-from .spec import FormatsArg, Spec, TensorVar, make_spec
-from .tensor import LevelStorage, Tensor, as_tensor
+from .spec import FormatsArg, Spec, make_spec
+from .tensor import LevelStorage, Tensor
 
 TARGETS = ("c",)
-VALUE_DTYPES = {"float32": np.float32, "float64": np.float64}
-INDEX_DTYPES = {"int32": np.int32, "int64": np.int64}
 DEFAULT_EXTENTS = (23, 19, 17, 13, 11, 7)
 _VALUE_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double}
 
@@ -276,7 +284,7 @@ class Kernel:
         """Two phases: count each output level's positions, allocate exactly, then fill."""
         out_t = self.spec.output
         fmt = out_t.format
-        nthreads = _threads(threads)
+        nthreads = resolve_threads(threads)
         sizes = np.zeros(max(1, out_t.order), dtype=np.int64)
         index_dtype = INDEX_DTYPES[prepared.index_dtype]
         layout = OutputLayout.of(fmt, out_t.name)
@@ -356,16 +364,18 @@ class Kernel:
         """Validate and convert the inputs; cheap when they already fit (the hot path)."""
         if inputs.keys() != self._names:
             raise self._name_error(inputs)
-        dtype = self.dtype or _common_dtype(self._wanted, inputs)
-        index_dtype = self.index_dtype or _common_index_dtype(self._wanted, inputs)
-        values = {t.name: _convert(t, inputs[t.name], dtype, index_dtype) for t in self._wanted}
+        dtype = self.dtype or common_dtype(self._wanted, inputs)
+        index_dtype = self.index_dtype or common_index_dtype(self._wanted, inputs)
+        values = {
+            t.name: convert_input(t, inputs[t.name], dtype, index_dtype) for t in self._wanted
+        }
         if self.index_dtype is None and index_dtype == "int32":
             # A large input may have forced int64: bring every sparse input to one width.
-            if any(isinstance(v, Tensor) and v.index_dtype == _I64 for v in values.values()):
+            if any(isinstance(v, Tensor) and v.index_dtype == INT64 for v in values.values()):
                 index_dtype = "int64"
-                values = {n: _widen(v) for n, v in values.items()}
+                values = {n: widen(v) for n, v in values.items()}
         dims = self._dims(values)
-        use_torch = any(_is_torch(v) for v in inputs.values())
+        use_torch = any(is_torch(v) for v in inputs.values())
         return _Prepared(values, dims, dtype, index_dtype, use_torch)
 
     def _dims(self, values: Mapping[str, Any]) -> dict[str, int]:
@@ -397,7 +407,7 @@ class Kernel:
             out = np.empty(math.prod(level_shape), dtype=np_dtype)
             if self._poison:
                 out.fill(np.nan)  # test mode: an element the kernel fails to write shows
-        nthreads = _threads(threads)
+        nthreads = resolve_threads(threads)
         values = prepared.values
         args: list[Any] = []
         for field, tensor, level, index in compiled.plan:
@@ -533,7 +543,7 @@ class _FastPath:
                     return None
         for slot, index in self.dim_slots:
             args[slot] = dims[index]
-        args[self.thread_slot] = _threads(threads)
+        args[self.thread_slot] = resolve_threads(threads)
         level_shape = tuple(dims[i] for i in self.out_shape)
         out = np.empty(math.prod(level_shape), dtype=self.dtype)
         if self.poison:
@@ -620,172 +630,6 @@ def _ctype(p: Param, dtype: str) -> Any:
         case "int":
             return ctypes.c_int
     raise AssertionError(p)
-
-
-@functools.cache
-def default_threads() -> int:
-    """``OMP_NUM_THREADS`` (first entry) if set, else every core; read once per process."""
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    try:
-        return max(1, int(env.split(",")[0]))
-    except ValueError:
-        return max(1, os.cpu_count() or 1)
-
-
-def _threads(threads: int | None) -> int:
-    if threads is None:
-        return default_threads()
-    if not isinstance(threads, int) or threads < 1:
-        raise InputError(f"threads must be a positive integer, not {threads!r}")
-    return threads
-
-
-def _is_torch(value: Any) -> bool:
-    return type(value).__module__.startswith("torch")
-
-
-_F32, _F64, _I64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
-_TORCH_FLOATS: dict[str, np.dtype] = {"torch.float32": _F32, "torch.float64": _F64}
-
-
-def _value_dtype_of(value: Any) -> np.dtype | None:
-    if isinstance(value, Tensor):
-        return value.vals.dtype
-    dt: Any = getattr(value, "dtype", None)
-    if dt is None or isinstance(dt, np.dtype):
-        return dt
-    return _TORCH_FLOATS.get(str(dt))
-
-
-def _common_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
-    """float32 only when every floating input is float32; float64 otherwise (torch rule)."""
-    found = False
-    for t in wanted:
-        if t.order:
-            dt = _value_dtype_of(inputs[t.name])
-            if dt is not None and dt != _F32:
-                return "float64"
-            found = found or dt is not None
-    return "float32" if found else "float64"
-
-
-def _common_index_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
-    for t in wanted:
-        if t.is_dense:
-            continue
-        v = inputs[t.name]
-        if isinstance(v, Tensor):
-            if v.index_dtype == _I64:
-                return "int64"
-        elif getattr(getattr(v, "indices", None), "dtype", None) == _I64:
-            return "int64"
-    return "int32"
-
-
-def _widen(value: Any) -> Any:
-    if isinstance(value, Tensor) and value.order and value.index_dtype != _I64:
-        return value.astype(index_dtype="int64")
-    return value
-
-
-def _convert(t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any:
-    """One input in the kernel's layout: float for scalars, ndarray for dense, Tensor else."""
-    where = f"input {t.name!r}"
-    if t.order == 0:
-        return _scalar(value, where)
-    if t.is_dense:
-        return _dense(t, value, dtype, where)
-    _reject_dtype(value, where)
-    np_dtype = VALUE_DTYPES[dtype]
-    if not (
-        isinstance(value, Tensor)
-        and (value.format is t.format or value.format == t.format)
-        and value.vals.dtype == np_dtype
-        and value.order == t.order
-    ):
-        try:
-            value = as_tensor(value, t.format, name=t.name, dtype=dtype)
-        except SparsecError:
-            raise
-        except Exception as err:  # a foreign object we could not read
-            raise InputError(
-                f"{where}: cannot convert {type(value).__name__} to a sparse tensor: {err}"
-            ) from None
-    if value.order != t.order:
-        raise ShapeError(
-            f"{where} has order {value.order}, but the expression uses it with order {t.order}"
-        )
-    if index_dtype == "int64":
-        value = _widen(value)
-    return value
-
-
-def _scalar(value: Any, where: str) -> float:
-    if isinstance(value, float):
-        return value
-    if _is_torch(value):
-        value = value.detach().cpu().numpy()
-    if isinstance(value, bool) or not isinstance(value, (int, np.number, np.ndarray)):
-        raise InputError(f"{where} is a scalar operand: pass a number, not {type(value).__name__}")
-    arr = np.asarray(value)
-    if arr.ndim != 0:
-        raise ShapeError(f"{where} is a scalar operand but has shape {arr.shape}")
-    if arr.dtype.kind not in "fiu" or arr.dtype == np.float16:
-        raise DTypeError(f"{where}: {arr.dtype} values are not supported; use float32 or float64")
-    return float(arr)
-
-
-_BAD_TORCH = ("torch.float16", "torch.bfloat16", "torch.complex64", "torch.complex128")
-
-
-def _reject_dtype(value: Any, where: str) -> None:
-    """Refuse value dtypes a kernel cannot compute in (rather than silently converting)."""
-    dt = value.vals.dtype if isinstance(value, Tensor) else getattr(value, "dtype", None)
-    if dt is None or dt is _F64 or dt is _F32:
-        return
-    text = str(dt)
-    if text in _BAD_TORCH or (
-        isinstance(dt, np.dtype) and (dt.kind not in "fiub" or dt == np.float16)
-    ):
-        shown = text[6:] if text.startswith("torch.") else text
-        raise DTypeError(f"{where}: {shown} values are not supported; use float32 or float64")
-
-
-def _dense(t: TensorVar, value: Any, dtype: str, where: str) -> np.ndarray:
-    """A dense operand as a C-ordered array *in level order* of the kernel's value dtype."""
-    if type(value) is not np.ndarray:
-        if isinstance(value, Tensor):
-            value = value.to_dense()
-        elif _is_torch(value):
-            if getattr(value, "is_cuda", False):
-                raise InputError(f"{where} is a CUDA tensor; the C target takes CPU tensors")
-            _reject_dtype(value, where)
-            value = value.detach()
-            value = (value if value.layout == _torch_strided() else value.to_dense()).cpu().numpy()
-        elif hasattr(value, "toarray") and hasattr(value, "tocoo"):
-            value = value.toarray()
-        else:
-            try:
-                value = np.asarray(value)
-            except Exception as err:
-                raise InputError(
-                    f"{where}: cannot read {type(value).__name__} as an array: {err}"
-                ) from None
-    _reject_dtype(value, where)
-    if value.ndim != t.order:
-        raise ShapeError(
-            f"{where} has {value.ndim} dimensions, but the expression uses it with order {t.order}"
-        )
-    ordering = t.format.ordering
-    if ordering != tuple(range(t.order)):
-        value = np.transpose(value, ordering)
-    return np.ascontiguousarray(value, dtype=VALUE_DTYPES[dtype])
-
-
-def _torch_strided() -> Any:
-    import torch
-
-    return torch.strided
 
 
 def kernel(

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 
-from .concrete import ZERO, CExpr, Sum, Zero, accesses, children, without
+from .concrete import ZERO, CExpr, Sum, Zero, children, without
 from .errors import LoweringError
 from .notation import Access, BinOp, Literal, Neg
 
@@ -178,7 +178,3 @@ def divides(expr: CExpr) -> bool:
             return True
         case _:
             return any(divides(c) for c in children(expr))
-
-
-def sparse_accesses(expr: CExpr) -> list[Access]:
-    return list(dict.fromkeys(accesses(expr)))
