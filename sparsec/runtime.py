@@ -92,13 +92,13 @@ def compile_cached(source: str) -> ctypes.CDLL:
         if lib is not None:
             return lib
         path = cache_dir() / f"{key}.so"
-        if not path.exists():
+        if not _verified(path):
             path = _build(source, tc, path)
         try:
             lib = ctypes.CDLL(str(path))
         except OSError as err:
-            # A truncated or foreign file: rebuild once, privately.
-            path = _build(source, tc, path, force=True)
+            # Replaced between the check and the load: rebuild once.
+            path = _build(source, tc, path)
             try:
                 lib = ctypes.CDLL(str(path))
             except OSError:
@@ -107,8 +107,19 @@ def compile_cached(source: str) -> ctypes.CDLL:
         return lib
 
 
-def _build(source: str, tc: Toolchain, dest: Path, force: bool = False) -> Path:
-    """Compile into ``dest`` atomically; fall back to a private temp dir if unwritable."""
+def _verified(path: Path) -> bool:
+    """Is ``path`` a whole cache entry? Its SHA-256 must match the sidecar written with it,
+    so a truncated, corrupt or foreign file is rebuilt rather than loaded."""
+    try:
+        expected = path.with_suffix(".sha256").read_text().strip()
+        return hashlib.sha256(path.read_bytes()).hexdigest() == expected
+    except OSError:
+        return False
+
+
+def _build(source: str, tc: Toolchain, dest: Path) -> Path:
+    """Compile into ``dest`` atomically (temp file + ``os.replace``), then write the hash
+    sidecar the same way; fall back to a private temp dir if the cache is unwritable."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         workdir = dest.parent
@@ -134,7 +145,12 @@ def _build(source: str, tc: Toolchain, dest: Path, force: bool = False) -> Path:
             f"C compiler failed (exit {result.returncode}) running {' '.join(cmd)}:\n"
             f"{result.stderr.strip()[-4000:]}"
         )
+    digest = hashlib.sha256(Path(tmp_so).read_bytes()).hexdigest()
     os.replace(tmp_so, dest)
+    fd, tmp_sum = tempfile.mkstemp(suffix=".sha256.tmp", dir=workdir)
+    with os.fdopen(fd, "w") as f:
+        f.write(digest + "\n")
+    os.replace(tmp_sum, dest.with_suffix(".sha256"))
     _unlink(src_path)
     return dest
 

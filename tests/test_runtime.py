@@ -25,6 +25,7 @@ def test_cache_is_content_addressed_and_reused(tmp_path, monkeypatch):
     runtime.compile_cached(SOURCE + "/* a */\n")
     assert files[0].stat().st_mtime_ns == stamp  # not rebuilt
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob("*.c"))
+    assert len(list(tmp_path.glob("*.sha256"))) == 1
 
 
 def test_flags_are_part_of_the_key(tmp_path, monkeypatch):
@@ -41,6 +42,20 @@ def test_truncated_cache_entry_is_rebuilt(tmp_path, monkeypatch):
     src = SOURCE + "/* c */\n"
     key = runtime.cache_key(src, runtime.toolchain())
     (tmp_path / f"{key}.so").write_bytes(b"\x7fELF garbage")
+    assert runtime.compile_cached(src).sparsec_kernel() == 7
+
+
+def test_foreign_but_loadable_cache_entry_is_detected(tmp_path, monkeypatch):
+    # another kernel's library under this key would load fine and compute the wrong thing
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    other = "int sparsec_kernel(void) { return 8; }\n"
+    runtime.compile_cached(other)
+    (other_so,) = tmp_path.glob("*.so")
+    src = SOURCE + "/* f */\n"
+    key = runtime.cache_key(src, runtime.toolchain())
+    (tmp_path / f"{key}.so").write_bytes(other_so.read_bytes())
+    (tmp_path / f"{key}.sha256").write_text("0" * 64 + "\n")
+    runtime._loaded.clear()
     assert runtime.compile_cached(src).sparsec_kernel() == 7
 
 
