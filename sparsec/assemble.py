@@ -24,12 +24,16 @@ zeros, as in TACO.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import ir
 from .errors import FormatError
 from .formats import Compressed, Dense, Format, Singleton
 from .notation import Access
 from .order import level_indices
+
+if TYPE_CHECKING:  # the lowerer owns an Assembler; only the type is needed here
+    from .lower import Lowerer
 
 #: kernel status when a workspace cannot be allocated
 OUT_OF_MEMORY = 2
@@ -92,7 +96,7 @@ class OutputLayout:
 class Assembler:
     """Generates the output-assembly statements for one kernel (count or compute mode)."""
 
-    def __init__(self, lowerer, counting: bool) -> None:  # noqa: ANN001 - avoids a cycle
+    def __init__(self, lowerer: Lowerer, counting: bool) -> None:
         self.low = lowerer
         self.counting = counting
         self.lhs: Access = lowerer.lhs
@@ -111,6 +115,13 @@ class Assembler:
         self.touched = namer.fresh("stored") if self.layout.block else ""
         #: rows are independent: per-row counters, ``pos`` prefix-summed by the runtime
         self.rowwise = self.layout.rowwise
+        # the workspace (set by `workspace_alloc` when the lowering needs one)
+        self.workspace_var = ""
+        self.w = self.seen = self.list = self.length = ""
+        #: per-thread workspaces: the whole allocation behind each row-local name
+        self.bases: dict[str, str] = {}
+        self.sizes_of: dict[str, ir.Expr] = {}
+        self.allocated: list[str] = []
 
     # --------------------------------------------------------------- helpers
     def _store(self, array: str, index: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
@@ -204,13 +215,14 @@ class Assembler:
         after: list[ir.Stmt] = []
         if k == layout.dense_prefix - 1 and ctx_pos is not None and self.rowwise:
             # one row: count its entries into pos[p + 1], or fill them from pos[p]
-            c = self.count[layout.last]
-            pos = self.pos[layout.last]
-            start = ir.IntLit(0) if self.counting else ir.Load(pos, ctx_pos)
-            before.append(ir.Decl(ir.I64, c, start))
+            row_count = self.count[layout.last]
+            row_pos = self.pos[layout.last]
+            row_start = ir.IntLit(0) if self.counting else ir.Load(row_pos, ctx_pos)
+            before.append(ir.Decl(ir.I64, row_count, row_start))
             before += self._row_workspace()
             if self.counting:
-                after.append(ir.Assign(ir.Load(pos, ir.Bin("+", ctx_pos, ir.IntLit(1))), ir.Var(c)))
+                end = ir.Load(row_pos, ir.Bin("+", ctx_pos, ir.IntLit(1)))
+                after.append(ir.Assign(end, ir.Var(row_count)))
         elif k == layout.dense_prefix - 1 and ctx_pos is not None:
             # the dense parent of the first sparse level: record where its children end
             child = min(self.count)
@@ -281,7 +293,7 @@ class Assembler:
             # one workspace per thread; each row takes its thread's slice (`_row_workspace`)
             copies = ir.Var(self.low.sig.threads)
             self.bases = {n: namer.fresh(f"{n}_all") for n in (self.w, self.seen, self.list)}
-            self.sizes_of: dict[str, ir.Expr] = {self.w: size, self.seen: words, self.list: size}
+            self.sizes_of = {self.w: size, self.seen: words, self.list: size}
         names = {n: self.bases[n] if self.rowwise else n for n in (self.w, self.seen, self.list)}
         stmts: list[ir.Stmt] = [ir.Comment(f"workspace: a dense row over {var} (Gustavson)")]
         if not self.counting:
@@ -307,7 +319,7 @@ class Assembler:
 
     def _row_workspace(self) -> list[ir.Stmt]:
         """In a row of a parallel loop: this thread's slice of each workspace array."""
-        if not getattr(self, "bases", None):
+        if not self.bases:
             return []
         tid = ir.Call("thread_id", ())
         stmts: list[ir.Stmt] = []
