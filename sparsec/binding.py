@@ -29,16 +29,22 @@ def default_threads() -> int:
     """``OMP_NUM_THREADS`` (first entry) if set, else every core; read once per process."""
     env = os.environ.get("OMP_NUM_THREADS", "")
     try:
-        return max(1, int(env.split(",")[0]))
+        wanted = int(env.split(",")[0])
     except ValueError:
-        return max(1, os.cpu_count() or 1)
+        wanted = os.cpu_count() or 1
+    return min(max(1, wanted), MAX_THREADS)
+
+
+#: upper bound on ``threads=``: OpenMP teams (and per-thread workspaces) far beyond the
+#: machine only cost memory, and the C side holds the count in an ``int``
+MAX_THREADS = 1024
 
 
 def resolve_threads(threads: int | None) -> int:
     if threads is None:
         return default_threads()
-    if not isinstance(threads, int) or threads < 1:
-        raise InputError(f"threads must be a positive integer, not {threads!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise InputError(f"threads must be an integer from 1 to {MAX_THREADS}, not {threads!r}")
     return threads
 
 

@@ -104,13 +104,32 @@ def from_torch(
             data = coerce_values(_torch_numpy(t.values(), requested, name), requested, name)
             try:
                 return from_arrays(t.shape, fmt, storage, data, name=name, index_dtype=index_dtype)
-            except StorageError:  # unsorted or duplicate indices: fall back to packing
-                pass
+            except StorageError:
+                # only unsorted or duplicate indices may fall back to torch's own coalescing;
+                # a broken pos/crd would make torch read outside its arrays
+                pos_arr, crd_arr = storage[1]  # type: ignore[misc]
+                if not _compressed_structure_ok(pos_arr, crd_arr, t.shape, fmt):
+                    raise
     else:
         fmt = parse_format("coo" if format is None else format, t.dim(), name)
     coo = t.to_sparse_coo().coalesce()
     data = coerce_values(_torch_numpy(coo.values(), requested, name), requested, name)
     return pack(coo.indices().numpy(), data, tuple(t.shape), fmt, index_dtype, name=name)
+
+
+def _compressed_structure_ok(pos: Any, crd: Any, shape: Any, fmt: Format) -> bool:
+    """pos and crd of a CSR/CSC could be read safely (order and duplicates aside)."""
+    pos, crd = np.asarray(pos), np.asarray(crd)
+    outer, inner = (shape[m] for m in fmt.ordering)
+    return bool(
+        pos.ndim == 1
+        and crd.ndim == 1
+        and len(pos) == outer + 1
+        and pos[0] == 0
+        and pos[-1] == len(crd)
+        and np.all(np.diff(pos) >= 0)
+        and (len(crd) == 0 or (crd.min() >= 0 and crd.max() < inner))
+    )
 
 
 # ---- anything

@@ -36,13 +36,22 @@ from .binding import (
     widen,
 )
 from .codegen import Generated, generate
-from .errors import DTypeError, InputError, ScheduleError, ShapeError, SparsecError
+from .errors import (
+    DTypeError,
+    InputError,
+    NotationError,
+    ScheduleError,
+    ShapeError,
+    SparsecError,
+)
 from .formats import Format
 from .parser import parse_expression
 from .spec import FormatsArg, Spec, make_spec
 from .tensor import LevelStorage, Tensor
 
 TARGETS = ("c",)
+#: keyword options of `Kernel.__call__` and `Kernel.check`, so not usable as tensor names
+RESERVED_INPUT_NAMES = frozenset({"threads"})
 DEFAULT_EXTENTS = (23, 19, 17, 13, 11, 7)
 _VALUE_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double}
 
@@ -99,6 +108,14 @@ class Kernel:
         self.expression = expr
         self.target = target
         self.assignment = parse_expression(expr)
+        for access in self.assignment.accesses():
+            if access.name in RESERVED_INPUT_NAMES:
+                raise NotationError(
+                    f"{access.name!r} is reserved: kernel calls take `{access.name}=` as an "
+                    "option, so a tensor cannot be passed under that name; rename it",
+                    source=expr,
+                    span=access.span,
+                )
         try:
             self.spec: Spec = make_spec(self.assignment, formats)
         except SparsecError as err:
@@ -176,7 +193,7 @@ class Kernel:
             return found
 
     # ------------------------------------------------------------------- call
-    def __call__(self, *, threads: int | None = None, **inputs: Any) -> Any:
+    def __call__(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
         fast = self._fast
         if fast is not None:
             result = fast(inputs, threads)
@@ -189,7 +206,7 @@ class Kernel:
             self._fast = _FastPath.build(self, compiled, prepared, inputs)
         return prepared.wrap(out)
 
-    def check(self, *, threads: int | None = None, **inputs: Any) -> CheckResult:
+    def check(self, /, *, threads: int | None = None, **inputs: Any) -> CheckResult:
         """Run the kernel and compare with ``torch.einsum`` on densified inputs."""
         try:
             import torch

@@ -317,8 +317,29 @@ def from_arrays(
     """
     from .tensor import Tensor  # local: sparsec.tensor imports this module
 
+    try:
+        return _from_arrays(Tensor, shape, format, levels, vals, name, index_dtype, dtype)
+    except (TypeError, ValueError) as err:  # ragged or non-array storage, never a traceback
+        raise StorageError(f"{_who(name)}malformed storage arrays: {err}") from None
+
+
+def _from_arrays(
+    Tensor: Any,  # noqa: N803 - the class, passed in to avoid an import cycle
+    shape: Sequence[int],
+    format: str | Format,
+    levels: Sequence[Any],
+    vals: Any,
+    name: str,
+    index_dtype: Any,
+    dtype: Any,
+) -> Tensor:
     shape = check_shape(shape, name)
     fmt = parse_format(format, len(shape), name)
+    if not isinstance(levels, (list, tuple)):
+        raise StorageError(
+            f"{_who(name)}levels must be a list with one entry per storage level, not "
+            f"{type(levels).__name__}"
+        )
     if len(levels) != fmt.order:
         raise StorageError(
             f"{_who(name)}format {fmt} has {fmt.order} levels but {len(levels)} level storages "

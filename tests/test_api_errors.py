@@ -169,3 +169,47 @@ def test_non_string_expression():
 def test_bad_thread_count(spmv):
     with pytest.raises(InputError, match="threads"):
         spmv(A=np.eye(2), x=np.ones(2), threads=0)
+
+
+# ---- regressions found by the bad-input corpus (each once crashed or leaked an exception)
+@pytest.mark.parametrize("threads", [100_000, 2**31, True, 0, -1, 2.0])
+def test_thread_counts_are_bounded(spmv, threads):
+    with pytest.raises(InputError, match="threads must be an integer from 1 to"):
+        spmv(A=np.eye(2), x=np.ones(2), threads=threads)
+
+
+def test_reserved_and_method_names():
+    with pytest.raises(NotationError, match="'threads' is reserved"):
+        sparsec.kernel("y(i) = x(i) * threads")
+    k = sparsec.kernel("y(i) = self(i)")  # `self` is a fine tensor name
+    np.testing.assert_array_equal(k(self=np.arange(3.0)), np.arange(3.0))
+    k.check(self=np.arange(3.0))
+
+
+@pytest.mark.parametrize("crow", [[0, 2, 1, 3], [0, 2, 3], [0, 2, 2, 2]])
+def test_broken_torch_csr_is_refused_before_torch_reads_it(crow):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.sparse_csr_tensor(
+            torch.tensor(crow),
+            torch.tensor([0, 3, 1]),
+            torch.ones(3, dtype=torch.float64),
+            (3, 4),
+            check_invariants=False,
+        )
+    with pytest.raises(StorageError):
+        sparsec.Tensor.from_torch(t, name="A")
+    with pytest.raises(StorageError):
+        sparsec.kernel(SPMV, {"A": "csr"})(A=t, x=torch.ones(4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "levels",
+    [5, [None, ([0, 2, 2, 3], [[0], [1, 2]])], "pos"],
+    ids=["not-a-list", "ragged-crd", "string"],
+)
+def test_malformed_raw_storage(levels):
+    with pytest.raises(StorageError):
+        sparsec.Tensor.from_arrays((3, 4), "csr", levels, [1.0, 2.0, 3.0])
