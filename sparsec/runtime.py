@@ -107,6 +107,12 @@ def compile_cached(source: str) -> ctypes.CDLL:
         return lib
 
 
+@cache
+def _fallback_dir() -> Path:
+    """One private build directory per process when the cache directory is unusable."""
+    return Path(tempfile.mkdtemp(prefix="sparsec-"))
+
+
 def _verified(path: Path) -> bool:
     """Is ``path`` a whole cache entry? Its SHA-256 must match the sidecar written with it,
     so a truncated, corrupt or foreign file is rebuilt rather than loaded."""
@@ -126,7 +132,7 @@ def _build(source: str, tc: Toolchain, dest: Path) -> Path:
         if not os.access(workdir, os.W_OK):
             raise PermissionError(str(workdir))
     except OSError:
-        workdir = Path(tempfile.mkdtemp(prefix="sparsec-"))
+        workdir = _fallback_dir()
         dest = workdir / dest.name
     fd, src_path = tempfile.mkstemp(suffix=".c", dir=workdir)
     with os.fdopen(fd, "w") as f:
