@@ -424,27 +424,7 @@ class Kernel:
             out = np.empty(math.prod(level_shape), dtype=np_dtype)
             if self._poison:
                 out.fill(np.nan)  # test mode: an element the kernel fails to write shows
-        nthreads = resolve_threads(threads)
-        values = prepared.values
-        args: list[Any] = []
-        for field, tensor, level, index in compiled.plan:
-            match field:
-                case "vals" if tensor == out_t.name:
-                    args.append(out.ctypes.data)
-                case "sizes":
-                    args.append(None)
-                case "vals" | "pos" | "crd":
-                    v = values[tensor]
-                    if isinstance(v, Tensor):
-                        args.append(v.addresses()[(field, level)])
-                    else:
-                        args.append(v.ctypes.data)
-                case "value":
-                    args.append(values[tensor])
-                case "dim":
-                    args.append(dims[index])
-                case "threads":
-                    args.append(nthreads)
+        args = _arguments(compiled, prepared, {("vals", -1): out}, resolve_threads(threads))
         status = compiled.fn(*args)
         if status != 0:
             raise SparsecError(f"kernel returned error status {status}")
