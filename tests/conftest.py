@@ -38,3 +38,23 @@ def sparse_array(
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261122)
+
+
+def torch_reference(
+    ref: str, dense: dict[str, np.ndarray], operands: list[str] | None = None
+) -> np.ndarray:
+    """The expected result: an einsum spec over ``operands`` (default: the non-scalar dense
+    inputs in order), or a Python expression over the named torch tensors."""
+    import torch
+
+    tensors = {n: torch.from_numpy(np.asarray(v, dtype=np.float64)) for n, v in dense.items()}
+    if "->" in ref:
+        names = operands or [n for n in dense if np.ndim(dense[n]) > 0]
+        return torch.einsum(ref, *(tensors[n] for n in names)).numpy()
+    return eval(ref, {}, tensors).numpy()  # noqa: S307 - fixed strings from the test tables
+
+
+def case_id(case: tuple) -> str:
+    """A readable test id: the expression without spaces and its formats."""
+    expr, fmts = case[0], case[1]
+    return f"{expr.replace(' ', '')}[{','.join(f'{n}:{f}' for n, f in fmts.items())}]"

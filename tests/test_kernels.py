@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import sparse_array
+from conftest import case_id, sparse_array, torch_reference
 
 import sparsec
 
@@ -124,14 +124,6 @@ CASES.append(
 )
 
 
-def _reference(ref: str, dense: dict[str, np.ndarray]) -> np.ndarray:
-    tensors = {n: torch.from_numpy(np.asarray(v, dtype=np.float64)) for n, v in dense.items()}
-    if "->" in ref:
-        operands = [tensors[n] for n in dense if np.ndim(dense[n]) > 0]
-        return torch.einsum(ref, *operands).numpy()
-    return eval(ref, {}, tensors).numpy()  # noqa: S307 - fixed strings from this file
-
-
 def _inputs(fmts, shapes, rng, dtype, index_dtype):
     dense, given = {}, {}
     for name, shape in shapes.items():
@@ -148,20 +140,15 @@ def _inputs(fmts, shapes, rng, dtype, index_dtype):
     return dense, given
 
 
-def _id(case) -> str:
-    expr, fmts, _, _ = case
-    return f"{expr.replace(' ', '')}[{','.join(f'{n}:{f}' for n, f in fmts.items())}]"
-
-
 @pytest.mark.parametrize("index_dtype", ["int32", "int64"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_matches_dense_torch(case, dtype, index_dtype, rng):
     expr, fmts, ref, shapes = case
     dense, given = _inputs(fmts, shapes, rng, dtype, index_dtype)
     k = sparsec.kernel(expr, fmts)
     got = k(**given)
-    want = _reference(ref, dense)
+    want = torch_reference(ref, dense)
     assert np.asarray(got).dtype == np.dtype(dtype)
     tol = 1e-5 if dtype == "float32" else 1e-12
     np.testing.assert_allclose(np.asarray(got, dtype=np.float64), want, rtol=tol, atol=tol)

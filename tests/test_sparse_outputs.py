@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import sparse_array
+from conftest import case_id, sparse_array, torch_reference
 
 import sparsec
 
@@ -143,24 +143,9 @@ CASES += [
 ]
 
 
-def _reference(ref: str, dense: dict[str, np.ndarray]) -> np.ndarray:
-    tensors = {n: torch.from_numpy(np.asarray(v, dtype=np.float64)) for n, v in dense.items()}
-    if "->" in ref:
-        operands = [tensors[n] for n in dense]
-        if ref == "ki,kj->ij":
-            operands = [tensors["A"], tensors["A"]]
-        return torch.einsum(ref, *operands).numpy()
-    return eval(ref, {}, tensors).numpy()  # noqa: S307 - fixed strings from this file
-
-
-def _id(case) -> str:
-    expr, fmts, _, _ = case
-    return f"{expr.replace(' ', '')}[{','.join(f'{n}:{f}' for n, f in fmts.items())}]"
-
-
 @pytest.mark.parametrize("index_dtype", ["int32", "int64"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_sparse_output_matches_torch(case, dtype, index_dtype, rng):
     expr, fmts, ref, shapes = case
     dense, given = {}, {}
@@ -178,7 +163,12 @@ def test_sparse_output_matches_torch(case, dtype, index_dtype, rng):
     assert out.format == k.formats[k.spec.output.name]
     assert out.index_dtype == np.dtype(index_dtype) and out.dtype == np.dtype(dtype)
     tol = 1e-5 if dtype == "float32" else 1e-12
-    np.testing.assert_allclose(np.asarray(out), _reference(ref, dense), rtol=tol, atol=tol)
+    np.testing.assert_allclose(
+        np.asarray(out),
+        torch_reference(ref, dense, ["A", "A"] if ref == "ki,kj->ij" else None),
+        rtol=tol,
+        atol=tol,
+    )
     k.check(**given)
 
 
