@@ -384,14 +384,18 @@ class Lowerer:
             )
         return ir.block(*stmts)
 
-    def _segment(self, it: Iterator, s: _IterState, coord: ir.Expr) -> list[ir.Stmt]:
-        """For a non-unique level: find the end of the run of equal coordinates."""
+    def _segment(
+        self, it: Iterator, s: _IterState, coord: ir.Expr, guarded: bool = True
+    ) -> list[ir.Stmt]:
+        """For a non-unique level: find the end of the run of equal coordinates (only when
+        the iterator is present at ``coord``, unless ``guarded`` is off)."""
         if self._unique(it):
             return []
         nxt = ir.Var(s.next)
+        guard = [ir.Var(s.here)] if guarded else []
         scan = ir.While(
             ir.conj(
-                ir.Var(s.here),
+                *guard,
                 ir.Bin("<", nxt, ir.Var(s.end)),
                 ir.Bin("==", self._crd(it, nxt), coord),
             ),
@@ -488,19 +492,11 @@ class Lowerer:
         # Non-unique level: walk runs of equal coordinates; children see [p, next).
         levels = {(it.access, it.level): Bound(pos, ir.Var(s.next))}
         inner = ctx.bind({var: ir.Var(name)}, levels)
-        nxt = ir.Var(s.next)
-        scan = ir.While(
-            ir.conj(
-                ir.Bin("<", nxt, ir.Var(s.end)), ir.Bin("==", self._crd(it, nxt), ir.Var(name))
-            ),
-            ir.block(ir.Assign(nxt, ir.Bin("+", nxt, ir.IntLit(1)))),
-        )
         body = ir.block(
             read,
-            ir.Decl(ir.I64, s.next, ir.Bin("+", pos, ir.IntLit(1))),
-            scan,
+            *self._segment(it, s, ir.Var(name), guarded=False),
             self._enter(var, rest, point.expr, inner, sink),
-            ir.Assign(pos, nxt),
+            ir.Assign(pos, ir.Var(s.next)),
         )
         return ir.block(
             ir.Decl(ir.I64, s.pos, s.lo),
