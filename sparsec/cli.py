@@ -82,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--index-dtype", default="int32", choices=["int32", "int64"])
     c.add_argument("--seed", type=int, default=0, help="random seed for --check inputs")
     c.add_argument("--serial", action="store_true", help="generate a serial kernel (no OpenMP)")
+    c.add_argument(
+        "-s",
+        "--schedule",
+        action="append",
+        default=[],
+        metavar="COMMAND",
+        help='a scheduling command (repeatable, applied in order), e.g. -s "split(i,i0,i1,32)" '
+        '-s "parallelize(i0,CPUThread,NoRaces)"',
+    )
     return parser
 
 
@@ -114,11 +123,13 @@ def _dims(text: str) -> dict[str, int]:
 def _compile(args: argparse.Namespace) -> int:
     from .kernel import kernel
 
+    if args.serial and args.schedule:
+        raise SparsecError("--serial and -s/--schedule exclude each other")
     k = kernel(
         args.expr,
         _formats(args.format),
         target=args.target,
-        schedule="serial" if args.serial else None,
+        schedule="serial" if args.serial else (args.schedule or None),
         dtype=args.dtype,
         index_dtype=args.index_dtype,
     )

@@ -105,6 +105,10 @@ class Parallel:
     schedule: str = "static"
     #: name of a variable holding the chunk size, or "" for the runtime's default
     chunk: str = ""
+    #: scalar variables combined with ``+`` across iterations (OpenMP ``reduction``)
+    reduction: tuple[str, ...] = ()
+    #: flag variables (0 or 1) combined with ``max`` across iterations
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +120,8 @@ class For:
     end: Expr
     body: Block
     parallel: Parallel | None = None
+    #: ask the compiler to unroll this many times (0: its own choice)
+    unroll: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import runtime
 from .abi import Param
-from .assemble import OutputLayout
+from .assemble import OUT_OF_MEMORY, OutputLayout
 from .binding import (
     INDEX_DTYPES,
     INT64,
@@ -45,7 +45,9 @@ from .errors import (
     SparsecError,
 )
 from .formats import Format
+from .lower import BOUND_VIOLATED
 from .parser import parse_expression
+from .schedule import Command, parse_commands
 from .spec import FormatsArg, Spec, make_spec
 from .tensor import LevelStorage, Tensor
 
@@ -120,9 +122,11 @@ class Kernel:
             self.spec: Spec = make_spec(self.assignment, formats)
         except SparsecError as err:
             raise err.with_source(expr) from None
-        self.parallel = _schedule_flag(schedule)
+        self.parallel, self.commands = _schedule(schedule)
         self.dtype = _dtype_name(dtype, VALUE_DTYPES, "value dtype")
         self.index_dtype = _dtype_name(index_dtype, INDEX_DTYPES, "index dtype")
+        if self.commands:
+            self.generated()  # a schedule is checked now, not at the first call
         self._compiled: dict[tuple[str, str], _Compiled] = {}
         self._lock = threading.Lock()
         #: SPARSEC_POISON=1 fills fresh outputs with NaN before each call (used by the tests)
@@ -160,7 +164,16 @@ class Kernel:
 
     def generated(self, dtype: str | None = None, index_dtype: str | None = None) -> Generated:
         key = (dtype or self.dtype or "float64", index_dtype or self.index_dtype or "int32")
-        return generate(self.spec, dtype=key[0], index_dtype=key[1], parallel=self.parallel)
+        try:
+            return generate(
+                self.spec,
+                dtype=key[0],
+                index_dtype=key[1],
+                parallel=self.parallel,
+                commands=self.commands,
+            )
+        except SparsecError as err:
+            raise err.with_source(self.expression) from None
 
     @property
     def source(self) -> str:
@@ -427,7 +440,7 @@ class Kernel:
         args = _arguments(compiled, prepared, {("vals", -1): out}, resolve_threads(threads))
         status = compiled.fn(*args)
         if status != 0:
-            raise SparsecError(f"kernel returned error status {status}")
+            raise _status_error(status, compiled.generated)
         if out_t.order == 0:
             return np_dtype(out[0])
         if self._out_identity:
@@ -469,6 +482,7 @@ class _FastPath:
         spec = kernel.spec
         self.names = kernel._names
         self.fn = compiled.fn
+        self.gen = compiled.generated
         self.dtype = np.dtype(VALUE_DTYPES[prepared.dtype])
         self.index_dtype = np.dtype(INDEX_DTYPES[prepared.index_dtype])
         self.out_shape = kernel._out_level_indices
@@ -548,7 +562,7 @@ class _FastPath:
         args[self.out_slot] = out.ctypes.data
         status = self.fn(*args)
         if status != 0:
-            raise SparsecError(f"kernel returned error status {status}")
+            raise _status_error(status, self.gen)
         return out[0] if self.scalar_out else out.reshape(level_shape)
 
 
@@ -603,17 +617,30 @@ class _Prepared:
         return np.ascontiguousarray(out) if np.ndim(out) else out
 
 
-def _schedule_flag(schedule: Any) -> bool:
+def _schedule(schedule: Any) -> tuple[bool, tuple[Command, ...]]:
+    """(threads allowed, the user's commands) from the ``schedule=`` argument."""
     match schedule:
         case None | "default":
-            return True
+            return True, ()
         case "serial":
-            return False
+            return False, ()
+        case str() | list() | tuple():
+            commands = parse_commands(schedule)
+            return True, commands
         case _:
             raise ScheduleError(
-                f"schedule {schedule!r} is not supported yet; use None (default: parallel "
-                f"outermost output loop) or 'serial'"
+                f"schedule must be None, 'default', 'serial', a string of commands or a list "
+                f"of them, not {type(schedule).__name__}"
             )
+
+
+def _status_error(status: int, gen: Generated) -> SparsecError:
+    """The error for a non-zero kernel status."""
+    if status == OUT_OF_MEMORY:
+        return SparsecError("the kernel could not allocate its workspace (out of memory)")
+    if status == BOUND_VIOLATED:
+        return ShapeError("the inputs break a bound of the schedule: " + "; ".join(gen.bounds))
+    return SparsecError(f"kernel returned error status {status}")
 
 
 def _ctype(p: Param, dtype: str) -> Any:

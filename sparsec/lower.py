@@ -18,17 +18,33 @@ output), or into a scalar accumulator when only reduction loops remain. Nested s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from . import ir
 from .abi import Namer, Signature
-from .assemble import Assembler
+from .assemble import OUT_OF_MEMORY, Assembler
 from .concrete import ZERO, CExpr, Sum, Zero, accesses
-from .errors import LoweringError
+from .errors import LoweringError, ScheduleError
+from .formats import dense
 from .lattice import Iterator, Lattice, LatticePoint, build, divides
 from .notation import Access, BinOp, Literal, Neg
-from .order import level_indices, loop_order, output_edges
+from .order import Edge, edges, level_indices, loop_order, output_edges
+from .schedule import (
+    GPU_UNITS,
+    Command,
+    Plan,
+    Precompute,
+    Space,
+    check_order,
+    factors,
+    make_plan,
+)
 from .spec import Spec
+
+#: kernel status when the inputs break a `bound` of the schedule
+BOUND_VIOLATED = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,18 +63,26 @@ class Ctx:
     levels: dict[tuple[Access, int], Bound] = field(default_factory=dict)
     #: variables bound by plain dense loops, which visit every coordinate exactly once
     covered: frozenset[str] = frozenset()
+    #: values of the schedule's derived loop variables (split pieces, pos, fuse)
+    loopvars: dict[str, ir.Expr] = field(default_factory=dict)
+    #: ranges of the schedule's spaces entered so far
+    spaces: dict[str, SpaceState] = field(default_factory=dict)
 
     def bind(
         self,
         coords: dict[str, ir.Expr] | None = None,
         levels: dict[tuple[Access, int], Bound] | None = None,
         covered: str | None = None,
+        loopvars: dict[str, ir.Expr] | None = None,
+        spaces: dict[str, SpaceState] | None = None,
     ) -> Ctx:
         return replace(
             self,
             coords={**self.coords, **(coords or {})},
             levels={**self.levels, **(levels or {})},
             covered=self.covered | {covered} if covered else self.covered,
+            loopvars={**self.loopvars, **(loopvars or {})},
+            spaces={**self.spaces, **(spaces or {})},
         )
 
     def depth(self, access: Access) -> int:
@@ -67,6 +91,16 @@ class Ctx:
         while (access, k) in self.levels:
             k += 1
         return k
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceState:
+    """A schedule space once entered: its range, and per fused level its position range."""
+
+    lo: ir.Expr
+    extent: ir.Expr
+    #: (lo, hi) of the positions of each level of a fused position space
+    levels: tuple[tuple[ir.Expr, ir.Expr], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +120,15 @@ class WorkspaceSink:
     """Scatter into a dense workspace over the output's last level (Gustavson)."""
 
 
-Sink = OutputSink | AccSink | WorkspaceSink
+@dataclass(frozen=True, slots=True)
+class DenseWsSink:
+    """Add into a precompute workspace ``array[coordinate of var]``."""
+
+    array: str
+    var: str
+
+
+Sink = OutputSink | AccSink | WorkspaceSink | DenseWsSink
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +139,10 @@ class LoweredKernel:
     parallel_loops: tuple[str, ...] = ()
     #: every output element is written exactly once (no zeroing; ``=`` stores)
     exclusive: bool = False
+    #: how each parallel loop runs, in words (header comment and `Kernel.schedule`)
+    notes: tuple[str, ...] = ()
+    #: what each `bound` promises (the kernel returns BOUND_VIOLATED when one fails)
+    bounds: tuple[str, ...] = ()
 
 
 class Lowerer:
@@ -111,13 +157,35 @@ class Lowerer:
         parallel: bool = True,
         exclusive: bool = False,
         counting: bool = False,
+        commands: tuple[Command, ...] = (),
     ) -> None:
         self.spec = spec
         self.sig = sig
         self.namer = namer
         self.formats = spec.formats
         self.lhs = spec.statement.lhs
-        self.parallel = parallel
+        #: the user's schedule (empty: the default) and, once applied, its plan
+        self.commands = commands
+        self.plan: Plan | None = None
+        #: threads may be used at all (``schedule="serial"`` turns them off)
+        self.threads_ok = parallel
+        #: the default heuristic picks the parallel loop (off when the user parallelizes)
+        self.parallel = parallel and not any(c.name == "parallelize" for c in commands)
+        # state while lowering the body of a user-parallel loop
+        self.in_threads = False
+        self.in_vector = False
+        self.atomic_writes = False
+        self.out_redirect: str | None = None
+        self.in_where = False
+        self.where: _Where | None = None
+        #: local arrays read like tensors (precompute workspaces): tensor name → C name
+        self.local_vals: dict[str, str] = {}
+        self.notes: list[str] = []
+        self.entry_checks: list[ir.Stmt] = []
+        self.bound_messages: list[str] = []
+        #: allocations at the start of the kernel and their release at the end
+        self.top: list[ir.Stmt] = []
+        self.bottom: list[ir.Stmt] = []
         self.var_names = {i: namer.fresh(i) for i in spec.indices}
         #: dense-exact lowering (see `lattice.build`) when the expression may make inf/NaN
         self.exact = divides(spec.statement.rhs)
@@ -140,17 +208,24 @@ class Lowerer:
         stmt = self.spec.statement
         everything = [self.lhs, *accesses(stmt.rhs)]
         extra = output_edges(self.lhs, self.spec.output.format, stmt.top_sums)
-        try:
-            order = loop_order(stmt.loop_indices, everything, self.formats, extra=extra)
-        except LoweringError:
-            if self.assembler is None or not self.assembler.can_scatter():
-                raise
-            # the last output level cannot come before the reductions: scatter it into a
-            # dense workspace and append the row afterwards (Gustavson's SpGEMM)
+        order: tuple[str, ...] | None = None
+        if not self._forced_workspace():
+            try:
+                order = loop_order(stmt.loop_indices, everything, self.formats, extra=extra)
+            except LoweringError:
+                if self.assembler is None or not self.assembler.can_scatter():
+                    raise
+        if order is None:
+            # the last output level cannot come before the reductions (or the schedule asks
+            # for a workspace): scatter it into a dense workspace and append the row
+            # afterwards (Gustavson's SpGEMM)
+            assert self.assembler is not None
             ws = self.assembler.vars[self.assembler.layout.last]
             extra = tuple(e for e in extra if ws not in (e.before, e.after))
             order = loop_order(stmt.loop_indices, everything, self.formats, extra=extra)
             self.workspace = ws
+        if self.commands:
+            order = self._apply_schedule(order, everything, extra)
         if self.assembler is not None:
             alloc = self.assembler.workspace_alloc(self.workspace)
             ctx = self._locate(Ctx(), [self.lhs])
@@ -168,6 +243,8 @@ class Lowerer:
                     *self.assembler.epilogue(),
                 ),
                 order,
+                tuple(self.parallel_loops),
+                notes=tuple(self.notes),
             )
         self.zero_in_loop = (
             not stmt.accumulate
@@ -181,7 +258,107 @@ class Lowerer:
         init = None if zeroed else self._zero_output()
         exclusive = bool(self.write_sites) and all(self.write_sites) and not stmt.accumulate
         return LoweredKernel(
-            ir.block(init, ctx[0], body), order, tuple(self.parallel_loops), exclusive
+            ir.block(*self.entry_checks, init, *self.top, ctx[0], body, *self.bottom),
+            order,
+            tuple(self.parallel_loops),
+            exclusive,
+            tuple(self.notes),
+            tuple(self.bound_messages),
+        )
+
+    # -------------------------------------------------------------- schedule
+    def _forced_workspace(self) -> bool:
+        """A sparse output whose schedule asks for a workspace (precompute, Insert)."""
+        if self.assembler is None:
+            return False
+        for c in self.commands:
+            if c.name == "precompute" or (c.name == "assemble" and c.args[1:] == ("Insert",)):
+                if not self.assembler.can_scatter():
+                    raise ScheduleError(
+                        f"{c}: the output {self.lhs.name} ({self.spec.output.format}) cannot be "
+                        "filled through a workspace: that needs a unique compressed last level "
+                        "with no level below it (e.g. csr)"
+                    )
+                return True
+        return False
+
+    def _apply_schedule(
+        self, order: tuple[str, ...], everything: list[Access], extra: tuple[Edge, ...]
+    ) -> tuple[str, ...]:
+        stmt = self.spec.statement
+        nested = tuple(i for i in self.spec.indices if i not in stmt.loop_indices)
+        levels: dict[str, list[tuple[str, ...]]] = {}
+        for a in dict.fromkeys(accesses(stmt.rhs)):
+            levels.setdefault(a.name, []).append(level_indices(a, self.formats[a.name]))
+        plan = make_plan(
+            self.commands,
+            order,
+            indices=self.spec.indices,
+            nested=nested,
+            tensors={t.name: t.order for t in self.spec.tensors},
+            output=self.lhs.name,
+            tensor_levels=levels,
+        )
+        hard, _ = edges(everything, self.formats, set(stmt.loop_indices), set())
+        hard += [e for e in extra if e.before in stmt.loop_indices and e.after in stmt.loop_indices]
+        check_order(plan, hard, {t.name: str(t.format) for t in self.spec.tensors})
+        self.plan = plan
+        for v in plan.order:
+            if v not in self.var_names:
+                self.var_names[v] = self.namer.fresh(v)
+        for space in plan.spaces.values():
+            if space.bound is not None:
+                self._bound_check(space)
+        if self.assembler is not None:
+            self._check_sparse_schedule(plan)
+        elif plan.precompute:
+            self.where = self._plan_where(plan.precompute[0], tuple(plan.order))
+        for command in self.commands:
+            if command.name == "assemble":
+                if self.assembler is None:
+                    raise ScheduleError(
+                        f"{command}: the output {self.lhs.name} is dense; assemble applies to "
+                        "sparse outputs"
+                    )
+                if command.args[1] == "Append" and self.workspace is not None:
+                    raise ScheduleError(
+                        f"{command}: {self.lhs.name}'s last level ({self.workspace}) is reduced "
+                        f"over after its loop, so its entries cannot be appended in order; "
+                        f"use assemble({self.lhs.name},Insert) (a workspace)"
+                    )
+        return tuple(plan.order)
+
+    def _check_sparse_schedule(self, plan: Plan) -> None:
+        """Sparse outputs are appended in order: only order-keeping commands apply."""
+        for space in plan.spaces.values():
+            if set(space.vars) & set(self.lhs.indices):
+                raise ScheduleError(
+                    f"{space.origin}: the output {self.lhs.name} is sparse "
+                    f"({self.spec.output.format}) and is appended in loop order; split, "
+                    "divide, pos, fuse and bound apply to its reduction loops only (for "
+                    "example k in A(i,j) = B(i,j) * C(i,k) * D(k,j))"
+                )
+        for pre in plan.precompute:
+            want = sorted(map(str, factors(self.spec.statement.rhs)))
+            got = sorted(map(str, factors(pre.expr)))
+            if got != want or pre.var != self.workspace:
+                raise ScheduleError(
+                    f"{pre.origin}: for the sparse output {self.lhs.name}, precompute takes the "
+                    f"whole right-hand side over its last level: precompute("
+                    f"{self.spec.statement.rhs},{self.workspace},{pre.workspace})"
+                )
+
+    def _bound_check(self, space: Space) -> None:
+        """`bound` promises an extent: the kernel returns a status when it does not hold."""
+        assert space.bound is not None
+        size, kind = space.bound
+        (var,) = space.vars
+        dim = ir.Var(self.sig.dim(var))
+        bad = ir.Bin("!=" if kind == "MaxExact" else ">", dim, ir.IntLit(size))
+        self.entry_checks.append(ir.Return(BOUND_VIOLATED, bad))
+        self.bound_messages.append(
+            f"{space.origin}: the extent of {var} must be "
+            f"{'exactly' if kind == 'MaxExact' else 'at most'} {size}"
         )
 
     def _write(self, ctx: Ctx, value: ir.Expr | None) -> ir.Block:
@@ -190,8 +367,14 @@ class Lowerer:
             return ir.block(*self.assembler.store(self._output_slot(ctx), value))
         assert value is not None
         lhs = set(self.lhs.indices)
-        self.write_sites.append(lhs <= ctx.covered and set(ctx.coords) <= lhs)
-        return ir.block(ir.Assign(self._output_slot(ctx), value, self.out_op))
+        # a schedule space entered around the write repeats it unless it is a plain range
+        # over output indices (a split of i: every i once)
+        spaces = self.plan.spaces if self.plan is not None else {}
+        in_spaces = all(set(spaces[n].vars) <= lhs & ctx.covered for n in ctx.spaces)
+        self.write_sites.append(lhs <= ctx.covered and set(ctx.coords) <= lhs and in_spaces)
+        return ir.block(
+            ir.Assign(self._output_slot(ctx), value, self.out_op, atomic=self.atomic_writes)
+        )
 
     def _zero_output(self) -> ir.Stmt:
         out = self.spec.output
@@ -201,7 +384,7 @@ class Lowerer:
         vals = self.sig.array(out.name, "vals")
         p = self.namer.fresh("p")
         store = ir.Assign(ir.Load(vals, ir.Var(p)), ir.FloatLit(0.0))
-        par = ir.Parallel("CPUThread", "static") if self.parallel and self.lhs.order else None
+        par = ir.Parallel("CPUThread", "static") if self.threads_ok and self.lhs.order else None
         return ir.block(
             ir.Comment(f"zero the output {out.name}"),
             ir.For(p, ir.IntLit(0), size, ir.block(store), par),
@@ -229,6 +412,627 @@ class Lowerer:
         decl = ir.Decl(ir.I64, chunk, ir.Call("max", (ir.IntLit(1), size)))
         return decl, ir.Parallel("CPUThread", "dynamic", chunk)
 
+    # ------------------------------------------------------------ precompute
+    def _binds(self, order: tuple[str, ...]) -> set[str]:
+        """Original index variables bound by the loops ``order``."""
+        if self.plan is None:
+            return set(order)
+        return {v for loop in order for v in self.plan.binds(loop)}
+
+    def _plan_where(self, pre: Precompute, order: tuple[str, ...]) -> _Where:
+        """Where a dense precompute goes: before the first loop that only the workspace
+        expression uses (or the workspace's own variable); the loops inside it split into
+        the producer's and the consumer's."""
+        plan = self.plan
+        assert plan is not None
+        rhs = self.spec.statement.rhs
+        have = factors(rhs)
+        if not have:
+            raise ScheduleError(
+                f"{pre.origin}: the right-hand side {rhs} is not a product; precompute takes "
+                "some of its factors"
+            )
+        produce: list[Access | Literal] = []
+        for f in factors(pre.expr):
+            match = next((g for g in have if g == f), None)
+            if match is None:
+                raise ScheduleError(
+                    f"{pre.origin}: {f} is not a factor of the right-hand side {rhs}"
+                )
+            have.remove(match)
+            produce.append(match)
+        evars = {i for f in produce if isinstance(f, Access) for i in f.indices}
+        rvars = {i for f in have if isinstance(f, Access) for i in f.indices}
+        rvars |= set(self.lhs.indices)
+        if pre.var not in evars:
+            raise ScheduleError(f"{pre.origin}: {pre.var} is not an index of {pre.expr}")
+        own = (evars - rvars) | {pre.var}
+        at = next(n for n, loop in enumerate(order) if set(plan.binds(loop)) & own)
+        producer: list[str] = []
+        consumer: list[str] = []
+        for loop in order[at:]:
+            if plan.space_of(loop) is not None:
+                raise ScheduleError(
+                    f"{pre.origin}: the loop {loop} ({_origin_of(plan, loop)}) runs inside the "
+                    "workspace; the loops inside a precompute cannot be split, pos-iterated "
+                    "or fused"
+                )
+            if loop == pre.var:
+                producer.append(loop)
+                consumer.append(loop)
+            elif loop in evars - rvars:
+                producer.append(loop)
+            elif loop in evars:
+                raise ScheduleError(
+                    f"{pre.origin}: {loop} indexes both {pre.expr} and the rest of the "
+                    f"expression but runs inside the workspace over {pre.var}; reorder so "
+                    f"that {loop} encloses the loops of {', '.join(sorted(own))}"
+                )
+            else:
+                consumer.append(loop)
+        name = f"{pre.workspace}_ws"
+        while name in self.formats:
+            name += "_"
+        self.formats[name] = dense(1)
+        base = self.namer.fresh(f"{pre.workspace}_all")
+        dim = ir.Var(self.sig.dim(pre.var))
+        self.top += [
+            ir.Comment(f"{pre.origin}: a dense workspace over {pre.var} per thread"),
+            ir.Alloc(ir.VAL, base, ir.mul(ir.Var(self.sig.threads), dim)),
+            ir.Return(OUT_OF_MEMORY, ir.Unary("!", ir.Var(base))),
+        ]
+        self.bottom.append(ir.Free(base))
+        return _Where(
+            order[at],
+            pre.var,
+            tuple(producer),
+            tuple(consumer),
+            tuple(produce),
+            Access(name, (pre.var,)),
+            base,
+            pre.origin,
+        )
+
+    def _emit_where(self, order: tuple[str, ...], expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
+        where = self.where
+        assert where is not None
+        have = factors(expr)
+        rest = list(have)
+        for f in where.produce:
+            if f not in rest:
+                raise LoweringError(f"internal: {f} missing from {expr} at the precompute")
+            rest.remove(f)
+        dim = ir.Var(self.sig.dim(where.var))
+        ws = self.namer.fresh(where.workspace.name)
+        q = self.namer.fresh("q")
+        stmts: list[ir.Stmt] = [
+            ir.Comment(f"{where.origin}"),
+            ir.Pointer(ir.VAL, ws, where.base, ir.mul(ir.Call("thread_id", ()), dim)),
+            ir.For(
+                q, ir.IntLit(0), dim, ir.block(ir.Assign(ir.Load(ws, ir.Var(q)), ir.FloatLit(0.0)))
+            ),
+        ]
+        self.local_vals[where.workspace.name] = ws
+        self.in_where = True
+        try:
+            stmts.append(
+                self.loops(
+                    where.producer_order, _product(where.produce), ctx, DenseWsSink(ws, where.var)
+                )
+            )
+            stmts.append(
+                self.loops(where.consumer_order, _product([where.workspace, *rest]), ctx, sink)
+            )
+        finally:
+            self.in_where = False
+        return ir.block(*stmts)
+
+    # ------------------------------------------------- user parallel loops
+    def _loop_setup(
+        self,
+        loop: str,
+        distinct: frozenset[str],
+        ctx: Ctx,
+        sink: Sink,
+        kind: str,
+        trip: ir.Expr,
+        outermost: bool,
+    ) -> _LoopSetup:
+        """How the loop over ``loop`` runs: the user's `parallelize` (race analysis and
+        strategy) or the default, and `unroll`.
+
+        ``distinct``: original variables in which any two iterations are sure to differ;
+        ``kind``: "for", or a description of why the loop is a while loop.
+        """
+        setup = _LoopSetup()
+        plan = self.plan
+        if plan is not None and loop in plan.unroll:
+            if kind != "for":
+                raise ScheduleError(
+                    f"unroll({loop},{plan.unroll[loop]}): the loop over {loop} is a while "
+                    f"loop ({kind}); unroll applies to for loops"
+                )
+            setup.unroll = plan.unroll[loop]
+        req = plan.parallel.get(loop) if plan is not None else None
+        if req is not None and setup.unroll:
+            raise ScheduleError(
+                f"unroll({loop},{setup.unroll}): the loop over {loop} is also parallelized "
+                f"({req.origin}); unroll a loop inside it"
+            )
+        if req is None:
+            # a loop the user unrolls stays serial (an OpenMP pragma must be the last before
+            # its loop, as must GCC's unroll)
+            if (
+                kind == "for"
+                and not setup.unroll
+                and self._default_parallel(loop, distinct, outermost)
+            ):
+                decl, par = self._parallel_for(loop, trip)
+                setup.pre.append(decl)
+                setup.parallel = par
+                setup.flags["in_threads"] = True
+            return setup
+        cmd = req.origin
+        if not self.threads_ok:
+            return setup
+        if req.unit in GPU_UNITS:
+            raise ScheduleError(
+                f"{cmd}: {req.unit} is a CUDA unit; the C target runs CPUThread and CPUVector loops"
+            )
+        if kind != "for":
+            raise ScheduleError(
+                f"{cmd}: the loop over {loop} is a while loop ({kind}); its iterations depend "
+                "on each other. Parallelize an enclosing loop, or iterate one operand's "
+                f"positions with pos({loop},...)"
+            )
+        if self.in_vector or (self.in_threads and req.unit == "CPUThread"):
+            raise ScheduleError(
+                f"{cmd}: it is nested inside another parallel loop; only one CPUThread loop, "
+                "with CPUVector loops inside it, is supported"
+            )
+        if self.in_where or isinstance(sink, (WorkspaceSink, DenseWsSink)):
+            raise ScheduleError(
+                f"{cmd}: the loop runs inside a workspace (precompute) that all its iterations "
+                "share; parallelize a loop outside the workspace"
+            )
+        out = self.lhs.name
+        lhs = set(self.lhs.indices)
+        if self.assembler is not None and not isinstance(sink, AccSink):
+            if not (
+                req.unit == "CPUThread" and self.assembler.rowwise and outermost and loop in lhs
+            ):
+                raise ScheduleError(
+                    f"{cmd}: the sparse output {out} ({self.spec.output.format}) is appended "
+                    "in one sequence; only its outermost row loop can run on CPU threads, and "
+                    "only when a dense level holds the rows (e.g. csr)"
+                )
+            decl, par = self._parallel_for(loop, trip)
+            setup.pre.append(decl)
+            setup.parallel = par
+            setup.flags["in_threads"] = True
+            self.notes.append(f"{loop}: CPUThread, rows of {out} assembled independently")
+            return setup
+        target_acc = isinstance(sink, AccSink)
+        race = target_acc or not (distinct and distinct <= lhs)
+        unit_flag = "in_threads" if req.unit == "CPUThread" else "in_vector"
+        setup.flags[unit_flag] = True
+        if not race:
+            if req.unit == "CPUThread":
+                decl, par = self._parallel_for(loop, trip)
+                setup.pre.append(decl)
+                setup.parallel = par
+            else:
+                setup.parallel = ir.Parallel("CPUVector")
+            self.notes.append(
+                f"{loop}: {req.unit}, race-free (each iteration writes its own {out} elements)"
+            )
+            return setup
+        if target_acc:
+            assert isinstance(sink, AccSink)
+            why = (
+                f"every index of {out} is bound outside {loop}, so all its iterations add "
+                f"into one element"
+            )
+        else:
+            why = (
+                f"{out} is indexed by {', '.join(self.lhs.indices) or 'nothing'}, and two "
+                f"iterations of {loop} can share those coordinates"
+            )
+        strategies = "Atomics or Temporary" if req.unit == "CPUThread" else "ParallelReduction"
+        if target_acc:
+            strategies += " or ParallelReduction" if req.unit == "CPUThread" else ""
+        match req.races:
+            case "NoRaces" | "IgnoreRaces":
+                raise ScheduleError(
+                    f"{cmd}: iterations of {loop} write the same element of {out} ({why}); "
+                    f"with {req.races} that would give a wrong sum. Use {strategies}"
+                )
+            case "Atomics" if req.unit == "CPUThread" and self.assembler is None:
+                assert isinstance(sink, (AccSink, OutputSink))
+                setup.flags["atomic_writes"] = True
+                decl, par = self._parallel_for(loop, trip)
+                setup.pre.append(decl)
+                setup.parallel = par
+                target = sink.name if isinstance(sink, AccSink) else f"{out}"
+                self.notes.append(f"{loop}: CPUThread, atomic updates of {target}")
+            case "Temporary" | "ParallelReduction" if target_acc:
+                assert isinstance(sink, AccSink)
+                sums = (sink.name,) if sink.name else ()
+                flags = (sink.flag,) if sink.flag else ()
+                if req.unit == "CPUThread":
+                    decl, par = self._parallel_for(loop, trip)
+                    setup.pre.append(decl)
+                    setup.parallel = replace(par, reduction=sums, flags=flags)
+                else:
+                    setup.parallel = ir.Parallel("CPUVector", reduction=sums, flags=flags)
+                self.notes.append(f"{loop}: {req.unit}, reduction(+) into a private accumulator")
+            case "Temporary" if req.unit == "CPUThread":
+                self._private_copies(loop, trip, setup)
+                self.notes.append(
+                    f"{loop}: CPUThread, each thread adds into its own copy of {out}, summed after"
+                )
+            case _:
+                raise ScheduleError(
+                    f"{cmd}: {req.races} does not apply here ({why}); use {strategies}"
+                )
+        return setup
+
+    def _default_parallel(self, loop: str, distinct: frozenset[str], outermost: bool) -> bool:
+        """The default: the outermost loop, when its iterations write disjoint outputs."""
+        if not (self.parallel and outermost):
+            return False
+        if self.assembler is not None and not self.assembler.rowwise:
+            return False  # appending into one sequence of positions is serial
+        if self.plan is not None and self.plan.space_of(loop) is not None:
+            return bool(distinct) and distinct <= set(self.lhs.indices)
+        return loop in self.lhs.indices
+
+    def _private_copies(self, loop: str, trip: ir.Expr, setup: _LoopSetup) -> None:
+        """`Temporary`: each thread adds into a zeroed copy of the output, summed after."""
+        out = self.spec.output
+        size: ir.Expr = ir.IntLit(1)
+        for var in level_indices(self.lhs, out.format):
+            size = ir.mul(size, ir.Var(self.sig.dim(var)))
+        threads = ir.Var(self.sig.threads)
+        base = self.namer.fresh(f"{out.name}_copies")
+        mine = self.namer.fresh(f"{out.name}_mine")
+        decl, par = self._parallel_for(loop, trip)
+        setup.pre += [
+            ir.Alloc(ir.VAL, base, ir.mul(threads, size)),
+            ir.Return(OUT_OF_MEMORY, ir.Unary("!", ir.Var(base))),
+            decl,
+        ]
+        setup.parallel = par
+        setup.body_pre.append(
+            ir.Pointer(ir.VAL, mine, base, ir.mul(ir.Call("thread_id", ()), size))
+        )
+        setup.flags["out_redirect"] = mine
+        q, t = self.namer.fresh("q"), self.namer.fresh("t")
+        vals = self.sig.array(out.name, "vals")
+        add = ir.Assign(
+            ir.Load(vals, ir.Var(q)),
+            ir.Load(base, ir.add(ir.mul(ir.Var(t), size), ir.Var(q))),
+            "+=",
+        )
+        setup.post += [
+            ir.Comment(f"sum the threads' copies of {out.name}"),
+            ir.For(
+                q,
+                ir.IntLit(0),
+                size,
+                ir.block(ir.For(t, ir.IntLit(0), threads, ir.block(add))),
+                ir.Parallel("CPUThread", "static"),
+            ),
+            ir.Free(base),
+        ]
+
+    def _inside(self, setup: _LoopSetup, build: Callable[[], ir.Block]) -> ir.Block:
+        """Lower a loop body with the setup's state flags in force."""
+        saved = {k: getattr(self, k) for k in setup.flags}
+        for k, v in setup.flags.items():
+            setattr(self, k, v)
+        try:
+            return ir.block(*setup.body_pre, build())
+        finally:
+            for k, v in saved.items():
+                setattr(self, k, v)
+
+    # ------------------------------------------------------- schedule spaces
+    def _space_loop(
+        self,
+        loop: str,
+        rest: tuple[str, ...],
+        expr: CExpr,
+        ctx: Ctx,
+        sink: Sink,
+        outermost: bool,
+    ) -> ir.Block:
+        """One loop of a schedule space: a split piece, or the space's own loop."""
+        plan = self.plan
+        assert plan is not None
+        sname = plan.space_of(loop)
+        assert sname is not None
+        space = plan.spaces[sname]
+        pre: list[ir.Stmt] = []
+        if sname not in ctx.spaces:
+            stmts, state = self._enter_space(space, ctx)
+            pre += stmts
+            ctx = ctx.bind(spaces={sname: state})
+        extent = self._extent(loop, ctx)
+        name = self.var_names[loop]
+        completes = plan.leaves(sname)[-1] == loop
+        setup = self._loop_setup(loop, self._distinct(space), ctx, sink, "for", extent, outermost)
+        inner = ctx.bind(loopvars={loop: ir.Var(name)})
+
+        def body() -> ir.Block:
+            if not completes:
+                return self.loops(rest, expr, inner, sink)
+            x = self._offset(sname, inner)
+            return self._bind_space(space, x, inner, rest, expr, sink, setup.parallel is None)
+
+        if completes and space.kind == "fusedpos" and setup.parallel is None:
+            first = self._offset(sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
+            pre += self._cursors_init(space, ctx.spaces[sname], first)
+        loop_body = self._inside(setup, body)
+        for_loop = ir.For(name, ir.IntLit(0), extent, loop_body, setup.parallel, setup.unroll)
+        return ir.block(*pre, *setup.pre, for_loop, *setup.post)
+
+    def _distinct(self, space: Space) -> frozenset[str]:
+        """Variables in which two iterations of a space's loops always differ."""
+        if space.kind in ("pos", "fusedpos"):
+            access = self._pos_access(space)
+            fmt = self.formats[access.name]
+            first = level_indices(access, fmt).index(space.vars[0])
+            unique = all(fmt.levels[first + n].unique for n in range(len(space.vars)))
+            return frozenset(space.vars) if unique else frozenset()
+        return frozenset(space.vars)
+
+    def _pos_access(self, space: Space) -> Access:
+        found = [
+            a for a in dict.fromkeys(accesses(self.spec.statement.rhs)) if a.name == space.tensor
+        ]
+        assert len(found) == 1, found
+        return found[0]
+
+    def _extent(self, node: str, ctx: Ctx) -> ir.Expr:
+        """The trip count of ``node``'s loop (a space or a split piece)."""
+        plan = self.plan
+        assert plan is not None
+        if node in plan.spaces:
+            return ctx.spaces[node].extent
+        piece = plan.pieces[node]
+        whole = self._extent(piece.parent, ctx)
+        f = ir.IntLit(piece.factor)
+        chunk = ir.Bin("/", ir.Bin("+", whole, ir.IntLit(piece.factor - 1)), f)
+        if piece.outer:
+            return f if piece.divide else chunk
+        step = chunk if piece.divide else f
+        before = ir.mul(self._offset(piece.sibling, ctx), step)
+        return ir.Call("min", (step, ir.Bin("-", whole, before)))
+
+    def _offset(self, node: str, ctx: Ctx) -> ir.Expr:
+        """``node``'s offset in its space from the bound loop variables."""
+        plan = self.plan
+        assert plan is not None
+        kids = plan.children.get(node)
+        if kids is None:
+            return ctx.loopvars[node]
+        outer, inner = kids
+        piece = plan.pieces[outer]
+        if piece.divide:
+            whole = self._extent(node, ctx)
+            step: ir.Expr = ir.Bin(
+                "/", ir.Bin("+", whole, ir.IntLit(piece.factor - 1)), ir.IntLit(piece.factor)
+            )
+        else:
+            step = ir.IntLit(piece.factor)
+        return ir.add(ir.mul(self._offset(outer, ctx), step), self._offset(inner, ctx))
+
+    def _enter_space(self, space: Space, ctx: Ctx) -> tuple[list[ir.Stmt], SpaceState]:
+        """Declare the range of ``space`` where its first loop starts."""
+        stmts: list[ir.Stmt] = []
+        if space.kind == "dense":
+            (var,) = space.vars
+            if space.bound is not None and space.bound[1] == "MaxExact":
+                return [], SpaceState(ir.IntLit(0), ir.IntLit(space.bound[0]))
+            return [], SpaceState(ir.IntLit(0), ir.Var(self.sig.dim(var)))
+        if space.kind == "fused":
+            size: ir.Expr = ir.IntLit(1)
+            for var in space.vars:
+                size = ir.mul(size, ir.Var(self.sig.dim(var)))
+            return [], SpaceState(ir.IntLit(0), size)
+        access = self._pos_access(space)
+        fmt = self.formats[access.name]
+        levels = level_indices(access, fmt)
+        first = levels.index(space.vars[0])
+        if ctx.depth(access) != first:
+            above = ", ".join(levels[:first])
+            raise ScheduleError(
+                f"{space.origin}: {access}'s levels above {space.vars[0]} ({above}) must be "
+                f"bound before the loops of {space.name} start; reorder so that they enclose it"
+            )
+        ranges: list[tuple[ir.Expr, ir.Expr]] = []
+        for n, var in enumerate(space.vars):
+            k = first + n
+            level = fmt.levels[k]
+            if n == 0:
+                parent = ctx.levels.get((access, k - 1)) if k > 0 else None
+                if not level.position_iteration:  # a dense level: p = parent * N + coord
+                    dim = ir.Var(self.sig.dim(var))
+                    lo = ir.mul(parent.pos, dim) if parent else ir.IntLit(0)
+                    hi = ir.add(lo, dim)
+                elif level.inherits_parent_range:
+                    assert parent is not None
+                    lo, hi = parent.pos, parent.next
+                else:
+                    ppos = parent.pos if parent else ir.IntLit(0)
+                    arr = self.sig.array(access.name, "pos", k)
+                    lo, hi = ir.Load(arr, ppos), ir.Load(arr, ir.add(ppos, ir.IntLit(1)))
+            else:
+                plo, phi = ranges[-1]
+                if level.inherits_parent_range:
+                    lo, hi = plo, phi
+                elif level.position_iteration:
+                    arr = self.sig.array(access.name, "pos", k)
+                    lo, hi = ir.Load(arr, plo), ir.Load(arr, phi)
+                else:
+                    dim = ir.Var(self.sig.dim(var))
+                    lo, hi = ir.mul(plo, dim), ir.mul(phi, dim)
+            lo_name = self.namer.fresh(f"p{access.name}{k + 1}_lo")
+            hi_name = self.namer.fresh(f"p{access.name}{k + 1}_hi")
+            stmts += [ir.Decl(ir.I64, lo_name, lo), ir.Decl(ir.I64, hi_name, hi)]
+            ranges.append((ir.Var(lo_name), ir.Var(hi_name)))
+        lo, hi = ranges[-1]
+        return stmts, SpaceState(lo, ir.Bin("-", hi, lo), tuple(ranges))
+
+    def _cursors_init(self, space: Space, state: SpaceState, first: ir.Expr) -> list[ir.Stmt]:
+        """Before a serial loop over fused positions: each compressed parent level's
+        position at the loop's first child position (advanced in the loop)."""
+        access = self._pos_access(space)
+        self.cursors = {}
+        stmts: list[ir.Stmt] = []
+        target: ir.Expr = ir.add(state.lo, first)
+        for n, k, arr in reversed(self._parent_searches(space, access)):
+            lo, hi = state.levels[n]
+            cur = self.namer.fresh(f"p{access.name}{k}_at")
+            stmts.append(ir.Decl(ir.I64, cur, ir.Call("search", (ir.Var(arr), lo, hi, target))))
+            self.cursors[k] = cur
+            target = ir.Var(cur)
+        return stmts
+
+    def _parent_searches(self, space: Space, access: Access) -> list[tuple[int, int, str]]:
+        """(index in space, 1-based level number, child pos array) for each fused level whose
+        child level is compressed: its position is found by searching the child's pos."""
+        fmt = self.formats[access.name]
+        first = level_indices(access, fmt).index(space.vars[0])
+        found = []
+        for n in range(len(space.vars) - 1):
+            k = first + n
+            child = fmt.levels[k + 1]
+            if child.position_iteration and not child.inherits_parent_range:
+                found.append((n, k + 1, self.sig.array(access.name, "pos", k + 1)))
+        return found
+
+    def _bind_space(
+        self,
+        space: Space,
+        x: ir.Expr,
+        ctx: Ctx,
+        rest: tuple[str, ...],
+        expr: CExpr,
+        sink: Sink,
+        serial: bool,
+    ) -> ir.Block:
+        """The space's offset ``x`` is known: bind its original variables and go on."""
+        stmts: list[ir.Stmt] = []
+        if space.kind in ("dense", "fused"):
+            remaining = x
+            values: list[tuple[str, ir.Expr]] = []
+            for var in reversed(space.vars[1:]):
+                dim = ir.Var(self.sig.dim(var))
+                values.append((var, ir.Bin("%", remaining, dim)))
+                remaining = ir.Bin("/", remaining, dim)
+            values.append((space.vars[0], remaining))
+            for var, value in reversed(values):
+                expr = self._scheduled_expr(space, var, expr, ctx)
+                name = self.var_names[var]
+                stmts.append(ir.Decl(ir.I64, name, value))
+                ctx = ctx.bind({var: ir.Var(name)}, covered=var)
+                located, ctx = self._locate(ctx, [self.lhs, *accesses(expr)])
+                stmts.append(located)
+        else:
+            access = self._pos_access(space)
+            fmt = self.formats[access.name]
+            first = level_indices(access, fmt).index(space.vars[0])
+            state = ctx.spaces[space.name]
+            positions: dict[int, ir.Expr] = {}
+            last = first + len(space.vars) - 1
+            p_last = self.namer.fresh(f"p{access.name}{last + 1}")
+            stmts.append(ir.Decl(ir.I64, p_last, ir.add(state.lo, x)))
+            positions[last] = ir.Var(p_last)
+            searched = {k: (n, arr) for n, k, arr in self._parent_searches(space, access)}
+            for k in range(last - 1, first - 1, -1):
+                child = fmt.levels[k + 1]
+                below = positions[k + 1]
+                if child.inherits_parent_range:
+                    positions[k] = below
+                elif not child.position_iteration:  # dense child: p_child = p * N + coord
+                    positions[k] = ir.Bin(
+                        "/", below, ir.Var(self.sig.dim(space.vars[k + 1 - first]))
+                    )
+                else:
+                    n, arr = searched[k + 1]
+                    lo, hi = state.levels[n]
+                    if serial:
+                        cur = self.cursors[k + 1]
+                        stmts.append(
+                            ir.While(
+                                ir.Bin(
+                                    "<=", ir.Load(arr, ir.add(ir.Var(cur), ir.IntLit(1))), below
+                                ),
+                                ir.block(ir.Assign(ir.Var(cur), ir.add(ir.Var(cur), ir.IntLit(1)))),
+                            )
+                        )
+                        positions[k] = ir.Var(cur)
+                    else:
+                        found = self.namer.fresh(f"p{access.name}{k + 1}")
+                        stmts.append(
+                            ir.Decl(ir.I64, found, ir.Call("search", (ir.Var(arr), lo, hi, below)))
+                        )
+                        positions[k] = ir.Var(found)
+            for n, var in enumerate(space.vars):
+                k = first + n
+                expr = self._scheduled_expr(space, var, expr, ctx)
+                level = fmt.levels[k]
+                name = self.var_names[var]
+                if level.position_iteration:
+                    coord: ir.Expr = self._crd(Iterator(access, k), positions[k])
+                elif k == 0:
+                    coord = positions[k]
+                else:
+                    coord = ir.Bin("%", positions[k], ir.Var(self.sig.dim(var)))
+                stmts.append(ir.Decl(ir.I64, name, coord))
+                pos = positions[k]
+                ctx = ctx.bind(
+                    {var: ir.Var(name)},
+                    {(access, k): Bound(pos, ir.Bin("+", pos, ir.IntLit(1)))},
+                )
+                located, ctx = self._locate(ctx, [self.lhs, *accesses(expr)])
+                stmts.append(located)
+        return ir.block(*stmts, self.loops(rest, expr, ctx, sink))
+
+    def _scheduled_expr(self, space: Space, var: str, expr: CExpr, ctx: Ctx) -> CExpr:
+        """The expression once ``var`` is bound by a schedule space: its lattice must be
+        a plain range (dense spaces) or iterate only the pos tensor (position spaces)."""
+        lattice = build(expr, lambda a: self._iterator(a, var, ctx), self.exact)
+        if not lattice.points:
+            return ZERO
+        its = sorted(lattice.iterators, key=str)
+        if space.kind in ("dense", "fused"):
+            if its:
+                a = its[0].access
+                raise ScheduleError(
+                    f"{space.origin}: {var} is iterated through {a}'s "
+                    f"{self.formats[a.name].levels[its[0].level].spelling!r} level, so its "
+                    f"loop is not a plain range; iterate its positions with "
+                    f"pos({var},{var}pos,{a.name}) and transform that"
+                )
+            return lattice.points[0].expr
+        others = [it for it in its if it.access.name != space.tensor]
+        if others:
+            raise ScheduleError(
+                f"{space.origin}: at {var}, {others[0].access} is also sparse; pos visits "
+                f"{space.tensor}'s stored positions alone, so the other operands must be dense "
+                f"at {var}"
+            )
+        if its and any(its[0] not in p.iterators for p in lattice.points):
+            raise ScheduleError(
+                f"{space.origin}: the expression needs {var} where {space.tensor} has no "
+                f"entry (a sum with a term without {space.tensor}); pos visits only "
+                f"{space.tensor}'s entries"
+            )
+        return lattice.points[0].expr
+
     # ------------------------------------------------------------ loop nests
     def loops(
         self,
@@ -245,7 +1049,7 @@ class Lowerer:
         if (
             order
             and isinstance(sink, OutputSink)
-            and not set(order) & set(self.lhs.indices)
+            and not self._binds(order) & set(self.lhs.indices)
             and ctx.depth(self.lhs) == self.lhs.order
         ):
             acc = self.namer.fresh("acc")
@@ -267,6 +1071,10 @@ class Lowerer:
         if not order:
             return self.compute(expr, ctx, sink)
         var, rest = order[0], order[1:]
+        if self.where is not None and var == self.where.at and not self.in_where:
+            return self._emit_where(order, expr, ctx, sink)
+        if self.plan is not None and self.plan.space_of(var) is not None:
+            return self._space_loop(var, rest, expr, ctx, sink, outermost)
         lattice = build(expr, lambda a: self._iterator(a, var, ctx), self.exact)
         if not lattice.points:
             self._nothing_written(sink)
@@ -306,6 +1114,17 @@ class Lowerer:
         if len(iterators) == 1 and len(lattice.points) == 1:
             return self._position_loop(var, rest, lattice.points[0], ctx, sink, outermost)
 
+        names = ", ".join(sorted({str(it.access) for it in iterators}))
+        self._loop_setup(
+            var, frozenset({var}), ctx, sink, f"it co-iterates {names}", ir.IntLit(0), False
+        )
+        gallop = self.plan is not None and self.plan.mergeby.get(var) == "Gallop"
+        if gallop and (lattice.full or len(lattice.points) != 1):
+            raise ScheduleError(
+                f"mergeby({var},Gallop): the loop over {var} merges {names} as a union "
+                "(some terms need only one of them); galloping skips ahead in an "
+                "intersection only"
+            )
         state = {it: self._iterator_state(it, ctx) for it in iterators}
         init = [ir.Decl(ir.I64, s.pos, s.lo) for s in state.values()]
         init += [ir.Decl(ir.I64, s.end, s.hi) for s in state.values()]
@@ -326,8 +1145,15 @@ class Lowerer:
             for it in its[1:]:
                 coord = ir.Call("min", (coord, ir.Var(state[it].coord)))
             reads.append(ir.Decl(ir.I64, name, coord))
+            target = None
+            if gallop:
+                top_coord: ir.Expr = ir.Var(state[its[0]].coord)
+                for it in its[1:]:
+                    top_coord = ir.Call("max", (top_coord, ir.Var(state[it].coord)))
+                target = self.namer.fresh(f"{name}_max")
+                reads.append(ir.Decl(ir.I64, target, top_coord))
             body = self._dense_case_body(
-                var, rest, lattice, lattice.sub_points(top), state, ctx, sink, its, reads
+                var, rest, lattice, lattice.sub_points(top), state, ctx, sink, its, reads, target
             )
             loops.append(ir.While(cond, body))
         return ir.block(*init, *loops)
@@ -343,6 +1169,7 @@ class Lowerer:
         sink: Sink,
         live: list[Iterator] | None = None,
         reads: list[ir.Stmt] | None = None,
+        gallop_to: str | None = None,
     ) -> ir.Block:
         """One step of co-iteration: which iterators sit at ``var``, the cases, advancing.
 
@@ -377,6 +1204,18 @@ class Lowerer:
             stmts.append(ir.If(tuple(branches), orelse))
         elif orelse is not None:
             stmts.extend(orelse.body)
+        if gallop_to is not None:
+            # an intersection: all present → step on; else every iterator gallops to the
+            # largest current coordinate (a present one is already there)
+            everyone = ir.conj(*(ir.Var(state[it].here) for it in its))
+            for it in its:
+                s = state[it]
+                crd = self.sig.array(it.access.name, "crd", it.level)
+                jump = ir.Call(
+                    "gallop", (ir.Var(crd), ir.Var(s.pos), ir.Var(s.end), ir.Var(gallop_to))
+                )
+                stmts.append(ir.Assign(ir.Var(s.pos), ir.Select(everyone, s.advance, jump)))
+            return ir.block(*stmts)
         for it in its:
             s = state[it]
             stmts.append(
@@ -457,14 +1296,14 @@ class Lowerer:
         outermost: bool,
     ) -> ir.Block:
         name = self.var_names[var]
+        trip = ir.Var(self.sig.dim(var))
+        setup = self._loop_setup(var, frozenset({var}), ctx, sink, "for", trip, outermost)
         inner = ctx.bind({var: ir.Var(name)}, covered=var)
-        body = self._enter(var, rest, point.expr, inner, sink)
+        body = self._inside(setup, lambda: self._enter(var, rest, point.expr, inner, sink))
         if outermost and self.zero_in_loop:
             body = ir.block(self._zero_slice(ir.Var(name)), body)
-        trip = ir.Var(self.sig.dim(var))
-        par = self._parallel_for(var, trip) if self._can_parallelize(var, outermost) else None
-        loop = ir.For(name, ir.IntLit(0), trip, body, par[1] if par else None)
-        return ir.block(par[0] if par else None, loop)
+        loop = ir.For(name, ir.IntLit(0), trip, body, setup.parallel, setup.unroll)
+        return ir.block(*setup.pre, loop, *setup.post)
 
     def _position_loop(
         self,
@@ -483,13 +1322,24 @@ class Lowerer:
         if self._unique(it):
             levels = {(it.access, it.level): Bound(pos, ir.Bin("+", pos, ir.IntLit(1)))}
             inner = ctx.bind({var: ir.Var(name)}, levels)
-            body = ir.block(read, self._enter(var, rest, point.expr, inner, sink))
             end = ir.Decl(ir.I64, s.end, s.hi)
             trip = ir.Bin("-", ir.Var(s.end), s.lo)
-            par = self._parallel_for(var, trip) if self._can_parallelize(var, outermost) else None
-            loop = ir.For(s.pos, s.lo, ir.Var(s.end), body, par[1] if par else None)
-            return ir.block(end, par[0] if par else None, loop)
+            setup = self._loop_setup(var, frozenset({var}), ctx, sink, "for", trip, outermost)
+            body = self._inside(
+                setup, lambda: ir.block(read, self._enter(var, rest, point.expr, inner, sink))
+            )
+            loop = ir.For(s.pos, s.lo, ir.Var(s.end), body, setup.parallel, setup.unroll)
+            return ir.block(end, *setup.pre, loop, *setup.post)
         # Non-unique level: walk runs of equal coordinates; children see [p, next).
+        self._loop_setup(
+            var,
+            frozenset({var}),
+            ctx,
+            sink,
+            f"it walks runs of equal coordinates of {it.access}'s non-unique level",
+            ir.IntLit(0),
+            False,
+        )
         levels = {(it.access, it.level): Bound(pos, ir.Var(s.next))}
         inner = ctx.bind({var: ir.Var(name)}, levels)
         body = ir.block(
@@ -503,12 +1353,6 @@ class Lowerer:
             ir.Decl(ir.I64, s.end, s.hi),
             ir.While(ir.Bin("<", pos, ir.Var(s.end)), body),
         )
-
-    def _can_parallelize(self, var: str, outermost: bool) -> bool:
-        """Outermost loop over an output index: every iteration writes its own slice."""
-        if self.assembler is not None and not self.assembler.rowwise:
-            return False  # appending into one sequence of positions is serial
-        return self.parallel and outermost and var in self.lhs.indices
 
     # ------------------------------------------------------------- iterators
     def _iterator_state(self, it: Iterator, ctx: Ctx) -> _IterState:
@@ -571,7 +1415,7 @@ class Lowerer:
 
     # --------------------------------------------------------------- compute
     def _output_slot(self, ctx: Ctx) -> ir.Load:
-        vals = self.sig.array(self.lhs.name, "vals")
+        vals = self.out_redirect or self.sig.array(self.lhs.name, "vals")
         if self.lhs.order == 0:
             return ir.Load(vals, ir.IntLit(0))
         return ir.Load(vals, ctx.levels[(self.lhs, self.lhs.order - 1)].pos)
@@ -589,9 +1433,12 @@ class Lowerer:
                 stmts.append(self._write(ctx, value))
             case AccSink(name=name, flag=flag):
                 if value is not None:
-                    stmts.append(ir.Assign(ir.Var(name), value, "+="))
+                    stmts.append(ir.Assign(ir.Var(name), value, "+=", atomic=self.atomic_writes))
                 if flag:
                     stmts.append(ir.Assign(ir.Var(flag), ir.IntLit(1)))
+            case DenseWsSink(array=array, var=var):
+                assert value is not None
+                stmts.append(ir.Assign(ir.Load(array, ctx.coords[var]), value, "+="))
             case WorkspaceSink():
                 assert self.assembler is not None and self.workspace is not None
                 coord = ir.Var(self.var_names[self.workspace])
@@ -607,7 +1454,8 @@ class Lowerer:
                 last = ctx.levels.get((expr, expr.order - 1))
                 if last is None:
                     raise LoweringError(f"internal: {expr} read before all its levels are bound")
-                return ir.Load(self.sig.array(expr.name, "vals"), last.pos)
+                vals = self.local_vals.get(expr.name) or self.sig.array(expr.name, "vals")
+                return ir.Load(vals, last.pos)
             case Literal(value=v):
                 return ir.FloatLit(v)
             case Zero():
@@ -627,6 +1475,47 @@ class Lowerer:
                 raise AssertionError(expr)
 
 
+def _product(parts: list[Access | Literal] | tuple[Access | Literal, ...]) -> CExpr:
+    expr: CExpr = parts[0]
+    for p in parts[1:]:
+        expr = BinOp("*", expr, p, (0, 0))  # type: ignore[arg-type]
+    return expr
+
+
+def _origin_of(plan: Plan, loop: str) -> str:
+    if loop in plan.pieces:
+        return f"from {plan.pieces[loop].origin}"
+    return f"from {plan.spaces[loop].origin}"
+
+
+@dataclass
+class _LoopSetup:
+    """How one loop runs (see `Lowerer._loop_setup`)."""
+
+    parallel: ir.Parallel | None = None
+    unroll: int = 0
+    #: statements before the loop, at the start of its body, and after it
+    pre: list[ir.Stmt] = field(default_factory=list)
+    body_pre: list[ir.Stmt] = field(default_factory=list)
+    post: list[ir.Stmt] = field(default_factory=list)
+    #: lowerer attributes set while its body is lowered
+    flags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """A dense precompute: ``ws(var) = producer`` then ``consumer`` reads ``ws``."""
+
+    at: str
+    var: str
+    producer_order: tuple[str, ...]
+    consumer_order: tuple[str, ...]
+    produce: tuple[Access | Literal, ...]
+    workspace: Access
+    base: str
+    origin: str
+
+
 @dataclass(frozen=True, slots=True)
 class _IterState:
     """Names of one iterator's variables in one co-iteration loop."""
@@ -642,20 +1531,27 @@ class _IterState:
 
 
 def lower(
-    spec: Spec, make_names, *, parallel: bool = True, counting: bool = False
+    spec: Spec,
+    make_names: Callable[[], tuple[Signature, Namer]],
+    *,
+    parallel: bool = True,
+    counting: bool = False,
+    commands: tuple[Command, ...] = (),
 ) -> tuple[LoweredKernel, Signature]:
     """Lower ``spec``; a second pass drops the output zeroing when every element is
     written exactly once (plain dense loops over all output indices), storing with ``=``.
 
     ``make_names()`` returns a fresh ``(Signature, Namer)``, so both passes name alike.
-    ``counting`` lowers the assemble kernel of a sparse output (sizes only).
+    ``counting`` lowers the assemble kernel of a sparse output (sizes only); ``commands``
+    is the user's schedule (empty: the default schedule).
     """
     sig, namer = make_names()
+    options: dict[str, Any] = {"parallel": parallel, "commands": commands}
     if not spec.output.format.is_dense:
-        lowered = Lowerer(spec, sig, namer, parallel=parallel, counting=counting).kernel()
+        lowered = Lowerer(spec, sig, namer, counting=counting, **options).kernel()
         return lowered, sig
-    first = Lowerer(spec, sig, namer, parallel=parallel).kernel()
+    first = Lowerer(spec, sig, namer, **options).kernel()
     if not first.exclusive:
         return first, sig
     sig, namer = make_names()
-    return Lowerer(spec, sig, namer, parallel=parallel, exclusive=True).kernel(), sig
+    return Lowerer(spec, sig, namer, exclusive=True, **options).kernel(), sig

@@ -157,8 +157,10 @@ def test_scalar_operand_must_be_a_number():
 def test_unknown_target_and_schedule():
     with pytest.raises(SparsecError, match="unknown target"):
         sparsec.kernel(SPMV, target="fpga")
-    with pytest.raises(sparsec.ScheduleError, match="not supported yet"):
-        sparsec.kernel(SPMV, schedule="split(i,i0,i1,8)")
+    with pytest.raises(sparsec.ScheduleError, match="unknown schedule command 'explode'"):
+        sparsec.kernel(SPMV, schedule="explode(i)")
+    with pytest.raises(sparsec.ScheduleError, match="schedule must be"):
+        sparsec.kernel(SPMV, schedule=42)
 
 
 def test_non_string_expression():

@@ -9,6 +9,7 @@ import jinja2
 
 from ..abi import Namer, Signature, signature
 from ..lower import lower
+from ..schedule import Command
 from ..resources import data_dir
 from ..spec import Spec
 from .printer import C, Printer
@@ -28,6 +29,8 @@ class Generated:
     schedule: str
     dtype: str
     index_dtype: str
+    #: what each `bound` of the schedule promises (kernel status BOUND_VIOLATED)
+    bounds: tuple[str, ...] = ()
 
 
 @cache
@@ -65,9 +68,26 @@ def header(
 
 
 def describe_schedule(
-    spec: Spec, parallel: bool, loops: tuple[str, ...], order: tuple[str, ...]
+    spec: Spec,
+    parallel: bool,
+    loops: tuple[str, ...],
+    order: tuple[str, ...],
+    commands: tuple[Command, ...] = (),
+    notes: tuple[str, ...] = (),
 ) -> str:
-    """What the default schedule did, in words (header comment and `Kernel.schedule`)."""
+    """The schedule that ran, in words (header comment and `Kernel.schedule`)."""
+    if commands:
+        user = ", ".join(str(c) for c in commands)
+        if not parallel:
+            return f"user: {user}; serial (requested)"
+        if notes:
+            return f"user: {user}; parallel: {'; '.join(notes)}"
+        if loops:
+            return (
+                f"user: {user}; default parallel loop {', '.join(loops)} (OpenMP dynamic, "
+                "~8 chunks per thread)"
+            )
+        return f"user: {user}; serial (no loop parallelized)"
     if not parallel:
         return "serial (requested)"
     if not spec.output.format.is_dense and not loops:
@@ -94,7 +114,12 @@ class _Function:
 
 
 def generate(
-    spec: Spec, *, dtype: str = "float64", index_dtype: str = "int32", parallel: bool = True
+    spec: Spec,
+    *,
+    dtype: str = "float64",
+    index_dtype: str = "int32",
+    parallel: bool = True,
+    commands: tuple[Command, ...] = (),
 ) -> Generated:
     """C source for ``spec``: ``sparsec_kernel`` and, for a sparse output, also
     ``sparsec_assemble``, which only counts the output's positions into ``sc_sizes``."""
@@ -103,11 +128,11 @@ def generate(
         namer = Namer()
         return signature(spec, namer), namer
 
-    lowered, sig = lower(spec, make_names, parallel=parallel)
+    lowered, sig = lower(spec, make_names, parallel=parallel, commands=commands)
     printer = Printer(C, threads=sig.threads)
     functions = []
     if not spec.output.format.is_dense:
-        counted, _ = lower(spec, make_names, parallel=parallel, counting=True)
+        counted, _ = lower(spec, make_names, parallel=parallel, counting=True, commands=commands)
         functions.append(
             _Function(
                 ASSEMBLE_NAME,
@@ -119,7 +144,9 @@ def generate(
     else:
         comment = ""
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(lowered.body))))
-    schedule = describe_schedule(spec, parallel, lowered.parallel_loops, lowered.loop_order)
+    schedule = describe_schedule(
+        spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
+    )
     val_t, idx_t = C_VALUE_TYPES[dtype], C_INDEX_TYPES[index_dtype]
     source = (
         environment()
@@ -134,4 +161,4 @@ def generate(
             params=[C.param(p) for p in sig.params],
         )
     )
-    return Generated(source, sig, lowered.loop_order, schedule, dtype, index_dtype)
+    return Generated(source, sig, lowered.loop_order, schedule, dtype, index_dtype, lowered.bounds)

@@ -48,6 +48,8 @@ class Target:
             "bit_set": "sc_bit_set",
             "bit_clear": "sc_bit_clear",
             "thread_id": "sc_thread_id",
+            "search": "sc_search",
+            "gallop": "sc_gallop",
         }
     )
     indent: str = "  "
@@ -60,15 +62,18 @@ class Target:
         return f"{const}{ty}* {self.restrict} {p.name}"
 
     def parallel_pragma(self, par: ir.Parallel, threads: str) -> list[str]:
+        reduce = f" reduction(+:{', '.join(par.reduction)})" if par.reduction else ""
+        if par.flags:
+            reduce += f" reduction(max:{', '.join(par.flags)})"
         match par.unit:
             case "CPUThread":
                 sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
                 return [
                     f"#pragma omp parallel for schedule({sched}) num_threads({threads}) "
-                    f"if({threads} > 1)"
+                    f"if({threads} > 1){reduce}"
                 ]
             case "CPUVector":
-                return ["#pragma omp simd"]
+                return [f"#pragma omp simd{reduce}"]
             case _:
                 raise ValueError(f"target {self.name} cannot run {par.unit} loops")
 
@@ -109,12 +114,14 @@ class Printer:
                 if atomic:
                     return [pad + line for line in self.t.atomic(lhs, op, rhs)]
                 return [f"{pad}{lhs} {op} {rhs};"]
-            case ir.For(var=var, start=start, end=end, body=body, parallel=par):
+            case ir.For(var=var, start=start, end=end, body=body, parallel=par, unroll=unroll):
                 head = (
                     [pad + line for line in self.t.parallel_pragma(par, self.threads)]
                     if par
                     else []
                 )
+                if unroll:
+                    head.append(f"{pad}#pragma GCC unroll {unroll}")
                 i64 = self.t.types[ir.I64]
                 head.append(
                     f"{pad}for ({i64} {var} = {self.expr(start)}; {var} < {self.expr(end)}; {var}++) {{"

@@ -1,0 +1,505 @@
+"""The scheduling language: scheduled kernels equal the unscheduled kernel and dense torch,
+and every illegal schedule is a `ScheduleError` that says which command and why."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from conftest import sparse_array, torch_reference
+
+import sparsec
+from sparsec import ScheduleError
+from sparsec.notation import accesses
+from sparsec.schedule import parse_commands
+
+SPMV = "y(i) = A(i,j) * x(j)"
+SPMM = "C(i,k) = A(i,j) * B(j,k)"
+SDDMM = "A(i,j) = B(i,j) * C(i,k) * D(k,j)"
+MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
+SPGEMM = "C(i,j) = A(i,k) * B(k,j)"
+
+# (expression, formats, schedule, einsum of the reference, shapes of the inputs)
+ACCEPTANCE = [
+    (
+        SPMV,
+        {"A": "csr"},
+        "split(i,i0,i1,16), parallelize(i0,CPUThread,NoRaces)",
+        "ij,j->i",
+        {"A": (70, 45), "x": (45,)},
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "fuse(i,j,f), pos(f,fp,A), split(fp,c,fp2,16), parallelize(c,CPUThread,Atomics)",
+        "ij,j->i",
+        {"A": (70, 45), "x": (45,)},
+    ),
+    (
+        SPMM,
+        {"A": "csr"},
+        "split(i,i0,i1,16), pos(j,jpos,A), split(jpos,j0,j1,8), reorder(i0,i1,j0,k,j1), "
+        "parallelize(i0,CPUThread,NoRaces), parallelize(k,CPUVector,IgnoreRaces)",
+        "ij,jk->ik",
+        {"A": (50, 40), "B": (40, 13)},
+    ),
+    (
+        SDDMM,
+        {"A": "csr", "B": "csr"},
+        "split(k,k0,kpos1,8), parallelize(kpos1,CPUVector,ParallelReduction)",
+        "ij,ik,kj->ij",
+        {"B": (30, 25), "C": (30, 20), "D": (20, 25)},
+    ),
+    (
+        MTTKRP,
+        {"B": "csf"},
+        "reorder(i,k,l,j), precompute(B(i,k,l)*D(l,j), j, jw)",
+        "ikl,lj,kj->ij",
+        {"B": (14, 11, 9), "D": (9, 6), "C": (11, 6)},
+    ),
+    (
+        SPGEMM,
+        {"A": "csr", "B": "csr", "C": "csr"},
+        "precompute(A(i,k)*B(k,j), j, jw), parallelize(i,CPUThread,NoRaces)",
+        "ik,kj->ij",
+        {"A": (35, 30), "B": (30, 28)},
+    ),
+    (
+        SPMV,
+        {"A": "csc", "x": "s"},
+        "parallelize(j,CPUThread,Atomics)",
+        "ij,j->i",
+        {"A": (60, 50), "x": (50,)},
+    ),
+    # beyond the list: the other race strategies, divide, unroll, bound, gallop, COO positions
+    (
+        SPMV,
+        {"A": "csr"},
+        "fuse(i,j,f), pos(f,fp,A), split(fp,c,fp2,8), parallelize(c,CPUThread,Temporary)",
+        "ij,j->i",
+        {"A": (70, 45), "x": (45,)},
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "pos(j,jp,A), parallelize(jp,CPUVector,ParallelReduction), divide(i,i0,i1,3), "
+        "parallelize(i0,CPUThread,NoRaces), unroll(i1,4)",
+        "ij,j->i",
+        {"A": (70, 45), "x": (45,)},
+    ),
+    (
+        SPMV,
+        {"A": "coo"},
+        "fuse(i,j,f), pos(f,fp,A), split(fp,c,fp2,5), parallelize(c,CPUThread,Atomics)",
+        "ij,j->i",
+        {"A": (40, 30), "x": (30,)},
+    ),
+    (
+        "a = B(i,j) * C(i,j)",
+        {"B": "csr", "C": "csr"},
+        "mergeby(j,Gallop), parallelize(i,CPUThread,ParallelReduction)",
+        "ij,ij->",
+        {"B": (40, 60), "C": (40, 60)},
+    ),
+    (
+        "A(i,j,l) = B(i,j,k) * C(k,l)",
+        {"B": "csf"},
+        "fuse(i,j,f), pos(f,fp,B), split(fp,f0,f1,4), parallelize(f0,CPUThread,NoRaces)",
+        "ijk,kl->ijl",
+        {"B": (12, 10, 8), "C": (8, 5)},
+    ),
+    (
+        "A(i,j) = B(i,j) + C(i,j)",
+        {"B": "dense"},
+        "fuse(i,j,f), split(f,f0,f1,32), parallelize(f0,CPUThread,NoRaces)",
+        "",
+        {"B": (20, 30), "C": (20, 30)},
+    ),
+    (
+        MTTKRP,
+        {"B": "csf"},
+        "fuse(i,k,f), fuse(f,l,g), pos(g,gp,B), split(gp,w,gp1,16), "
+        "parallelize(w,CPUThread,Atomics)",
+        "ikl,lj,kj->ij",
+        {"B": (14, 11, 9), "D": (9, 6), "C": (11, 6)},
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "bound(i,ib,70,MaxExact), split(ib,i0,i1,8), parallelize(i0,CPUThread,NoRaces)",
+        "ij,j->i",
+        {"A": (70, 45), "x": (45,)},
+    ),
+]
+
+
+def _inputs(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: sparse_array(s, rng, 0.3, integer=True) for n, s in shapes.items()}
+
+
+def _dense(value: object) -> np.ndarray:
+    if isinstance(value, sparsec.Tensor):
+        return value.to_dense()
+    return np.asarray(value)
+
+
+@pytest.mark.parametrize("case", ACCEPTANCE, ids=lambda c: c[2][:60])
+def test_scheduled_equals_unscheduled_and_torch(case):
+    expr, formats, schedule, ref, shapes = case
+    inputs = _inputs(shapes, 7)
+    plain = sparsec.kernel(expr, formats)
+    scheduled = sparsec.kernel(expr, formats, schedule=schedule)
+    want = _dense(plain(**inputs))
+    if ref:
+        np.testing.assert_array_equal(want, torch_reference(ref, inputs))
+    else:
+        np.testing.assert_array_equal(want, inputs["B"] + inputs["C"])
+    for threads in (1, 2, 4):
+        got = _dense(scheduled(**inputs, threads=threads))
+        # integer-valued data: every order of summation gives the same exact result
+        np.testing.assert_array_equal(got, want, err_msg=f"{schedule} threads={threads}")
+    assert scheduled.schedule.startswith("user: ")
+    assert scheduled.schedule.split("; ")[0] in scheduled.source
+
+
+def test_schedule_as_list_and_cli_spelling_agree():
+    one = sparsec.kernel(SPMV, {"A": "csr"}, schedule="split(i,i0,i1,16),unroll(i1,2)")
+    two = sparsec.kernel(SPMV, {"A": "csr"}, schedule=["split(i, i0, i1, 16)", "unroll(i1,2)"])
+    assert one.source == two.source
+    assert "#pragma GCC unroll 2" in one.source
+
+
+def test_atomics_only_where_a_race_exists():
+    # the rows of y are disjoint across i0: Atomics there emits no atomic (TACO #316)
+    k = sparsec.kernel(
+        SPMV, {"A": "csr"}, schedule="split(i,i0,i1,4), parallelize(i0,CPUThread,Atomics)"
+    )
+    assert "omp atomic" not in k.source
+    racy = sparsec.kernel(
+        SPMV, {"A": "csr"}, schedule="fuse(i,j,f), pos(f,fp,A), parallelize(fp,CPUThread,Atomics)"
+    )
+    assert racy.source.count("#pragma omp atomic") == 1
+
+
+def test_default_schedule_is_reported():
+    k = sparsec.kernel(SPMV, {"A": "csr"})
+    assert k.schedule.startswith("default: loop i runs on CPU threads")
+    assert k.schedule in k.source
+
+
+def test_bound_is_checked_at_run_time(rng):
+    k = sparsec.kernel(SPMV, {"A": "csr"}, schedule="bound(i,ib,8,MaxExact)")
+    a, x = sparse_array((8, 5), rng), rng.random(5)
+    np.testing.assert_allclose(k(A=a, x=x), a @ x)
+    with pytest.raises(sparsec.ShapeError, match=r"bound\(i,ib,8,MaxExact\).*exactly 8"):
+        k(A=sparse_array((9, 5), rng), x=x)
+    at_most = sparsec.kernel(SPMV, {"A": "csr"}, schedule="bound(i,ib,8,MaxConstraint)")
+    np.testing.assert_allclose(at_most(A=a[:6], x=x), a[:6] @ x)
+    with pytest.raises(sparsec.ShapeError, match="at most 8"):
+        at_most(A=sparse_array((9, 5), rng), x=x)
+
+
+# ------------------------------------------------------------------ illegal
+ILLEGAL = [
+    # a reorder that breaks a tensor's level order (TACO emits uncompilable C here)
+    (SPGEMM, {"A": "csr", "B": "csr"}, "reorder(k,i,j)", "i must be bound before the loop over k"),
+    (SPMV, {"A": "csr"}, "reorder(j,i)", "A .*i must be bound before"),
+    # NoRaces on a loop whose iterations share an output element
+    (
+        SPMV,
+        {"A": "csr"},
+        "fuse(i,j,f), pos(f,fp,A), split(fp,c,fp2,16), parallelize(c,CPUThread,NoRaces)",
+        "iterations of c write the same element of y.*Use Atomics or Temporary",
+    ),
+    (
+        SPMV,
+        {"A": "csc"},
+        "parallelize(j,CPUThread,NoRaces)",
+        "iterations of j write the same element of y",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "parallelize(j,CPUThread,IgnoreRaces)",
+        "all its iterations add into one element.*ParallelReduction",
+    ),
+    # pos on a tensor that does not index the variable
+    (SPMV, {"A": "csr"}, "pos(i,ip,x)", "x is not indexed by i"),
+    (SPMV, {"A": "csr"}, "pos(j,jp,y)", "y is the output"),
+    (SPMV, {"A": "csr"}, "pos(j,jp,Q)", "'Q' is not a tensor"),
+    # split factors
+    (SPMV, {"A": "csr"}, "split(i,i0,i1,0)", "factor must be positive, got 0"),
+    (SPMV, {"A": "csr"}, "split(i,i0,i1,-4)", "factor must be positive, got -4"),
+    (SPMV, {"A": "csr"}, "divide(i,i0,i1,x2)", "not a name or an integer|not an integer"),
+    # unknown variables and names
+    (SPMV, {"A": "csr"}, "split(q,q0,q1,4)", "'q' is not a loop of this kernel"),
+    (SPMV, {"A": "csr"}, "parallelize(i9,CPUThread,NoRaces)", "'i9' is not a loop"),
+    (SPMV, {"A": "csr"}, "split(i,j,i1,4)", "'j' is already a tensor or index variable"),
+    (SPMV, {"A": "csr"}, "split(i,A,i1,4)", "'A' is already a tensor or index variable"),
+    # commands, units and strategies
+    (SPMV, {"A": "csr"}, "tile(i,4)", "unknown schedule command 'tile'"),
+    (SPMV, {"A": "csr"}, "split(i,i0,i1)", "split takes 4 arguments, got 3"),
+    (SPMV, {"A": "csr"}, "parallelize(i,CPUCore,NoRaces)", "unknown unit 'CPUCore'"),
+    (SPMV, {"A": "csr"}, "parallelize(i,CPUThread,Locks)", "unknown race strategy 'Locks'"),
+    (SPMV, {"A": "csr"}, "parallelize(i,GPUBlock,NoRaces)", "GPUBlock is a CUDA unit"),
+    (SPMV, {"A": "csr"}, "split(i,i0,i1,4", "unbalanced"),
+    (SPMV, {"A": "csr"}, "split(i,i0,i1,4);system(1)", "unbalanced"),
+    (SPMV, {"A": "csr"}, "split(i,i0,i1,4) system(1)", "unbalanced"),
+    (SPMV, {"A": "csr"}, "split[i]", "cannot read schedule command"),
+    # structure
+    (SPMM, {"A": "csr"}, "fuse(i,k,f)", "i must directly enclose k"),
+    (SPMV, {"A": "csr"}, "split(j,j0,j1,4)", "j is iterated through A.*pos\\(j,jpos,A\\)"),
+    (
+        SPMV,
+        {"A": "csr"},
+        "split(i,i0,i1,4), reorder(i1,i0)",
+        "i0 must enclose i1",
+    ),
+    (
+        "A(i,j) = B(i,j) + C(i,j)",
+        {"B": "csr", "C": "csr"},
+        "parallelize(j,CPUThread,NoRaces)",
+        "while loop \\(it co-iterates",
+    ),
+    (
+        "A(i,j) = B(i,j) + C(i,j)",
+        {"B": "csr", "C": "csr"},
+        "mergeby(j,Gallop)",
+        "galloping skips ahead in an intersection only",
+    ),
+    (
+        "A(i,j) = B(i,j) + C(i,j)",
+        {"B": "csr", "C": "csr"},
+        "unroll(j,4)",
+        "unroll applies to for loops",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "parallelize(i,CPUThread,NoRaces), parallelize(i,CPUVector,NoRaces)",
+        "i is already parallelized",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "split(i,i0,i1,8), unroll(i0,2), parallelize(i0,CPUThread,NoRaces)",
+        "also parallelized",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "parallelize(i,CPUThread,NoRaces), split(i,i0,i1,4)",
+        "'i' is not a loop after the schedule",
+    ),
+    (
+        SPMM,
+        {"A": "csr"},
+        "parallelize(i,CPUThread,NoRaces), parallelize(k,CPUThread,NoRaces)",
+        "nested inside another parallel loop",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "pos(j,jp,A), parallelize(jp,CPUVector,Atomics)",
+        "Atomics does not apply here.*ParallelReduction",
+    ),
+    # precompute
+    (MTTKRP, {"B": "csf"}, "precompute(B(i,k,l)*Q(l,j), j, jw)", "Q\\(l,j\\) is not a factor"),
+    (MTTKRP, {"B": "csf"}, "precompute(B(i,k,l)*D(l,j), q, jw)", "'q' is not an index"),
+    (
+        MTTKRP,
+        {"B": "csf"},
+        "precompute(B(i,k,l)*D(l,j), k, kw)",
+        "k is not an index of|indexes both",
+    ),
+    (
+        "y(i) = A(i,j) * x(j) + z(i)",
+        {"A": "csr"},
+        "precompute(A(i,j)*x(j), i, iw)",
+        "is not a product",
+    ),
+    # sparse outputs
+    (SPGEMM, {"A": "csr", "B": "csr", "C": "csr"}, "split(i,i0,i1,4)", "sparse \\(csr\\)"),
+    (
+        SPGEMM,
+        {"A": "csr", "B": "csr", "C": "csr"},
+        "assemble(C,Append)",
+        "use assemble\\(C,Insert\\)",
+    ),
+    (SPMV, {"A": "csr"}, "assemble(y,Insert)", "y is dense; assemble applies to sparse outputs"),
+    (
+        SPGEMM,
+        {"A": "csr", "B": "csr", "C": "csr"},
+        "precompute(A(i,k), j, jw)",
+        "precompute takes the whole right-hand side",
+    ),
+    (
+        "A(i,j) = 2 * B(i,j)",
+        {"A": "dcsr", "B": "dcsr"},
+        "parallelize(i,CPUThread,NoRaces)",
+        "appended in one sequence",
+    ),
+    # nested sums have their own loop nest
+    (
+        "y(i) = A(i,j) * x(j) + z(i)",
+        {"A": "csr"},
+        "split(j,j0,j1,4)",
+        "j is summed inside a nested sum",
+    ),
+    (SPMV, {"A": "csr"}, "bound(i,ib,8,MinExact)", "bound kind 'MinExact' is not supported"),
+]
+
+
+@pytest.mark.parametrize("case", ILLEGAL, ids=lambda c: c[2][:60])
+def test_illegal_schedule_is_a_clear_error(case):
+    expr, formats, schedule, message = case
+    with pytest.raises(ScheduleError, match=message):
+        sparsec.kernel(expr, formats, schedule=schedule)
+
+
+def test_schedule_error_from_the_cli(capsys):
+    from sparsec.cli import main
+
+    code = main(["compile", SPMV, "-f", "A:csr", "-s", "split(i,i0,i1,0)"])
+    assert code == 2
+    assert "factor must be positive" in capsys.readouterr().err
+
+
+def test_command_parsing():
+    commands = parse_commands(" split(i, i0,i1 , 16) ,precompute(B(i,k,l) * D(l,j),j,jw)")
+    assert [str(c) for c in commands] == [
+        "split(i,i0,i1,16)",
+        "precompute(B(i,k,l) * D(l,j),j,jw)",
+    ]
+    assert parse_commands("") == ()
+    with pytest.raises(ScheduleError, match="a schedule is a string or a list"):
+        parse_commands([1, 2])  # type: ignore[list-item]
+
+
+# ------------------------------------------------------- random schedules
+PROPERTY_CASES = [
+    (SPMV, {"A": "csr"}, {"A": (23, 17), "x": (17,)}, "ij,j->i"),
+    (SPMV, {"A": "coo"}, {"A": (19, 13), "x": (13,)}, "ij,j->i"),
+    (SPMM, {"A": "csr"}, {"A": (17, 15), "B": (15, 6)}, "ij,jk->ik"),
+    (SDDMM, {"B": "csr"}, {"B": (13, 11), "C": (13, 5), "D": (5, 11)}, "ij,ik,kj->ij"),
+    (MTTKRP, {"B": "csf"}, {"B": (9, 8, 7), "D": (7, 4), "C": (8, 4)}, "ikl,lj,kj->ij"),
+    ("a = B(i,j) * C(i,j)", {"B": "csr", "C": "dcsr"}, {"B": (12, 14), "C": (12, 14)}, "ij,ij->"),
+    ("y(i) = A(i,j,k) * z(k)", {"A": "sss"}, {"A": (8, 7, 6), "z": (6,)}, "ijk,k->i"),
+]
+
+UNITS = ("CPUThread", "CPUVector")
+RACES = ("NoRaces", "IgnoreRaces", "Atomics", "Temporary", "ParallelReduction")
+
+
+def random_schedule(
+    r: random.Random, loops: list[str], indexed_by: dict[str, list[str]]
+) -> list[str]:
+    """A random command sequence over the current loop names (legal or not): 1-3 loop
+    transformations (often pos before a split, as sparse loops need), then 0-2
+    annotations of the final loops. ``indexed_by``: index variable → input tensors."""
+    loops = list(loops)
+    commands: list[str] = []
+    fresh = iter(f"v{n}" for n in range(100))
+    for _ in range(r.randint(1, 3)):
+        kind = r.choice(["split", "split", "divide", "reorder", "fuse"])
+        var = r.choice(loops)
+        if kind in ("split", "divide"):
+            if var in indexed_by and r.random() < 0.6:
+                p = next(fresh)
+                commands.append(f"pos({var},{p},{r.choice(indexed_by[var])})")
+                loops[loops.index(var)] = var = p
+            a, b = next(fresh), next(fresh)
+            commands.append(f"{kind}({var},{a},{b},{r.randint(1, 9)})")
+            at = loops.index(var)
+            loops[at : at + 1] = [a, b]
+        elif kind == "reorder" and len(loops) > 1:
+            picked = r.sample(loops, 2)
+            commands.append(f"reorder({picked[1]},{picked[0]})")
+            x, y = loops.index(picked[0]), loops.index(picked[1])
+            loops[x], loops[y] = loops[y], loops[x]
+        elif kind == "fuse" and loops.index(var) + 1 < len(loops):
+            nxt = loops[loops.index(var) + 1]
+            f = next(fresh)
+            commands.append(f"fuse({var},{nxt},{f})")
+            at = loops.index(var)
+            loops[at : at + 2] = [f]
+            if var in indexed_by and r.random() < 0.7:
+                p = next(fresh)
+                commands.append(f"pos({f},{p},{r.choice(indexed_by[var])})")
+                loops[at] = p
+    for var in r.sample(loops, min(len(loops), r.randint(0, 2))):
+        if r.random() < 0.8:
+            commands.append(f"parallelize({var},{r.choice(UNITS)},{r.choice(RACES)})")
+        else:
+            commands.append(f"unroll({var},{r.randint(1, 4)})")
+    return commands
+
+
+def _property_case(seed: int):
+    r = random.Random(seed)
+    expr, formats, shapes, ref = PROPERTY_CASES[seed % len(PROPERTY_CASES)]
+    plain = sparsec.kernel(expr, formats)
+    loops = list(plain.generated().loop_order)
+    indexed_by: dict[str, list[str]] = {}
+    for access in accesses(plain.assignment.rhs):
+        if plain.formats[access.name].is_dense:
+            continue  # pos is meant for the sparse operands
+        for index in access.indices:
+            indexed_by.setdefault(index, []).append(access.name)
+    return expr, formats, shapes, ref, plain, random_schedule(r, loops, indexed_by)
+
+
+SEEDS = [*range(140), *(pytest.param(s, marks=pytest.mark.slow) for s in range(140, 2140))]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_schedules_equal_unscheduled(seed):
+    expr, formats, shapes, ref, plain, schedule = _property_case(seed)
+    try:
+        k = sparsec.kernel(expr, formats, schedule=schedule)
+    except ScheduleError:
+        return  # an illegal schedule: rejected with a clear error (never wrong code)
+    inputs = _inputs(shapes, seed)
+    want = _dense(plain(**inputs))
+    np.testing.assert_array_equal(want, torch_reference(ref, inputs))
+    for threads in (1, 3):
+        np.testing.assert_array_equal(
+            _dense(k(**inputs, threads=threads)), want, err_msg=f"{schedule} threads={threads}"
+        )
+
+
+def test_random_schedules_are_often_legal():
+    """The property above is not vacuous: a good share of the random schedules is legal."""
+    legal = 0
+    for seed in range(140):
+        expr, formats, _, _, _, schedule = _property_case(seed)
+        try:
+            sparsec.kernel(expr, formats, schedule=schedule)
+            legal += 1
+        except ScheduleError:
+            pass
+    assert legal >= 40, legal
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_illegal_schedules_raise(seed):
+    """Schedules made illegal on purpose always raise `ScheduleError`."""
+    r = random.Random(1000 + seed)
+    expr, formats, _, _ = PROPERTY_CASES[seed % len(PROPERTY_CASES)]
+    plain = sparsec.kernel(expr, formats)
+    loops = list(plain.generated().loop_order)
+    var = r.choice(loops)
+    broken = r.choice(
+        [
+            f"split({var},a0,a1,{r.randint(-5, 0)})",
+            f"split(nope,a0,a1,{r.randint(1, 9)})",
+            f"pos({var},vp,nope)",
+            f"parallelize({var},Warp,NoRaces)",
+            f"reorder({var},{var})",
+            f"fuse({loops[-1]},{loops[0]},ff)" if len(loops) > 1 else "fuse(a,b,c)",
+        ]
+    )
+    with pytest.raises(ScheduleError):
+        sparsec.kernel(expr, formats, schedule=[broken])
