@@ -9,8 +9,8 @@ import jinja2
 
 from ..abi import Namer, Signature, signature
 from ..lower import lower
-from ..schedule import Command
 from ..resources import data_dir
+from ..schedule import Command
 from ..spec import Spec
 from .printer import C, Printer
 
