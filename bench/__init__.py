@@ -11,4 +11,5 @@ from __future__ import annotations
 SUITES: dict[str, tuple[str, str]] = {
     "core": ("bench.core", "SpMV (random, banded roofline), SpMM CSR x dense, compile times"),
     "sparse": ("bench.sparse", "sparse outputs: SpGEMM and sparse add into CSR, serial"),
+    "schedule": ("bench.schedule", "default schedule vs serial kernel; TACO-style schedules"),
 }

@@ -22,6 +22,10 @@ EXAMPLES = [
     ("mttkrp_tns.py", ["small.tns: 12 x 10 x 8", "ok: matches dense torch", "int sparsec_kernel("]),
     ("pruned_layer.py", ["90% sparse", "loop order o, i, t", "matches torch dense"]),
     ("formats.py", ["dcsr", "j -> i", "all four agree with scipy"]),
+    (
+        "schedule.py",
+        ["row blocks        matches scipy", "atomic updates of y", "refused: ", "sc_search("],
+    ),
 ]
 
 
@@ -68,3 +72,13 @@ def test_bench_sparse_quick_smoke() -> None:
     for impl in ("sparsec", "scipy+sort", "torch-csr"):
         assert impl in done.stdout
     assert "speedup" in done.stdout
+
+
+def test_bench_schedule_quick_smoke() -> None:
+    done = _run(["-m", "bench", "schedule", "--quick", "--threads", "2"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    for case in ("spmv", "spmm", "mttkrp"):
+        assert f"\n{case} " in done.stdout
+    for impl in ("serial", "default", "user"):
+        assert impl in done.stdout
+    assert "vs serial" in done.stdout

@@ -1,0 +1,183 @@
+"""Schedule suite: what the default schedule's CPU threads buy over the serial kernel, and
+TACO-style user schedules beside it.
+
+    python -m bench.schedule [--quick] [--threads N]
+
+Cases (float64, indices int32; every result checked against scipy/numpy before timing):
+  spmv     y(i) = A(i,j) * x(j), A n x n with exactly 10 random columns per row (CSR)
+  spmm     C(i,j) = W(i,k) * X(k,j), W 3072x768 magnitude-pruned to 90 % (CSR), X 768x512
+  mttkrp   A(i,j) = B(i,k,l) * D(l,j) * C(k,j), B 2000^3 with 1M random nonzeros (CSF),
+           rank 32
+
+Rows per case: the serial kernel (``schedule="serial"``), the default schedule at 1 thread
+and at N threads (default: every core), and user schedules at N threads:
+  spmv     fuse(i,j,f), pos(f,fp,A), split(fp,c,fp2,2048), parallelize(c,CPUThread,Atomics)
+           (TACO's nonzero-parallel SpMV: balanced over nonzeros, atomics on y)
+  spmm     split(i,i0,i1,16), pos(k,kpos,W), split(kpos,k0,k1,8), reorder(i0,i1,k0,j,k1),
+           parallelize(i0,CPUThread,NoRaces), parallelize(j,CPUVector,IgnoreRaces)
+  mttkrp   precompute(B(i,k,l)*D(l,j), j, jw)   (TACO's CPU MTTKRP workspace)
+Speedups are the serial kernel's median over each row's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import sparsec
+
+from .common import CaseResult, Row, Table, environment, measure, progress, write_results
+from .core import WrongResult, pruned_csr, random_rows_csr
+
+SPMV = "y(i) = A(i,j) * x(j)"
+SPMM = "C(i,j) = W(i,k) * X(k,j)"
+MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
+
+USER = {
+    "spmv": "fuse(i,j,f), pos(f,fp,A), split(fp,c,fp2,2048), parallelize(c,CPUThread,Atomics)",
+    "spmm": "split(i,i0,i1,16), pos(k,kpos,W), split(kpos,k0,k1,8), reorder(i0,i1,k0,j,k1), "
+    "parallelize(i0,CPUThread,NoRaces), parallelize(j,CPUVector,IgnoreRaces)",
+    "mttkrp": "precompute(B(i,k,l)*D(l,j), j, jw)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    quick: bool
+    threads: int
+    repeats: int
+    spmv_n: int
+    spmm_shape: tuple[int, int, int]
+    mttkrp_dim: int
+    mttkrp_nnz: int
+    rank: int
+
+    @staticmethod
+    def make(quick: bool, threads: int | None) -> Config:
+        cores = threads or os.cpu_count() or 1
+        if quick:
+            return Config(True, cores, 3, 2000, (96, 64, 32), 40, 4000, 8)
+        return Config(False, cores, 20, 100_000, (3072, 768, 512), 2000, 1_000_000, 32)
+
+
+def _check(got: Any, want: np.ndarray, what: str) -> None:
+    got = np.asarray(got)
+    if not np.allclose(got, want, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(want).max()))):
+        raise WrongResult(f"{what}: max abs error {np.abs(got - want).max():.3g}")
+
+
+def run(
+    cfg: Config, name: str, detail: str, expr: str, formats: dict[str, str], inputs: dict[str, Any]
+) -> CaseResult:
+    want = None
+    result = CaseResult(name, detail, {"expr": expr, "formats": formats})
+    variants = [
+        ("serial", "serial", 1),
+        ("default", None, 1),
+        ("default", None, cfg.threads),
+        ("user", USER[name], cfg.threads),
+    ]
+    for label, schedule, threads in variants:
+        k = sparsec.kernel(expr, formats, schedule=schedule)
+        got = k(**inputs, threads=threads)
+        if want is None:
+            want = np.asarray(got)
+        else:
+            _check(got, want, f"{name} {label} x{threads}")
+        progress(f"{name}: {label} schedule, {threads} thread(s)")
+        timing = measure(lambda k=k, t=threads: k(**inputs, threads=t), repeats=cfg.repeats)
+        result.rows.append(Row(label, threads, timing))
+    return result
+
+
+def cases(cfg: Config) -> list[CaseResult]:
+    rng = np.random.default_rng(0)
+    progress("building inputs")
+    a = random_rows_csr(cfg.spmv_n, 10, rng, np.float64)
+    x = rng.standard_normal(cfg.spmv_n)
+    spmv = run(cfg, "spmv", f"A {cfg.spmv_n}^2, 10/row", SPMV, {"A": "csr"}, {"A": a, "x": x})
+    _check(sparsec.kernel(SPMV, {"A": "csr"})(A=a, x=x), a @ x, "spmv vs scipy")
+
+    rows, cols, batch = cfg.spmm_shape
+    w = pruned_csr(rows, cols, 0.9, rng)
+    xs = rng.standard_normal((cols, batch))
+    spmm = run(
+        cfg,
+        "spmm",
+        f"W {rows}x{cols} 90 % pruned, X {cols}x{batch}",
+        SPMM,
+        {"W": "csr"},
+        {"W": w, "X": xs},
+    )
+    _check(sparsec.kernel(SPMM, {"W": "csr"})(W=w, X=xs), w @ xs, "spmm vs scipy")
+
+    n, nnz, r = cfg.mttkrp_dim, cfg.mttkrp_nnz, cfg.rank
+    flat = np.unique(rng.integers(0, n**3, size=int(nnz * 1.01)))[:nnz]
+    coords = np.stack(np.unravel_index(flat, (n, n, n)))
+    vals = rng.standard_normal(len(flat))
+    b = sparsec.Tensor.from_coo(coords, vals, (n, n, n), "csf")
+    d, c = rng.standard_normal((n, r)), rng.standard_normal((n, r))
+    mttkrp = run(
+        cfg,
+        "mttkrp",
+        f"B {n}^3 with {len(flat)} nonzeros (csf), rank {r}",
+        MTTKRP,
+        {"B": "csf"},
+        {"B": b, "D": d, "C": c},
+    )
+    i, k, l = coords
+    ref = np.zeros((n, r))
+    np.add.at(ref, i, vals[:, None] * d[l] * c[k])
+    _check(sparsec.kernel(MTTKRP, {"B": "csf"})(B=b, D=d, C=c), ref, "mttkrp vs numpy")
+    return [spmv, spmm, mttkrp]
+
+
+def report(cfg: Config, results: list[CaseResult]) -> str:
+    table = Table(["case", "schedule", "threads", "median ms", "min ms", "max ms", "vs serial"])
+    for case in results:
+        serial = case.median("serial", 1)
+        assert serial is not None
+        for row in case.rows:
+            t = row.timing
+            table.add(
+                case.name,
+                row.impl,
+                row.threads,
+                t.median_ms,
+                t.min_ms,
+                t.max_ms,
+                f"{serial / t.median_ms:.2f}x",
+            )
+    lines = [table.render(), ""]
+    for name, text in USER.items():
+        lines.append(f"user schedule for {name}: {text}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.schedule", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes and few runs (CI smoke)")
+    parser.add_argument("--threads", type=int, default=None, help="threads for the parallel rows")
+    args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
+    cfg = Config.make(args.quick, args.threads)
+    progress(f"schedule suite ({'quick' if cfg.quick else 'full'}), threads 1 and {cfg.threads}")
+    results = cases(cfg)
+    print(report(cfg, results))
+    path = write_results(
+        "schedule-quick" if cfg.quick else "schedule",
+        {"environment": environment(), "config": cfg, "user_schedules": USER, "cases": results},
+    )
+    progress(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
