@@ -109,6 +109,8 @@ class Parallel:
     reduction: tuple[str, ...] = ()
     #: flag variables (0 or 1) combined with ``max`` across iterations
     flags: tuple[str, ...] = ()
+    #: a further condition (a variable) for running in parallel at all
+    only_if: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +152,8 @@ class Alloc:
     type: str
     name: str
     count: Expr
+    #: allocate only when this holds (else the pointer is NULL)
+    when: Expr | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,8 @@ class Pointer:
     name: str
     base: str
     offset: Expr
+    #: when ``base`` is NULL, point here instead
+    fallback: str = ""
 
 
 @dataclass(frozen=True, slots=True)

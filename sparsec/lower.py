@@ -45,6 +45,8 @@ from .spec import Spec
 
 #: kernel status when the inputs break a `bound` of the schedule
 BOUND_VIOLATED = 3
+#: the most output elements `Temporary` copies in all (threads x output size)
+MAX_COPY_ELEMENTS = 1 << 26
 
 
 @dataclass(frozen=True, slots=True)
@@ -571,6 +573,28 @@ class Lowerer:
                 setup.pre.append(decl)
                 setup.parallel = par
                 setup.flags["in_threads"] = True
+            elif (
+                kind == "for"
+                and not setup.unroll
+                and self.parallel
+                and outermost
+                and self.assembler is None
+                and isinstance(sink, (OutputSink, AccSink))
+            ):
+                # the iterations share output elements: each thread reduces on its own
+                setup.flags["in_threads"] = True
+                out = self.lhs.name
+                if isinstance(sink, AccSink):
+                    decl, par = self._parallel_for(loop, trip)
+                    setup.pre.append(decl)
+                    setup.parallel = replace(par, reduction=(sink.name,))
+                    self.notes.append(f"{loop}: CPUThread, reduction(+) into {out}")
+                else:
+                    self._private_copies(loop, trip, setup)
+                    self.notes.append(
+                        f"{loop}: CPUThread, each thread adds into its own copy of {out}, "
+                        "summed after"
+                    )
             return setup
         cmd = req.origin
         if not self.threads_ok:
@@ -688,7 +712,11 @@ class Lowerer:
         return loop in self.lhs.indices
 
     def _private_copies(self, loop: str, trip: ir.Expr, setup: _LoopSetup) -> None:
-        """`Temporary`: each thread adds into a zeroed copy of the output, summed after."""
+        """`Temporary`: each thread adds into a zeroed copy of the output, summed after.
+
+        The copies exist only with several threads and at most `MAX_COPY_ELEMENTS` in all;
+        otherwise (or when calloc fails) the loop runs on one thread into the output.
+        """
         out = self.spec.output
         size: ir.Expr = ir.IntLit(1)
         for var in level_indices(self.lhs, out.format):
@@ -696,34 +724,35 @@ class Lowerer:
         threads = ir.Var(self.sig.threads)
         base = self.namer.fresh(f"{out.name}_copies")
         mine = self.namer.fresh(f"{out.name}_mine")
+        vals = self.sig.array(out.name, "vals")
+        total = ir.mul(threads, size)
+        worth = ir.conj(
+            ir.Bin(">", threads, ir.IntLit(1)),
+            ir.Bin("<=", total, ir.IntLit(MAX_COPY_ELEMENTS)),
+        )
         decl, par = self._parallel_for(loop, trip)
-        setup.pre += [
-            ir.Alloc(ir.VAL, base, ir.mul(threads, size)),
-            ir.Return(OUT_OF_MEMORY, ir.Unary("!", ir.Var(base))),
-            decl,
-        ]
-        setup.parallel = par
+        setup.pre += [ir.Alloc(ir.VAL, base, total, worth), decl]
+        setup.parallel = replace(par, only_if=base)
         setup.body_pre.append(
-            ir.Pointer(ir.VAL, mine, base, ir.mul(ir.Call("thread_id", ()), size))
+            ir.Pointer(ir.VAL, mine, base, ir.mul(ir.Call("thread_id", ()), size), vals)
         )
         setup.flags["out_redirect"] = mine
         q, t = self.namer.fresh("q"), self.namer.fresh("t")
-        vals = self.sig.array(out.name, "vals")
         add = ir.Assign(
             ir.Load(vals, ir.Var(q)),
             ir.Load(base, ir.add(ir.mul(ir.Var(t), size), ir.Var(q))),
             "+=",
         )
+        combine = ir.For(
+            q,
+            ir.IntLit(0),
+            size,
+            ir.block(ir.For(t, ir.IntLit(0), threads, ir.block(add))),
+            ir.Parallel("CPUThread", "static"),
+        )
         setup.post += [
             ir.Comment(f"sum the threads' copies of {out.name}"),
-            ir.For(
-                q,
-                ir.IntLit(0),
-                size,
-                ir.block(ir.For(t, ir.IntLit(0), threads, ir.block(add))),
-                ir.Parallel("CPUThread", "static"),
-            ),
-            ir.Free(base),
+            ir.If(((ir.Var(base), ir.block(combine, ir.Free(base))),)),
         ]
 
     def _inside(self, setup: _LoopSetup, build: Callable[[], ir.Block]) -> ir.Block:
@@ -1056,7 +1085,7 @@ class Lowerer:
             if self.assembler is None:
                 return ir.block(
                     ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
-                    self.loops(order, expr, ctx, AccSink(acc)),
+                    self.loops(order, expr, ctx, AccSink(acc), outermost),
                     self._write(ctx, ir.Var(acc)),
                 )
             # sparse output: an entry exists only if some term reached it

@@ -93,9 +93,10 @@ def describe_schedule(
     if not spec.output.format.is_dense and not loops:
         return "default: serial (a sparse output is appended in one sequence)"
     if loops:
+        how = f" ({'; '.join(notes)})" if notes else ""
         return (
             f"default: loop {', '.join(loops)} runs on CPU threads "
-            "(OpenMP dynamic, ~8 chunks per thread); inner loops serial"
+            f"(OpenMP dynamic, ~8 chunks per thread){how}; inner loops serial"
         )
     first = order[0] if order else None
     why = (

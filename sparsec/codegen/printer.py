@@ -68,9 +68,10 @@ class Target:
         match par.unit:
             case "CPUThread":
                 sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
+                cond = f"{threads} > 1" + (f" && {par.only_if}" if par.only_if else "")
                 return [
                     f"#pragma omp parallel for schedule({sched}) num_threads({threads}) "
-                    f"if({threads} > 1){reduce}"
+                    f"if({cond}){reduce}"
                 ]
             case "CPUVector":
                 return [f"#pragma omp simd{reduce}"]
@@ -146,12 +147,18 @@ class Printer:
                 return lines
             case ir.Comment(text=text):
                 return [f"{pad}// {text}"]
-            case ir.Alloc(type=ty, name=name, count=count):
+            case ir.Alloc(type=ty, name=name, count=count, when=when):
                 t = self.t.types[ty]
-                return [f"{pad}{t}* {name} = ({t}*)calloc({self.expr(count)}, sizeof({t}));"]
-            case ir.Pointer(type=ty, name=name, base=base, offset=offset):
+                call = f"({t}*)calloc({self.expr(count)}, sizeof({t}))"
+                if when is not None:
+                    call = f"{self._wrap(when, PRECEDENCE['?:'], True)} ? {call} : NULL"
+                return [f"{pad}{t}* {name} = {call};"]
+            case ir.Pointer(type=ty, name=name, base=base, offset=offset, fallback=fallback):
                 t = self.t.types[ty]
-                return [f"{pad}{t}* {name} = {base} + {self.expr(offset)};"]
+                at = f"{base} + {self.expr(offset)}"
+                if fallback:
+                    at = f"{base} ? {at} : {fallback}"
+                return [f"{pad}{t}* {name} = {at};"]
             case ir.Free(name=name):
                 return [f"{pad}free({name});"]
             case ir.Effect(call=call):
