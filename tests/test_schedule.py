@@ -503,3 +503,44 @@ def test_random_illegal_schedules_raise(seed):
     )
     with pytest.raises(ScheduleError):
         sparsec.kernel(expr, formats, schedule=[broken])
+
+
+# ------------------------------------------------------- default reductions
+@pytest.mark.parametrize(
+    ("expr", "formats", "ref", "shapes", "how"),
+    [
+        ("y(j) = A(i,j) * x(i)", {"A": "csr"}, "ij,i->j", {"A": (80, 50), "x": (80,)}, "copy"),
+        ("y(j) = A(i,j) * x(i)", {"A": "dcsr"}, "ij,i->j", {"A": (80, 50), "x": (80,)}, "copy"),
+        (
+            "a = B(i,j) * C(i,j)",
+            {"B": "csr", "C": "csr"},
+            "ij,ij->",
+            {"B": (40, 30), "C": (40, 30)},
+            "reduction",
+        ),
+        ("a = b(i) * c(i)", {"b": "s"}, "i,i->", {"b": (300,), "c": (300,)}, "reduction"),
+    ],
+)
+def test_default_parallel_reduction(expr, formats, ref, shapes, how):
+    """An outermost loop whose iterations share output elements still runs on threads:
+    per-thread copies of the output, or an OpenMP reduction into a scalar."""
+    k = sparsec.kernel(expr, formats)
+    serial = sparsec.kernel(expr, formats, schedule="serial")
+    assert ("own copy" if how == "copy" else "reduction(+)") in k.schedule
+    inputs = _inputs(shapes, 3)
+    want = torch_reference(ref, inputs)
+    np.testing.assert_array_equal(_dense(serial(**inputs)), want)
+    for threads in (1, 2, 4):
+        np.testing.assert_array_equal(_dense(k(**inputs, threads=threads)), want)
+
+
+def test_private_copies_fall_back_to_one_thread(monkeypatch):
+    """Past the copy budget (threads x output size), the loop runs serially into the output."""
+    import sparsec.lower
+
+    monkeypatch.setattr(sparsec.lower, "MAX_COPY_ELEMENTS", 8)
+    k = sparsec.kernel("y(j) = A(i,j) * x(i)", {"A": "csr"})
+    assert "<= 8 ?" in k.source
+    inputs = _inputs({"A": (30, 20), "x": (30,)}, 5)
+    for threads in (1, 2, 3):
+        np.testing.assert_array_equal(k(**inputs, threads=threads), inputs["A"].T @ inputs["x"])
