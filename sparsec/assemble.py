@@ -117,7 +117,8 @@ class Assembler:
         self.rowwise = self.layout.rowwise
         # the workspace (set by `workspace_alloc` when the lowering needs one)
         self.workspace_var = ""
-        self.w = self.seen = self.list = self.length = ""
+        self.w = self.seen = self.top = self.list = self.length = self.lo = self.hi = ""
+        self.words: ir.Expr = ir.IntLit(0)
         #: per-thread workspaces: the whole allocation behind each row-local name
         self.bases: dict[str, str] = {}
         self.sizes_of: dict[str, ir.Expr] = {}
@@ -277,39 +278,64 @@ class Assembler:
         return layout.fmt.levels[layout.last].unique and not layout.block and not layout.tail
 
     def workspace_alloc(self, var: str | None) -> list[ir.Stmt]:
-        """A dense row over ``var``: values, a seen-flag per coordinate, the list of seen."""
+        """A dense row over ``var``: values, a bitmap of the coordinates reached followed by
+        its summary (``top``: one bit per bitmap word), and the list of those reached.
+
+        Counting needs neither values nor the list: it marks bits and the span reached
+        (``lo``..``hi``), then counts the marked words through the summary. Each thread's
+        bitmap and list are padded to whole cache lines plus one, so threads never share a
+        line, and the list has slack for the branch-free appends of ``sc_mark`` and
+        ``sc_sort_reached``."""
         if var is None:
             return []
         namer = self.low.namer
         self.workspace_var = var
         self.w = namer.fresh("w")
         self.seen = namer.fresh("w_seen")
-        self.list = namer.fresh("w_list")
-        self.length = namer.fresh("w_len")
+        self.top = namer.fresh("w_top")
+        if self.counting:
+            self.lo, self.hi = namer.fresh("w_lo"), namer.fresh("w_hi")
+        else:
+            self.list, self.length = namer.fresh("w_list"), namer.fresh("w_len")
         size = ir.Var(self.low.sig.dim(var))
-        words = ir.Bin("/", ir.Bin("+", size, ir.IntLit(63)), ir.IntLit(64))
+        self.words = ir.Bin("/", ir.Bin("+", size, ir.IntLit(63)), ir.IntLit(64))
+        tops = ir.Bin("/", ir.Bin("+", size, ir.IntLit(4095)), ir.IntLit(4096))
+        strides = {self.seen: _lines(ir.Bin("+", self.words, tops))}
+        if not self.counting:
+            strides = {self.w: size, **strides, self.list: _lines(size)}
         copies: ir.Expr = ir.IntLit(1)
         if self.rowwise:
             # one workspace per thread; each row takes its thread's slice (`_row_workspace`)
             copies = ir.Var(self.low.sig.threads)
-            self.bases = {n: namer.fresh(f"{n}_all") for n in (self.w, self.seen, self.list)}
-            self.sizes_of = {self.w: size, self.seen: words, self.list: size}
-        names = {n: self.bases[n] if self.rowwise else n for n in (self.w, self.seen, self.list)}
+            self.bases = {n: namer.fresh(f"{n}_all") for n in strides}
+            self.sizes_of = strides
         stmts: list[ir.Stmt] = [ir.Comment(f"workspace: a dense row over {var} (Gustavson)")]
-        if not self.counting:
-            stmts.append(ir.Alloc(ir.VAL, names[self.w], ir.mul(copies, size)))
-        stmts += [
-            ir.Alloc(ir.U64, names[self.seen], ir.mul(copies, words)),
-            ir.Alloc(ir.I64, names[self.list], ir.mul(copies, size)),
-        ]
-        if not self.rowwise:
-            stmts.append(ir.Decl(ir.I64, self.length, ir.IntLit(0)))
-        used = (self.seen, self.list) if self.counting else (self.w, self.seen, self.list)
-        self.allocated = [names[n] for n in used]
+        self.allocated = [self.bases[n] if self.rowwise else n for n in strides]
+        for name, array in zip(strides, self.allocated, strict=True):
+            stmts.append(ir.Alloc(self._types[name], array, ir.mul(copies, strides[name])))
         failed: ir.Expr = ir.Unary("!", ir.Var(self.allocated[0]))
         for name in self.allocated[1:]:
             failed = ir.Bin("||", failed, ir.Unary("!", ir.Var(name)))
         stmts.append(ir.Return(OUT_OF_MEMORY, failed))
+        if not self.rowwise:
+            stmts += self._row_state()
+        return stmts
+
+    @property
+    def _types(self) -> dict[str, str]:
+        return {self.w: ir.VAL, self.seen: ir.U64, self.list: ir.I64}
+
+    def _row_state(self) -> list[ir.Stmt]:
+        """The summary behind the bitmap, and the row's list length or span."""
+        stmts: list[ir.Stmt] = [ir.Pointer(ir.U64, self.top, self.seen, self.words)]
+        if self.counting:
+            size = ir.Var(self.low.sig.dim(self.workspace_var))
+            stmts += [
+                ir.Decl(ir.I64, self.lo, size),
+                ir.Decl(ir.I64, self.hi, ir.IntLit(-1)),
+            ]
+        else:
+            stmts.append(ir.Decl(ir.I64, self.length, ir.IntLit(0)))
         return stmts
 
     def workspace_free(self, var: str | None) -> list[ir.Stmt]:
@@ -324,55 +350,64 @@ class Assembler:
         tid = ir.Call("thread_id", ())
         stmts: list[ir.Stmt] = []
         for name, base in self.bases.items():
-            if self.counting and name == self.w:
-                continue
-            ty = {self.w: ir.VAL, self.seen: ir.U64, self.list: ir.I64}[name]
-            stmts.append(ir.Pointer(ty, name, base, ir.mul(tid, self.sizes_of[name])))
-        stmts.append(ir.Decl(ir.I64, self.length, ir.IntLit(0)))
-        return stmts
+            stmts.append(
+                ir.Pointer(self._types[name], name, base, ir.mul(tid, self.sizes_of[name]))
+            )
+        return stmts + self._row_state()
 
     def scatter(self, coord: ir.Expr, value: ir.Expr | None) -> list[ir.Stmt]:
-        """``w[j] += value``, remembering ``j`` the first time it is reached."""
+        """``w[j] += value``, remembering ``j`` the first time it is reached.
+
+        The numeric phase appends to the list without a branch (``sc_mark``); counting only
+        sets the bits (no test, no branch) and widens the span reached."""
+        seen, top = ir.Var(self.seen), ir.Var(self.top)
+        if self.counting:
+            lo, hi = ir.Var(self.lo), ir.Var(self.hi)
+            return [
+                ir.Effect(ir.Call("mark_bits", (seen, top, coord))),
+                ir.Assign(lo, ir.Call("min", (lo, coord))),
+                ir.Assign(hi, ir.Call("max", (hi, coord))),
+            ]
         n = ir.Var(self.length)
-        seen = ir.Var(self.seen)
-        first = ir.block(
-            ir.Effect(ir.Call("bit_set", (seen, coord))),
-            ir.Assign(ir.Load(self.list, n), coord),
-            ir.Assign(n, ir.Bin("+", n, ir.IntLit(1))),
-        )
-        reached = ir.Call("bit_test", (seen, coord))
-        stmts: list[ir.Stmt] = [ir.If(((ir.Unary("!", reached), first),))]
-        if value is not None and not self.counting:
+        stmts: list[ir.Stmt] = [
+            ir.Assign(n, ir.Call("mark", (seen, top, ir.Var(self.list), n, coord)))
+        ]
+        if value is not None:
             stmts.append(ir.Assign(ir.Load(self.w, coord), value, "+="))
         return stmts
 
     def gather(self) -> list[ir.Stmt]:
         """Append the workspace's coordinates in order, clearing what was touched
-        (``sc_sort_reached`` clears the bitmap as it orders the list)."""
-        n = ir.Var(self.length)
+        (``sc_sort_reached`` clears the bitmap and its summary as it orders the list;
+        ``sc_count_reached`` as it counts)."""
         last = self.layout.last
         c = ir.Var(self.count[last])
+        seen, top = ir.Var(self.seen), ir.Var(self.top)
+        if self.counting:
+            lo, hi = ir.Var(self.lo), ir.Var(self.hi)
+            reached = ir.Call("count_reached", (seen, top, lo, hi))
+            return [
+                ir.Assign(c, ir.Bin("+", c, reached)),
+                ir.Assign(lo, ir.Var(self.low.sig.dim(self.workspace_var))),
+                ir.Assign(hi, ir.IntLit(-1)),
+            ]
+        n = ir.Var(self.length)
         t = self.low.namer.fresh("q")
         j = self.low.namer.fresh("j_w")
-        coord = ir.Load(self.list, ir.Var(t))
-        seen = ir.Var(self.seen)
-        if self.counting:
-            body = ir.block(ir.Effect(ir.Call("bit_clear", (seen, coord))))
-            return [
-                ir.Assign(c, ir.Bin("+", c, n)),
-                ir.For(t, ir.IntLit(0), n, body),
-                ir.Assign(n, ir.IntLit(0)),
-            ]
         body = ir.block(
-            ir.Decl(ir.I64, j, coord),
+            ir.Decl(ir.I64, j, ir.Load(self.list, ir.Var(t))),
             ir.Assign(ir.Load(self.crd[last], c), ir.Var(j)),
             ir.Assign(ir.Load(self.vals, c), ir.Load(self.w, ir.Var(j))),
             self._inc(last),
             ir.Assign(ir.Load(self.w, ir.Var(j)), ir.FloatLit(0.0)),
         )
-        size = ir.Var(self.low.sig.dim(self.workspace_var))
         return [
-            ir.Effect(ir.Call("sort_reached", (ir.Var(self.list), n, seen, size))),
+            ir.Effect(ir.Call("sort_reached", (ir.Var(self.list), n, seen, top))),
             ir.For(t, ir.IntLit(0), n, body),
             ir.Assign(n, ir.IntLit(0)),
         ]
+
+
+def _lines(count: ir.Expr) -> ir.Expr:
+    """``count`` 8-byte elements rounded up to whole 64-byte lines, plus one line of slack."""
+    return ir.mul(ir.Bin("/", ir.Bin("+", count, ir.IntLit(15)), ir.IntLit(8)), ir.IntLit(8))

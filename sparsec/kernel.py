@@ -12,6 +12,7 @@ the storage invariants (done once, when the `Tensor` is built; Tensors are immut
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import threading
@@ -151,6 +152,11 @@ class Kernel:
         out = spec.output
         self._out_level_indices = tuple(spec.statement.lhs.indices[m] for m in out.format.ordering)
         self._out_identity = out.format.ordering == tuple(range(out.order))
+
+    @functools.cached_property
+    def _out_layout(self) -> OutputLayout:
+        """How a sparse output is assembled (computed once, on the first call)."""
+        return OutputLayout.of(self.spec.output.format, self.spec.output.name)
 
     # ------------------------------------------------------------- inspection
     @property
@@ -317,7 +323,7 @@ class Kernel:
         nthreads = resolve_threads(threads)
         sizes = np.zeros(max(1, out_t.order), dtype=np.int64)
         index_dtype = INDEX_DTYPES[prepared.index_dtype]
-        layout = OutputLayout.of(fmt, out_t.name)
+        layout = self._out_layout
         counted: dict[tuple[str, int], np.ndarray] = {("sizes", -1): sizes}
         if layout.rowwise:
             # each row counts its entries into pos[p + 1]; the prefix sum makes them offsets
@@ -333,14 +339,14 @@ class Kernel:
         arrays: dict[tuple[str, int], np.ndarray] = {}
         if layout.rowwise:
             row_pos = counted[("pos", layout.last)]
-            offsets = np.cumsum(row_pos, dtype=np.int64)
-            if prepared.index_dtype == "int32" and offsets[-1] > _INT32_MAX:
+            total = int(row_pos.sum(dtype=np.int64))
+            if prepared.index_dtype == "int32" and total > _INT32_MAX:
                 raise DTypeError(
-                    f"output {out_t.name!r} has {offsets[-1]} entries, more than int32 "
+                    f"output {out_t.name!r} has {total} entries, more than int32 "
                     f"indices hold; use index_dtype='int64'"
                 )
-            row_pos[:] = offsets
-            sizes[layout.last] = offsets[-1]
+            np.cumsum(row_pos, out=row_pos)  # in place: the total fits the index dtype
+            sizes[layout.last] = total
             arrays[("pos", layout.last)] = row_pos
         levels = []
         parents = 1

@@ -1245,11 +1245,16 @@ class Lowerer:
                 )
                 stmts.append(ir.Assign(ir.Var(s.pos), ir.Select(everyone, s.advance, jump)))
             return ir.block(*stmts)
+        counting = self.assembler is not None and self.assembler.counting
         for it in its:
             s = state[it]
-            stmts.append(
-                ir.Assign(ir.Var(s.pos), ir.Select(ir.Var(s.here), s.advance, ir.Var(s.pos)))
-            )
+            if counting and self._unique(it):
+                # no values are read while counting: advance without a branch (a merge's
+                # branches are unpredictable; GCC keeps them for the select otherwise)
+                step: ir.Expr = ir.Bin("+", ir.Var(s.pos), ir.Var(s.here))
+            else:
+                step = ir.Select(ir.Var(s.here), s.advance, ir.Var(s.pos))
+            stmts.append(ir.Assign(ir.Var(s.pos), step))
         return ir.block(*stmts)
 
     def _segment(
