@@ -34,6 +34,7 @@ from .order import Edge, edges, level_indices, loop_order, output_edges
 from .schedule import (
     GPU_UNITS,
     Command,
+    Parallelize,
     Plan,
     Precompute,
     Space,
@@ -145,6 +146,11 @@ class LoweredKernel:
     notes: tuple[str, ...] = ()
     #: what each `bound` promises (the kernel returns BOUND_VIOLATED when one fails)
     bounds: tuple[str, ...] = ()
+    #: CUDA: the output must be zeroed before the launch (the kernel only adds into it)
+    zero_before: bool = False
+    #: CUDA: the grid (trip count of the GPUBlock loop) and the threads per block
+    grid: ir.Expr | None = None
+    block: int = 1
 
 
 class Lowerer:
@@ -160,8 +166,19 @@ class Lowerer:
         exclusive: bool = False,
         counting: bool = False,
         commands: tuple[Command, ...] = (),
+        target: str = "c",
     ) -> None:
         self.spec = spec
+        #: "c" (OpenMP loops) or "cuda" (GPU loops; the runtime zeroes the output)
+        self.target = target
+        self.gpu = target == "cuda"
+        #: GPU units of the loops enclosing the point being lowered, outermost first
+        self.gpu_units: tuple[str, ...] = ()
+        #: the trip count of the GPUBlock loop (the launch's grid), once lowered
+        self.grid: ir.Expr | None = None
+        #: per-thread accumulators that a warp reduces before lane 0 stores them
+        self.warp_reduced: set[str] = set()
+        self.lane0 = False
         self.sig = sig
         self.namer = namer
         self.formats = spec.formats
@@ -172,7 +189,9 @@ class Lowerer:
         #: threads may be used at all (``schedule="serial"`` turns them off)
         self.threads_ok = parallel
         #: the default heuristic picks the parallel loop (off when the user parallelizes)
-        self.parallel = parallel and not any(c.name == "parallelize" for c in commands)
+        self.parallel = (
+            parallel and not self.gpu and not any(c.name == "parallelize" for c in commands)
+        )
         # state while lowering the body of a user-parallel loop
         self.in_threads = False
         self.in_vector = False
@@ -228,6 +247,8 @@ class Lowerer:
             self.workspace = ws
         if self.commands:
             order = self._apply_schedule(order, everything, extra)
+        if self.gpu:
+            self._gpu_support()
         if self.assembler is not None:
             alloc = self.assembler.workspace_alloc(self.workspace)
             ctx = self._locate(Ctx(), [self.lhs])
@@ -249,7 +270,8 @@ class Lowerer:
                 notes=tuple(self.notes),
             )
         self.zero_in_loop = (
-            not stmt.accumulate
+            not self.gpu
+            and not stmt.accumulate
             and not self.exclusive
             and self.lhs.order > 0
             and order[0] == level_indices(self.lhs, self.spec.output.format)[0]
@@ -257,7 +279,7 @@ class Lowerer:
         ctx = self._locate(Ctx(), [self.lhs])
         body = self.loops(order, stmt.rhs, ctx[1], OutputSink(), outermost=True)
         zeroed = stmt.accumulate or self.exclusive or self.zeroed_slices
-        init = None if zeroed else self._zero_output()
+        init = None if zeroed or self.gpu else self._zero_output()
         exclusive = bool(self.write_sites) and all(self.write_sites) and not stmt.accumulate
         return LoweredKernel(
             ir.block(*self.entry_checks, init, *self.top, ctx[0], body, *self.bottom),
@@ -266,7 +288,45 @@ class Lowerer:
             exclusive,
             tuple(self.notes),
             tuple(self.bound_messages),
+            zero_before=self.gpu and not zeroed,
+            grid=self.grid,
+            block=self._block_size(),
         )
+
+    # ------------------------------------------------------------------ CUDA
+    def _gpu_support(self) -> None:
+        """What the CUDA target cannot map (yet), refused before any code exists."""
+        if self.assembler is not None:
+            raise ScheduleError(
+                f"the output {self.lhs.name} is sparse ({self.spec.output.format}); sparse "
+                "outputs have no GPU mapping yet: use target='c', or a dense output"
+            )
+        plan = self.plan
+        if plan is None or not any(p.unit in GPU_UNITS for p in plan.parallel.values()):
+            raise ScheduleError(
+                "the CUDA target needs a GPU mapping: parallelize a loop with GPUBlock "
+                "(and GPUThread inside it)"
+            )
+        for space in plan.spaces.values():
+            if space.bound is not None:
+                raise ScheduleError(f"{space.origin}: bound is supported on the C target only")
+        for pre in plan.precompute:
+            raise ScheduleError(
+                f"{pre.origin}: workspaces (precompute) are supported on the C target only"
+            )
+
+    def _block_size(self) -> int:
+        """Threads per block: the GPUThread loop's split factor (a warp loop's times 32)."""
+        if not self.gpu or self.plan is None:
+            return 1
+        plan = self.plan
+        warps = [v for v, p in plan.parallel.items() if p.unit == "GPUWarp"]
+        threads = [v for v, p in plan.parallel.items() if p.unit == "GPUThread"]
+        if warps:
+            return min(1024, 32 * _factor_of(plan, warps[0], 8))
+        if threads:
+            return min(1024, max(32, _factor_of(plan, threads[0], 256)))
+        return 1
 
     # -------------------------------------------------------------- schedule
     def _forced_workspace(self) -> bool:
@@ -369,6 +429,14 @@ class Lowerer:
             return ir.block(*self.assembler.store(self._output_slot(ctx), value))
         assert value is not None
         lhs = set(self.lhs.indices)
+        if self.gpu and not self.lane0 and "GPUThread" not in self.gpu_units:
+            if self._block_size() > 1:
+                raise ScheduleError(
+                    f"the store into {self.lhs.name} runs outside the GPUThread loops, so "
+                    "every thread of a block would do it; map the loops that bind "
+                    f"{', '.join(self.lhs.indices) or 'the output'} to GPUThread, or reduce "
+                    "with ParallelReduction on a GPUThread loop inside a GPUWarp loop"
+                )
         # a schedule space entered around the write repeats it unless it is a plain range
         # over output indices (a split of i: every i once)
         spaces = self.plan.spaces if self.plan is not None else {}
@@ -599,6 +667,8 @@ class Lowerer:
         cmd = req.origin
         if not self.threads_ok:
             return setup
+        if self.gpu:
+            return self._gpu_setup(loop, req, distinct, sink, kind, trip, setup)
         if req.unit in GPU_UNITS:
             raise ScheduleError(
                 f"{cmd}: {req.unit} is a CUDA unit; the C target runs CPUThread and CPUVector loops"
@@ -698,6 +768,99 @@ class Lowerer:
             case _:
                 raise ScheduleError(
                     f"{cmd}: {req.races} does not apply here ({why}); use {strategies}"
+                )
+        return setup
+
+    def _gpu_setup(
+        self,
+        loop: str,
+        req: Parallelize,
+        distinct: frozenset[str],
+        sink: Sink,
+        kind: str,
+        trip: ir.Expr,
+        setup: _LoopSetup,
+    ) -> _LoopSetup:
+        """A loop mapped to the GPU: nesting rules, then the same race analysis as on the
+        CPU (a thread's locals are private, so a shared accumulator is a warp reduction)."""
+        cmd = req.origin
+        unit = req.unit
+        if unit not in GPU_UNITS:
+            raise ScheduleError(
+                f"{cmd}: {unit} is a CPU unit; the CUDA target maps loops to GPUBlock, "
+                "GPUWarp and GPUThread"
+            )
+        if kind != "for":
+            raise ScheduleError(
+                f"{cmd}: the loop over {loop} is a while loop ({kind}); its iterations depend "
+                "on each other. Map an enclosing loop, or iterate one operand's positions "
+                f"with pos({loop},...)"
+            )
+        units = self.gpu_units
+        if unit == "GPUBlock" and units:
+            raise ScheduleError(
+                f"{cmd}: a GPUBlock loop inside a {units[-1]} loop; the grid has one level, "
+                "so GPUBlock goes on the outermost GPU loop"
+            )
+        if unit == "GPUWarp" and units != ("GPUBlock",):
+            raise ScheduleError(
+                f"{cmd}: GPUWarp needs an enclosing GPUBlock loop, with no other GPU loop "
+                "between them"
+            )
+        if unit == "GPUThread" and "GPUBlock" not in units:
+            raise ScheduleError(
+                f"{cmd}: GPUThread without an enclosing GPUBlock loop; parallelize an outer "
+                "loop with GPUBlock (e.g. split(i,i0,i1,256), parallelize(i0,GPUBlock,"
+                "NoRaces), parallelize(i1,GPUThread,NoRaces))"
+            )
+        if unit == "GPUThread" and "GPUThread" in units:
+            raise ScheduleError(f"{cmd}: a GPUThread loop inside another GPUThread loop")
+        if unit == "GPUBlock":
+            if self.grid is not None:
+                raise ScheduleError(
+                    f"{cmd}: the GPUBlock loop is reached on more than one path of the loop "
+                    "nest; map a loop that runs once per kernel"
+                )
+            self.grid = trip
+        lane = unit == "GPUThread" and "GPUWarp" in units
+        setup.flags["gpu_units"] = (*units, unit)
+        out = self.lhs.name
+        lhs = set(self.lhs.indices)
+        target_acc = isinstance(sink, AccSink)
+        race = target_acc or not (distinct and distinct <= lhs)
+        par = ir.Parallel(unit, "lane" if lane else "")
+        if not race:
+            setup.parallel = par
+            self.notes.append(f"{loop}: {unit}, race-free")
+            return setup
+        if target_acc:
+            why = f"every index of {out} is bound outside {loop}, so its iterations add into one element"
+        else:
+            why = (
+                f"{out} is indexed by {', '.join(self.lhs.indices) or 'nothing'}, and two "
+                f"iterations of {loop} can share those coordinates"
+            )
+        match req.races:
+            case "NoRaces" | "IgnoreRaces":
+                raise ScheduleError(
+                    f"{cmd}: iterations of {loop} write the same element of {out} ({why}); "
+                    f"with {req.races} that would give a wrong sum. Use Atomics"
+                    + (" or ParallelReduction" if lane and target_acc else "")
+                )
+            case "Atomics" if not target_acc:
+                setup.flags["atomic_writes"] = True
+                setup.parallel = par
+                self.notes.append(f"{loop}: {unit}, atomicAdd into {out}")
+            case "ParallelReduction" if target_acc and lane:
+                assert isinstance(sink, AccSink)
+                self.warp_reduced.add(sink.name)
+                setup.parallel = par
+                self.notes.append(f"{loop}: {unit} lanes, warp shuffle reduction, lane 0 stores")
+            case _:
+                raise ScheduleError(
+                    f"{cmd}: {req.races} does not apply here ({why}); on the GPU use Atomics "
+                    "for an output element that threads share, or ParallelReduction on a "
+                    "GPUThread loop inside a GPUWarp loop that reduces into one element"
                 )
         return setup
 
@@ -1083,9 +1246,23 @@ class Lowerer:
         ):
             acc = self.namer.fresh("acc")
             if self.assembler is None:
+                inner = self.loops(order, expr, ctx, AccSink(acc), outermost)
+                if acc in self.warp_reduced:
+                    # each lane holds a partial sum: the warp adds them up, lane 0 stores
+                    self.lane0 = True
+                    try:
+                        store = self._write(ctx, ir.Var(acc))
+                    finally:
+                        self.lane0 = False
+                    return ir.block(
+                        ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
+                        inner,
+                        ir.Assign(ir.Var(acc), ir.Call("warp_sum", (ir.Var(acc),))),
+                        ir.If(((ir.Bin("==", ir.Call("lane", ()), ir.IntLit(0)), store),)),
+                    )
                 return ir.block(
                     ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
-                    self.loops(order, expr, ctx, AccSink(acc), outermost),
+                    inner,
                     self._write(ctx, ir.Var(acc)),
                 )
             # sparse output: an entry exists only if some term reached it
@@ -1516,6 +1693,14 @@ def _product(parts: list[Access | Literal] | tuple[Access | Literal, ...]) -> CE
     return expr
 
 
+def _factor_of(plan: Plan, loop: str, default: int) -> int:
+    """The split factor of an inner split piece (the extent of its loop), else ``default``."""
+    piece = plan.pieces.get(loop)
+    if piece is not None and not piece.outer and not piece.divide:
+        return piece.factor
+    return default
+
+
 def _origin_of(plan: Plan, loop: str) -> str:
     if loop in plan.pieces:
         return f"from {plan.pieces[loop].origin}"
@@ -1571,6 +1756,7 @@ def lower(
     parallel: bool = True,
     counting: bool = False,
     commands: tuple[Command, ...] = (),
+    target: str = "c",
 ) -> tuple[LoweredKernel, Signature]:
     """Lower ``spec``; a second pass drops the output zeroing when every element is
     written exactly once (plain dense loops over all output indices), storing with ``=``.
@@ -1580,7 +1766,7 @@ def lower(
     is the user's schedule (empty: the default schedule).
     """
     sig, namer = make_names()
-    options: dict[str, Any] = {"parallel": parallel, "commands": commands}
+    options: dict[str, Any] = {"parallel": parallel, "commands": commands, "target": target}
     if not spec.output.format.is_dense:
         lowered = Lowerer(spec, sig, namer, counting=counting, **options).kernel()
         return lowered, sig

@@ -28,6 +28,9 @@ from .errors import CompileError
 
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
 REQUIRED_CFLAGS = ("-shared", "-fPIC", "-std=gnu11")
+#: the CUDA emulation builds C++ (SPARSEC_CXX, SPARSEC_CXXFLAGS)
+DEFAULT_CXXFLAGS = "-O2 -fopenmp"
+REQUIRED_CXXFLAGS = ("-shared", "-fPIC", "-std=c++20")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,8 @@ class Toolchain:
     cc: tuple[str, ...]
     flags: tuple[str, ...]
     identity: str
+    #: source file suffix: ".c", or ".cpp" for the CUDA emulation
+    suffix: str = ".c"
 
 
 def cache_dir() -> Path:
@@ -65,7 +70,11 @@ def _identity(cc: tuple[str, ...]) -> str:
     return f"{exe}\n{out.stdout.strip()}"
 
 
-def toolchain() -> Toolchain:
+def toolchain(language: str = "c") -> Toolchain:
+    if language == "c++":
+        cxx = tuple(shlex.split(os.environ.get("SPARSEC_CXX", "c++"))) or ("c++",)
+        flags = tuple(shlex.split(os.environ.get("SPARSEC_CXXFLAGS", DEFAULT_CXXFLAGS)))
+        return Toolchain(cxx, flags + REQUIRED_CXXFLAGS, _identity(cxx), ".cpp")
     cc = tuple(shlex.split(os.environ.get("SPARSEC_CC", "cc"))) or ("cc",)
     flags = tuple(shlex.split(os.environ.get("SPARSEC_CFLAGS", DEFAULT_CFLAGS)))
     return Toolchain(cc, flags + REQUIRED_CFLAGS, _identity(cc))
@@ -83,9 +92,9 @@ _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
 
 
-def compile_cached(source: str) -> ctypes.CDLL:
+def compile_cached(source: str, language: str = "c") -> ctypes.CDLL:
     """The loaded shared library for ``source``, compiled at most once per cache."""
-    tc = toolchain()
+    tc = toolchain(language)
     key = cache_key(source, tc)
     with _lock:
         lib = _loaded.get(key)
@@ -134,7 +143,7 @@ def _build(source: str, tc: Toolchain, dest: Path) -> Path:
     except OSError:
         workdir = _fallback_dir()
         dest = workdir / dest.name
-    fd, src_path = tempfile.mkstemp(suffix=".c", dir=workdir)
+    fd, src_path = tempfile.mkstemp(suffix=tc.suffix, dir=workdir)
     with os.fdopen(fd, "w") as f:
         f.write(source)
     fd, tmp_so = tempfile.mkstemp(suffix=".so.tmp", dir=workdir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import jinja2
 
@@ -31,6 +32,12 @@ class Generated:
     index_dtype: str
     #: what each `bound` of the schedule promises (kernel status BOUND_VIOLATED)
     bounds: tuple[str, ...] = ()
+    #: "c" or "cuda"
+    target: str = "c"
+    #: CUDA: grid, block and zeroing (a `cuda.Launch`)
+    launch: Any = None
+    #: the schedule's commands that were applied (CUDA: the default's, when chosen)
+    commands: tuple[Command, ...] = ()
 
 
 @cache

@@ -53,6 +53,8 @@ class Target:
             "thread_id": "sc_thread_id",
             "search": "sc_search",
             "gallop": "sc_gallop",
+            "warp_sum": "sc_warp_sum",
+            "lane": "sc_lane",
         }
     )
     indent: str = "  "
@@ -84,6 +86,55 @@ class Target:
     def atomic(self, target: str, op: str, value: str) -> list[str]:
         return ["#pragma omp atomic", f"{target} {op} {value};"]
 
+    def loop_head(
+        self, var: str, start: str, end: str, par: ir.Parallel | None, unroll: int, threads: str
+    ) -> list[str]:
+        """The lines that open ``for var in [start, end)``."""
+        head = self.parallel_pragma(par, threads) if par else []
+        if unroll:
+            head.append(f"#pragma GCC unroll {unroll}")
+        i64 = self.types[ir.I64]
+        head.append(f"for ({i64} {var} = {start}; {var} < {end}; {var}++) {{")
+        return head
+
+
+@dataclass(frozen=True)
+class CudaTarget(Target):
+    """CUDA: GPU loops are strided over the grid, the warps of a block, its threads or a
+    warp's lanes (correct for any launch size); stores shared by threads use atomicAdd."""
+
+    #: (first index, stride) of each GPU unit; "lane" is a GPUThread loop inside a warp
+    STRIDES = {
+        "GPUBlock": ("(long long)blockIdx.x", "(long long)gridDim.x"),
+        "GPUWarp": ("(long long)(threadIdx.x >> 5)", "(long long)(blockDim.x >> 5)"),
+        "GPUThread": ("(long long)threadIdx.x", "(long long)blockDim.x"),
+        "lane": ("(long long)(threadIdx.x & 31)", "32"),
+    }
+
+    def parallel_pragma(self, par: ir.Parallel, threads: str) -> list[str]:
+        raise ValueError(f"target {self.name} maps loops to GPU units, not {par.unit}")
+
+    def atomic(self, target: str, op: str, value: str) -> list[str]:
+        if op != "+=":
+            raise ValueError(f"no atomic {op!r} on {self.name}")
+        return [f"atomicAdd(&{target}, {value});"]
+
+    def loop_head(
+        self, var: str, start: str, end: str, par: ir.Parallel | None, unroll: int, threads: str
+    ) -> list[str]:
+        i64 = self.types[ir.I64]
+        head = [f"#pragma unroll {unroll}"] if unroll else []
+        if par is None:
+            head.append(f"for ({i64} {var} = {start}; {var} < {end}; {var}++) {{")
+            return head
+        key = "lane" if par.schedule == "lane" else par.unit
+        if key not in self.STRIDES:
+            raise ValueError(f"target {self.name} cannot run {par.unit} loops")
+        first, stride = self.STRIDES[key]
+        init = first if start == "0" else f"{start} + {first}"
+        head.append(f"for ({i64} {var} = {init}; {var} < {end}; {var} += {stride}) {{")
+        return head
+
 
 C = Target(
     name="c",
@@ -96,6 +147,19 @@ C = Target(
         INT: "int",
     },
     restrict="restrict",
+)
+
+CUDA = CudaTarget(
+    name="cuda",
+    types={
+        ir.VAL: "sc_val_t",
+        ir.IDX: "sc_idx_t",
+        ir.I64: "long long",
+        ir.U64: "unsigned long long",
+        ir.BOOL: "int",
+        INT: "int",
+    },
+    restrict="__restrict__",
 )
 
 
@@ -119,17 +183,10 @@ class Printer:
                     return [pad + line for line in self.t.atomic(lhs, op, rhs)]
                 return [f"{pad}{lhs} {op} {rhs};"]
             case ir.For(var=var, start=start, end=end, body=body, parallel=par, unroll=unroll):
-                head = (
-                    [pad + line for line in self.t.parallel_pragma(par, self.threads)]
-                    if par
-                    else []
+                opening = self.t.loop_head(
+                    var, self.expr(start), self.expr(end), par, unroll, self.threads
                 )
-                if unroll:
-                    head.append(f"{pad}#pragma GCC unroll {unroll}")
-                i64 = self.t.types[ir.I64]
-                head.append(
-                    f"{pad}for ({i64} {var} = {self.expr(start)}; {var} < {self.expr(end)}; {var}++) {{"
-                )
+                head = [pad + line for line in opening]
                 return head + self.stmts(body, depth + 1) + [f"{pad}}}"]
             case ir.While(cond=cond, body=body):
                 return [

@@ -1,0 +1,154 @@
+"""CUDA target: the same loop IR as C, printed as one ``extern "C" __global__`` kernel.
+
+GPU loops come from the schedule's units (`GPUBlock`, `GPUWarp`, `GPUThread`); with no
+schedule, `default_schedule` picks thread-per-row over the outermost loop (a plain range,
+or a sparse tensor's positions through ``pos``), with atomics when that loop's iterations
+share output elements. The runtime zeroes the output before the launch when the kernel
+adds into it, and launches ``grid`` blocks of ``block`` threads; every GPU loop is
+grid/block/warp-strided, so any launch size is correct and the grid only matters for speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..abi import Namer, Signature, signature
+from ..errors import ScheduleError
+from ..lower import LoweredKernel, lower
+from ..schedule import Command, parse_commands
+from ..spec import Spec
+from .c import C_VALUE_TYPES, KERNEL_NAME, Generated, environment, header
+from .printer import CUDA, Printer
+
+CUDA_INDEX_TYPES = {"int32": "int", "int64": "long long"}
+THREADS_PER_BLOCK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How the runtime launches the kernel."""
+
+    #: the trip count of the GPUBlock loop, as loop IR over the kernel's arguments and the
+    #: declarations before that loop (``lowered.body``); None: not known before the launch
+    grid: object
+    block: int
+    #: the output must be zeroed before the launch
+    zero_before: bool
+    #: the lowered body (for evaluating ``grid`` on the host)
+    body: object
+
+
+def default_schedule(spec: Spec, order: tuple[str, ...]) -> list[list[str]]:
+    """Candidate GPU schedules, best first: thread-per-row over the outermost loop."""
+    if not order:
+        return []
+    v = order[0]
+    taken = set(spec.indices) | {t.name for t in spec.tensors}
+
+    def fresh(base: str) -> str:
+        name, n = base, 2
+        while name in taken:
+            name, n = f"{base}{n}", n + 1
+        taken.add(name)
+        return name
+
+    b, t, p = fresh(f"{v}_block"), fresh(f"{v}_thread"), fresh(f"{v}_pos")
+    sparse = [
+        tv.name for tv in spec.inputs if not tv.format.is_dense and v in _indices_of(spec, tv.name)
+    ]
+    candidates = []
+    for races in ("NoRaces", "Atomics"):
+        tail = [
+            f"split({{}},{b},{t},{THREADS_PER_BLOCK})",
+            f"parallelize({b},GPUBlock,{races})",
+            f"parallelize({t},GPUThread,{races})",
+        ]
+        candidates.append([tail[0].format(v), *tail[1:]])
+        for name in sparse:
+            candidates.append([f"pos({v},{p},{name})", tail[0].format(p), *tail[1:]])
+    return candidates
+
+
+def _indices_of(spec: Spec, tensor: str) -> set[str]:
+    from ..concrete import accesses
+
+    return {i for a in accesses(spec.statement.rhs) if a.name == tensor for i in a.indices}
+
+
+def generate_cuda(
+    spec: Spec,
+    *,
+    dtype: str = "float64",
+    index_dtype: str = "int32",
+    commands: tuple[Command, ...] = (),
+) -> Generated:
+    """The CUDA source of ``spec``'s kernel under ``commands`` (or the default GPU schedule)."""
+
+    def make_names() -> tuple[Signature, Namer]:
+        namer = Namer()
+        return signature(spec, namer), namer
+
+    chosen = commands
+    if commands:
+        lowered, sig = lower(spec, make_names, commands=commands, target="cuda")
+        description = "user: " + ", ".join(str(c) for c in commands)
+    else:
+        base, _ = lower(spec, make_names)
+        found: tuple[LoweredKernel, Signature] | None = None
+        reasons: list[str] = []
+        for candidate in default_schedule(spec, base.loop_order):
+            try:
+                chosen = parse_commands(candidate)
+                found = lower(spec, make_names, commands=chosen, target="cuda")
+                break
+            except ScheduleError as err:
+                reasons.append(str(err))
+        if found is None:
+            why = (
+                f" (tried thread-per-row over {base.loop_order[0]}: {reasons[-1]})"
+                if reasons
+                else ""
+            )
+            raise ScheduleError(
+                f"no GPU mapping for {spec.assignment} with these formats{why}; give a "
+                "schedule with GPUBlock/GPUThread loops, or use target='c'"
+            )
+        lowered, sig = found
+        description = "default: " + ", ".join(str(c) for c in chosen)
+    notes = "; ".join(lowered.notes)
+    schedule = f"{description}; {notes}" if notes else description
+    printer = Printer(CUDA, threads=sig.threads)
+    val_t, idx_t = C_VALUE_TYPES[dtype], CUDA_INDEX_TYPES[index_dtype]
+    grid = printer.expr(lowered.grid) if lowered.grid is not None else "(set by the runtime)"
+    lines = header(spec, sig, lowered.loop_order, schedule, f"values {val_t}, indices {idx_t}")
+    lines.insert(
+        -1,
+        f"launch: grid = {grid} blocks (grid-stride loops), block = {lowered.block} threads, "
+        "0 bytes of shared memory"
+        + ("; the output is zeroed before the launch" if lowered.zero_before else ""),
+    )
+    source = (
+        environment()
+        .get_template("kernel.cu.j2")
+        .render(
+            header=lines,
+            val_type=val_t,
+            idx_type=idx_t,
+            name=KERNEL_NAME,
+            params=[CUDA.param(p) for p in sig.params],
+            body="\n".join(printer.stmts(lowered.body)),
+        )
+    )
+    launch = Launch(lowered.grid, lowered.block, lowered.zero_before, lowered.body)
+    return Generated(
+        source,
+        sig,
+        lowered.loop_order,
+        schedule,
+        dtype,
+        index_dtype,
+        lowered.bounds,
+        target="cuda",
+        launch=launch,
+        commands=chosen,
+    )
