@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import runtime
+from . import gpu, runtime
 from .abi import Param
 from .assemble import OUT_OF_MEMORY, OutputLayout
 from .binding import (
@@ -37,6 +37,7 @@ from .binding import (
     widen,
 )
 from .codegen import Generated, generate
+from .codegen.cuda import generate_cuda
 from .errors import (
     DTypeError,
     InputError,
@@ -52,7 +53,8 @@ from .schedule import Command, parse_commands
 from .spec import FormatsArg, Spec, make_spec
 from .tensor import LevelStorage, Tensor
 
-TARGETS = ("c",)
+#: "c": OpenMP C; "cuda": CUDA through CuPy; "cuda-emulated": the CUDA kernel on the CPU
+TARGETS = ("c", "cuda", "cuda-emulated")
 #: keyword options of `Kernel.__call__` and `Kernel.check`, so not usable as tensor names
 RESERVED_INPUT_NAMES = frozenset({"threads"})
 DEFAULT_EXTENTS = (23, 19, 17, 13, 11, 7)
@@ -124,10 +126,16 @@ class Kernel:
         except SparsecError as err:
             raise err.with_source(expr) from None
         self.parallel, self.commands = _schedule(schedule)
+        if target != "c" and schedule == "serial":
+            raise ScheduleError(
+                "schedule 'serial' is for the C target; CUDA kernels map loops to GPU units"
+            )
+        self._generated: dict[tuple[str, str], Generated] = {}
+        self._raw_kernels: dict[str, Any] = {}
         self.dtype = _dtype_name(dtype, VALUE_DTYPES, "value dtype")
         self.index_dtype = _dtype_name(index_dtype, INDEX_DTYPES, "index dtype")
-        if self.commands:
-            self.generated()  # a schedule is checked now, not at the first call
+        if self.commands or target != "c":
+            self.generated()  # a schedule (or GPU mapping) is checked now, not at the first call
         self._compiled: dict[tuple[str, str], _Compiled] = {}
         self._lock = threading.Lock()
         #: SPARSEC_POISON=1 fills fresh outputs with NaN before each call (used by the tests)
@@ -170,16 +178,34 @@ class Kernel:
 
     def generated(self, dtype: str | None = None, index_dtype: str | None = None) -> Generated:
         key = (dtype or self.dtype or "float64", index_dtype or self.index_dtype or "int32")
+        found = self._generated.get(key)
+        if found is not None:
+            return found
         try:
-            return generate(
-                self.spec,
-                dtype=key[0],
-                index_dtype=key[1],
-                parallel=self.parallel,
-                commands=self.commands,
-            )
+            if self.target == "c":
+                found = generate(
+                    self.spec,
+                    dtype=key[0],
+                    index_dtype=key[1],
+                    parallel=self.parallel,
+                    commands=self.commands,
+                )
+            else:
+                found = generate_cuda(
+                    self.spec, dtype=key[0], index_dtype=key[1], commands=self.commands
+                )
         except SparsecError as err:
             raise err.with_source(self.expression) from None
+        self._generated[key] = found
+        return found
+
+    def verify(self) -> list[gpu.PtxasInfo]:
+        """CUDA targets: compile the kernel with NVRTC (or nvcc) for sm_80 and sm_90 and
+        return ptxas' report (registers, spills, occupancy); needs no GPU."""
+        if self.target == "c":
+            raise SparsecError("verify() compiles CUDA; this kernel's target is 'c'")
+        gen = self.generated()
+        return gpu.verify(gen.source, gen.launch.block)
 
     @property
     def source(self) -> str:
@@ -196,10 +222,20 @@ class Kernel:
             found = self._compiled.get(key)
             if found is None:
                 gen = self.generated(dtype, index_dtype)
-                lib = runtime.compile_cached(gen.source)
-                fn = lib.sparsec_kernel
-                fn.argtypes = [_ctype(p, dtype) for p in gen.signature.params]
-                fn.restype = ctypes.c_int
+                types = [_ctype(p, dtype) for p in gen.signature.params]
+                if self.target == "cuda":
+                    gpu.cupy_device()  # "no CUDA device" before anything else
+                    fn: Any = None
+                elif self.target == "cuda-emulated":
+                    lib = runtime.compile_cached(gpu.emulation_source(gen), "c++")
+                    fn = lib.sparsec_launch
+                    fn.argtypes = [ctypes.c_int64, ctypes.c_int, *types]
+                    fn.restype = ctypes.c_int
+                else:
+                    lib = runtime.compile_cached(gen.source)
+                    fn = lib.sparsec_kernel
+                    fn.argtypes = types
+                    fn.restype = ctypes.c_int
                 plan = tuple(
                     (p.field, p.tensor or "", p.level, p.index or "") for p in gen.signature.params
                 )
@@ -432,6 +468,8 @@ class Kernel:
     def _run(self, compiled: _Compiled, prepared: _Prepared, threads: int | None) -> Any:
         if compiled.assemble is not None:
             return self._run_sparse(compiled, prepared, threads)
+        if compiled.generated.target == "cuda":
+            return self._run_gpu(compiled, prepared)
         out_t = self.spec.output
         np_dtype = VALUE_DTYPES[prepared.dtype]
         dims = prepared.dims
@@ -453,6 +491,88 @@ class Kernel:
             return out.reshape(level_shape)
         return np.transpose(out.reshape(level_shape), np.argsort(out_t.format.ordering))
 
+    def _run_gpu(self, compiled: _Compiled, prepared: _Prepared) -> Any:
+        """A CUDA kernel: on the device through CuPy, or on the CPU through the emulation."""
+        gen = compiled.generated
+        launch = gen.launch
+        out_t = self.spec.output
+        np_dtype = VALUE_DTYPES[prepared.dtype]
+        level_shape = tuple(prepared.dims[i] for i in self._out_level_indices)
+        if self.spec.statement.accumulate:
+            out = np.array(prepared.values[out_t.name], dtype=np_dtype, order="C").reshape(-1)
+        elif launch.zero_before:
+            out = np.zeros(math.prod(level_shape), dtype=np_dtype)
+        else:
+            out = np.empty(math.prod(level_shape), dtype=np_dtype)
+            if self._poison:
+                out.fill(np.nan)
+        params = _named_arguments(compiled, prepared, out)
+        emulated = self.target == "cuda-emulated"
+        grid = gpu.launch_grid(launch, params, emulated)
+        if emulated:
+            args = _arguments(compiled, prepared, {("vals", -1): out}, 1)
+            compiled.fn(grid, launch.block, *args)
+        else:
+            out = self._launch_cupy(gen, params, out_t.name, grid)
+        if out_t.order == 0:
+            return np_dtype(out[0])
+        if self._out_identity:
+            return out.reshape(level_shape)
+        return np.transpose(out.reshape(level_shape), np.argsort(out_t.format.ordering))
+
+    def _launch_cupy(self, gen: Generated, params: dict[str, Any], out_name: str, grid: int) -> Any:
+        """Copy the arguments to the device, launch through CuPy `RawKernel`, copy back."""
+        cp = gpu.cupy_device()
+        with self._lock:
+            raw = self._raw_kernels.get(gen.source)
+            if raw is None:
+                raw = cp.RawKernel(gen.source, "sparsec_kernel", options=("-std=c++17",))
+                self._raw_kernels[gen.source] = raw
+        args: list[Any] = []
+        out_dev = None
+        vals_dtype = VALUE_DTYPES[gen.dtype]
+        for p in gen.signature.params:
+            value = params[p.name]
+            if p.kind == "array":
+                dev = cp.asarray(np.ascontiguousarray(value))
+                if p.tensor == out_name and p.field == "vals":
+                    out_dev = dev
+                args.append(dev)
+            elif p.field == "value":
+                args.append(vals_dtype(value))
+            elif p.field == "threads":
+                args.append(np.int32(1))
+            else:
+                args.append(np.int64(value))
+        raw((grid,), (gen.launch.block,), tuple(args))
+        assert out_dev is not None
+        return cp.asnumpy(out_dev)
+
+
+def _named_arguments(compiled: _Compiled, prepared: _Prepared, out: np.ndarray) -> dict[str, Any]:
+    """Each ABI parameter's value by name: arrays as numpy arrays (for the CUDA launch and
+    for evaluating its grid on the host)."""
+    found: dict[str, Any] = {}
+    out_name = compiled.generated.signature.params[0].tensor
+    for p, (field, tensor, level, index) in zip(
+        compiled.generated.signature.params, compiled.plan, strict=True
+    ):
+        if field == "vals" and tensor == out_name:
+            found[p.name] = out
+        elif field in ("vals", "pos", "crd"):
+            v = prepared.values[tensor]
+            if isinstance(v, Tensor):
+                found[p.name] = v.vals if field == "vals" else getattr(v.levels[level], field)
+            else:
+                found[p.name] = v
+        elif field == "value":
+            found[p.name] = prepared.values[tensor]
+        elif field == "dim":
+            found[p.name] = prepared.dims[index]
+        else:
+            found[p.name] = 1
+    return found
+
 
 class _FastPath:
     """The hot path for repeated calls whose inputs already fit the kernel exactly.
@@ -469,6 +589,8 @@ class _FastPath:
     ) -> _FastPath | None:
         spec = kernel.spec
         if spec.statement.accumulate or prepared.use_torch or not spec.output.is_dense:
+            return None
+        if kernel.target != "c":
             return None
         if not kernel._out_identity:
             return None
