@@ -64,7 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME:FORMAT",
         help="storage format of one tensor (repeatable), e.g. -f A:csr -f B:ds:1,0",
     )
-    c.add_argument("--target", default="c", choices=["c"], help="code generation target")
+    c.add_argument(
+        "--target",
+        default="c",
+        choices=["c", "cuda", "cuda-emulated"],
+        help="c (OpenMP), cuda (a .cu kernel), or cuda-emulated (the same, run on the CPU)",
+    )
+    c.add_argument(
+        "--verify",
+        action="store_true",
+        help="CUDA: compile the kernel with NVRTC (or nvcc) for sm_80 and sm_90 and print "
+        "registers, spills and occupancy; needs no GPU",
+    )
     c.add_argument("-o", "--output", metavar="FILE", help="write the kernel source to FILE")
     c.add_argument(
         "--check",
@@ -141,14 +152,32 @@ def _compile(args: argparse.Namespace) -> int:
             raise SparsecError(f"cannot write {args.output}: {err.strerror}") from None
     else:
         sys.stdout.write(source)
+    if args.verify:
+        if args.target == "c":
+            raise SparsecError("--verify compiles CUDA: use it with --target cuda")
+        for report in k.verify():
+            print(f"verify: ok: {report}")
+            if report.spills:
+                raise SparsecError(f"the kernel spills registers on {report.arch}")
     if args.check:
         dims = _dims(args.dims)
+        if args.target == "cuda":
+            # no GPU needed: the same source runs through the CUDA emulation on the CPU
+            k = kernel(
+                args.expr,
+                _formats(args.format),
+                target="cuda-emulated",
+                schedule=args.schedule or None,
+                dtype=args.dtype,
+                index_dtype=args.index_dtype,
+            )
         inputs, used = k.random_inputs(dims, seed=args.seed)
         result = k.check(**inputs)
         shown = ",".join(f"{i}={n}" for i, n in used.items())
         print(
             f"check: ok: {k.assignment} matches dense torch on random inputs ({shown}; "
-            f"max abs error {result.max_abs_error:.3g}, {result.dtype})"
+            + ("run by the CUDA emulation on the CPU; " if k.target != "c" else "")
+            + f"max abs error {result.max_abs_error:.3g}, {result.dtype})"
         )
     return 0
 

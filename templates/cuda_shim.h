@@ -2,12 +2,10 @@
  * compiler with this header in front of it. Blocks run on OpenMP threads; the threads of
  * a block run one after another, or, when the kernel uses warp shuffles, as fibers
  * (ucontext) that meet at each shuffle like the lanes of a warp. Atomics are
- * std::atomic_ref. Only what sparsec's kernels use is emulated. */
-#include <atomic>
-#include <cstddef>
-#include <cstdlib>
+ * compare-and-swap loops on the value's bits. Only what sparsec's kernels use is
+ * emulated; no C++ library headers, so the emulation builds in a fraction of a second. */
+#include <stdlib.h>
 #include <ucontext.h>
-#include <vector>
 
 struct sc_dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -19,29 +17,48 @@ static thread_local sc_dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __forceinline__ inline
 #define __restrict__ __restrict
 
-template <class T>
-inline T atomicAdd(T* address, T value) {
-  return std::atomic_ref<T>(*address).fetch_add(value);
+template <class T, class Bits>
+inline T sc_atomic_add(T* address, T value) {
+  Bits* cell = reinterpret_cast<Bits*>(address);
+  Bits seen = __atomic_load_n(cell, __ATOMIC_RELAXED);
+  for (;;) {
+    T old;
+    __builtin_memcpy(&old, &seen, sizeof(T));
+    T sum = old + value;
+    Bits next;
+    __builtin_memcpy(&next, &sum, sizeof(T));
+    if (__atomic_compare_exchange_n(cell, &seen, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+      return old;
+  }
+}
+inline double atomicAdd(double* address, double value) {
+  return sc_atomic_add<double, unsigned long long>(address, value);
+}
+inline float atomicAdd(float* address, float value) {
+  return sc_atomic_add<float, unsigned int>(address, value);
 }
 
 namespace sc_emu {
 
-constexpr std::size_t kStack = 128 * 1024;
+constexpr long kStack = 128 * 1024;
 
 struct Block {
   int threads = 0;
   int current = 0;
   ucontext_t scheduler;
-  std::vector<ucontext_t> contexts;
-  std::vector<char> done;
-  std::vector<double> slots, results;
-  std::vector<int> arrived, generation;
+  ucontext_t* contexts = nullptr;
+  char* done = nullptr;
+  double* slots = nullptr;
+  double* results = nullptr;
+  int* arrived = nullptr;
+  int* generation = nullptr;
   void (*body)(void*) = nullptr;
   void* arg = nullptr;
 };
 
 static thread_local Block* running = nullptr;
-static thread_local std::vector<char> stacks;
+static thread_local char* stacks = nullptr;
+static thread_local long stacks_size = 0;
 
 inline void yield() {
   Block* b = running;
@@ -59,17 +76,23 @@ inline void run_fibers(int threads, void (*body)(void*), void* arg) {
   b.threads = threads;
   b.body = body;
   b.arg = arg;
-  b.contexts.resize(threads);
-  b.done.assign(threads, 0);
-  b.slots.assign(threads, 0.0);
-  b.results.assign(threads, 0.0);
   int warps = (threads + 31) / 32;
-  b.arrived.assign(warps, 0);
-  b.generation.assign(warps, 0);
-  if (stacks.size() < kStack * threads) stacks.resize(kStack * threads);
+  b.contexts = static_cast<ucontext_t*>(calloc(threads, sizeof(ucontext_t)));
+  b.done = static_cast<char*>(calloc(threads, 1));
+  b.slots = static_cast<double*>(calloc(threads, sizeof(double)));
+  b.results = static_cast<double*>(calloc(threads, sizeof(double)));
+  b.arrived = static_cast<int*>(calloc(warps, sizeof(int)));
+  b.generation = static_cast<int*>(calloc(warps, sizeof(int)));
+  if (stacks_size < kStack * threads) {
+    free(stacks);
+    stacks_size = kStack * threads;
+    stacks = static_cast<char*>(malloc(stacks_size));
+  }
+  if (!b.contexts || !b.done || !b.slots || !b.results || !b.arrived || !b.generation || !stacks)
+    abort();  // the emulation cannot run without memory for its fibers
   for (int t = 0; t < threads; t++) {
     getcontext(&b.contexts[t]);
-    b.contexts[t].uc_stack.ss_sp = stacks.data() + kStack * t;
+    b.contexts[t].uc_stack.ss_sp = stacks + kStack * t;
     b.contexts[t].uc_stack.ss_size = kStack;
     b.contexts[t].uc_link = &b.scheduler;
     makecontext(&b.contexts[t], entry, 0);
@@ -87,6 +110,12 @@ inline void run_fibers(int threads, void (*body)(void*), void* arg) {
     }
   }
   running = outer;
+  free(b.contexts);
+  free(b.done);
+  free(b.slots);
+  free(b.results);
+  free(b.arrived);
+  free(b.generation);
 }
 
 template <class F>

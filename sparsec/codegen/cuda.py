@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..abi import Namer, Signature, signature
+from ..concrete import accesses
 from ..errors import ScheduleError
 from ..lower import LoweredKernel, lower
+from ..order import level_indices
 from ..schedule import Command, parse_commands
 from ..spec import Spec
 from .c import C_VALUE_TYPES, KERNEL_NAME, Generated, environment, header
@@ -39,7 +41,15 @@ class Launch:
 
 
 def default_schedule(spec: Spec, order: tuple[str, ...]) -> list[list[str]]:
-    """Candidate GPU schedules, best first: thread-per-row over the outermost loop."""
+    """Candidate GPU schedules, best first.
+
+    A sparse operand of order three or more whose levels are the outermost loops is
+    iterated over its nonzeros (TACO's GPU MTTKRP: fuse its levels, ``pos``, 8 nonzeros per
+    thread and 256 threads per block, atomics where the output is shared), since its slices
+    are too uneven for a thread each. Otherwise, thread-per-row over the outermost loop: a
+    plain range, or a sparse operand's positions; with atomics when that loop's iterations
+    share output elements.
+    """
     if not order:
         return []
     v = order[0]
@@ -52,11 +62,38 @@ def default_schedule(spec: Spec, order: tuple[str, ...]) -> list[list[str]]:
         taken.add(name)
         return name
 
+    candidates: list[list[str]] = []
+    for access in dict.fromkeys(accesses(spec.statement.rhs)):
+        fmt = spec.tensor(access.name).format
+        levels = level_indices(access, fmt)
+        if fmt.is_dense or len(levels) < 3 or tuple(order[: len(levels)]) != levels:
+            continue
+        commands, fused = [], levels[0]
+        for var in levels[1:]:
+            joint = fresh("f")
+            commands.append(f"fuse({fused},{var},{joint})")
+            fused = joint
+        fp, b, rest, t, n = (
+            fresh("fpos"),
+            fresh("block"),
+            fresh("fpos1"),
+            fresh("thread"),
+            fresh("nz"),
+        )
+        per_thread = 8
+        commands += [
+            f"pos({fused},{fp},{access.name})",
+            f"split({fp},{b},{rest},{per_thread * THREADS_PER_BLOCK})",
+            f"split({rest},{t},{n},{per_thread})",
+            f"parallelize({b},GPUBlock,Atomics)",
+            f"parallelize({t},GPUThread,Atomics)",
+        ]
+        candidates.append(commands)
+        break
     b, t, p = fresh(f"{v}_block"), fresh(f"{v}_thread"), fresh(f"{v}_pos")
     sparse = [
         tv.name for tv in spec.inputs if not tv.format.is_dense and v in _indices_of(spec, tv.name)
     ]
-    candidates = []
     for races in ("NoRaces", "Atomics"):
         tail = [
             f"split({{}},{b},{t},{THREADS_PER_BLOCK})",
@@ -70,8 +107,6 @@ def default_schedule(spec: Spec, order: tuple[str, ...]) -> list[list[str]]:
 
 
 def _indices_of(spec: Spec, tensor: str) -> set[str]:
-    from ..concrete import accesses
-
     return {i for a in accesses(spec.statement.rhs) if a.name == tensor for i in a.indices}
 
 
