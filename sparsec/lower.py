@@ -179,6 +179,9 @@ class Lowerer:
         #: per-thread accumulators that a warp reduces before lane 0 stores them
         self.warp_reduced: set[str] = set()
         self.lane0 = False
+        #: per-thread accumulators that every thread adds atomically into the output
+        self.partial_accs: set[str] = set()
+        self.partial = False
         self.sig = sig
         self.namer = namer
         self.formats = spec.formats
@@ -429,6 +432,11 @@ class Lowerer:
             return ir.block(*self.assembler.store(self._output_slot(ctx), value))
         assert value is not None
         lhs = set(self.lhs.indices)
+        if self.partial:
+            # every thread adds its own partial sum: several writes, each atomic
+            self.write_sites.append(False)
+            slot = self._output_slot(ctx)
+            return ir.block(ir.Assign(slot, value, "+=", atomic=True))
         if self.gpu and not self.lane0 and "GPUThread" not in self.gpu_units:
             if self._block_size() > 1:
                 raise ScheduleError(
@@ -851,6 +859,12 @@ class Lowerer:
                 setup.flags["atomic_writes"] = True
                 setup.parallel = par
                 self.notes.append(f"{loop}: {unit}, atomicAdd into {out}")
+            case "Atomics":
+                # each thread sums its iterations privately, then adds its part atomically
+                assert isinstance(sink, AccSink)
+                self.partial_accs.add(sink.name)
+                setup.parallel = par
+                self.notes.append(f"{loop}: {unit}, per-thread partial sums, atomicAdd into {out}")
             case "ParallelReduction" if target_acc and lane:
                 assert isinstance(sink, AccSink)
                 self.warp_reduced.add(sink.name)
@@ -1260,6 +1274,13 @@ class Lowerer:
                         ir.Assign(ir.Var(acc), ir.Call("warp_sum", (ir.Var(acc),))),
                         ir.If(((ir.Bin("==", ir.Call("lane", ()), ir.IntLit(0)), store),)),
                     )
+                if acc in self.partial_accs:
+                    self.partial = True
+                    try:
+                        store = self._write(ctx, ir.Var(acc))
+                    finally:
+                        self.partial = False
+                    return ir.block(ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)), inner, store)
                 return ir.block(
                     ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
                     inner,

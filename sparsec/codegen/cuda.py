@@ -123,6 +123,11 @@ def generate_cuda(
         namer = Namer()
         return signature(spec, namer), namer
 
+    if not spec.output.format.is_dense:
+        raise ScheduleError(
+            f"the output {spec.output.name} is sparse ({spec.output.format}); sparse outputs "
+            "have no GPU mapping yet: use target='c', or a dense output"
+        )
     chosen = commands
     if commands:
         lowered, sig = lower(spec, make_names, commands=commands, target="cuda")

@@ -1,0 +1,314 @@
+"""The CUDA target without a GPU: every kernel compiles with NVRTC for sm_80 and sm_90
+without spills, and runs through the CPU emulation to the dense torch result. The `gpu`
+tests run the same kernels through CuPy and skip themselves where no device exists."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import case_id, sparse_array, torch_reference
+from test_kernels import CASES
+
+import sparsec
+from sparsec import ScheduleError, SparsecError, gpu
+
+SPMV = "y(i) = A(i,j) * x(j)"
+MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
+
+SPMV_SCHEDULES = {
+    "thread-per-row": "split(i,i0,i1,256), parallelize(i0,GPUBlock,NoRaces), "
+    "parallelize(i1,GPUThread,NoRaces)",
+    "warp-per-row": "split(i,i0,i1,8), pos(j,jp,A), split(jp,j0,j1,32), reorder(i0,i1,j0,j1), "
+    "parallelize(i0,GPUBlock,NoRaces), parallelize(i1,GPUWarp,NoRaces), "
+    "parallelize(j1,GPUThread,ParallelReduction)",
+    "nonzero-parallel": "fuse(i,j,f), pos(f,fp,A), split(fp,b,fp1,2048), split(fp1,t,n,8), "
+    "parallelize(b,GPUBlock,Atomics), parallelize(t,GPUThread,Atomics)",
+}
+MTTKRP_SCHEDULES = {
+    "default": None,
+    "nonzero-parallel": "fuse(i,k,f), fuse(f,l,g), pos(g,gp,B), split(gp,b,gp1,512), "
+    "split(gp1,t,n,16), parallelize(b,GPUBlock,Atomics), parallelize(t,GPUThread,Atomics)",
+    "thread-per-slice": "pos(i,ip,B), split(ip,b,t,64), parallelize(b,GPUBlock,NoRaces), "
+    "parallelize(t,GPUThread,NoRaces)",
+}
+
+needs_compiler = pytest.mark.skipif(
+    gpu.nvrtc() is None and __import__("shutil").which("nvcc") is None,
+    reason="neither NVRTC (pip install nvidia-cuda-nvrtc-cu12) nor nvcc is available",
+)
+
+
+def _given(fmts, shapes, seed, dtype="float64", index_dtype="int32", integer=False):
+    rng = np.random.default_rng(seed)
+    dense, given = {}, {}
+    for name, shape in shapes.items():
+        if not shape:
+            dense[name] = given[name] = 1.5
+            continue
+        arr = sparse_array(shape, rng, integer=integer).astype(dtype)
+        dense[name] = arr
+        fmt = fmts.get(name, "dense")
+        given[name] = (
+            arr if fmt == "dense" else sparsec.Tensor.from_dense(arr, fmt, index_dtype=index_dtype)
+        )
+    return dense, given
+
+
+def _no_spills(k: sparsec.Kernel) -> None:
+    reports = k.verify()
+    assert [r.arch for r in reports] == ["sm_80", "sm_90"]
+    for r in reports:
+        assert r.spills == 0, str(r)
+        assert 0 < r.occupancy <= 1 and r.registers > 0, str(r)
+
+
+# ------------------------------------------------------ the core acceptance list
+@needs_compiler
+@pytest.mark.parametrize(
+    ("dtype", "index_dtype"), [("float64", "int32"), ("float32", "int64")], ids=["f64i32", "f32i64"]
+)
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_core_cases_under_emulation(case, dtype, index_dtype):
+    expr, fmts, ref, shapes = case
+    try:
+        k = sparsec.kernel(expr, fmts, target="cuda-emulated")
+    except ScheduleError as err:
+        # no GPU mapping: a clear error naming why, never wrong code
+        assert "no GPU mapping" in str(err) or "sparse outputs have no GPU mapping" in str(err)
+        return
+    dense, given = _given(fmts, shapes, 11, dtype, index_dtype, integer=True)
+    got = np.asarray(k(**given), dtype=np.float64)
+    want = torch_reference(ref, dense)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    if dtype == "float64":
+        _no_spills(k)
+
+
+def test_most_core_cases_have_a_gpu_mapping():
+    mapped, unmapped = 0, []
+    for expr, fmts, _, _ in CASES:
+        try:
+            sparsec.kernel(expr, fmts, target="cuda-emulated")
+            mapped += 1
+        except ScheduleError:
+            unmapped.append(f"{expr} {fmts}")
+    # SpMV in every format, SpMM, MTTKRP, TTV/TTM, SDDMM, products with dense operands and
+    # scalar reductions map (35 of 56); the rest co-iterate several sparse operands (or a
+    # sparse one in a sum with a dense one) at the outermost loop, whose iterations carry
+    # iterator state
+    assert mapped >= 35, unmapped
+    assert all(("b(i)" in u or "+" in u or "B(i,j)" in u) for u in unmapped), unmapped
+
+
+# -------------------------------------------------------------- SpMV, MTTKRP
+@needs_compiler
+@pytest.mark.parametrize("name", list(SPMV_SCHEDULES))
+def test_spmv_gpu_schedules(name):
+    schedule = SPMV_SCHEDULES[name]
+    k = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda-emulated", schedule=schedule)
+    dense, given = _given({"A": "csr"}, {"A": (300, 170), "x": (170,)}, 3, integer=True)
+    np.testing.assert_array_equal(k(**given), dense["A"] @ dense["x"])
+    _no_spills(k)
+    if name == "warp-per-row":
+        assert "__shfl_down_sync" in k.source and "sc_warp_sum(acc)" in k.source
+    if name == "nonzero-parallel":
+        assert "atomicAdd(&y_vals" in k.source
+
+
+@needs_compiler
+@pytest.mark.parametrize("name", list(MTTKRP_SCHEDULES))
+def test_mttkrp_gpu_schedules(name):
+    k = sparsec.kernel(
+        MTTKRP, {"B": "csf"}, target="cuda-emulated", schedule=MTTKRP_SCHEDULES[name]
+    )
+    shapes = {"B": (30, 20, 16), "D": (16, 8), "C": (20, 8)}
+    dense, given = _given({"B": "csf"}, shapes, 4, integer=True)
+    want = torch_reference("ikl,lj,kj->ij", dense)
+    np.testing.assert_array_equal(k(**given), want)
+    _no_spills(k)
+    if name != "thread-per-slice":
+        assert "atomicAdd(&A_vals" in k.source
+
+
+def test_default_gpu_schedules_are_reported():
+    spmv = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda")
+    assert spmv.schedule.startswith("default: split(i,")
+    assert "GPUThread, race-free" in spmv.schedule
+    mttkrp = sparsec.kernel(MTTKRP, {"B": "csf"}, target="cuda")
+    assert "pos(" in mttkrp.schedule and "atomicAdd into A" in mttkrp.schedule
+    src = mttkrp.source
+    assert 'extern "C" __global__ void sparsec_kernel(' in src
+    assert "launch: grid = " in src and "block = 256 threads" in src
+    assert "__restrict__" in src and "schedule: default: fuse(i,k," in src
+
+
+def test_emulation_source_is_the_cuda_source():
+    k = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda-emulated")
+    assert k.source in gpu.emulation_source(k.generated())
+
+
+# ------------------------------------------------------------------ illegal
+GPU_ILLEGAL = [
+    (
+        SPMV,
+        {"A": "csr"},
+        "split(i,i0,i1,32), parallelize(i1,GPUThread,NoRaces)",
+        "GPUThread without an enclosing GPUBlock",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "fuse(i,j,f), pos(f,fp,A), split(fp,b,t,64), parallelize(b,GPUBlock,NoRaces), "
+        "parallelize(t,GPUThread,NoRaces)",
+        "iterations of b write the same element of y",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "split(i,i0,i1,32), parallelize(i0,GPUBlock,NoRaces), parallelize(i1,CPUThread,NoRaces)",
+        "CPUThread is a CPU unit",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "split(i,i0,i1,32), parallelize(i1,GPUBlock,NoRaces), parallelize(i0,GPUThread,NoRaces)",
+        "GPUThread without an enclosing GPUBlock",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "split(i,i0,i1,8), parallelize(i1,GPUWarp,NoRaces)",
+        "GPUWarp needs an enclosing GPUBlock",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "split(i,i0,i1,8), pos(j,jp,A), split(jp,j0,j1,32), reorder(i0,i1,j0,j1), "
+        "parallelize(i0,GPUBlock,NoRaces), parallelize(j1,GPUThread,ParallelReduction)",
+        "ParallelReduction does not apply here",
+    ),
+    (
+        "C(i,k) = A(i,j) * B(j,k)",
+        {"A": "csr"},
+        "parallelize(i,GPUBlock,NoRaces), parallelize(j,GPUThread,NoRaces)",
+        "while loop|write the same element",
+    ),
+    (
+        SPMV,
+        {"A": "csr"},
+        "pos(j,jp,A), split(jp,b,t,32), parallelize(b,GPUBlock,NoRaces)",
+        "write the same element of y",
+    ),
+    (
+        "y(i) = A(i,j) * x(j)",
+        {"A": "csr"},
+        "split(i,i0,i1,8), parallelize(i0,GPUBlock,NoRaces), parallelize(i1,GPUWarp,NoRaces)",
+        "store into y runs outside the GPUThread loops",
+    ),
+    (
+        "C(i,j) = A(i,k) * B(k,j)",
+        {"A": "csr", "B": "csr", "C": "csr"},
+        None,
+        "sparse outputs have no GPU mapping",
+    ),
+    (MTTKRP, {"B": "csf"}, "precompute(B(i,k,l)*D(l,j), j, jw)", "GPU mapping|C target only"),
+    (SPMV, {"A": "csr"}, "split(i,i0,i1,4)", "the CUDA target needs a GPU mapping"),
+    (SPMV, {"A": "csr"}, "serial", "schedule 'serial' is for the C target"),
+    (
+        "A(i,j) = B(i,j) + C(i,j)",
+        {"B": "dcsr", "C": "dcsr"},
+        None,
+        "no GPU mapping for A\\(i,j\\) = B\\(i,j\\) \\+ C\\(i,j\\)",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", GPU_ILLEGAL, ids=lambda c: str(c[2])[:50])
+def test_illegal_gpu_schedule(case):
+    expr, fmts, schedule, message = case
+    with pytest.raises(ScheduleError, match=message):
+        sparsec.kernel(expr, fmts, target="cuda", schedule=schedule)
+
+
+# --------------------------------------------------------------- runtime
+def test_cuda_target_without_a_device_is_a_clear_error():
+    try:
+        gpu.cupy_device()
+    except SparsecError:
+        pass
+    else:
+        pytest.skip("a CUDA device is present")
+    k = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda")
+    assert "__global__" in k.source  # source and verify need no device
+    with pytest.raises(SparsecError, match="no CUDA device"):
+        k(A=np.eye(3), x=np.ones(3))
+
+
+def test_grid_is_evaluated_on_the_host():
+    k = sparsec.kernel(
+        SPMV, {"A": "csr"}, target="cuda-emulated", schedule=SPMV_SCHEDULES["nonzero-parallel"]
+    )
+    a = sparsec.Tensor.from_dense(np.eye(5000), "csr")
+    gen = k.generated()
+    params = {p.name: None for p in gen.signature.params}
+    params.update({"A2_pos": a.levels[1].pos, "i_dim": 5000, "j_dim": 5000})
+    assert gpu.grid_size(gen.launch, params) == 3  # 5000 nonzeros, 2048 per block
+
+
+def test_occupancy_model():
+    assert gpu.occupancy(32, 256) == 1.0
+    assert gpu.occupancy(64, 256) == 0.5
+    assert gpu.occupancy(255, 256) == 0.125
+
+
+def test_cli_cuda_verify_and_check(capsys):
+    from sparsec.cli import main
+
+    if gpu.nvrtc() is None and __import__("shutil").which("nvcc") is None:
+        pytest.skip("no CUDA compiler")
+    assert main(["compile", MTTKRP, "--target", "cuda", "--verify", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "atomicAdd(" in out
+    assert out.count("verify: ok: sm_") == 2
+    assert "run by the CUDA emulation on the CPU" in out
+
+
+# ------------------------------------------------------------------- device
+def _device_or_skip():
+    try:
+        return gpu.cupy_device()
+    except SparsecError as err:
+        pytest.skip(str(err))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(SPMV_SCHEDULES))
+def test_spmv_on_the_device(name):
+    _device_or_skip()
+    k = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda", schedule=SPMV_SCHEDULES[name])
+    dense, given = _given({"A": "csr"}, {"A": (3000, 1700), "x": (1700,)}, 3, integer=True)
+    np.testing.assert_array_equal(k(**given), dense["A"] @ dense["x"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(MTTKRP_SCHEDULES))
+def test_mttkrp_on_the_device(name):
+    _device_or_skip()
+    k = sparsec.kernel(MTTKRP, {"B": "csf"}, target="cuda", schedule=MTTKRP_SCHEDULES[name])
+    shapes = {"B": (60, 40, 30), "D": (30, 16), "C": (40, 16)}
+    dense, given = _given({"B": "csf"}, shapes, 4, integer=True)
+    np.testing.assert_array_equal(k(**given), torch_reference("ikl,lj,kj->ij", dense))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_core_cases_on_the_device(case):
+    _device_or_skip()
+    expr, fmts, ref, shapes = case
+    try:
+        k = sparsec.kernel(expr, fmts, target="cuda")
+    except ScheduleError:
+        return
+    dense, given = _given(fmts, shapes, 11, integer=True)
+    np.testing.assert_allclose(np.asarray(k(**given)), torch_reference(ref, dense), atol=1e-12)
