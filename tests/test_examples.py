@@ -22,6 +22,7 @@ EXAMPLES = [
     ("mttkrp_tns.py", ["small.tns: 12 x 10 x 8", "ok: matches dense torch", "int sparsec_kernel("]),
     ("pruned_layer.py", ["90% sparse", "loop order o, i, t", "matches torch dense"]),
     ("formats.py", ["dcsr", "j -> i", "all four agree with scipy"]),
+    ("cuda.py", ["compiled: sm_80", "compiled: sm_90", "matches numpy", "atomicAdd(&A_vals"]),
     (
         "schedule.py",
         ["row blocks        matches scipy", "atomic updates of y", "refused: ", "sc_search("],
@@ -82,3 +83,11 @@ def test_bench_schedule_quick_smoke() -> None:
     for impl in ("serial", "default", "user"):
         assert impl in done.stdout
     assert "vs serial" in done.stdout
+
+
+def test_bench_gpu_quick_smoke() -> None:
+    done = _run(["-m", "bench", "gpu", "--quick"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    for case in ("spmv", "spmm", "mttkrp"):
+        assert f"\n{case} " in done.stdout
+    assert "roofline us" in done.stdout and "occupancy" in done.stdout
