@@ -564,12 +564,19 @@ def check_order(plan: Plan, hard: Sequence[Any], describe: dict[str, str]) -> No
             continue
         same = space_of.get(edge.before)
         if same is not None and same == space_of.get(edge.after):
+            space = plan.spaces[same]
+            # a fused position space walks the tensor's levels in order (checked by pos);
+            # a fused range binds its variables in the order they were fused
+            if space.kind == "fusedpos" or space.vars.index(edge.before) < space.vars.index(
+                edge.after
+            ):
+                continue
+        elif bound_at[edge.before] < entered_at[edge.after]:
             continue
-        if bound_at[edge.before] >= entered_at[edge.after]:
-            raise ScheduleError(
-                f"schedule {plan.describe()}: {edge.tensor} ({describe.get(edge.tensor, '')}) "
-                f"is iterated level by level, so {edge.before} must be bound before the loop "
-                f"over {edge.after} starts, but the loop order is {', '.join(plan.order)}. "
-                f"Keep {edge.before} outside {edge.after}, or store {edge.tensor} with another "
-                "mode ordering"
-            )
+        raise ScheduleError(
+            f"schedule {plan.describe()}: {edge.tensor} ({describe.get(edge.tensor, '')}) "
+            f"is iterated level by level, so {edge.before} must be bound before the loop "
+            f"over {edge.after} starts, but the loop order is {', '.join(plan.order)}. "
+            f"Keep {edge.before} outside {edge.after}, or store {edge.tensor} with another "
+            "mode ordering"
+        )

@@ -451,7 +451,14 @@ def _property_case(seed: int):
     return expr, formats, shapes, ref, plain, random_schedule(r, loops, indexed_by)
 
 
-SEEDS = [*range(140), *(pytest.param(s, marks=pytest.mark.slow) for s in range(140, 2140))]
+#: seeds the slow run once failed on (a fused range against a level order: an internal
+#: error then, a ScheduleError now), kept in the CI set
+FOUND = (250, 750, 1223, 1643, 1756)
+SEEDS = [
+    *range(140),
+    *FOUND,
+    *(pytest.param(s, marks=pytest.mark.slow) for s in range(140, 2140) if s not in FOUND),
+]
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -1,0 +1,209 @@
+"""Property-based fuzzing against dense torch (hypothesis): random well-typed expressions,
+random formats and mode orderings, random extents including 0 and 1, random densities
+including 0 % and 100 %, both value and index dtypes, the C target and the CUDA emulation,
+with and without random schedules (legal or not).
+
+Every case must match `torch.einsum` on the densified inputs (`Kernel.check`) or raise a
+documented `SparsecError`: `LoweringError` when no loop order fits the chosen mode
+orderings, `ScheduleError` for an illegal schedule or a CUDA kernel without a GPU mapping.
+Never a crash, never a mismatch.
+
+Profiles: the CI run draws 300 cases from a fixed seed (``derandomize``); the ``slow``
+marker runs 10,000 (``pytest -m slow tests/test_fuzz.py``). The cases are drawn through
+``st.randoms()``, so a failure shrinks to a small expression; shrunk failures are added to
+`REGRESSIONS` below and run as ordinary tests.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_schedule import random_schedule
+
+import sparsec
+from sparsec.errors import LoweringError, ScheduleError
+from sparsec.notation import accesses
+
+INDICES = ("i", "j", "k")
+
+#: shrunk failures, kept as tests: (expression, formats, dims, target, schedule, seed)
+REGRESSIONS: list[tuple[str, dict[str, str], dict[str, int], str, list[str] | None, int]] = [
+    # a fuse against a level order reached lowering and failed there with an internal
+    # error (found by the slow random-schedule run); now a ScheduleError up front
+    (
+        "a = B(i,j) * C(i,j)",
+        {"B": "csr", "C": "dcsr"},
+        {"i": 3, "j": 4},
+        "c",
+        ["reorder(j,i)", "fuse(j,i,v0)"],
+        0,
+    ),
+    (
+        "y(i) = A(i,j) * x(j)",
+        {"A": "coo"},
+        {"i": 4, "j": 3},
+        "c",
+        ["reorder(j,i)", "fuse(j,i,v0)"],
+        1,
+    ),
+]
+
+
+def random_case(r: random.Random) -> dict:
+    tensors: dict[str, tuple[str, ...]] = {}
+
+    def leaf() -> str:
+        roll = r.random()
+        if roll < 0.1:
+            return str(r.choice([2, 0.5, 3]))
+        name = f"T{len(tensors)}"
+        if roll < 0.2:
+            tensors[name] = ()
+            return name
+        indices = tuple(r.sample(INDICES, r.randint(1, 3)))
+        tensors[name] = indices
+        return f"{name}({','.join(indices)})"
+
+    def expr(depth: int) -> str:
+        if depth == 0 or r.random() < 0.35:
+            return leaf()
+        op = r.choice("+-*") if r.random() < 0.95 else "/"
+        text = f"({expr(depth - 1)} {op} {expr(depth - 1)})"
+        return f"-{text}" if r.random() < 0.1 else text
+
+    rhs = expr(2)  # 1-4 operands
+    used = sorted({i for ix in tensors.values() for i in ix})
+    free = r.sample(used, r.randint(0, min(2, len(used)))) if used else []
+    lhs = f"O({','.join(free)})" if free else "o"
+    formats = {}
+    for name, ix in tensors.items():
+        if not ix:
+            continue
+        if r.random() < 0.15 and len(ix) > 1:
+            letters = "u" + "q" * (len(ix) - 1)
+        else:
+            letters = "".join(r.choice("ds") for _ in ix)
+        ordering = list(range(len(ix)))
+        r.shuffle(ordering)
+        formats[name] = f"{letters}:{','.join(map(str, ordering))}"
+    if free and r.random() < 0.15:  # sometimes a sparse output
+        formats["O"] = "".join(r.choice("ds") for _ in free)
+    return {
+        "expr": f"{lhs} = {rhs}",
+        "formats": formats,
+        "dims": {i: r.choice([0, 1, 2, 3, 5, 7]) for i in used},
+        "density": r.choice([0.0, 0.3, 0.7, 1.0]),
+        "dtype": r.choice(["float64", "float32"]),
+        "index_dtype": r.choice(["int32", "int64"]),
+        "target": "cuda-emulated" if r.random() < 0.25 else "c",
+        "scheduled": r.random() < 0.4,
+        "seed": r.randint(0, 10**6),
+        "r": r,
+    }
+
+
+def run_case(case: dict) -> None:
+    try:
+        _run(case)
+    except LoweringError as err:
+        # the documented limitation: no loop order fits the chosen mode orderings
+        assert "no loop order" in str(err) or "Store" in str(err) or "at most" in str(err)
+
+
+def _run(case: dict) -> None:
+    expr, formats = case["expr"], case["formats"]
+    plain = sparsec.kernel(expr, formats)
+    schedule = None
+    if case["scheduled"]:
+        indexed_by: dict[str, list[str]] = {}
+        for access in accesses(plain.assignment.rhs):
+            if not plain.formats[access.name].is_dense:
+                for index in access.indices:
+                    indexed_by.setdefault(index, []).append(access.name)
+        loops = list(plain.generated().loop_order)
+        if loops:
+            schedule = random_schedule(case["r"], loops, indexed_by)
+            if case["target"] != "c":  # GPU units instead of CPU ones
+                schedule = [
+                    c.replace("CPUThread", "GPUThread").replace("CPUVector", "GPUBlock")
+                    for c in schedule
+                ]
+    try:
+        k = sparsec.kernel(
+            expr,
+            formats,
+            target=case["target"],
+            schedule=schedule,
+            dtype=case["dtype"],
+            index_dtype=case["index_dtype"],
+        )
+    except ScheduleError:
+        # an illegal schedule, or a CUDA kernel without a GPU mapping
+        assert schedule is not None or case["target"] != "c"
+        return
+    inputs, _ = k.random_inputs(case["dims"], seed=case["seed"], density=case["density"])
+    k.check(**inputs)
+
+
+CI = settings(
+    max_examples=100,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+# Three CI draws of 100 (derandomize seeds each from the test's name), so test workers
+# share them; 300 cases in all.
+
+
+@CI
+@given(st.randoms(use_true_random=False))
+def test_fuzz_against_torch_a(r):
+    run_case(random_case(r))
+
+
+@CI
+@given(st.randoms(use_true_random=False))
+def test_fuzz_against_torch_b(r):
+    run_case(random_case(r))
+
+
+@CI
+@given(st.randoms(use_true_random=False))
+def test_fuzz_against_torch_c(r):
+    run_case(random_case(r))
+
+
+@pytest.mark.slow
+@settings(CI, max_examples=10_000)
+@given(st.randoms(use_true_random=False))
+def test_fuzz_against_torch_slow(r):
+    run_case(random_case(r))
+
+
+@pytest.mark.parametrize("case", REGRESSIONS, ids=lambda c: f"{c[0]}-{c[4]}")
+def test_fuzz_regressions(case):
+    expr, formats, dims, target, schedule, seed = case
+    try:
+        k = sparsec.kernel(expr, formats, target=target, schedule=schedule)
+    except ScheduleError as err:
+        assert schedule is not None and "must be bound before" in str(err)
+        return
+    inputs, _ = k.random_inputs(dims, seed=seed)
+    k.check(**inputs)
+
+
+def test_generator_covers_the_space():
+    """The CI draw is not vacuous: targets, schedules, sparse outputs, empty extents."""
+    seen = {"cuda-emulated": 0, "scheduled": 0, "sparse out": 0, "zero extent": 0}
+    for seed in range(300):
+        case = random_case(random.Random(seed))
+        seen["cuda-emulated"] += case["target"] == "cuda-emulated"
+        seen["scheduled"] += case["scheduled"]
+        seen["sparse out"] += "O" in case["formats"]
+        seen["zero extent"] += 0 in case["dims"].values()
+    assert all(v >= 20 for v in seen.values()), seen
