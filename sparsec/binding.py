@@ -53,6 +53,7 @@ def is_torch(value: Any) -> bool:
 
 
 FLOAT32, FLOAT64, INT64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
+INT32 = np.dtype(np.int32)
 _TORCH_FLOATS: dict[str, np.dtype] = {"torch.float32": FLOAT32, "torch.float64": FLOAT64}
 
 
@@ -125,6 +126,14 @@ def convert_input(t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any
         )
     if index_dtype == "int64":
         value = widen(value)
+    elif value.index_dtype != INT32:
+        # a kernel built for int32 indices: narrow, or say why it cannot hold this input
+        try:
+            value = value.astype(index_dtype="int32")
+        except DTypeError as err:
+            raise DTypeError(
+                f"{where}: the kernel was built for int32 indices, but {err}"
+            ) from None
     return value
 
 

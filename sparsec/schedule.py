@@ -564,10 +564,10 @@ def check_order(plan: Plan, hard: Sequence[Any], describe: dict[str, str]) -> No
             continue
         same = space_of.get(edge.before)
         if same is not None and same == space_of.get(edge.after):
-            space = plan.spaces[same]
+            joint = plan.spaces[same]
             # a fused position space walks the tensor's levels in order (checked by pos);
             # a fused range binds its variables in the order they were fused
-            if space.kind == "fusedpos" or space.vars.index(edge.before) < space.vars.index(
+            if joint.kind == "fusedpos" or joint.vars.index(edge.before) < joint.vars.index(
                 edge.after
             ):
                 continue

@@ -9,7 +9,7 @@ orderings, `ScheduleError` for an illegal schedule or a CUDA kernel without a GP
 Never a crash, never a mismatch.
 
 Profiles: the CI run draws 300 cases from a fixed seed (``derandomize``); the ``slow``
-marker runs 10,000 (``pytest -m slow tests/test_fuzz.py``). The cases are drawn through
+marker runs 10,000 (``pytest -n 2 -m slow tests/test_fuzz.py``). The cases are drawn through
 ``st.randoms()``, so a failure shrinks to a small expression; shrunk failures are added to
 `REGRESSIONS` below and run as ordinary tests.
 """
@@ -178,10 +178,35 @@ def test_fuzz_against_torch_c(r):
     run_case(random_case(r))
 
 
+# The slow profile: 10,000 cases in four draws of 2,500, so workers share them.
+SLOW = settings(CI, max_examples=2_500)
+
+
 @pytest.mark.slow
-@settings(CI, max_examples=10_000)
+@SLOW
 @given(st.randoms(use_true_random=False))
-def test_fuzz_against_torch_slow(r):
+def test_fuzz_against_torch_slow_1(r):
+    run_case(random_case(r))
+
+
+@pytest.mark.slow
+@SLOW
+@given(st.randoms(use_true_random=False))
+def test_fuzz_against_torch_slow_2(r):
+    run_case(random_case(r))
+
+
+@pytest.mark.slow
+@SLOW
+@given(st.randoms(use_true_random=False))
+def test_fuzz_against_torch_slow_3(r):
+    run_case(random_case(r))
+
+
+@pytest.mark.slow
+@SLOW
+@given(st.randoms(use_true_random=False))
+def test_fuzz_against_torch_slow_4(r):
     run_case(random_case(r))
 
 

@@ -1,0 +1,131 @@
+"""Hardening beyond the corpus: sanitizers over the core kernels, index width in kernels,
+and toolchain faults for the CUDA path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sparsec
+from sparsec import CompileError, gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+BIG = 2**31
+
+
+# ----------------------------------------------------------------- sanitizers
+def _sanitizer_runtime() -> str | None:
+    cc = shutil.which("cc")
+    if cc is None:
+        return None
+    path = subprocess.run(
+        [cc, "-print-file-name=libasan.so"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
+@pytest.mark.skipif(_sanitizer_runtime() is None, reason="the C compiler ships no libasan")
+def test_core_kernels_under_address_and_undefined_sanitizers(tmp_path):
+    """The core acceptance list (float64, int32 and int64 indices), the sparse outputs and
+    the scheduled kernels, with every kernel built with -fsanitize=address,undefined and
+    AddressSanitizer preloaded into the interpreter; any report aborts the run."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "SPARSEC_CFLAGS": "-O1 -g -fno-omit-frame-pointer -fopenmp "
+            "-fsanitize=address,undefined -fno-sanitize-recover=all",
+            "SPARSEC_CACHE_DIR": str(tmp_path / "cache"),
+            "LD_PRELOAD": _sanitizer_runtime() or "",
+            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+        }
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_kernels.py::test_matches_dense_torch",
+            "tests/test_sparse_outputs.py",
+            "tests/test_schedule.py::test_scheduled_equals_unscheduled_and_torch",
+            "-k",
+            "not float32 and not int64",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    report = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, report
+    assert "ERROR: AddressSanitizer" not in report and "runtime error:" not in report
+    assert " passed" in done.stdout
+
+
+# ---------------------------------------------------------------- index width
+def test_kernel_over_dimensions_past_int32():
+    """Extents past 2^31 in metadata, few nonzeros: int64 indices end to end."""
+    a = sparsec.Tensor.from_coo([[0, 2, 2], [5, 0, BIG + 7]], [1.0, 2.0, 3.0], (3, BIG + 9), "csr")
+    x = sparsec.Tensor.from_coo([[5, BIG + 7, BIG + 8]], [10.0, 20.0, 30.0], (BIG + 9,), "s")
+    assert a.index_dtype == np.int64 and x.index_dtype == np.int64
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr", "x": "s"})
+    np.testing.assert_array_equal(k(A=a, x=x), [10.0, 0.0, 60.0])
+    b = sparsec.Tensor.from_coo(
+        [[BIG + 1, 4], [3, BIG + 2]], [2.0, 5.0], (BIG + 3, BIG + 3), "dcsr"
+    )
+    c = sparsec.Tensor.from_coo([[BIG + 1], [3]], [4.0], (BIG + 3, BIG + 3), "dcsr")
+    dot = sparsec.kernel("a = B(i,j) * C(i,j)", {"B": "dcsr", "C": "dcsr"})
+    assert dot(B=b, C=c) == 8.0
+    out = sparsec.kernel("A(i,j) = B(i,j) + C(i,j)", {"A": "dcsr", "B": "dcsr", "C": "dcsr"})
+    s = out(B=b, C=c)
+    assert s.index_dtype == np.int64 and s.shape == (BIG + 3, BIG + 3)
+    coords, vals = s.coords()
+    assert coords.T.tolist() == [[4, BIG + 2], [BIG + 1, 3]] and vals.tolist() == [5.0, 6.0]
+
+
+def test_forced_int32_kernel_refuses_huge_inputs():
+    a = sparsec.Tensor.from_coo([[0], [BIG + 7]], [1.0], (3, BIG + 9), "csr")
+    x = sparsec.Tensor.from_coo([[BIG + 7]], [2.0], (BIG + 9,), "s")
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr", "x": "s"}, index_dtype="int32")
+    with pytest.raises(sparsec.DTypeError, match="built for int32 indices.*2147483657"):
+        k(A=a, x=x)
+    # and an int64 tensor that fits is narrowed, not misread
+    small = sparsec.Tensor.from_dense(np.eye(3), "csr", index_dtype="int64")
+    np.testing.assert_array_equal(k(A=small, x=np.arange(3.0)), [0.0, 1.0, 2.0])
+
+
+# -------------------------------------------------------------- toolchain faults
+def test_missing_cuda_compiler_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(gpu, "nvrtc", lambda: None)
+    monkeypatch.setattr(gpu.shutil, "which", lambda name: None)
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, target="cuda")
+    with pytest.raises(CompileError, match="neither NVRTC nor nvcc"):
+        k.verify()
+
+
+@pytest.mark.skipif(gpu.nvrtc() is None, reason="NVRTC is not installed")
+def test_nvrtc_reports_a_compile_error():
+    with pytest.raises(CompileError, match="NVRTC failed for sm_80"):
+        gpu.verify('extern "C" __global__ void k() { undeclared = 1; }')
+
+
+def test_missing_cxx_compiler_for_the_emulation(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARSEC_CXX", "no-such-compiler-xyz")
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, target="cuda-emulated")
+    with pytest.raises(CompileError, match="no-such-compiler-xyz"):
+        k(A=np.eye(3), x=np.ones(3))
