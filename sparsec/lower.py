@@ -1093,16 +1093,29 @@ class Lowerer:
 
     def _cursors_init(self, space: Space, state: SpaceState, first: ir.Expr) -> list[ir.Stmt]:
         """Before a serial loop over fused positions: each compressed parent level's
-        position at the loop's first child position (advanced in the loop)."""
+        position at the loop's first child position (advanced in the loop). Walks up the
+        levels as `_bind_space` does: a singleton child shares its parent's position, a
+        dense child divides by its extent, a compressed child is searched."""
         access = self._pos_access(space)
+        fmt = self.formats[access.name]
+        top = level_indices(access, fmt).index(space.vars[0])
+        last = top + len(space.vars) - 1
+        searched = {k: (n, arr) for n, k, arr in self._parent_searches(space, access)}
         self.cursors = {}
         stmts: list[ir.Stmt] = []
         target: ir.Expr = ir.add(state.lo, first)
-        for n, k, arr in reversed(self._parent_searches(space, access)):
+        for k in range(last - 1, top - 1, -1):
+            child = fmt.levels[k + 1]
+            if child.inherits_parent_range:
+                continue
+            if not child.position_iteration:
+                target = ir.Bin("/", target, ir.Var(self.sig.dim(space.vars[k + 1 - top])))
+                continue
+            n, arr = searched[k + 1]
             lo, hi = state.levels[n]
-            cur = self.namer.fresh(f"p{access.name}{k}_at")
+            cur = self.namer.fresh(f"p{access.name}{k + 1}_at")
             stmts.append(ir.Decl(ir.I64, cur, ir.Call("search", (ir.Var(arr), lo, hi, target))))
-            self.cursors[k] = cur
+            self.cursors[k + 1] = cur
             target = ir.Var(cur)
         return stmts
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from test_schedule import random_schedule
 
@@ -106,6 +106,7 @@ def random_case(r: random.Random) -> dict:
 
 
 def run_case(case: dict) -> None:
+    note({k: v for k, v in case.items() if k != "r"})  # shown with a failure
     try:
         _run(case)
     except LoweringError as err:
@@ -145,6 +146,7 @@ def _run(case: dict) -> None:
         assert schedule is not None or case["target"] != "c"
         return
     inputs, _ = k.random_inputs(case["dims"], seed=case["seed"], density=case["density"])
+    note(f"schedule: {schedule}; applied: {k.schedule}")
     k.check(**inputs)
 
 

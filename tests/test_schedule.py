@@ -551,3 +551,23 @@ def test_private_copies_fall_back_to_one_thread(monkeypatch):
     inputs = _inputs({"A": (30, 20), "x": (30,)}, 5)
     for threads in (1, 2, 3):
         np.testing.assert_array_equal(k(**inputs, threads=threads), inputs["A"].T @ inputs["x"])
+
+
+# ------------------------------------------------ fused positions across level kinds
+@pytest.mark.parametrize("fmt", ["dsd", "sds", "dss", "ssd", "sdd", "uqq"])
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "fuse(i,j,f), fuse(f,k,g), pos(g,gp,T), split(gp,b,gp1,4)",
+        "fuse(i,j,f), fuse(f,k,g), pos(g,gp,T), split(gp,b,gp1,3), "
+        "parallelize(b,CPUThread,Atomics)",
+    ],
+    ids=["serial", "parallel"],
+)
+def test_fused_positions_through_every_level_kind(fmt, schedule):
+    """A dense level below a compressed one divides the position before the parent's
+    search (the slow fuzz run found the cursor seeded with the undivided position)."""
+    k = sparsec.kernel("O(i,j) = T(i,j,k)", {"T": fmt}, schedule=schedule)
+    for seed in range(4):
+        inputs, _ = k.random_inputs({"i": 3, "j": 4, "k": 5}, seed=seed, density=0.4)
+        k.check(**inputs)
