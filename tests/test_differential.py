@@ -14,56 +14,20 @@ from __future__ import annotations
 import random
 
 import pytest
+from generators import random_formats, random_statement
 
 import sparsec
 from sparsec.errors import LoweringError
 
-INDICES = ("i", "j", "k")
-
 
 def random_case(seed: int) -> tuple[str, dict[str, str], dict[str, int], int, str, str]:
     r = random.Random(seed)
-    tensors: dict[str, tuple[str, ...]] = {}
-
-    def leaf() -> str:
-        roll = r.random()
-        if roll < 0.1:
-            return str(r.choice([2, 0.5, 3]))
-        name = f"T{len(tensors)}"
-        if roll < 0.2:
-            tensors[name] = ()
-            return name
-        indices = tuple(r.sample(INDICES, r.randint(1, 3)))
-        tensors[name] = indices
-        return f"{name}({','.join(indices)})"
-
-    def expr(depth: int) -> str:
-        if depth == 0 or r.random() < 0.3:
-            return leaf()
-        op = r.choice("+-*") if r.random() < 0.95 else "/"
-        text = f"({expr(depth - 1)} {op} {expr(depth - 1)})"
-        return f"-{text}" if r.random() < 0.1 else text
-
-    rhs = expr(3)
+    expr, tensors = random_statement(r, depth=3, stop=0.3, accumulate=0.1)
+    formats = random_formats(r, tensors, coo=0.2)
     used = sorted({i for ix in tensors.values() for i in ix})
-    free = r.sample(used, r.randint(0, min(2, len(used)))) if used else []
-    lhs = f"O({','.join(free)})" if free else "o"
-    op = "+=" if r.random() < 0.1 else "="
-
-    formats = {}
-    for name, ix in tensors.items():
-        if not ix:
-            continue
-        if r.random() < 0.2 and len(ix) > 1:
-            letters = "u" + "q" * (len(ix) - 1)
-        else:
-            letters = "".join(r.choice("ds") for _ in ix)
-        ordering = list(range(len(ix)))
-        r.shuffle(ordering)
-        formats[name] = f"{letters}:{','.join(map(str, ordering))}"
     dims = {i: r.randint(0, 5) for i in used}
     return (
-        f"{lhs} {op} {rhs}",
+        expr,
         formats,
         dims,
         r.randint(0, 10**6),
