@@ -571,3 +571,47 @@ def test_fused_positions_through_every_level_kind(fmt, schedule):
     for seed in range(4):
         inputs, _ = k.random_inputs({"i": 3, "j": 4, "k": 5}, seed=seed, density=0.4)
         k.check(**inputs)
+
+
+# ---------------------------------------------------------------- precompute
+PRECOMPUTES = [
+    (SPMM, {"A": "csr"}, "precompute(A(i,j)*B(j,k),k,kw)", {"i": 7, "j": 6, "k": 5}),
+    (MTTKRP, {"B": "csf"}, "precompute(D(l,j)*B(i,k,l),j,jw)", {"i": 7, "j": 6, "k": 5, "l": 4}),
+    (MTTKRP, {"B": "csf"}, "precompute(C(k,j)*D(l,j),j,jw)", {"i": 7, "j": 6, "k": 5, "l": 4}),
+    (
+        MTTKRP,
+        {"B": "csf"},
+        "precompute(B(i,k,l)*D(l,j)*C(k,j),j,jw)",
+        {"i": 7, "j": 6, "k": 5, "l": 4},
+    ),
+    (
+        MTTKRP,
+        {"B": "csf"},
+        "reorder(i,k,j,l), precompute(B(i,k,l)*D(l,j),j,jw)",
+        {"i": 7, "j": 6, "k": 5, "l": 4},
+    ),
+    (
+        "A(i,j,l) = B(i,j,k) * C(k,l)",
+        {"B": "csf"},
+        "precompute(B(i,j,k)*C(k,l),l,lw)",
+        {"i": 7, "j": 6, "k": 5, "l": 4},
+    ),
+    (SDDMM, {"B": "csr"}, "precompute(C(i,k)*D(k,j),j,jw)", {"i": 7, "j": 6, "k": 5}),
+    ("y(i) = -A(i,j) * x(j)", {"A": "csr"}, "precompute(A(i,j),j,jw)", {"i": 7, "j": 6}),
+    ("y(i) = 2 * A(i,j) * x(j)", {"A": "csr"}, "precompute(A(i,j)*x(j),j,jw)", {"i": 7, "j": 6}),
+    ("a = B(i,j) * C(i,j)", {"B": "csr"}, "precompute(B(i,j)*C(i,j),j,jw)", {"i": 7, "j": 6}),
+    ("y(i) += A(i,j) * x(j)", {"A": "csr"}, "precompute(A(i,j)*x(j),j,jw)", {"i": 7, "j": 6}),
+]
+
+
+@pytest.mark.parametrize("case", PRECOMPUTES, ids=lambda c: f"{c[0]}-{c[2]}")
+def test_precompute_variants_match_torch(case):
+    """Workspaces over output and reduction indices, with the rest of the product before
+    or after them, literals and negation outside, at 1, 2 and 3 threads."""
+    expr, formats, schedule, dims = case
+    k = sparsec.kernel(expr, formats, schedule=schedule)
+    assert "a dense workspace over" in k.source
+    for threads in (1, 2, 3):
+        for seed in range(2):
+            inputs, _ = k.random_inputs(dims, seed=seed, density=0.5)
+            k.check(**inputs, threads=threads)
