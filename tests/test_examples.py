@@ -91,3 +91,9 @@ def test_bench_gpu_quick_smoke() -> None:
     for case in ("spmv", "spmm", "mttkrp"):
         assert f"\n{case} " in done.stdout
     assert "roofline us" in done.stdout and "occupancy" in done.stdout
+
+
+def test_bench_e2e_quick_smoke() -> None:
+    done = _run(["-m", "bench", "e2e", "--quick", "--threads", "2"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    assert "torch dense ms" in done.stdout and "50%" in done.stdout and "90%" in done.stdout
