@@ -97,3 +97,9 @@ def test_bench_e2e_quick_smoke() -> None:
     done = _run(["-m", "bench", "e2e", "--quick", "--threads", "2"])
     assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
     assert "torch dense ms" in done.stdout and "50%" in done.stdout and "90%" in done.stdout
+
+
+def test_bench_bert_quick_smoke() -> None:
+    done = _run(["-m", "bench", "bert", "--quick", "--threads", "2"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    assert "minilm-query" in done.stdout and "vs torch dense" in done.stdout
