@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import gpu, runtime
+from . import autotune, gpu, runtime
 from .abi import Param
 from .assemble import OUT_OF_MEMORY, OutputLayout
 from .binding import (
@@ -126,6 +126,13 @@ class Kernel:
         except SparsecError as err:
             raise err.with_source(expr) from None
         self.parallel, self.commands = _schedule(schedule)
+        #: schedule="auto": candidates are timed on the first call of each input kind
+        self.auto = schedule == "auto"
+        if self.auto and target != "c":
+            raise ScheduleError("schedule='auto' tunes CPU schedules; give a CUDA schedule")
+        self._tuned: dict[str, dict[str, Any]] = {}
+        self._last_tuned: dict[str, Any] | None = None
+        self._variants: dict[str | None, Kernel] = {}
         if target != "c" and schedule == "serial":
             raise ScheduleError(
                 "schedule 'serial' is for the C target; CUDA kernels map loops to GPU units"
@@ -174,6 +181,14 @@ class Kernel:
     @property
     def schedule(self) -> str:
         """The schedule actually applied (as in the generated code's header)."""
+        if self.auto:
+            tuned = self._last_tuned
+            if tuned is None:
+                return "auto: not tuned yet (the first call times the candidates)"
+            medians = ", ".join(f"{k}: {v:.3g} ms" for k, v in tuned["medians_ms"].items())
+            return (
+                f"auto: {tuned['schedule'] or 'default'} (medians on the tuning inputs: {medians})"
+            )
         return self.generated().schedule
 
     def generated(self, dtype: str | None = None, index_dtype: str | None = None) -> Generated:
@@ -249,6 +264,8 @@ class Kernel:
 
     # ------------------------------------------------------------------- call
     def __call__(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
+        if self.auto:
+            return self._tuned_variant(inputs, threads)(**inputs, threads=threads)
         fast = self._fast
         if fast is not None:
             result = fast(inputs, threads)
@@ -261,8 +278,33 @@ class Kernel:
             self._fast = _FastPath.build(self, compiled, prepared, inputs)
         return prepared.wrap(out)
 
+    def _tuned_variant(self, inputs: Mapping[str, Any], threads: int | None) -> Kernel:
+        """schedule="auto": the kernel with the fastest schedule for inputs of this kind."""
+        prepared = self._prepare(inputs)
+        nthreads = resolve_threads(threads)
+        entry = autotune.key(self, prepared.values, prepared.dtype, prepared.index_dtype, nthreads)
+        found = self._tuned.get(entry) or autotune.lookup(entry)
+        if found is None:
+            found = autotune.tune(self, inputs, threads)
+            autotune.record(entry, found)
+        self._tuned[entry] = self._last_tuned = found
+        schedule = found["schedule"]
+        with self._lock:
+            variant = self._variants.get(schedule)
+            if variant is None:
+                variant = self._variants[schedule] = Kernel(
+                    self.expression,
+                    self.formats,
+                    schedule=schedule,
+                    dtype=self.dtype,
+                    index_dtype=self.index_dtype,
+                )
+        return variant
+
     def check(self, /, *, threads: int | None = None, **inputs: Any) -> CheckResult:
         """Run the kernel and compare with ``torch.einsum`` on densified inputs."""
+        if self.auto:
+            return self._tuned_variant(inputs, threads).check(threads=threads, **inputs)
         try:
             import torch
         except ImportError:
@@ -748,7 +790,7 @@ class _Prepared:
 def _schedule(schedule: Any) -> tuple[bool, tuple[Command, ...]]:
     """(threads allowed, the user's commands) from the ``schedule=`` argument."""
     match schedule:
-        case None | "default":
+        case None | "default" | "auto":
             return True, ()
         case "serial":
             return False, ()

@@ -1,0 +1,79 @@
+"""schedule="auto": candidates timed on the first call's inputs, the winner cached on disk."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import sparse_array
+
+import sparsec
+from sparsec import autotune
+
+SPMV = "y(i) = A(i,j) * x(j)"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_auto_tunes_once_and_matches(cache, rng):
+    a = sparsec.Tensor.from_dense(sparse_array((300, 200), rng), "csr")
+    x = rng.standard_normal(200)
+    k = sparsec.kernel(SPMV, {"A": "csr"}, schedule="auto")
+    assert k.schedule.startswith("auto: not tuned yet")
+    np.testing.assert_allclose(k(A=a, x=x, threads=2), a.to_dense() @ x)
+    assert k.schedule.startswith("auto: ") and "medians on the tuning inputs" in k.schedule
+    table = json.loads((cache / "autotune.json").read_text())
+    (entry,) = table.values()
+    assert "default" in entry["medians_ms"] and len(entry["medians_ms"]) >= 3
+    assert entry["schedule"] is None or entry["schedule"] in entry["medians_ms"]
+    k.check(A=a, x=x, threads=2)
+
+
+def test_the_disk_cache_skips_tuning(cache, rng, monkeypatch):
+    a = sparsec.Tensor.from_dense(sparse_array((120, 90), rng), "csr")
+    x = rng.standard_normal(90)
+    sparsec.kernel(SPMV, {"A": "csr"}, schedule="auto")(A=a, x=x, threads=2)
+
+    def no_tuning(*args, **kwargs):
+        raise AssertionError("tuned again despite the cache")
+
+    monkeypatch.setattr(autotune, "tune", no_tuning)
+    again = sparsec.kernel(SPMV, {"A": "csr"}, schedule="auto")
+    np.testing.assert_allclose(again(A=a, x=x, threads=2), a.to_dense() @ x)
+    # another thread count is another kind of call: it would tune
+    with pytest.raises(AssertionError, match="tuned again"):
+        again(A=a, x=x, threads=1)
+
+
+def test_keys_follow_the_sparsity_signature(rng):
+    k = sparsec.kernel(SPMV, {"A": "csr"}, schedule="auto")
+    sparse = sparsec.Tensor.from_dense(sparse_array((100, 100), rng, 0.05), "csr")
+    denser = sparsec.Tensor.from_dense(sparse_array((100, 100), rng, 0.6), "csr")
+    x = np.ones(100)
+    keys = {
+        autotune.key(k, {"A": m, "x": x}, "float64", "int32", t)
+        for m in (sparse, denser)
+        for t in (1, 2)
+    }
+    assert len(keys) == 4
+
+
+def test_candidates_are_legal_or_skipped(cache, rng):
+    expr = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
+    k = sparsec.kernel(expr, {"B": "csf"}, schedule="auto")
+    shapes = {"B": (9, 7, 6), "D": (6, 5), "C": (7, 5)}
+    inputs = {n: sparse_array(s, rng) for n, s in shapes.items()}
+    got = k(**inputs, threads=2)
+    want = np.einsum("ikl,lj,kj->ij", inputs["B"], inputs["D"], inputs["C"])
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    assert len(autotune.candidates(k)) >= 4
+
+
+def test_auto_is_for_the_cpu():
+    with pytest.raises(sparsec.ScheduleError, match="auto"):
+        sparsec.kernel(SPMV, {"A": "csr"}, target="cuda", schedule="auto")
