@@ -970,15 +970,20 @@ class Lowerer:
         setup = self._loop_setup(loop, self._distinct(space), ctx, sink, "for", extent, outermost)
         inner = ctx.bind(loopvars={loop: ir.Var(name)})
 
+        # a serial loop over fused positions advances its parents' positions as cursors; a
+        # parallel one searches them per iteration
+        cursors: dict[int, str] | None = None
+        if completes and space.kind == "fusedpos" and setup.parallel is None:
+            first = self._offset(sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
+            init, cursors = self._cursors_init(space, ctx.spaces[sname], first)
+            pre += init
+
         def body() -> ir.Block:
             if not completes:
                 return self.loops(rest, expr, inner, sink)
             x = self._offset(sname, inner)
-            return self._bind_space(space, x, inner, rest, expr, sink, setup.parallel is None)
+            return self._bind_space(space, x, inner, rest, expr, sink, cursors)
 
-        if completes and space.kind == "fusedpos" and setup.parallel is None:
-            first = self._offset(sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
-            pre += self._cursors_init(space, ctx.spaces[sname], first)
         loop_body = self._inside(setup, body)
         for_loop = ir.For(name, ir.IntLit(0), extent, loop_body, setup.parallel, setup.unroll)
         return ir.block(*pre, *setup.pre, for_loop, *setup.post)
@@ -1091,7 +1096,9 @@ class Lowerer:
         lo, hi = ranges[-1]
         return stmts, SpaceState(lo, ir.Bin("-", hi, lo), tuple(ranges))
 
-    def _cursors_init(self, space: Space, state: SpaceState, first: ir.Expr) -> list[ir.Stmt]:
+    def _cursors_init(
+        self, space: Space, state: SpaceState, first: ir.Expr
+    ) -> tuple[list[ir.Stmt], dict[int, str]]:
         """Before a serial loop over fused positions: each compressed parent level's
         position at the loop's first child position (advanced in the loop). Walks up the
         levels as `_bind_space` does: a singleton child shares its parent's position, a
@@ -1101,7 +1108,7 @@ class Lowerer:
         top = level_indices(access, fmt).index(space.vars[0])
         last = top + len(space.vars) - 1
         searched = {k: (n, arr) for n, k, arr in self._parent_searches(space, access)}
-        self.cursors = {}
+        cursors: dict[int, str] = {}
         stmts: list[ir.Stmt] = []
         target: ir.Expr = ir.add(state.lo, first)
         for k in range(last - 1, top - 1, -1):
@@ -1115,9 +1122,9 @@ class Lowerer:
             lo, hi = state.levels[n]
             cur = self.namer.fresh(f"p{access.name}{k + 1}_at")
             stmts.append(ir.Decl(ir.I64, cur, ir.Call("search", (ir.Var(arr), lo, hi, target))))
-            self.cursors[k + 1] = cur
+            cursors[k + 1] = cur
             target = ir.Var(cur)
-        return stmts
+        return stmts, cursors
 
     def _parent_searches(self, space: Space, access: Access) -> list[tuple[int, int, str]]:
         """(index in space, 1-based level number, child pos array) for each fused level whose
@@ -1140,9 +1147,12 @@ class Lowerer:
         rest: tuple[str, ...],
         expr: CExpr,
         sink: Sink,
-        serial: bool,
+        cursors: dict[int, str] | None,
     ) -> ir.Block:
-        """The space's offset ``x`` is known: bind its original variables and go on."""
+        """The space's offset ``x`` is known: bind its original variables and go on.
+
+        ``cursors``: for a serial loop over fused positions, the variables that follow each
+        searched parent level (else each parent is searched afresh)."""
         stmts: list[ir.Stmt] = []
         if space.kind in ("dense", "fused"):
             remaining = x
@@ -1182,8 +1192,8 @@ class Lowerer:
                 else:
                     n, arr = searched[k + 1]
                     lo, hi = state.levels[n]
-                    if serial:
-                        cur = self.cursors[k + 1]
+                    if cursors is not None:
+                        cur = cursors[k + 1]
                         stmts.append(
                             ir.While(
                                 ir.Bin(
