@@ -31,6 +31,7 @@ import numpy as np
 
 from .errors import ScheduleError
 from .runtime import cache_dir
+from .schedule import name_supply
 from .tensor import Tensor
 
 if TYPE_CHECKING:
@@ -51,14 +52,7 @@ def candidates(kernel: Kernel) -> list[str | None]:
     if not order:
         return found
     v, last = order[0], order[-1]
-    taken = set(spec.indices) | {t.name for t in spec.tensors}
-
-    def fresh(base: str) -> str:
-        name, n = base, 2
-        while name in taken:
-            name, n = f"{base}{n}", n + 1
-        taken.add(name)
-        return name
+    fresh = name_supply(set(spec.indices) | {t.name for t in spec.tensors})
 
     outer, inner = fresh(f"{v}_blk"), fresh(f"{v}_in")
     for block in (16, 128):

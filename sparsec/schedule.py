@@ -30,7 +30,7 @@ the lowerer, which raises `ScheduleError` naming the command.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -538,6 +538,20 @@ def factors(expr: Any) -> list[Any]:
             return [Literal(-1.0), *inner] if inner else []
         case _:
             return []
+
+
+def name_supply(taken: set[str]) -> Callable[[str], str]:
+    """Fresh names for the variables of a generated schedule: ``base``, ``base2``, ...,
+    never one in ``taken`` (the expression's tensors and indices) or handed out before."""
+
+    def fresh(base: str) -> str:
+        name, n = base, 2
+        while name in taken:
+            name, n = f"{base}{n}", n + 1
+        taken.add(name)
+        return name
+
+    return fresh
 
 
 def check_order(plan: Plan, hard: Sequence[Any], describe: dict[str, str]) -> None:

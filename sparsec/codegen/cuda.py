@@ -17,7 +17,7 @@ from ..concrete import accesses
 from ..errors import ScheduleError
 from ..lower import LoweredKernel, lower
 from ..order import level_indices
-from ..schedule import Command, parse_commands
+from ..schedule import Command, name_supply, parse_commands
 from ..spec import Spec
 from .c import C_VALUE_TYPES, KERNEL_NAME, Generated, environment, header
 from .printer import CUDA, Printer
@@ -53,14 +53,7 @@ def default_schedule(spec: Spec, order: tuple[str, ...]) -> list[list[str]]:
     if not order:
         return []
     v = order[0]
-    taken = set(spec.indices) | {t.name for t in spec.tensors}
-
-    def fresh(base: str) -> str:
-        name, n = base, 2
-        while name in taken:
-            name, n = f"{base}{n}", n + 1
-        taken.add(name)
-        return name
+    fresh = name_supply(set(spec.indices) | {t.name for t in spec.tensors})
 
     candidates: list[list[str]] = []
     for access in dict.fromkeys(accesses(spec.statement.rhs)):
