@@ -615,3 +615,32 @@ def test_precompute_variants_match_torch(case):
         for seed in range(2):
             inputs, _ = k.random_inputs(dims, seed=seed, density=0.5)
             k.check(**inputs, threads=threads)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "split(i,int,NAN,2), parallelize(int,CPUThread,NoRaces)",
+        "split(i,sc_threads,_x,2)",
+        "fuse(i,j,while), pos(while,return,A), split(return,for,do,3), "
+        "parallelize(for,CPUThread,Atomics)",
+    ],
+)
+def test_hostile_derived_names_are_mangled(schedule, rng):
+    """Names from the schedule reach C only through the Namer, like the expression's."""
+    k = sparsec.kernel(SPMV, {"A": "csr"}, schedule=schedule)
+    a, x = sparse_array((9, 7), rng), rng.standard_normal(7)
+    np.testing.assert_allclose(k(A=a, x=x, threads=2), a @ x)
+
+
+def test_hostile_derived_names_on_the_gpu():
+    k = sparsec.kernel(
+        SPMV,
+        {"A": "csr"},
+        target="cuda-emulated",
+        schedule="split(i,blockIdx,threadIdx,64), parallelize(blockIdx,GPUBlock,NoRaces), "
+        "parallelize(threadIdx,GPUThread,NoRaces)",
+    )
+    assert "long long blockIdx " not in k.source
+    a = np.arange(35.0).reshape(5, 7) % 3
+    np.testing.assert_allclose(k(A=a, x=np.ones(7)), a.sum(1))
