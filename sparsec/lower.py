@@ -131,7 +131,16 @@ class DenseWsSink:
     var: str
 
 
-Sink = OutputSink | AccSink | WorkspaceSink | DenseWsSink
+@dataclass(frozen=True, slots=True)
+class SegmentSink:
+    """Atomic stores from a serial loop, combined while they hit the same output element:
+    ``acc`` sums the run, ``at`` holds its element (-1 before the first)."""
+
+    acc: str
+    at: str
+
+
+Sink = OutputSink | AccSink | WorkspaceSink | DenseWsSink | SegmentSink
 
 
 @dataclass(frozen=True, slots=True)
@@ -978,15 +987,38 @@ class Lowerer:
             init, cursors = self._cursors_init(space, ctx.spaces[sname], first)
             pre += init
 
+        # atomic stores from this serial loop, one output element per iteration: add up runs
+        # that hit the same element (consecutive positions of one row) and store each run once
+        flush: list[ir.Stmt] = []
+        target = sink
+        if (
+            completes
+            and not rest
+            and setup.parallel is None
+            and self.atomic_writes
+            and self.assembler is None
+            and isinstance(sink, OutputSink)
+        ):
+            acc, at = self.namer.fresh("run"), self.namer.fresh("run_at")
+            pre += [ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)), ir.Decl(ir.I64, at, ir.IntLit(-1))]
+            target = SegmentSink(acc, at)
+            flush.append(self._flush_run(target))
+
         def body() -> ir.Block:
             if not completes:
-                return self.loops(rest, expr, inner, sink)
+                return self.loops(rest, expr, inner, target)
             x = self._offset(sname, inner)
-            return self._bind_space(space, x, inner, rest, expr, sink, cursors)
+            return self._bind_space(space, x, inner, rest, expr, target, cursors)
 
         loop_body = self._inside(setup, body)
         for_loop = ir.For(name, ir.IntLit(0), extent, loop_body, setup.parallel, setup.unroll)
-        return ir.block(*pre, *setup.pre, for_loop, *setup.post)
+        return ir.block(*pre, *setup.pre, for_loop, *flush, *setup.post)
+
+    def _flush_run(self, run: SegmentSink) -> ir.Stmt:
+        """Store a run's sum into its element, atomically (if a run has started)."""
+        vals = self.out_redirect or self.sig.array(self.lhs.name, "vals")
+        store = ir.Assign(ir.Load(vals, ir.Var(run.at)), ir.Var(run.acc), "+=", atomic=True)
+        return ir.If(((ir.Bin(">=", ir.Var(run.at), ir.IntLit(0)), ir.block(store)),))
 
     def _distinct(self, space: Space) -> frozenset[str]:
         """Variables in which two iterations of a space's loops always differ."""
@@ -1691,6 +1723,17 @@ class Lowerer:
                     stmts.append(ir.Assign(ir.Var(name), value, "+=", atomic=self.atomic_writes))
                 if flag:
                     stmts.append(ir.Assign(ir.Var(flag), ir.IntLit(1)))
+            case SegmentSink(acc=acc, at=at):
+                assert value is not None
+                self.write_sites.append(False)
+                slot = self._output_slot(ctx).index
+                restart = ir.block(
+                    self._flush_run(sink),
+                    ir.Assign(ir.Var(at), slot),
+                    ir.Assign(ir.Var(acc), ir.FloatLit(0.0)),
+                )
+                stmts.append(ir.If(((ir.Bin("!=", slot, ir.Var(at)), restart),)))
+                stmts.append(ir.Assign(ir.Var(acc), value, "+="))
             case DenseWsSink(array=array, var=var):
                 assert value is not None
                 stmts.append(ir.Assign(ir.Load(array, ctx.coords[var]), value, "+="))

@@ -181,6 +181,14 @@ def test_atomics_only_where_a_race_exists():
         SPMV, {"A": "csr"}, schedule="fuse(i,j,f), pos(f,fp,A), parallelize(fp,CPUThread,Atomics)"
     )
     assert racy.source.count("#pragma omp atomic") == 1
+    # a serial loop inside the parallel one adds up runs of one row before each atomic
+    runs = sparsec.kernel(
+        SPMV,
+        {"A": "csr"},
+        schedule="fuse(i,j,f), pos(f,fp,A), split(fp,c,fp2,64), parallelize(c,CPUThread,Atomics)",
+    )
+    assert "if (py1 != run_at) {" in runs.source
+    assert runs.source.count("#pragma omp atomic") == 2  # at a row change, and at the end
 
 
 def test_default_schedule_is_reported():
