@@ -59,18 +59,15 @@ def candidates(kernel: Kernel) -> list[str | None]:
         found.append(f"split({v},{outer},{inner},{block}), parallelize({outer},CPUThread,NoRaces)")
     if len(order) > 1:
         found.append(f"parallelize({v},CPUThread,NoRaces), parallelize({last},CPUVector,NoRaces)")
-    if len(order) > 1:
         w = order[1]
-        for t in spec.inputs:
-            if t.format.is_dense:
-                continue
+        sparse = next((t for t in spec.inputs if not t.format.is_dense), None)
+        if sparse is not None:  # the leading sparse operand's nonzeros, in chunks
             f, fp, c, rest = fresh("fused"), fresh("fpos"), fresh("chunk"), fresh("fpos1")
             for races in ("Atomics", "Temporary"):
                 found.append(
-                    f"fuse({v},{w},{f}), pos({f},{fp},{t.name}), split({fp},{c},{rest},2048), "
+                    f"fuse({v},{w},{f}), pos({f},{fp},{sparse.name}), split({fp},{c},{rest},2048), "
                     f"parallelize({c},CPUThread,{races})"
                 )
-            break
     return found
 
 

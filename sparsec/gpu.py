@@ -189,9 +189,7 @@ def emulation_source(generated: Any) -> str:
     shim = (data_dir("templates") / "cuda_shim.h").read_text()
     params = ",\n    ".join(CUDA.param(p) for p in generated.signature.params)
     names = ", ".join(p.name for p in generated.signature.params)
-    fibers = (
-        "true" if "sc_warp_sum(" in generated.source.split('extern "C" __global__')[1] else "false"
-    )
+    fibers = "true" if generated.launch.shuffles else "false"
     launcher = (
         "\n/* the emulation's launcher: every block of the grid, every thread of a block */\n"
         'extern "C" int sparsec_launch(long long sc_grid, int sc_block,\n'

@@ -510,57 +510,44 @@ class Kernel:
     def _run(self, compiled: _Compiled, prepared: _Prepared, threads: int | None) -> Any:
         if compiled.assemble is not None:
             return self._run_sparse(compiled, prepared, threads)
-        if compiled.generated.target == "cuda":
-            return self._run_gpu(compiled, prepared)
+        gen = compiled.generated
         out_t = self.spec.output
         np_dtype = VALUE_DTYPES[prepared.dtype]
-        dims = prepared.dims
-        level_shape = tuple(dims[i] for i in self._out_level_indices)
+        level_shape = tuple(prepared.dims[i] for i in self._out_level_indices)
         if self.spec.statement.accumulate:
             # the current value, already in level order: the kernel adds into a copy
             out = np.array(prepared.values[out_t.name], dtype=np_dtype, order="C").reshape(-1)
+        elif gen.launch is not None and gen.launch.zero_before:
+            out = np.zeros(math.prod(level_shape), dtype=np_dtype)  # CUDA kernels only add
         else:
             out = np.empty(math.prod(level_shape), dtype=np_dtype)
             if self._poison:
                 out.fill(np.nan)  # test mode: an element the kernel fails to write shows
-        args = _arguments(compiled, prepared, {("vals", -1): out}, resolve_threads(threads))
-        status = compiled.fn(*args)
-        if status != 0:
-            raise _status_error(status, compiled.generated)
+        if gen.target == "cuda":
+            out = self._launch_gpu(compiled, prepared, out)
+        else:
+            args = _arguments(compiled, prepared, {("vals", -1): out}, resolve_threads(threads))
+            status = compiled.fn(*args)
+            if status != 0:
+                raise _status_error(status, gen)
         if out_t.order == 0:
             return np_dtype(out[0])
         if self._out_identity:
             return out.reshape(level_shape)
         return np.transpose(out.reshape(level_shape), np.argsort(out_t.format.ordering))
 
-    def _run_gpu(self, compiled: _Compiled, prepared: _Prepared) -> Any:
-        """A CUDA kernel: on the device through CuPy, or on the CPU through the emulation."""
+    def _launch_gpu(self, compiled: _Compiled, prepared: _Prepared, out: np.ndarray) -> Any:
+        """A CUDA kernel into ``out``: on the CPU through the emulation, or on the device
+        through CuPy (which returns the result copied back)."""
         gen = compiled.generated
-        launch = gen.launch
-        out_t = self.spec.output
-        np_dtype = VALUE_DTYPES[prepared.dtype]
-        level_shape = tuple(prepared.dims[i] for i in self._out_level_indices)
-        if self.spec.statement.accumulate:
-            out = np.array(prepared.values[out_t.name], dtype=np_dtype, order="C").reshape(-1)
-        elif launch.zero_before:
-            out = np.zeros(math.prod(level_shape), dtype=np_dtype)
-        else:
-            out = np.empty(math.prod(level_shape), dtype=np_dtype)
-            if self._poison:
-                out.fill(np.nan)
         params = _named_arguments(compiled, prepared, out)
         emulated = self.target == "cuda-emulated"
-        grid = gpu.launch_grid(launch, params, emulated)
-        if emulated:
-            args = _arguments(compiled, prepared, {("vals", -1): out}, 1)
-            compiled.fn(grid, launch.block, *args)
-        else:
-            out = self._launch_cupy(gen, params, out_t.name, grid)
-        if out_t.order == 0:
-            return np_dtype(out[0])
-        if self._out_identity:
-            return out.reshape(level_shape)
-        return np.transpose(out.reshape(level_shape), np.argsort(out_t.format.ordering))
+        grid = gpu.launch_grid(gen.launch, params, emulated)
+        if not emulated:
+            return self._launch_cupy(gen, params, self.spec.output.name, grid)
+        args = _arguments(compiled, prepared, {("vals", -1): out}, 1)
+        compiled.fn(grid, gen.launch.block, *args)
+        return out
 
     def _launch_cupy(self, gen: Generated, params: dict[str, Any], out_name: str, grid: int) -> Any:
         """Copy the arguments to the device, launch through CuPy `RawKernel`, copy back."""

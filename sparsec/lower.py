@@ -160,6 +160,8 @@ class LoweredKernel:
     #: CUDA: the grid (trip count of the GPUBlock loop) and the threads per block
     grid: ir.Expr | None = None
     block: int = 1
+    #: CUDA: the kernel reduces across a warp's lanes with shuffles
+    shuffles: bool = False
 
 
 class Lowerer:
@@ -303,6 +305,7 @@ class Lowerer:
             zero_before=self.gpu and not zeroed,
             grid=self.grid,
             block=self._block_size(),
+            shuffles=bool(self.warp_reduced),
         )
 
     # ------------------------------------------------------------------ CUDA
@@ -462,6 +465,14 @@ class Lowerer:
         return ir.block(
             ir.Assign(self._output_slot(ctx), value, self.out_op, atomic=self.atomic_writes)
         )
+
+    def _write_with(self, flag: str, ctx: Ctx, value: ir.Expr) -> ir.Block:
+        """`_write` with the boolean attribute ``flag`` (``lane0``, ``partial``) set."""
+        setattr(self, flag, True)
+        try:
+            return self._write(ctx, value)
+        finally:
+            setattr(self, flag, False)
 
     def _zero_output(self) -> ir.Stmt:
         out = self.spec.output
@@ -724,10 +735,10 @@ class Lowerer:
             self.notes.append(f"{loop}: CPUThread, rows of {out} assembled independently")
             return setup
         target_acc = isinstance(sink, AccSink)
-        race = target_acc or not (distinct and distinct <= lhs)
+        why = self._race(loop, distinct, sink)
         unit_flag = "in_threads" if req.unit == "CPUThread" else "in_vector"
         setup.flags[unit_flag] = True
-        if not race:
+        if why is None:
             if req.unit == "CPUThread":
                 decl, par = self._parallel_for(loop, trip)
                 setup.pre.append(decl)
@@ -738,17 +749,6 @@ class Lowerer:
                 f"{loop}: {req.unit}, race-free (each iteration writes its own {out} elements)"
             )
             return setup
-        if target_acc:
-            assert isinstance(sink, AccSink)
-            why = (
-                f"every index of {out} is bound outside {loop}, so all its iterations add "
-                f"into one element"
-            )
-        else:
-            why = (
-                f"{out} is indexed by {', '.join(self.lhs.indices) or 'nothing'}, and two "
-                f"iterations of {loop} can share those coordinates"
-            )
         strategies = "Atomics or Temporary" if req.unit == "CPUThread" else "ParallelReduction"
         if target_acc:
             strategies += " or ParallelReduction" if req.unit == "CPUThread" else ""
@@ -842,21 +842,13 @@ class Lowerer:
         lane = unit == "GPUThread" and "GPUWarp" in units
         setup.flags["gpu_units"] = (*units, unit)
         out = self.lhs.name
-        lhs = set(self.lhs.indices)
         target_acc = isinstance(sink, AccSink)
-        race = target_acc or not (distinct and distinct <= lhs)
+        why = self._race(loop, distinct, sink)
         par = ir.Parallel(unit, "lane" if lane else "")
-        if not race:
+        if why is None:
             setup.parallel = par
             self.notes.append(f"{loop}: {unit}, race-free")
             return setup
-        if target_acc:
-            why = f"every index of {out} is bound outside {loop}, so its iterations add into one element"
-        else:
-            why = (
-                f"{out} is indexed by {', '.join(self.lhs.indices) or 'nothing'}, and two "
-                f"iterations of {loop} can share those coordinates"
-            )
         match req.races:
             case "NoRaces" | "IgnoreRaces":
                 raise ScheduleError(
@@ -886,6 +878,22 @@ class Lowerer:
                     "GPUThread loop inside a GPUWarp loop that reduces into one element"
                 )
         return setup
+
+    def _race(self, loop: str, distinct: frozenset[str], sink: Sink) -> str | None:
+        """Why two iterations of ``loop`` can write one output element, or None if they
+        cannot: its iterations differ in ``distinct``, and writes go to ``sink``."""
+        out = self.lhs.name
+        if isinstance(sink, AccSink):
+            return (
+                f"every index of {out} is bound outside {loop}, so all its iterations add "
+                "into one element"
+            )
+        if distinct and distinct <= set(self.lhs.indices):
+            return None
+        return (
+            f"{out} is indexed by {', '.join(self.lhs.indices) or 'nothing'}, and two "
+            f"iterations of {loop} can share those coordinates"
+        )
 
     def _default_parallel(self, loop: str, distinct: frozenset[str], outermost: bool) -> bool:
         """The default: the outermost loop, when its iterations write disjoint outputs."""
@@ -1318,11 +1326,7 @@ class Lowerer:
                 inner = self.loops(order, expr, ctx, AccSink(acc), outermost)
                 if acc in self.warp_reduced:
                     # each lane holds a partial sum: the warp adds them up, lane 0 stores
-                    self.lane0 = True
-                    try:
-                        store = self._write(ctx, ir.Var(acc))
-                    finally:
-                        self.lane0 = False
+                    store = self._write_with("lane0", ctx, ir.Var(acc))
                     return ir.block(
                         ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
                         inner,
@@ -1330,11 +1334,7 @@ class Lowerer:
                         ir.If(((ir.Bin("==", ir.Call("lane", ()), ir.IntLit(0)), store),)),
                     )
                 if acc in self.partial_accs:
-                    self.partial = True
-                    try:
-                        store = self._write(ctx, ir.Var(acc))
-                    finally:
-                        self.partial = False
+                    store = self._write_with("partial", ctx, ir.Var(acc))
                     return ir.block(ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)), inner, store)
                 return ir.block(
                     ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),

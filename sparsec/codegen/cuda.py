@@ -38,6 +38,8 @@ class Launch:
     zero_before: bool
     #: the lowered body (for evaluating ``grid`` on the host)
     body: object
+    #: lanes of a warp exchange values (``__shfl_down_sync``): the emulation needs fibers
+    shuffles: bool = False
 
 
 def default_schedule(spec: Spec, order: tuple[str, ...]) -> list[list[str]]:
@@ -172,7 +174,9 @@ def generate_cuda(
             body="\n".join(printer.stmts(lowered.body)),
         )
     )
-    launch = Launch(lowered.grid, lowered.block, lowered.zero_before, lowered.body)
+    launch = Launch(
+        lowered.grid, lowered.block, lowered.zero_before, lowered.body, lowered.shuffles
+    )
     return Generated(
         source,
         sig,
