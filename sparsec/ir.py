@@ -15,6 +15,8 @@ IDX = "idx"
 I64 = "i64"
 U64 = "u64"
 BOOL = "bool"
+#: a vector of VAL lanes (C register tiles, `tile.py`)
+VEC = "vec"
 
 
 # ---------------------------------------------------------------- expressions

@@ -83,6 +83,7 @@ def test_kernel_source_compiles_with_warnings_as_errors(tmp_path):
         ("y(i) = A(i,j) * x(j)", {"A": "csr"}),
         ("a(i) = b(i) + c(i) + d(i) * e(i)", {"b": "s", "c": "s", "d": "s"}),
         ("A(i,j) = B(i,k,l) * D(l,j) * C(k,j)", {"B": "uqq"}),
+        ("Y(i,j) = W(i,k) * X(k,j)", {"W": "csr"}),  # register tiles
     ]:
         path = tmp_path / "k.c"
         path.write_text(sparsec.kernel(expr, fmts).source)

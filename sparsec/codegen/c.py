@@ -13,6 +13,8 @@ from ..lower import lower
 from ..resources import data_dir
 from ..schedule import Command
 from ..spec import Spec
+from ..tile import VECTORS as tile_vectors
+from ..tile import tile
 from .printer import C, Printer
 
 KERNEL_NAME = "sparsec_kernel"
@@ -151,10 +153,13 @@ def generate(
         comment = "numeric phase: append coordinates and values into the allocated arrays"
     else:
         comment = ""
-    functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(lowered.body))))
+    body, tiled = tile(lowered.body)
+    functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
     )
+    if tiled:
+        schedule += f"; {'; '.join(tiled)}"
     val_t, idx_t = C_VALUE_TYPES[dtype], C_INDEX_TYPES[index_dtype]
     source = (
         environment()
@@ -166,6 +171,7 @@ def generate(
             val_type=val_t,
             idx_type=idx_t,
             functions=functions,
+            vectors=tile_vectors if tiled else 0,
             params=[C.param(p) for p in sig.params],
         )
     )

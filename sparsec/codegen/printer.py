@@ -55,6 +55,8 @@ class Target:
             "gallop": "sc_gallop",
             "warp_sum": "sc_warp_sum",
             "lane": "sc_lane",
+            "vload": "sc_vload",
+            "vstore": "sc_vstore",
         }
     )
     indent: str = "  "
@@ -144,6 +146,7 @@ C = Target(
         ir.I64: "int64_t",
         ir.U64: "uint64_t",
         ir.BOOL: "int",
+        ir.VEC: "sc_vec_t",
         INT: "int",
     },
     restrict="restrict",
