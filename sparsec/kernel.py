@@ -49,6 +49,7 @@ from .errors import (
 from .formats import Format
 from .lower import BOUND_VIOLATED
 from .parser import parse_expression
+from .runtime import address
 from .schedule import Command, parse_commands
 from .spec import FormatsArg, Spec, make_spec
 from .tensor import LevelStorage, Tensor
@@ -676,7 +677,7 @@ class _FastPath:
     def __call__(self, inputs: Mapping[str, Any], threads: int | None) -> Any:
         if inputs.keys() != self.names:
             return None
-        args = list(self.template)
+        args = self.template.copy()
         dims: dict[str, int] = {}
         for name, kind, fmt, order, slots, modes in self.inputs:
             v = inputs[name]
@@ -693,13 +694,13 @@ class _FastPath:
                     or not v.flags.c_contiguous
                 ):
                     return None
-                args[slots[0][0]] = v.ctypes.data
+                args[slots[0][0]] = address(v)
             else:
                 if (
                     type(v) is not Tensor
                     or v.vals.dtype != self.dtype
                     or v.index_dtype != self.index_dtype
-                    or v.format != fmt
+                    or (v.format is not fmt and v.format != fmt)
                 ):
                     return None
                 addresses = v.addresses()
@@ -712,11 +713,14 @@ class _FastPath:
         for slot, index in self.dim_slots:
             args[slot] = dims[index]
         args[self.thread_slot] = resolve_threads(threads)
-        level_shape = tuple(dims[i] for i in self.out_shape)
-        out = np.empty(math.prod(level_shape), dtype=self.dtype)
+        level_shape = [dims[i] for i in self.out_shape]
+        size = 1
+        for n in level_shape:
+            size *= n
+        out = np.empty(size, dtype=self.dtype)
         if self.poison:
             out.fill(np.nan)
-        args[self.out_slot] = out.ctypes.data
+        args[self.out_slot] = address(out)
         status = self.fn(*args)
         if status != 0:
             raise _status_error(status, self.gen)
@@ -736,10 +740,10 @@ def _arguments(
     for field, tensor, level, index in compiled.plan:
         if field in ("vals", "pos", "crd", "sizes") and (tensor == out_name or field == "sizes"):
             arr = output.get((field, level))
-            args.append(None if arr is None else arr.ctypes.data)
+            args.append(None if arr is None else address(arr))
         elif field in ("vals", "pos", "crd"):
             v = values[tensor]
-            args.append(v.addresses()[(field, level)] if isinstance(v, Tensor) else v.ctypes.data)
+            args.append(v.addresses()[(field, level)] if isinstance(v, Tensor) else address(v))
         elif field == "value":
             args.append(values[tensor])
         elif field == "dim":

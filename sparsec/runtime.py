@@ -23,8 +23,26 @@ import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from .errors import CompileError
+
+_char = ctypes.c_char
+_addressof = ctypes.addressof
+
+
+def address(array: Any) -> int:
+    """The address of a C-contiguous ndarray's first element, for a ctypes call.
+
+    Through the buffer protocol: about 4x cheaper than ``array.ctypes.data``, which builds
+    a helper object per call (a few microseconds that small kernels notice). Read-only and
+    empty arrays export no writable buffer of a byte; they take the ``ctypes`` route.
+    """
+    try:
+        return _addressof(_char.from_buffer(array))
+    except (TypeError, ValueError, BufferError):
+        return int(array.ctypes.data)
+
 
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
 REQUIRED_CFLAGS = ("-shared", "-fPIC", "-std=gnu11")

@@ -41,6 +41,7 @@ from .convert import as_tensor, from_scipy, from_torch
 from .errors import FormatError
 from .formats import Compressed, Dense, Format, Singleton, parse_format
 from .packing import from_arrays, from_dense, pack, random
+from .runtime import address
 from .storage import (
     INDEX_DTYPES,
     INT32_MAX,
@@ -121,12 +122,12 @@ class Tensor:
         """
         found = self._addresses
         if found is None:
-            found = {("vals", -1): self.vals.ctypes.data}
+            found = {("vals", -1): address(self.vals)}
             for k, st in enumerate(self.levels):
                 if st.pos is not None:
-                    found[("pos", k)] = st.pos.ctypes.data
+                    found[("pos", k)] = address(st.pos)
                 if st.crd is not None:
-                    found[("crd", k)] = st.crd.ctypes.data
+                    found[("crd", k)] = address(st.crd)
             object.__setattr__(self, "_addresses", found)
         return found
 

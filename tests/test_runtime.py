@@ -92,3 +92,21 @@ def test_serial_and_parallel_kernels_agree(rng):
     ser = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, schedule="serial")
     assert "omp parallel" in par.source and "omp parallel" not in ser.source
     np.testing.assert_array_equal(par(A=A, x=x), ser(A=A, x=x))
+
+
+def test_address_of_writable_read_only_and_empty_arrays():
+    from sparsec.runtime import address
+
+    a = np.arange(6.0)
+    assert address(a) == a.ctypes.data
+    frozen = np.arange(4.0)
+    frozen.flags.writeable = False
+    assert address(frozen) == frozen.ctypes.data
+    empty = np.empty(0)
+    assert address(empty) == empty.ctypes.data
+    # a kernel reads a read-only input through the fast path as well as the first call
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "dense"})
+    m = np.arange(12.0).reshape(3, 4)
+    m.flags.writeable = False
+    for _ in range(2):
+        np.testing.assert_array_equal(k(A=m, x=frozen), m @ frozen)
