@@ -16,6 +16,7 @@ import functools
 import math
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -826,7 +827,64 @@ def kernel(
     dtype: Any = None,
     index_dtype: Any = None,
 ) -> Kernel:
-    """Compile ``expr`` (index notation) for the given formats; see `Kernel`."""
-    return Kernel(
+    """Compile ``expr`` (index notation) for the given formats; see `Kernel`.
+
+    Kernels are immutable, so the same arguments return the same `Kernel` (the last
+    `KERNEL_MEMO` distinct ones are kept): a repeated request costs a dictionary lookup,
+    and the compiled library and the call fast path come with it."""
+    key = _memo_key(expr, formats, target, schedule, dtype, index_dtype)
+    if key is not None:
+        with _memo_lock:
+            found = _memo.get(key)
+            if found is not None:
+                _memo.move_to_end(key)
+                return found
+    made = Kernel(
         expr, formats, target=target, schedule=schedule, dtype=dtype, index_dtype=index_dtype
     )
+    if key is not None:
+        with _memo_lock:
+            _memo[key] = made
+            while len(_memo) > KERNEL_MEMO:
+                _memo.popitem(last=False)
+    return made
+
+
+KERNEL_MEMO = 256
+_MEMO_ENVIRONMENT = (
+    "SPARSEC_POISON",
+    "SPARSEC_CC",
+    "SPARSEC_CFLAGS",
+    "SPARSEC_CXX",
+    "SPARSEC_CXXFLAGS",
+    "SPARSEC_CACHE_DIR",
+)
+_memo: OrderedDict[tuple[Any, ...], Kernel] = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def _memo_key(*args: Any) -> tuple[Any, ...] | None:
+    """A hashable key for `kernel`'s arguments, or None when one of them has no exact
+    frozen spelling (then the kernel is built anew, never confused with another)."""
+
+    def freeze(v: Any) -> Any:
+        if v is None or isinstance(v, str | int | float | Format):
+            return (type(v).__name__, v)
+        if isinstance(v, np.dtype):
+            return ("dtype", v.str)
+        if isinstance(v, type) and issubclass(v, np.generic):
+            return ("dtype", np.dtype(v).str)
+        if isinstance(v, Mapping):
+            return ("map", tuple(sorted((freeze(k), freeze(x)) for k, x in v.items())))
+        if isinstance(v, list | tuple):
+            return (type(v).__name__, tuple(freeze(x) for x in v))
+        raise TypeError
+
+    try:
+        # a kernel keeps the library it built: a changed toolchain or cache gets a new one
+        env = tuple(os.environ.get(name) for name in _MEMO_ENVIRONMENT)
+        key = tuple(freeze(a) for a in args) + env
+        hash(key)
+    except TypeError:
+        return None
+    return key

@@ -110,3 +110,26 @@ def test_address_of_writable_read_only_and_empty_arrays():
     m.flags.writeable = False
     for _ in range(2):
         np.testing.assert_array_equal(k(A=m, x=frozen), m @ frozen)
+
+
+def test_repeated_kernel_requests_return_the_same_kernel(monkeypatch):
+    expr = "y(i) = A(i,j) * x(j)"
+    k = sparsec.kernel(expr, {"A": "csr"})
+    assert sparsec.kernel(expr, {"A": "csr"}) is k
+    assert sparsec.kernel(expr, {"A": "csc"}) is not k
+    assert sparsec.kernel(expr, {"A": "csr"}, dtype="float32") is not k
+    assert sparsec.kernel(expr, {"A": "csr"}, schedule="serial") is not k
+    assert sparsec.kernel(expr, {"A": "csr"}, target="cuda-emulated") is not k
+    f32 = sparsec.kernel(expr, {"A": "csr"}, dtype=np.float32)
+    assert f32 is sparsec.kernel(expr, {"A": "csr"}, dtype=np.float32) and f32.dtype == "float32"
+    # arguments with no frozen spelling are not memoized (the kernel is built anew)
+    from sparsec.kernel import _memo_key
+
+    assert _memo_key(expr, {"A": object()}, "c", None, None, None) is None
+    assert _memo_key(expr, {"A": "csr"}, "c", ["split(i,i0,i1,4)"], None, None) is not None
+    # a changed toolchain gets a kernel of its own (it will build its own library)
+    monkeypatch.setenv("SPARSEC_CFLAGS", "-O2 -fopenmp")
+    other = sparsec.kernel(expr, {"A": "csr"})
+    assert other is not k
+    a = sparsec.Tensor.from_dense(np.eye(3), "csr")
+    np.testing.assert_array_equal(other(A=a, x=np.arange(3.0)), [0.0, 1.0, 2.0])
