@@ -37,6 +37,12 @@ if TYPE_CHECKING:  # the lowerer owns an Assembler; only the type is needed here
 
 #: kernel status when a workspace cannot be allocated
 OUT_OF_MEMORY = 2
+#: blocks of spare ``vals`` the runtime allocates past an output's last block (see
+#: `Assembler.around`)
+BLOCK_SLACK = 1
+#: kernel status when an appended level would pass the capacity the runtime gave it
+#: (``sc_sizes``): the runtime's bound was wrong; nothing was written out of bounds
+CAPACITY_EXCEEDED = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +102,7 @@ class OutputLayout:
 class Assembler:
     """Generates the output-assembly statements for one kernel (count or compute mode)."""
 
-    def __init__(self, lowerer: Lowerer, counting: bool) -> None:
+    def __init__(self, lowerer: Lowerer, counting: bool, append: bool = False) -> None:
         self.low = lowerer
         self.counting = counting
         self.lhs: Access = lowerer.lhs
@@ -113,8 +119,15 @@ class Assembler:
         self.vals = sig.array(self.name, "vals")
         self.sizes = sig.sizes
         self.touched = namer.fresh("stored") if self.layout.block else ""
+        #: appending kernels: each appended level's capacity, read from ``sc_sizes``
+        self.capacity = (
+            {}
+            if counting or self.layout.rowwise and not append
+            else {k: namer.fresh(f"cap{self.name}{k + 1}") for k in appended}
+        )
         #: rows are independent: per-row counters, ``pos`` prefix-summed by the runtime
-        self.rowwise = self.layout.rowwise
+        #: (``append``: one counter across rows instead, for the single-pass kernel)
+        self.rowwise = self.layout.rowwise and not append
         # the workspace (set by `workspace_alloc` when the lowering needs one)
         self.workspace_var = ""
         self.w = self.seen = self.top = self.list = self.length = self.lo = self.hi = ""
@@ -127,6 +140,14 @@ class Assembler:
     # --------------------------------------------------------------- helpers
     def _store(self, array: str, index: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
         return [] if self.counting else [ir.Assign(ir.Load(array, index), value)]
+
+    def _room(self, k: int, slack: bool = False) -> list[ir.Stmt]:
+        """Leave the kernel before appending past level ``k``'s capacity (``slack``: the
+        position one past it may still be written: a dense block's spare, see `BLOCK_SLACK`)."""
+        if k not in self.capacity:
+            return []
+        full = ir.Bin(">" if slack else ">=", ir.Var(self.count[k]), ir.Var(self.capacity[k]))
+        return [ir.Return(CAPACITY_EXCEEDED, full)]
 
     def _inc(self, k: int) -> ir.Stmt:
         c = ir.Var(self.count[k])
@@ -159,6 +180,8 @@ class Assembler:
         first = min(self.count)
         if self.counting:
             return stmts
+        for k, cap in self.capacity.items():
+            stmts.append(ir.Decl(ir.I64, cap, ir.Load(self.sizes, ir.IntLit(k))))
         if first == 0:
             stmts += self._store(self.pos[0], ir.IntLit(0), ir.IntLit(0))
         else:
@@ -234,7 +257,7 @@ class Assembler:
             child = min(j for j in self.count if j > k)
             start = self.low.namer.fresh(f"{self.count[child]}_start")
             before.append(ir.Decl(ir.I64, start, ir.Var(self.count[child])))
-            body = self._store(self.crd[k], ir.Var(self.count[k]), self._coord(k))
+            body = self._room(k) + self._store(self.crd[k], ir.Var(self.count[k]), self._coord(k))
             body.append(self._inc(k))
             body += self._store(self.pos[child], ir.Var(self.count[k]), ir.Var(self.count[child]))
             cond = ir.Bin(">", ir.Var(self.count[child]), ir.Var(start))
@@ -243,12 +266,15 @@ class Assembler:
             c = ir.Var(self.count[k])
             before.append(ir.Decl(ir.BOOL, self.touched, ir.IntLit(0)))
             if not self.counting:
+                # the block at the next free position is zeroed before anything is known to
+                # be stored in it, so vals has one spare block past the last kept entry
+                before += self._room(k, slack=True)
                 p = self.low.namer.fresh("p")
                 size = self._block_size()
                 at = ir.add(ir.mul(c, size), ir.Var(p))
                 zero = ir.Assign(ir.Load(self.vals, at), ir.FloatLit(0.0))
                 before.append(ir.For(p, ir.IntLit(0), size, ir.block(zero)))
-            body = self._store(self.crd[k], c, self._coord(k))
+            body = self._room(k) + self._store(self.crd[k], c, self._coord(k))
             body.append(self._inc(k))
             after.append(ir.If(((ir.Var(self.touched), ir.block(*body)),)))
         return before, after
@@ -263,7 +289,7 @@ class Assembler:
                 stmts.append(ir.Assign(slot, value, "+="))
             return stmts
         c = ir.Var(self.count[layout.last])
-        stmts = []
+        stmts = [] if self.counting else self._room(layout.last)
         for k in (layout.last, *layout.tail):
             stmts += self._store(self.crd[k], c, self._coord(k))
         if value is not None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import autotune, gpu, runtime
 from .abi import Param
-from .assemble import OUT_OF_MEMORY, OutputLayout
+from .assemble import BLOCK_SLACK, CAPACITY_EXCEEDED, OUT_OF_MEMORY, OutputLayout
 from .binding import (
     INDEX_DTYPES,
     INT64,
@@ -37,6 +37,7 @@ from .binding import (
     resolve_threads,
     widen,
 )
+from .bound import entry_bound
 from .codegen import Generated, generate
 from .codegen.cuda import generate_cuda
 from .errors import (
@@ -47,7 +48,7 @@ from .errors import (
     ShapeError,
     SparsecError,
 )
-from .formats import Format
+from .formats import Format, Singleton
 from .lower import BOUND_VIOLATED
 from .parser import parse_expression
 from .runtime import address
@@ -71,6 +72,8 @@ class _Compiled:
     assemble: Any
     #: (field, tensor, level, index) per ABI parameter, in order
     plan: tuple[tuple[str, str, int, str], ...]
+    #: the single-pass kernel of a sparse output (may be ``fn`` itself), else None
+    append: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,12 +259,16 @@ class Kernel:
                 plan = tuple(
                     (p.field, p.tensor or "", p.level, p.index or "") for p in gen.signature.params
                 )
-                assemble = None
+                assemble = append = None
                 if not self.spec.output.is_dense:
                     assemble = lib.sparsec_assemble
                     assemble.argtypes = fn.argtypes
                     assemble.restype = ctypes.c_int
-                found = self._compiled[key] = _Compiled(gen, fn, assemble, plan)
+                    if gen.append:
+                        append = getattr(lib, gen.append)
+                        append.argtypes = fn.argtypes
+                        append.restype = ctypes.c_int
+                found = self._compiled[key] = _Compiled(gen, fn, assemble, plan, append)
             return found
 
     # ------------------------------------------------------------------- call
@@ -397,10 +404,68 @@ class Kernel:
         return inputs, {i: dims[i] for i in self.spec.indices}
 
     def _run_sparse(self, compiled: _Compiled, prepared: _Prepared, threads: int | None) -> Tensor:
-        """Two phases: count each output level's positions, allocate exactly, then fill."""
-        out_t = self.spec.output
-        fmt = out_t.format
+        """One pass into arrays of a proven capacity when the kernel appends serially
+        anyway or runs on one thread; else two: count each output level's positions,
+        allocate exactly, then fill (rows in parallel)."""
         nthreads = resolve_threads(threads)
+        if compiled.append is not None and (nthreads == 1 or not self._out_layout.rowwise):
+            bound = entry_bound(self.spec.statement, prepared.values, prepared.dims)
+            if bound <= SINGLE_PASS_ENTRIES:
+                done = self._run_single_pass(compiled, prepared, bound)
+                if done is not None:
+                    return done
+        return self._run_two_phase(compiled, prepared, nthreads)
+
+    def _run_single_pass(
+        self, compiled: _Compiled, prepared: _Prepared, bound: int
+    ) -> Tensor | None:
+        """Append into capacities from `entry_bound` (each unique level: at most its parents
+        times its extent, and at most ``bound``), then cut the arrays to the sizes the kernel
+        reached. None when an index would not fit the kernel's index type."""
+        out_t = self.spec.output
+        sizes = np.zeros(max(1, out_t.order), dtype=np.int64)
+        parents = 1
+        for k, level in enumerate(out_t.format.levels):
+            size = prepared.dims[self._out_level_indices[k]]
+            if level.locate:
+                parents *= size
+            elif isinstance(level, Singleton):
+                sizes[k] = parents  # one coordinate per parent position
+            elif level.unique:
+                parents = sizes[k] = min(parents * size, bound)
+            else:  # COO's first level: one position per entry, repeated coordinates
+                parents = sizes[k] = bound
+        if prepared.index_dtype == "int32" and max(parents, *prepared.dims.values(), 0) > (
+            _INT32_MAX
+        ):
+            return None
+        arrays, levels, vals = self._allocate(prepared, sizes, {("sizes", -1): sizes})
+        args = _arguments(compiled, prepared, arrays, 1)
+        status = compiled.append(*args)
+        if status == CAPACITY_EXCEEDED:
+            if self._poison:  # the tests: a bound that was too small is a bug to see
+                raise SparsecError(f"internal: the capacity bound {bound} was too small")
+            return None
+        self._check_status(status)
+        # the sizes reached, level by level, from the pos arrays the kernel wrote
+        parents = 1
+        cut: list[LevelStorage] = []
+        for k, (level, st) in enumerate(zip(out_t.format.levels, levels, strict=True)):
+            pos = crd = None
+            if level.locate:
+                parents *= prepared.dims[self._out_level_indices[k]]
+            elif st.pos is not None:
+                pos = _cut(st.pos, parents + 1)
+                parents = int(pos[parents])
+            if st.crd is not None:
+                crd = _cut(st.crd, parents)
+            cut.append(LevelStorage(pos, crd))
+        shape = tuple(prepared.dims[i] for i in self.spec.statement.lhs.indices)
+        index_dtype = np.dtype(INDEX_DTYPES[prepared.index_dtype])
+        return Tensor(shape, out_t.format, tuple(cut), _cut(vals, parents), index_dtype)
+
+    def _run_two_phase(self, compiled: _Compiled, prepared: _Prepared, nthreads: int) -> Tensor:
+        out_t = self.spec.output
         sizes = np.zeros(max(1, out_t.order), dtype=np.int64)
         index_dtype = INDEX_DTYPES[prepared.index_dtype]
         layout = self._out_layout
@@ -410,13 +475,8 @@ class Kernel:
             rows = math.prod(prepared.dims[self._out_level_indices[k]] for k in range(layout.last))
             counted[("pos", layout.last)] = np.zeros(rows + 1, dtype=index_dtype)
         args = _arguments(compiled, prepared, counted, nthreads)
-        if compiled.assemble(*args) != 0:
-            raise SparsecError(
-                f"kernel could not allocate its workspace (a dense row of the output "
-                f"{out_t.name!r}); out of memory"
-            )
-        val_dtype = VALUE_DTYPES[prepared.dtype]
-        arrays: dict[tuple[str, int], np.ndarray] = {}
+        self._check_status(compiled.assemble(*args))
+        arrays: dict[tuple[str, int], np.ndarray] = {("sizes", -1): sizes}
         if layout.rowwise:
             row_pos = counted[("pos", layout.last)]
             total = int(row_pos.sum(dtype=np.int64))
@@ -428,9 +488,32 @@ class Kernel:
             np.cumsum(row_pos, out=row_pos)  # in place: the total fits the index dtype
             sizes[layout.last] = total
             arrays[("pos", layout.last)] = row_pos
+        arrays, levels, vals = self._allocate(prepared, sizes, arrays)
+        self._check_status(compiled.fn(*_arguments(compiled, prepared, arrays, nthreads)))
+        shape = tuple(prepared.dims[i] for i in self.spec.statement.lhs.indices)
+        used = len(vals) - self._block_slack(prepared)
+        return Tensor(shape, out_t.format, tuple(levels), vals[:used], np.dtype(index_dtype))
+
+    def _block_slack(self, prepared: _Prepared) -> int:
+        """Spare values past the last dense block below the output's last sparse level."""
+        blocks = self._out_layout.block
+        if not blocks:
+            return 0
+        return BLOCK_SLACK * math.prod(prepared.dims[self._out_level_indices[k]] for k in blocks)
+
+    def _allocate(
+        self,
+        prepared: _Prepared,
+        sizes: np.ndarray,
+        arrays: dict[tuple[str, int], np.ndarray],
+    ) -> tuple[dict[tuple[str, int], np.ndarray], list[LevelStorage], np.ndarray]:
+        """The output's arrays for ``sizes[k]`` positions at each sparse level ``k`` (the
+        given ``arrays``, such as a prefix-summed rowwise pos, are kept)."""
+        out_t = self.spec.output
+        index_dtype = INDEX_DTYPES[prepared.index_dtype]
         levels = []
         parents = 1
-        for k, level in enumerate(fmt.levels):
+        for k, level in enumerate(out_t.format.levels):
             size = prepared.dims[self._out_level_indices[k]]
             count = parents * size if level.locate else int(sizes[k])
             if prepared.index_dtype == "int32" and max(count, size, parents) > _INT32_MAX:
@@ -448,20 +531,21 @@ class Kernel:
                 crd = arrays[("crd", k)] = np.empty(count, dtype=index_dtype)
             levels.append(LevelStorage(pos, crd))
             parents = count
-        vals = arrays[("vals", -1)] = np.empty(parents, dtype=val_dtype)
+        slack = self._block_slack(prepared)
+        vals = arrays[("vals", -1)] = np.empty(parents + slack, dtype=VALUE_DTYPES[prepared.dtype])
         if self._poison:
             vals.fill(np.nan)
             for key, arr in arrays.items():
-                if key[0] == "crd" or (key[0] == "pos" and not layout.rowwise):
+                if key[0] == "crd" or (key[0] == "pos" and not self._out_layout.rowwise):
                     arr.fill(-1)
-        args = _arguments(compiled, prepared, arrays, nthreads)
-        if compiled.fn(*args) != 0:
+        return arrays, levels, vals
+
+    def _check_status(self, status: int) -> None:
+        if status != 0:
             raise SparsecError(
                 f"kernel could not allocate its workspace (a dense row of the output "
-                f"{out_t.name!r}); out of memory"
+                f"{self.spec.output.name!r}); out of memory"
             )
-        shape = tuple(prepared.dims[i] for i in self.spec.statement.lhs.indices)
-        return Tensor(shape, fmt, tuple(levels), vals, np.dtype(index_dtype))
 
     # -------------------------------------------------------------- internals
     def _name_error(self, inputs: Mapping[str, Any]) -> InputError:
@@ -755,6 +839,15 @@ def _arguments(
 
 
 _INT32_MAX = 2**31 - 1
+#: the single pass allocates for its bound up front: past this many entries the two
+#: phases run instead, so a loose bound never costs more memory than this
+SINGLE_PASS_ENTRIES = 1 << 24
+
+
+def _cut(array: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` elements: a view when they are most of ``array``, else a copy (so a
+    loose capacity does not stay allocated behind a small result)."""
+    return array[:n] if 2 * n >= len(array) else array[:n].copy()
 
 
 @dataclass(frozen=True, slots=True)

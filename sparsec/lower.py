@@ -176,6 +176,7 @@ class Lowerer:
         parallel: bool = True,
         exclusive: bool = False,
         counting: bool = False,
+        append: bool = False,
         commands: tuple[Command, ...] = (),
         target: str = "c",
     ) -> None:
@@ -234,7 +235,11 @@ class Lowerer:
         self.zero_in_loop = False
         self.zeroed_slices = False
         #: sparse output: the kernel assembles pos/crd/vals (``counting``: sizes only)
-        self.assembler = None if spec.output.format.is_dense else Assembler(self, counting=counting)
+        self.assembler = (
+            None
+            if spec.output.format.is_dense
+            else Assembler(self, counting=counting, append=append)
+        )
         #: index of the output's last level when it is scattered into a workspace
         self.workspace: str | None = None
 
@@ -1842,6 +1847,7 @@ def lower(
     *,
     parallel: bool = True,
     counting: bool = False,
+    append: bool = False,
     commands: tuple[Command, ...] = (),
     target: str = "c",
 ) -> tuple[LoweredKernel, Signature]:
@@ -1849,13 +1855,15 @@ def lower(
     written exactly once (plain dense loops over all output indices), storing with ``=``.
 
     ``make_names()`` returns a fresh ``(Signature, Namer)``, so both passes name alike.
-    ``counting`` lowers the assemble kernel of a sparse output (sizes only); ``commands``
-    is the user's schedule (empty: the default schedule).
+    ``counting`` lowers the assemble kernel of a sparse output (sizes only); ``append``
+    its single-pass kernel (serial, appending into arrays of a proven capacity, even where
+    the two-phase kernel fills rows in parallel); ``commands`` is the user's schedule
+    (empty: the default schedule).
     """
     sig, namer = make_names()
     options: dict[str, Any] = {"parallel": parallel, "commands": commands, "target": target}
     if not spec.output.format.is_dense:
-        lowered = Lowerer(spec, sig, namer, counting=counting, **options).kernel()
+        lowered = Lowerer(spec, sig, namer, counting=counting, append=append, **options).kernel()
         return lowered, sig
     first = Lowerer(spec, sig, namer, **options).kernel()
     if not first.exclusive:

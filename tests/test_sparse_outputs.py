@@ -7,6 +7,8 @@ int32/int64 indices, on inputs with empty rows and slices.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,8 @@ from conftest import case_id, sparse_array, torch_reference
 
 import sparsec
 
+# the module (``sparsec.kernel`` is the function)
+KERNEL_MODULE = sys.modules["sparsec.kernel"]
 I, J, K, L = 7, 6, 5, 4
 
 # (expression, formats, einsum or python reference, shapes)
@@ -146,7 +150,7 @@ CASES += [
 @pytest.mark.parametrize("index_dtype", ["int32", "int64"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
-def test_sparse_output_matches_torch(case, dtype, index_dtype, rng):
+def test_sparse_output_matches_torch(case, dtype, index_dtype, rng, monkeypatch):
     expr, fmts, ref, shapes = case
     dense, given = {}, {}
     for name, shape in shapes.items():
@@ -170,6 +174,23 @@ def test_sparse_output_matches_torch(case, dtype, index_dtype, rng):
         atol=tol,
     )
     k.check(**given)
+    # one pass into bounded arrays (one thread) and two phases (counted exactly) build
+    # the same storage
+    single = k(**given, threads=1)
+    monkeypatch.setattr(KERNEL_MODULE, "SINGLE_PASS_ENTRIES", -1)
+    for got in (single, k(**given, threads=1)):
+        got.validate("out")
+        _same_storage(got, out)
+
+
+def _same_storage(a: sparsec.Tensor, b: sparsec.Tensor) -> None:
+    assert a.format == b.format and a.shape == b.shape and a.index_dtype == b.index_dtype
+    for x, y in zip(a.levels, b.levels, strict=True):
+        for u, v in ((x.pos, y.pos), (x.crd, y.crd)):
+            assert (u is None) == (v is None)
+            if u is not None:
+                np.testing.assert_array_equal(u, v)
+    np.testing.assert_array_equal(a.vals, b.vals)
 
 
 def test_pattern_is_structural_and_cancellation_zeros_are_kept(rng):
@@ -273,3 +294,68 @@ def test_unsupported_output_layouts_are_clear_errors(fmt):
         sparsec.kernel(
             "A(i,j,k) = B(i,j,k)" if len(fmt.split(":")[0]) == 3 else "A(i,j) = B(i,j)", {"A": fmt}
         )
+
+
+# ------------------------------------------------------------------ single pass
+def test_block_output_whose_last_row_stores_nothing(monkeypatch):
+    """An 'sd' output zeroes the block at the next position before it knows whether the
+    row stores anything; the last row here stores nothing (disjoint columns), so that block
+    lies past the last entry (found by ASan: the runtime keeps a spare block for it)."""
+    b, c = np.zeros((3, 4)), np.zeros((3, 4))
+    b[0, 1], c[0, 1] = 2.0, 3.0
+    b[2, 0], c[2, 3] = 1.0, 5.0
+    k = sparsec.kernel("A(i,j) = B(i,j) * C(i,j)", {"A": "sd", "B": "ss", "C": "ss"})
+    for limit in (KERNEL_MODULE.SINGLE_PASS_ENTRIES, -1):  # one pass, then two phases
+        monkeypatch.setattr(KERNEL_MODULE, "SINGLE_PASS_ENTRIES", limit)
+        out = k(B=b, C=c).validate()
+        np.testing.assert_array_equal(np.asarray(out), b * c)
+        assert out.levels[0].crd.tolist() == [0] and len(out.vals) == 4
+
+
+def test_entry_bound_hand_values():
+    from sparsec.bound import entry_bound
+
+    def bound(expr, fmts, **inputs):
+        k = sparsec.kernel(expr, fmts)
+        values = {
+            n: (sparsec.Tensor.from_dense(v, fmts[n]) if n in fmts else v)
+            for n, v in inputs.items()
+        }
+        return entry_bound(k.spec.statement, values, k._prepare(values).dims)
+
+    eye, ones = np.eye(4), np.ones((4, 4))
+    anti = np.fliplr(np.eye(4))
+    # union: the entries of both (disjoint here, so the bound is exact); intersection: the fewer
+    assert (
+        bound("A(i,j) = B(i,j) + C(i,j)", {"A": "csr", "B": "csr", "C": "csr"}, B=eye, C=anti) == 8
+    )
+    assert (
+        bound("A(i,j) = B(i,j) * C(i,j)", {"A": "csr", "B": "csr", "C": "csr"}, B=eye, C=ones) == 4
+    )
+    # a literal is present everywhere; a dense operand too
+    assert bound("A(i,j) = B(i,j) + 2", {"A": "csr", "B": "csr"}, B=eye) == 16
+    assert bound("A(i,j) = B(i,j) * D(i,j)", {"A": "csr", "B": "csr"}, B=eye, D=ones) == 4
+    # SpGEMM: the products over k, sum_k (entries of column k of B) x (entries of row k of C)
+    b = np.zeros((4, 4))
+    b[:, 0] = 1.0  # column 0 full
+    c = np.zeros((4, 4))
+    c[0, :2] = 1.0  # row 0 has 2 entries
+    got = bound("A(i,j) = B(i,k) * C(k,j)", {"A": "csr", "B": "csr", "C": "csr"}, B=b, C=c)
+    assert 8 <= got <= 9  # 4 x 2 products (plus the margin of one)
+    # broadcast over an index the operand lacks: every j of a stored i
+    v = np.array([1.0, 0.0, 2.0, 0.0])
+    assert bound("A(i,j) = v(i) * D(i,j)", {"A": "csr", "v": "s"}, v=v, D=ones) == 8
+
+
+def test_too_small_a_bound_stops_the_kernel(monkeypatch, rng):
+    """The single-pass kernel checks its capacities: given too small a bound it stops
+    before writing past them; the tests treat that as a bug, users get the two phases."""
+    b = sparsec.Tensor.from_dense(sparse_array((30, 20), rng), "dcsr")
+    c = sparsec.Tensor.from_dense(sparse_array((30, 20), rng), "dcsr")
+    k = sparsec.kernel("A(i,j) = B(i,j) + C(i,j)", {"A": "dcsr", "B": "dcsr", "C": "dcsr"})
+    want = k(B=b, C=c)
+    monkeypatch.setattr(KERNEL_MODULE, "entry_bound", lambda *a: 3)
+    with pytest.raises(sparsec.SparsecError, match="capacity bound 3 was too small"):
+        k(B=b, C=c)
+    monkeypatch.setattr(k, "_poison", False)
+    _same_storage(k(B=b, C=c).validate(), want)

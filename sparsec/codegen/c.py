@@ -9,6 +9,7 @@ from typing import Any
 import jinja2
 
 from ..abi import Namer, Signature, signature
+from ..assemble import OutputLayout
 from ..lower import lower
 from ..resources import data_dir
 from ..schedule import Command
@@ -19,6 +20,7 @@ from .printer import C, Printer
 
 KERNEL_NAME = "sparsec_kernel"
 ASSEMBLE_NAME = "sparsec_assemble"
+APPEND_NAME = "sparsec_append"
 
 C_VALUE_TYPES = {"float32": "float", "float64": "double"}
 C_INDEX_TYPES = {"int32": "int32_t", "int64": "int64_t"}
@@ -40,6 +42,9 @@ class Generated:
     launch: Any = None
     #: the schedule's commands that were applied (CUDA: the default's, when chosen)
     commands: tuple[Command, ...] = ()
+    #: sparse output: the function that fills the output in one serial pass, given arrays
+    #: of a proven capacity ("": none; the two phases run)
+    append: str = ""
 
 
 @cache
@@ -151,8 +156,23 @@ def generate(
             )
         )
         comment = "numeric phase: append coordinates and values into the allocated arrays"
+        append = KERNEL_NAME  # a serial kernel appends into any arrays large enough
+        if OutputLayout.of(spec.output.format, spec.output.name).rowwise:
+            append = ""
+            if not commands:
+                single, _ = lower(spec, make_names, parallel=False, append=True)
+                functions.append(
+                    _Function(
+                        APPEND_NAME,
+                        "single pass for one thread: append rows in order into arrays of a "
+                        "capacity the runtime proved; the final sizes are in pos",
+                        "\n".join(printer.stmts(tile(single.body)[0])),
+                    )
+                )
+                append = APPEND_NAME
     else:
         comment = ""
+        append = ""
     body, tiled = tile(lowered.body)
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
@@ -175,4 +195,13 @@ def generate(
             params=[C.param(p) for p in sig.params],
         )
     )
-    return Generated(source, sig, lowered.loop_order, schedule, dtype, index_dtype, lowered.bounds)
+    return Generated(
+        source,
+        sig,
+        lowered.loop_order,
+        schedule,
+        dtype,
+        index_dtype,
+        lowered.bounds,
+        append=append,
+    )
