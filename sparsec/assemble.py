@@ -147,7 +147,12 @@ class Assembler:
         if k not in self.capacity:
             return []
         full = ir.Bin(">" if slack else ">=", ir.Var(self.count[k]), ir.Var(self.capacity[k]))
-        return [ir.Return(CAPACITY_EXCEEDED, full)]
+        return self._bail(full)
+
+    def _bail(self, cond: ir.Expr) -> list[ir.Stmt]:
+        """Leave with CAPACITY_EXCEEDED when ``cond`` holds, freeing the workspace."""
+        frees = [ir.Free(name) for name in self.allocated]
+        return [ir.If(((cond, ir.block(*frees, ir.Return(CAPACITY_EXCEEDED, ir.IntLit(1)))),))]
 
     def _inc(self, k: int) -> ir.Stmt:
         c = ir.Var(self.count[k])
@@ -427,7 +432,11 @@ class Assembler:
             self._inc(last),
             ir.Assign(ir.Load(self.w, ir.Var(j)), ir.FloatLit(0.0)),
         )
+        room: list[ir.Stmt] = []
+        if last in self.capacity:
+            room = self._bail(ir.Bin(">", ir.Bin("+", c, n), ir.Var(self.capacity[last])))
         return [
+            *room,
             ir.Effect(ir.Call("sort_reached", (ir.Var(self.list), n, seen, top))),
             ir.For(t, ir.IntLit(0), n, body),
             ir.Assign(n, ir.IntLit(0)),

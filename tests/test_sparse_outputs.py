@@ -347,15 +347,23 @@ def test_entry_bound_hand_values():
     assert bound("A(i,j) = v(i) * D(i,j)", {"A": "csr", "v": "s"}, v=v, D=ones) == 8
 
 
-def test_too_small_a_bound_stops_the_kernel(monkeypatch, rng):
+@pytest.mark.parametrize(
+    ("expr", "fmts"),
+    [
+        ("A(i,j) = B(i,j) + C(i,j)", {"A": "dcsr", "B": "dcsr", "C": "dcsr"}),  # appends
+        ("A(i,j) = B(i,k) * C(k,j)", {"A": "csr", "B": "csr", "C": "csr"}),  # a workspace
+        ("A(i,j) = B(i,j) * C(i,j)", {"A": "sd", "B": "dcsr", "C": "dcsr"}),  # dense blocks
+    ],
+)
+def test_too_small_a_bound_stops_the_kernel(expr, fmts, monkeypatch, rng):
     """The single-pass kernel checks its capacities: given too small a bound it stops
     before writing past them; the tests treat that as a bug, users get the two phases."""
-    b = sparsec.Tensor.from_dense(sparse_array((30, 20), rng), "dcsr")
-    c = sparsec.Tensor.from_dense(sparse_array((30, 20), rng), "dcsr")
-    k = sparsec.kernel("A(i,j) = B(i,j) + C(i,j)", {"A": "dcsr", "B": "dcsr", "C": "dcsr"})
-    want = k(B=b, C=c)
+    b = sparsec.Tensor.from_dense(sparse_array((30, 20), rng), fmts["B"])
+    c = sparsec.Tensor.from_dense(sparse_array((20 if "k" in expr else 30, 20), rng), fmts["C"])
+    k = sparsec.kernel(expr, fmts)
+    want = k(B=b, C=c, threads=1)
     monkeypatch.setattr(KERNEL_MODULE, "entry_bound", lambda *a: 3)
     with pytest.raises(sparsec.SparsecError, match="capacity bound 3 was too small"):
-        k(B=b, C=c)
+        k(B=b, C=c, threads=1)
     monkeypatch.setattr(k, "_poison", False)
-    _same_storage(k(B=b, C=c).validate(), want)
+    _same_storage(k(B=b, C=c, threads=1).validate(), want)

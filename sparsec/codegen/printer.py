@@ -227,6 +227,8 @@ class Printer:
             case ir.Effect(call=call):
                 return [f"{pad}{self.expr(call)};"]
             case ir.Return(status=status, cond=cond):
+                if cond == ir.IntLit(1):
+                    return [f"{pad}return {status};"]
                 return [f"{pad}if ({self.expr(cond)}) return {status};"]
             case _:
                 assert_never(node)
