@@ -83,17 +83,16 @@ class _Bound:
                 free = fb - frozenset(summed)
                 n = min(nb, _size(self.dims, free))
                 if len(summed) == 1:
-                    n = min(n, self._contracted(summed[0], body))
+                    n = min(n, self._contracted(summed[0], body, n))
                 return free, n
         raise AssertionError(e)
 
-    def _contracted(self, k: str, body: CExpr) -> int:
-        """``Σ_k Π_f c_f(k)`` when ``body`` is a product of tensors and literals; else the
-        dense size (no better bound known)."""
+    def _contracted(self, k: str, body: CExpr, known: int) -> int:
+        """``Σ_k Π_f c_f(k)`` when ``body`` is a product of tensors and literals; else
+        ``known`` (the bound already proved)."""
         factors = _factors(body)
-        free = frozenset().union(*(f.indices for f in factors if isinstance(f, Access)))
         if any(not isinstance(f, Access | Literal) for f in factors):
-            return _size(self.dims, free - {k})
+            return known
         total = np.ones(self.dims[k], dtype=np.float64)
         for f in factors:
             if isinstance(f, Access):

@@ -51,6 +51,16 @@ REGRESSIONS: list[tuple[str, dict[str, str], dict[str, int], str, list[str] | No
     # the slow fuzz run: the default GPU schedule fuses T0's dense-compressed-dense levels,
     # and the parent's cursor was seeded with the undivided last-level position
     ("O(i,j) = T0(i,j,k)", {"T0": "dsd:0,1,2"}, {"i": 2, "j": 2, "k": 5}, "cuda-emulated", None, 7),
+    # the single-pass capacity bound of a sum over j whose body is not a product (a scalar
+    # makes it present everywhere) fell back to the indices of its factors: 1 < 2 entries
+    (
+        "O(i,k) = -(-(T0(i,j,k) + T1) + T2(i,j))",
+        {"T0": "uqq:0,1,2", "T2": "uq:0,1", "O": "sd"},
+        {"i": 2, "j": 1, "k": 1},
+        "c",
+        None,
+        0,
+    ),
 ]
 
 
