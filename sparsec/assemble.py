@@ -122,7 +122,7 @@ class Assembler:
         #: appending kernels: each appended level's capacity, read from ``sc_sizes``
         self.capacity = (
             {}
-            if counting or self.layout.rowwise and not append
+            if counting or (self.layout.rowwise and not append)
             else {k: namer.fresh(f"cap{self.name}{k + 1}") for k in appended}
         )
         #: rows are independent: per-row counters, ``pos`` prefix-summed by the runtime

@@ -435,10 +435,9 @@ class Kernel:
                 parents = sizes[k] = min(parents * size, bound)
             else:  # COO's first level: one position per entry, repeated coordinates
                 parents = sizes[k] = bound
-        if prepared.index_dtype == "int32" and max(parents, *prepared.dims.values(), 0) > (
-            _INT32_MAX
-        ):
-            return None
+        largest = max(parents, *prepared.dims.values(), 0)
+        if prepared.index_dtype == "int32" and largest > _INT32_MAX:
+            return None  # the two phases count exactly, and say so if it does not fit
         arrays, levels, vals = self._allocate(prepared, sizes, {("sizes", -1): sizes})
         args = _arguments(compiled, prepared, arrays, 1)
         status = compiled.append(*args)
