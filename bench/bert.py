@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 import sparsec
 
-from .common import RESULTS_DIR, Table, environment, measure, progress, write_results
+from .common import RESULTS_DIR, Table, environment, measure, progress, settle, write_results
 from .core import WrongResult
 
 SPMM = "Y(i,j) = W(i,k) * X(k,j)"
@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="threads (default: all cores)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     args = parser.parse_args(argv)
+    settle(not args.quick)
     threads = args.threads or os.cpu_count() or 1
     mats, source = weights()
     if args.quick:

@@ -58,8 +58,25 @@ class Timing:
         }
 
 
+#: seconds to wait before each contender. torch and MKL bring their own OpenMP runtimes,
+#: whose idle workers keep spinning after each call (libgomp's GOMP_SPINCOUNT, Intel's
+#: KMP_BLOCKTIME of 200 ms); timed right after them, a kernel on the same two cores loses
+#: up to half its speed (SpMV at 2 threads: 1.0 ms alone, 1.7 ms right after torch)
+SETTLE_S = 0.3
+
+
+def settle(on: bool) -> None:
+    """Wait `SETTLE_S` before each contender (full runs), or not (``--quick`` smoke runs,
+    whose timings are not read)."""
+    global SETTLE_S
+    SETTLE_S = 0.3 if on else 0.0
+
+
 def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20) -> Timing:
-    """Time ``fn()``: ``warmup`` untimed calls, then ``max(repeats, 10)`` timed ones."""
+    """Time ``fn()``: after `SETTLE_S` of quiet, ``warmup`` untimed calls, then
+    ``max(repeats, 10)`` timed ones."""
+    if SETTLE_S:
+        time.sleep(SETTLE_S)
     for _ in range(warmup):
         fn()
     samples = []

@@ -47,6 +47,7 @@ from .common import (
     environment,
     measure,
     progress,
+    settle,
     torch_threads,
     write_results,
 )
@@ -421,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the compile-time probe")
     parser.add_argument("--compile-repeats", type=int, default=None)
     args = parser.parse_args(argv)
+    settle(not args.quick)
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
     cfg = Config.make(args.quick, args.threads, args.compile_repeats)

@@ -31,7 +31,7 @@ import numpy as np
 
 import sparsec
 
-from .common import CaseResult, Row, Table, environment, measure, progress, write_results
+from .common import CaseResult, Row, Table, environment, measure, progress, settle, write_results
 from .core import WrongResult, pruned_csr, random_rows_csr
 
 SPMV = "y(i) = A(i,j) * x(j)"
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes and few runs (CI smoke)")
     parser.add_argument("--threads", type=int, default=None, help="threads for the parallel rows")
     args = parser.parse_args(argv)
+    settle(not args.quick)
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
     cfg = Config.make(args.quick, args.threads)

@@ -59,6 +59,7 @@ from .common import (
     environment,
     measure,
     progress,
+    settle,
     torch_threads,
     write_results,
 )
@@ -394,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         help="accepted for the runner; recorded only (sparse-output kernels are serial)",
     )
     args = parser.parse_args(argv)
+    settle(not args.quick)
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
     cfg = Config.make(args.quick, args.threads)
