@@ -25,7 +25,13 @@ import numpy as np
 
 from . import autotune, gpu, runtime
 from .abi import Param
-from .assemble import BLOCK_SLACK, CAPACITY_EXCEEDED, OUT_OF_MEMORY, OutputLayout
+from .assemble import (
+    BLOCK_SLACK,
+    CAPACITY_EXCEEDED,
+    LAST_LEVEL_SLACK,
+    OUT_OF_MEMORY,
+    OutputLayout,
+)
 from .binding import (
     INDEX_DTYPES,
     INT64,
@@ -433,6 +439,10 @@ class Kernel:
                 sizes[k] = parents  # one coordinate per parent position
             elif level.unique:
                 parents = sizes[k] = min(parents * size, bound)
+                layout = self._out_layout
+                if k == layout.last and not layout.block and not layout.tail:
+                    # room for the up-front checks of the last level's loops
+                    parents = sizes[k] = parents + LAST_LEVEL_SLACK * size
             else:  # COO's first level: one position per entry, repeated coordinates
                 parents = sizes[k] = bound
         largest = max(parents, *prepared.dims.values(), 0)

@@ -18,7 +18,8 @@ output), or into a scalar accumulator when only reduction loops remain. Nested s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1420,6 +1421,27 @@ class Lowerer:
             loop = ir.For(name, ir.IntLit(0), ir.Var(self.sig.dim(var)), loop_body)
             return ir.block(*init, loop)
         loops: list[ir.Stmt] = []
+        # each step of the merge advances an iterator and appends at most one entry
+        room: ir.Expr = ir.IntLit(0)
+        for st in state.values():
+            room = ir.add(room, ir.Bin("-", ir.Var(st.end), ir.Var(st.pos)))
+        with self._capacity_checked(var, room) as check:
+            loops += self._merge_loops(var, rest, lattice, state, ctx, sink, gallop)
+        return ir.block(*init, *check, *loops)
+
+    def _merge_loops(
+        self,
+        var: str,
+        rest: tuple[str, ...],
+        lattice: Lattice,
+        state: dict[Iterator, _IterState],
+        ctx: Ctx,
+        sink: Sink,
+        gallop: bool,
+    ) -> list[ir.Stmt]:
+        """One while loop per lattice point, each while all its iterators have entries."""
+        name = self.var_names[var]
+        loops: list[ir.Stmt] = []
         for top in lattice.points:
             its = sorted(top.iterators, key=str)
             cond = ir.conj(
@@ -1443,7 +1465,7 @@ class Lowerer:
                 var, rest, lattice, lattice.sub_points(top), state, ctx, sink, its, reads, target
             )
             loops.append(ir.While(cond, body))
-        return ir.block(*init, *loops)
+        return loops
 
     def _dense_case_body(
         self,
@@ -1578,6 +1600,21 @@ class Lowerer:
         assert self.assembler is not None
         return ir.block(self.loops(rest, expr, ctx, WorkspaceSink()), *self.assembler.gather())
 
+    @contextmanager
+    def _capacity_checked(self, var: str, room: ir.Expr) -> Generator[list[ir.Stmt]]:
+        """Lower a loop body under one up-front capacity check when the loop appends the
+        output's last level (`Assembler.precheck`); yields the check's statements."""
+        asm = self.assembler
+        check = asm.precheck(var, room) if asm is not None else []
+        if asm is None or not check:
+            yield check
+            return
+        saved, asm.checked = asm.checked, True
+        try:
+            yield check
+        finally:
+            asm.checked = saved
+
     def _dense_loop(
         self,
         var: str,
@@ -1591,11 +1628,12 @@ class Lowerer:
         trip = ir.Var(self.sig.dim(var))
         setup = self._loop_setup(var, frozenset({var}), ctx, sink, "for", trip, outermost)
         inner = ctx.bind({var: ir.Var(name)}, covered=var)
-        body = self._inside(setup, lambda: self._enter(var, rest, point.expr, inner, sink))
+        with self._capacity_checked(var, trip) as check:
+            body = self._inside(setup, lambda: self._enter(var, rest, point.expr, inner, sink))
         if outermost and self.zero_in_loop:
             body = ir.block(self._zero_slice(ir.Var(name)), body)
         loop = ir.For(name, ir.IntLit(0), trip, body, setup.parallel, setup.unroll)
-        return ir.block(*setup.pre, loop, *setup.post)
+        return ir.block(*setup.pre, *check, loop, *setup.post)
 
     def _position_loop(
         self,
@@ -1617,11 +1655,12 @@ class Lowerer:
             end = ir.Decl(ir.I64, s.end, s.hi)
             trip = ir.Bin("-", ir.Var(s.end), s.lo)
             setup = self._loop_setup(var, frozenset({var}), ctx, sink, "for", trip, outermost)
-            body = self._inside(
-                setup, lambda: ir.block(read, self._enter(var, rest, point.expr, inner, sink))
-            )
+            with self._capacity_checked(var, trip) as check:
+                body = self._inside(
+                    setup, lambda: ir.block(read, self._enter(var, rest, point.expr, inner, sink))
+                )
             loop = ir.For(s.pos, s.lo, ir.Var(s.end), body, setup.parallel, setup.unroll)
-            return ir.block(end, *setup.pre, loop, *setup.post)
+            return ir.block(end, *setup.pre, *check, loop, *setup.post)
         # Non-unique level: walk runs of equal coordinates; children see [p, next).
         self._loop_setup(
             var,

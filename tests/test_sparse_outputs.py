@@ -351,6 +351,7 @@ def test_entry_bound_hand_values():
     ("expr", "fmts"),
     [
         ("A(i,j) = B(i,j) + C(i,j)", {"A": "dcsr", "B": "dcsr", "C": "dcsr"}),  # appends
+        ("A(i,j) = B(i,j) + C(i,j)", {"A": "csr", "B": "csr", "C": "csr"}),  # row checks
         ("A(i,j) = B(i,k) * C(k,j)", {"A": "csr", "B": "csr", "C": "csr"}),  # a workspace
         ("A(i,j) = B(i,j) * C(i,j)", {"A": "sd", "B": "dcsr", "C": "dcsr"}),  # dense blocks
     ],

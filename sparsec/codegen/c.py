@@ -156,20 +156,21 @@ def generate(
             )
         )
         comment = "numeric phase: append coordinates and values into the allocated arrays"
-        append = KERNEL_NAME  # a serial kernel appends into any arrays large enough
-        if OutputLayout.of(spec.output.format, spec.output.name).rowwise:
-            append = ""
-            if not commands:
-                single, _ = lower(spec, make_names, parallel=False, append=True)
-                functions.append(
-                    _Function(
-                        APPEND_NAME,
-                        "single pass for one thread: append rows in order into arrays of a "
-                        "capacity the runtime proved; the final sizes are in pos",
-                        "\n".join(printer.stmts(tile(single.body)[0])),
-                    )
+        if not commands:
+            single, _ = lower(spec, make_names, parallel=False, append=True)
+            functions.append(
+                _Function(
+                    APPEND_NAME,
+                    "single pass for one thread: append in order into arrays of a capacity "
+                    "the runtime proved (plus a row of slack); the final sizes are in pos",
+                    "\n".join(printer.stmts(tile(single.body)[0])),
                 )
-                append = APPEND_NAME
+            )
+            append = APPEND_NAME
+        elif OutputLayout.of(spec.output.format, spec.output.name).rowwise:
+            append = ""  # a user schedule's rows fill in parallel: the two phases only
+        else:
+            append = KERNEL_NAME  # a serial kernel appends into any arrays large enough
     else:
         comment = ""
         append = ""
