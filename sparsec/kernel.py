@@ -445,6 +445,8 @@ class Kernel:
                     parents = sizes[k] = parents + LAST_LEVEL_SLACK * size
             else:  # COO's first level: one position per entry, repeated coordinates
                 parents = sizes[k] = bound
+        if parents > SINGLE_PASS_ENTRIES:
+            return None  # a loose bound, or a huge extent as slack: count exactly instead
         largest = max(parents, *prepared.dims.values(), 0)
         if prepared.index_dtype == "int32" and largest > _INT32_MAX:
             return None  # the two phases count exactly, and say so if it does not fit
@@ -848,8 +850,9 @@ def _arguments(
 
 
 _INT32_MAX = 2**31 - 1
-#: the single pass allocates for its bound up front: past this many entries the two
-#: phases run instead, so a loose bound never costs more memory than this
+#: the single pass allocates for its bound (plus one extent of the last level) up front:
+#: past this many entries the two phases run instead, so a loose bound or a huge extent
+#: never costs more memory than this
 SINGLE_PASS_ENTRIES = 1 << 24
 
 
