@@ -96,10 +96,17 @@ class OutputLayout:
         return OutputLayout(fmt, prefix, tuple(compressed[:-1]), last, tuple(singles), block)
 
     @property
+    def one_entry_per_step(self) -> bool:
+        """The last level gets at most one entry per iteration of its loop (no COO
+        singletons or dense blocks below it): the single pass checks such loops up front,
+        and the runtime gives that level an extent of slack for it."""
+        return not self.tail and not self.block
+
+    @property
     def rowwise(self) -> bool:
         """Dense levels then one compressed level (CSR, CSC, 'dds'): every row's entries
         can be counted into ``pos`` independently, prefix-summed, and filled in parallel."""
-        return self.dense_prefix >= 1 and not self.inner and not self.tail and not self.block
+        return self.dense_prefix >= 1 and not self.inner and self.one_entry_per_step
 
 
 class Assembler:
@@ -171,8 +178,7 @@ class Assembler:
             not self.append
             or self.level_of(var) != layout.last
             or layout.last not in self.capacity
-            or layout.tail
-            or layout.block
+            or not layout.one_entry_per_step
             or self.low.workspace is not None
         ):
             return []

@@ -56,9 +56,7 @@ class _Bound:
         match e:
             case Access(name=name, indices=indices):
                 free = frozenset(indices)
-                v = self.values[name]
-                n = v.nnz if hasattr(v, "nnz") else int(np.size(v))
-                return free, min(n, _size(self.dims, free))
+                return free, min(_stored(self.values[name]), _size(self.dims, free))
             case Literal():
                 return frozenset(), 1
             case Zero():
@@ -105,7 +103,7 @@ class _Bound:
         v = self.values[a.name]
         dims = self.dims
         if k not in a.indices:
-            return float(v.nnz if hasattr(v, "nnz") else np.size(v))
+            return float(_stored(v))
         if not hasattr(v, "nnz"):  # dense: every coordinate of the other modes
             return float(_size(dims, frozenset(a.indices) - {k}))
         mode = a.indices.index(k)
@@ -121,6 +119,11 @@ class _Bound:
                 return np.diff(below.pos).astype(np.float64)
         coords = v._mode_coords()[mode]
         return np.bincount(coords, minlength=dims[k])[: dims[k]].astype(np.float64)
+
+
+def _stored(v: Any) -> int:
+    """Entries a value stores: a Tensor's, or all of a dense array's (1 for a scalar)."""
+    return int(v.nnz) if hasattr(v, "nnz") else int(np.size(v))
 
 
 def _factors(e: CExpr) -> list[CExpr]:

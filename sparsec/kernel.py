@@ -440,7 +440,7 @@ class Kernel:
             elif level.unique:
                 parents = sizes[k] = min(parents * size, bound)
                 layout = self._out_layout
-                if k == layout.last and not layout.block and not layout.tail:
+                if k == layout.last and layout.one_entry_per_step:
                     # room for the up-front checks of the last level's loops
                     parents = sizes[k] = parents + LAST_LEVEL_SLACK * size
             else:  # COO's first level: one position per entry, repeated coordinates

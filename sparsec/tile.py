@@ -33,39 +33,31 @@ TILE = ir.Var("SC_TILE")
 _OPS = frozenset("+-*/")
 
 
-def free_vars(e: ir.Expr) -> set[str]:
+def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
     match e:
-        case ir.Var(name=name):
-            return {name}
-        case ir.IntLit() | ir.FloatLit():
-            return set()
         case ir.Load(index=index):
-            return free_vars(index)
+            return (index,)
         case ir.Bin(left=a, right=b):
-            return free_vars(a) | free_vars(b)
+            return (a, b)
         case ir.Unary(operand=x):
-            return free_vars(x)
+            return (x,)
         case ir.Call(args=args):
-            return set().union(*(free_vars(a) for a in args))
+            return args
         case ir.Select(cond=c, then=a, other=b):
-            return free_vars(c) | free_vars(a) | free_vars(b)
-    raise AssertionError(e)
+            return (c, a, b)
+    return ()
+
+
+def free_vars(e: ir.Expr) -> set[str]:
+    """The variables ``e`` reads."""
+    own = {e.name} if isinstance(e, ir.Var) else set()
+    return own.union(*(free_vars(c) for c in _children(e)))
 
 
 def arrays(e: ir.Expr) -> set[str]:
     """The arrays ``e`` loads from."""
-    match e:
-        case ir.Load(array=array, index=index):
-            return {array} | arrays(index)
-        case ir.Bin(left=a, right=b):
-            return arrays(a) | arrays(b)
-        case ir.Unary(operand=x):
-            return arrays(x)
-        case ir.Call(args=args):
-            return set().union(*(arrays(a) for a in args))
-        case ir.Select(cond=c, then=a, other=b):
-            return arrays(c) | arrays(a) | arrays(b)
-    return set()
+    own = {e.array} if isinstance(e, ir.Load) else set()
+    return own.union(*(arrays(c) for c in _children(e)))
 
 
 @dataclass(frozen=True, slots=True)
