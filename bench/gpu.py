@@ -9,14 +9,20 @@ compulsory bytes every implementation must move, and the time that takes at HBM 
 (3.35 TB/s, H100 SXM, by default): the roofline no schedule can beat. Each kernel is first
 run through the CUDA emulation on a small instance and checked against numpy.
 
-Compulsory traffic (values 8 bytes, indices 4): SpMV CSR ``nnz*(8+4) + (rows+1)*4 + cols*8
-+ rows*8``; SpMM ``nnz*(8+4) + (rows+1)*4 + cols*n*8 + rows*n*8``; MTTKRP CSF
+Compulsory traffic (values v = 8 or 4 bytes, indices 4): SpMV CSR ``nnz*(8+4) +
+(rows+1)*4 + cols*8 + rows*8``; SpMM ``nnz*(v+4) + (rows+1)*4 + cols*n*v + rows*n*v``; MTTKRP CSF
 ``nnz*(8+4) + fibers*(4+4) + slices*(4+4) + (K+L)*rank*8 + I*rank*8`` (each dense factor read
 once, the output written once). Gathers of x / X / D / C rows that miss the cache and the
 atomics' read-modify-writes come on top; the model is a lower bound.
 
-Where CuPy finds a device, each kernel is also timed (median of 20 after warm-up) next to
-``cupyx.scipy.sparse`` (cuSPARSE) for SpMV and SpMM.
+Where CuPy finds a device, each kernel is also run there: its result is checked against the
+reference, then the kernel alone is timed on device-resident inputs (`Kernel.device_launch`;
+CUDA events around 10 launches back to back, median of 30 such batches, after warm-up; a
+kernel that adds with atomics zeroes its output inside the timing), and so is the whole
+Python call with its host-device copies (median of 10). Baselines, timed the same way on
+device-resident operands and checked: cuSPARSE through ``cupyx.scipy.sparse`` and through
+torch's sparse CSR tensors (each call includes that library's per-call setup: descriptors,
+buffers, the output's allocation), and torch's dense matmul for SpMM.
 """
 
 from __future__ import annotations
@@ -49,9 +55,9 @@ SCHEDULES: dict[str, dict[str, str | None]] = {
         "split(fp1,t,n,8), parallelize(b,GPUBlock,Atomics), parallelize(t,GPUThread,Atomics)",
     },
     "spmm": {
-        "default (thread per row)": None,
-        "row per block, thread per column": "parallelize(i,GPUBlock,NoRaces), "
-        "parallelize(j,GPUThread,NoRaces), reorder(i,j,k)",
+        "default (row per block, thread per column)": None,
+        "thread per row": "split(i,i0,i1,256), parallelize(i0,GPUBlock,NoRaces), "
+        "parallelize(i1,GPUThread,NoRaces)",
     },
     "mttkrp": {
         "default (nonzero-parallel, atomics)": None,
@@ -65,7 +71,8 @@ EXPRS = {"spmv": SPMV, "spmm": SPMM, "mttkrp": MTTKRP}
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    name: str
+    #: spmv, spmm or mttkrp (the expression, formats and schedules)
+    kind: str
     detail: str
     traffic: int
     inputs: dict[str, Any]
@@ -74,14 +81,24 @@ class Workload:
 
 def workloads(quick: bool) -> list[Workload]:
     rng = np.random.default_rng(0)
-    n = 2000 if quick else 100_000
+    found = []
+    # SpMV: 1M rows (about 130 MB moved: more than the H100's 50 MB L2, so repeated launches
+    # stream from HBM)
+    n = 2000 if quick else 1_000_000
     a = random_rows_csr(n, 10, rng, np.float64)
     x = rng.standard_normal(n)
     spmv_bytes = a.nnz * 12 + (n + 1) * 4 + n * 8 + n * 8
-    rows, cols, batch = (96, 64, 32) if quick else (3072, 768, 512)
-    w = pruned_csr(rows, cols, 0.9, rng)
-    xs = rng.standard_normal((cols, batch))
-    spmm_bytes = w.nnz * 12 + (rows + 1) * 4 + cols * batch * 8 + rows * batch * 8
+    found.append(Workload("spmv", f"A {n}^2, 10/row", spmv_bytes, {"A": a, "x": x}, a @ x))
+    # SpMM: TACO's shape in float64, and a BERT-base FFN weight at 90 % in float32
+    for rows, cols, batch, dtype in ((3072, 768, 512, np.float64), (3072, 768, 2048, np.float32)):
+        if quick:
+            rows, cols, batch = rows // 32, cols // 12, batch // 16
+        w = pruned_csr(rows, cols, 0.9, rng).astype(dtype)
+        xs = rng.standard_normal((cols, batch)).astype(dtype)
+        size = np.dtype(dtype).itemsize
+        spmm_bytes = w.nnz * (size + 4) + (rows + 1) * 4 + (cols + rows) * batch * size
+        detail = f"W {rows}x{cols} 90 % pruned, X {cols}x{batch}, {np.dtype(dtype).name}"
+        found.append(Workload("spmm", detail, spmm_bytes, {"W": w, "X": xs}, w @ xs))
     dim, nnz, rank = (40, 4000, 8) if quick else (2000, 1_000_000, 32)
     flat = np.unique(rng.integers(0, dim**3, size=int(nnz * 1.01)))[:nnz]
     coords = np.stack(np.unravel_index(flat, (dim, dim, dim)))
@@ -93,23 +110,16 @@ def workloads(quick: bool) -> list[Workload]:
     mttkrp_bytes = len(flat) * 12 + fibers * 8 + slices * 8 + 2 * dim * rank * 8 + dim * rank * 8
     ref = np.zeros((dim, rank))
     np.add.at(ref, coords[0], vals[:, None] * d[coords[2]] * c[coords[1]])
-    return [
-        Workload("spmv", f"A {n}^2, 10/row", spmv_bytes, {"A": a, "x": x}, a @ x),
-        Workload(
-            "spmm",
-            f"W {rows}x{cols} 90 % pruned, X {cols}x{batch}",
-            spmm_bytes,
-            {"W": w, "X": xs},
-            w @ xs,
-        ),
+    found.append(
         Workload(
             "mttkrp",
             f"B {dim}^3, {len(flat)} nonzeros, rank {rank}",
             mttkrp_bytes,
             {"B": b, "D": d, "C": c},
             ref,
-        ),
-    ]
+        )
+    )
+    return found
 
 
 def small_instance(name: str) -> tuple[dict[str, Any], np.ndarray]:
@@ -129,43 +139,92 @@ def small_instance(name: str) -> tuple[dict[str, Any], np.ndarray]:
     return {"B": b, "D": d, "C": c}, np.einsum("ikl,lj,kj->ij", b, d, c)
 
 
-def _device_time(k: sparsec.Kernel, inputs: dict[str, Any]) -> float | None:
+def _event_median(run: Any, repeats: int = 30, batch: int = 10) -> float:
+    """Device time of one ``run()`` in ms: the median over ``repeats`` of ``batch`` runs
+    issued back to back between two CUDA events (on the legacy default stream, CuPy's and
+    torch's default), so the GPU stays busy and a run's host-side launch cost is hidden
+    where it is shorter than the run; after warm-up."""
+    cp = gpu.cupy_device()
+    for _ in range(3):
+        run()
+    cp.cuda.Device().synchronize()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    samples = []
+    for _ in range(repeats):
+        start.record()
+        for _ in range(batch):
+            run()
+        end.record()
+        end.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, end) / batch)
+    return statistics.median(samples)
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> bool:
+    tol = 1e-4 if got.dtype == np.float32 else 1e-9
+    return bool(np.allclose(got, want, rtol=tol, atol=tol * np.abs(want).max()))
+
+
+def _device_times(k: sparsec.Kernel, w: Workload) -> tuple[float, float] | None:
+    """(the kernel alone on device-resident inputs, the whole Python call with its
+    host-device copies), in ms; the device result is checked against the reference first."""
     try:
         cp = gpu.cupy_device()
     except sparsec.SparsecError:
         return None
-    k(**inputs)
+    launch, out = k.device_launch(**w.inputs)
+    launch()
+    got = cp.asnumpy(out).reshape(w.reference.shape)
+    if not _close(got, w.reference):
+        raise WrongResult(f"{w.kind} {w.detail}: the device result disagrees with the reference")
+    kernel_ms = _event_median(launch)
+    k(**w.inputs)
     samples = []
-    for _ in range(20):
-        cp.cuda.Device().synchronize()
+    for _ in range(10):
         start = time.perf_counter()
-        k(**inputs)
-        cp.cuda.Device().synchronize()
+        k(**w.inputs)
         samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    return kernel_ms, statistics.median(samples)
 
 
-def _cusparse_time(w: Workload) -> float | None:
+def _baseline_times(w: Workload) -> dict[str, float]:
+    """cuSPARSE CSR times dense through ``cupyx.scipy.sparse`` and through torch's sparse
+    CSR tensors, and for SpMM torch's dense matmul; operands already on the device, each
+    result checked. Empty without a GPU."""
     try:
         cp = gpu.cupy_device()
         import cupyx.scipy.sparse as csp  # type: ignore[import-not-found]
     except (sparsec.SparsecError, ImportError):
-        return None
-    if w.name == "mttkrp":
-        return None
+        return {}
+    if w.kind == "mttkrp":
+        return {}
     m, dense = (
-        (w.inputs["A"], w.inputs["x"]) if w.name == "spmv" else (w.inputs["W"], w.inputs["X"])
+        (w.inputs["A"], w.inputs["x"]) if w.kind == "spmv" else (w.inputs["W"], w.inputs["X"])
     )
     dm, dd = csp.csr_matrix(m), cp.asarray(dense)
-    dm @ dd
-    samples = []
-    for _ in range(20):
-        cp.cuda.Device().synchronize()
-        start = time.perf_counter()
-        dm @ dd
-        cp.cuda.Device().synchronize()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    if not _close(cp.asnumpy(dm @ dd), w.reference):
+        raise WrongResult(f"{w.kind}: cuSPARSE (CuPy) disagrees with the reference")
+    found = {"cuSPARSE (CuPy)": _event_median(lambda: dm @ dd)}
+    try:
+        import torch
+    except ImportError:
+        return found
+    if not torch.cuda.is_available():
+        return found
+    tm = torch.sparse_csr_tensor(
+        torch.as_tensor(m.indptr.astype(np.int64)),
+        torch.as_tensor(m.indices.astype(np.int64)),
+        torch.as_tensor(m.data),
+        size=m.shape,
+    ).to("cuda")
+    td = torch.as_tensor(dense, device="cuda")
+    if not _close((tm @ td).cpu().numpy(), w.reference):
+        raise WrongResult(f"{w.kind}: torch sparse CSR disagrees with the reference")
+    found["cuSPARSE (torch CSR)"] = _event_median(lambda: tm @ td)
+    if w.kind == "spmm":
+        tw = torch.as_tensor(m.toarray(), device="cuda")
+        found["torch dense"] = _event_median(lambda: tw @ td)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,50 +244,61 @@ def main(argv: list[str] | None = None) -> int:
             "occupancy",
             "MB moved",
             "roofline us",
-            "device ms",
-            "cuSPARSE ms",
+            "kernel ms",
+            "% roofline",
+            "call ms",
+            "cuSPARSE CuPy ms",
+            "cuSPARSE torch ms",
+            "vs faster",
+            "torch dense ms",
         ]
     )
     records = []
     for w in workloads(args.quick):
-        progress(f"{w.name}: {w.detail}")
-        cusparse = _cusparse_time(w)
-        for label, schedule in SCHEDULES[w.name].items():
-            expr, fmts = EXPRS[w.name], FORMATS[w.name]
+        progress(f"{w.kind}: {w.detail}")
+        baselines = _baseline_times(w)
+        for label, schedule in SCHEDULES[w.kind].items():
+            expr, fmts = EXPRS[w.kind], FORMATS[w.kind]
             emulated = sparsec.kernel(expr, fmts, target="cuda-emulated", schedule=schedule)
-            small, want = small_instance(w.name)
+            small, want = small_instance(w.kind)
             got = np.asarray(emulated(**small))
             if not np.allclose(got, want):
-                raise WrongResult(f"{w.name} {label}: the emulation disagrees with numpy")
+                raise WrongResult(f"{w.kind} {label}: the emulation disagrees with numpy")
             (sm90,) = [r for r in emulated.verify() if r.arch == "sm_90"]
-            device = (
-                _device_time(sparsec.kernel(expr, fmts, target="cuda", schedule=schedule), w.inputs)
-                if cusparse is not None
-                else None
-            )
+            times = _device_times(sparsec.kernel(expr, fmts, target="cuda", schedule=schedule), w)
+            kernel_ms, call_ms = times if times is not None else (None, None)
             roofline_us = w.traffic / (args.bandwidth * 1e12) * 1e6
+            cusparse = min(
+                (t for name, t in baselines.items() if name.startswith("cuSPARSE")), default=None
+            )
             table.add(
-                w.name,
+                w.kind,
                 label,
                 sm90.registers,
                 sm90.spills,
                 f"{sm90.occupancy:.0%}",
                 w.traffic / 1e6,
                 roofline_us,
-                device,
-                cusparse,
+                kernel_ms,
+                None if kernel_ms is None else f"{roofline_us / 1e3 / kernel_ms:.0%}",
+                call_ms,
+                baselines.get("cuSPARSE (CuPy)"),
+                baselines.get("cuSPARSE (torch CSR)"),
+                None if cusparse is None or kernel_ms is None else f"{cusparse / kernel_ms:.2f}x",
+                baselines.get("torch dense"),
             )
             records.append(
                 {
-                    "case": w.name,
+                    "case": w.kind,
                     "detail": w.detail,
                     "schedule": label,
                     "commands": emulated.schedule,
                     "ptxas_sm90": str(sm90),
                     "bytes": w.traffic,
                     "roofline_us": roofline_us,
-                    "device_ms": device,
-                    "cusparse_ms": cusparse,
+                    "kernel_ms": kernel_ms,
+                    "call_ms": call_ms,
+                    "baselines_ms": baselines,
                 }
             )
     print(table.render())

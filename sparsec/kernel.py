@@ -17,7 +17,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -648,6 +648,14 @@ class Kernel:
 
     def _launch_cupy(self, gen: Generated, params: dict[str, Any], out_name: str, grid: int) -> Any:
         """Copy the arguments to the device, launch through CuPy `RawKernel`, copy back."""
+        launch, out_dev = self._stage_cupy(gen, params, out_name, grid)
+        launch()
+        return gpu.cupy_device().asnumpy(out_dev)
+
+    def _stage_cupy(
+        self, gen: Generated, params: dict[str, Any], out_name: str, grid: int
+    ) -> tuple[Callable[[], None], Any]:
+        """The arguments copied to the device once, and a launch over them (no copies)."""
         cp = gpu.cupy_device()
         with self._lock:
             raw = self._raw_kernels.get(gen.source)
@@ -670,9 +678,46 @@ class Kernel:
                 args.append(np.int32(1))
             else:
                 args.append(np.int64(value))
-        raw((grid,), (gen.launch.block,), tuple(args))
         assert out_dev is not None
-        return cp.asnumpy(out_dev)
+        staged = tuple(args)
+        block = gen.launch.block
+
+        def launch() -> None:
+            raw((grid,), (block,), staged)
+
+        return launch, out_dev
+
+    def device_launch(self, /, **inputs: Any) -> tuple[Callable[[], None], Any]:
+        """For timing on a GPU (``target="cuda"``, dense output): the inputs copied to the
+        device once; returns ``(launch, out)``. ``launch()`` runs the kernel on them
+        asynchronously, with no host copies, into the device array ``out`` (flat, in the
+        output's level order); it zeroes ``out`` first when the kernel only adds into it
+        (atomics), so every launch computes the whole result."""
+        if self.target != "cuda":
+            raise SparsecError(
+                f"device_launch needs target='cuda'; this kernel's is {self.target!r}"
+            )
+        if not self.spec.output.is_dense or self.spec.statement.accumulate or self.auto:
+            raise SparsecError(
+                "device_launch times plain kernels: a dense output, '=' (not '+='), and a "
+                "fixed schedule"
+            )
+        prepared = self._prepare(inputs)
+        compiled = self._compile(prepared.dtype, prepared.index_dtype)
+        gen = compiled.generated
+        level_shape = tuple(prepared.dims[i] for i in self._out_level_indices)
+        out = np.zeros(math.prod(level_shape), dtype=VALUE_DTYPES[prepared.dtype])
+        params = _named_arguments(compiled, prepared, out)
+        grid = gpu.launch_grid(gen.launch, params, emulated=False)
+        kernel_only, out_dev = self._stage_cupy(gen, params, self.spec.output.name, grid)
+        if not gen.launch.zero_before:
+            return kernel_only, out_dev
+
+        def launch() -> None:
+            out_dev.fill(0)
+            kernel_only()
+
+        return launch, out_dev
 
 
 def _named_arguments(compiled: _Compiled, prepared: _Prepared, out: np.ndarray) -> dict[str, Any]:

@@ -1309,6 +1309,23 @@ class Lowerer:
         return lattice.points[0].expr
 
     # ------------------------------------------------------------ loop nests
+    @contextmanager
+    def _private_accumulator(self) -> Generator[None, None, None]:
+        """Lowering into an accumulator declared here: the parallel loops around it give
+        each thread its own copy, so only loops inside may make its updates atomic (a
+        CPUThread loop with Atomics). On the GPU an atomic on a local is illegal."""
+        saved, self.atomic_writes = self.atomic_writes, False
+        try:
+            yield
+        finally:
+            self.atomic_writes = saved
+
+    def _private_loops(
+        self, order: tuple[str, ...], expr: CExpr, ctx: Ctx, sink: AccSink
+    ) -> ir.Block:
+        with self._private_accumulator():
+            return self.loops(order, expr, ctx, sink)
+
     def loops(
         self,
         order: tuple[str, ...],
@@ -1329,7 +1346,8 @@ class Lowerer:
         ):
             acc = self.namer.fresh("acc")
             if self.assembler is None:
-                inner = self.loops(order, expr, ctx, AccSink(acc), outermost)
+                with self._private_accumulator():
+                    inner = self.loops(order, expr, ctx, AccSink(acc), outermost)
                 if acc in self.warp_reduced:
                     # each lane holds a partial sum: the warp adds them up, lane 0 stores
                     store = self._write_with("lane0", ctx, ir.Var(acc))
@@ -1353,7 +1371,7 @@ class Lowerer:
             return ir.block(
                 None if counting else ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
                 ir.Decl(ir.BOOL, reached, ir.IntLit(0)),
-                self.loops(order, expr, ctx, AccSink("" if counting else acc, reached)),
+                self._private_loops(order, expr, ctx, AccSink("" if counting else acc, reached)),
                 ir.If(((ir.Var(reached), self._write(ctx, None if counting else ir.Var(acc))),)),
             )
         if not order:
@@ -1811,7 +1829,7 @@ class Lowerer:
                 order = loop_order(indices, list(accesses(body)), self.formats, outer)
                 t = self.namer.fresh("t")
                 stmts.append(ir.Decl(ir.VAL, t, ir.FloatLit(0.0)))
-                stmts.extend(self.loops(order, body, ctx, AccSink(t)).body)
+                stmts.extend(self._private_loops(order, body, ctx, AccSink(t)).body)
                 return ir.Var(t)
             case _:
                 raise AssertionError(expr)

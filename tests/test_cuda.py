@@ -14,6 +14,9 @@ from sparsec import ScheduleError, SparsecError, gpu
 
 SPMV = "y(i) = A(i,j) * x(j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
+SPMM = "C(i,j) = W(i,k) * X(k,j)"
+#: SpMM widths: under, at and past a block's 256 threads, and not a multiple of 32
+SPMM_WIDTHS = (1, 97, 256, 600)
 
 SPMV_SCHEDULES = {
     "thread-per-row": "split(i,i0,i1,256), parallelize(i0,GPUBlock,NoRaces), "
@@ -141,6 +144,36 @@ def test_default_gpu_schedules_are_reported():
     assert 'extern "C" __global__ void sparsec_kernel(' in src
     assert "launch: grid = " in src and "block = 256 threads" in src
     assert "__restrict__" in src and "schedule: default: fuse(i,k," in src
+
+
+@needs_compiler
+@pytest.mark.parametrize("width", SPMM_WIDTHS)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_spmm_default_maps_columns_to_threads(width, dtype):
+    k = sparsec.kernel(SPMM, {"W": "csr"}, target="cuda-emulated")
+    assert k.schedule.startswith("default: reorder(i,j,k), parallelize(i,GPUBlock,NoRaces)")
+    dense, given = _given({"W": "csr"}, {"W": (70, 45), "X": (45, width)}, 6, dtype, integer=True)
+    np.testing.assert_array_equal(k(**given), dense["W"] @ dense["X"])
+    _no_spills(k)
+
+
+@pytest.mark.parametrize("fmt", ["coo", "csr", "dcsr"])
+def test_no_atomic_updates_of_a_thread_local(fmt):
+    """A thread's own accumulator is added to plainly; only the output is atomic. (CUDA's
+    atomicAdd on a local variable is an illegal address on a real device: the COO SpMV
+    kernel failed its launch there while the CPU emulation, which allows it, passed.)"""
+    k = sparsec.kernel(SPMV, {"A": fmt}, target="cuda")
+    assert "atomicAdd(&acc" not in k.source
+    assert "acc += " in k.source
+
+
+def test_the_cuda_printer_refuses_an_atomic_on_a_local():
+    from sparsec import ir
+    from sparsec.codegen.printer import CUDA, Printer
+
+    stmt = ir.Assign(ir.Var("acc"), ir.FloatLit(1.0), "+=", atomic=True)
+    with pytest.raises(AssertionError, match="atomic update of the local acc"):
+        Printer(CUDA).stmts(stmt)
 
 
 def test_emulation_source_is_the_cuda_source():
@@ -312,3 +345,35 @@ def test_core_cases_on_the_device(case):
         return
     dense, given = _given(fmts, shapes, 11, integer=True)
     np.testing.assert_allclose(np.asarray(k(**given)), torch_reference(ref, dense), atol=1e-12)
+
+
+def test_device_launch_needs_the_cuda_target():
+    k = sparsec.kernel(SPMV, {"A": "csr"})
+    with pytest.raises(SparsecError, match="device_launch needs target='cuda'"):
+        k.device_launch(A=np.eye(3), x=np.ones(3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(MTTKRP_SCHEDULES))
+def test_device_launch_repeats_the_whole_result(name):
+    """Staged once, launched three times: atomics start from a zeroed output each time."""
+    cp = _device_or_skip()
+    k = sparsec.kernel(MTTKRP, {"B": "csf"}, target="cuda", schedule=MTTKRP_SCHEDULES[name])
+    shapes = {"B": (60, 40, 30), "D": (30, 16), "C": (40, 16)}
+    dense, given = _given({"B": "csf"}, shapes, 5, integer=True)
+    launch, out = k.device_launch(**given)
+    for _ in range(3):
+        launch()
+    got = cp.asnumpy(out).reshape(60, 16)
+    np.testing.assert_array_equal(got, torch_reference("ikl,lj,kj->ij", dense))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", SPMM_WIDTHS)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_spmm_default_on_the_device(width, dtype):
+    _device_or_skip()
+    k = sparsec.kernel(SPMM, {"W": "csr"}, target="cuda")
+    shapes = {"W": (300, 130), "X": (130, width)}
+    dense, given = _given({"W": "csr"}, shapes, 7, dtype, integer=True)
+    np.testing.assert_array_equal(k(**given), dense["W"] @ dense["X"])

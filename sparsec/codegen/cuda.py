@@ -48,9 +48,12 @@ def default_schedule(spec: Spec, order: tuple[str, ...]) -> list[list[str]]:
     A sparse operand of order three or more whose levels are the outermost loops is
     iterated over its nonzeros (TACO's GPU MTTKRP: fuse its levels, ``pos``, 8 nonzeros per
     thread and 256 threads per block, atomics where the output is shared), since its slices
-    are too uneven for a thread each. Otherwise, thread-per-row over the outermost loop: a
-    plain range, or a sparse operand's positions; with atomics when that loop's iterations
-    share output elements.
+    are too uneven for a thread each. Next, when the outermost and innermost loops both
+    index the output and the innermost is dense in every operand (SpMM's ``i`` and ``j``):
+    an output row per block and its columns across the block's threads, the innermost loop
+    moved second, so a warp's loads and stores are contiguous. Otherwise, thread-per-row
+    over the outermost loop: a plain range, or a sparse operand's positions; with atomics
+    when that loop's iterations share output elements.
     """
     if not order:
         return []
@@ -85,6 +88,19 @@ def default_schedule(spec: Spec, order: tuple[str, ...]) -> list[list[str]]:
         ]
         candidates.append(commands)
         break
+    last = order[-1]
+    sparse_inputs = [tv.name for tv in spec.inputs if not tv.format.is_dense]
+    out_indices = set(spec.statement.lhs.indices)
+    if (
+        len(order) >= 2
+        and {v, last} <= out_indices
+        and not any(last in _indices_of(spec, name) for name in sparse_inputs)
+    ):
+        # an output row per block, its dense columns across the block's threads: the
+        # threads of a warp read and write consecutive elements (coalesced)
+        commands = [f"reorder({','.join((v, last, *order[1:-1]))})"] if len(order) > 2 else []
+        commands += [f"parallelize({v},GPUBlock,NoRaces)", f"parallelize({last},GPUThread,NoRaces)"]
+        candidates.append(commands)
     b, t, p = fresh(f"{v}_block"), fresh(f"{v}_thread"), fresh(f"{v}_pos")
     sparse = [
         tv.name for tv in spec.inputs if not tv.format.is_dense and v in _indices_of(spec, tv.name)

@@ -60,6 +60,9 @@ class Target:
         }
     )
     indent: str = "  "
+    #: whether an atomic update may target a local variable (OpenMP: a shared local; CUDA
+    #: atomics need global or shared memory)
+    atomic_locals: bool = True
 
     def param(self, p: Param) -> str:
         ty = self.types[p.type]
@@ -163,6 +166,7 @@ CUDA = CudaTarget(
         INT: "int",
     },
     restrict="__restrict__",
+    atomic_locals=False,
 )
 
 
@@ -183,6 +187,8 @@ class Printer:
             case ir.Assign(target=target, value=value, op=op, atomic=atomic):
                 lhs, rhs = self.expr(target), self.expr(value)
                 if atomic:
+                    if isinstance(target, ir.Var) and not self.t.atomic_locals:
+                        raise AssertionError(f"internal: an atomic update of the local {lhs}")
                     return [pad + line for line in self.t.atomic(lhs, op, rhs)]
                 return [f"{pad}{lhs} {op} {rhs};"]
             case ir.For(var=var, start=start, end=end, body=body, parallel=par, unroll=unroll):
