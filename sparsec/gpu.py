@@ -14,14 +14,15 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import uuid
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ MAX_EMULATED_GRID = 4096
 
 
 # ------------------------------------------------------------------- NVRTC
-@cache
+@functools.cache
 def nvrtc() -> ctypes.CDLL | None:
     """NVRTC from the ``nvidia-cuda-nvrtc-cu12`` wheel, else a system libnvrtc, else None."""
     candidates: list[str] = []
@@ -98,25 +99,39 @@ def occupancy(registers: int, block: int) -> float:
 
 def verify(source: str, block: int = 256, archs: tuple[str, ...] = ARCHS) -> list[PtxasInfo]:
     """Compile ``source`` for each architecture; a failure is a `CompileError` with the log."""
+    if nvrtc() is not None:
+        compiler = "NVRTC"
+    elif shutil.which("nvcc"):
+        compiler = "nvcc"
+    else:
+        raise CompileError(
+            "neither NVRTC nor nvcc is available to compile CUDA: install the extra "
+            "sparsec[cuda] (pip install nvidia-cuda-nvrtc-cu12) or put nvcc on PATH"
+        )
+    return [
+        _parse_ptxas(_ptxas_log(source, arch, compiler), compiler, arch, block) for arch in archs
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def _ptxas_log(source: str, arch: str, compiler: str) -> str:
+    """ptxas' log for ``source`` on ``arch``, compiled once per process and compiler.
+
+    CUDA 13's NVRTC was seen (on an H100 machine) to return an empty log for a program it
+    had already compiled with the same options in the process; a log without ptxas' report
+    is compiled again under a distinct macro, which NVRTC cannot have seen."""
     lib = nvrtc()
-    reports = []
-    for arch in archs:
-        if lib is not None:
-            log = _nvrtc_compile(lib, source, arch)
-            compiler = "NVRTC"
-        elif shutil.which("nvcc"):
-            log = _nvcc_compile(source, arch)
-            compiler = "nvcc"
-        else:
-            raise CompileError(
-                "neither NVRTC nor nvcc is available to compile CUDA: install the extra "
-                "sparsec[cuda] (pip install nvidia-cuda-nvrtc-cu12) or put nvcc on PATH"
-            )
-        reports.append(_parse_ptxas(log, arch, compiler, block))
-    return reports
+    if compiler != "NVRTC" or lib is None:
+        return _nvcc_compile(source, arch)
+    log = _nvrtc_compile(lib, source, arch)
+    if "Used " not in log:
+        log = _nvrtc_compile(lib, source, arch, (f"-DSPARSEC_VERIFY_{uuid.uuid4().hex}=1",))
+    if "Used " not in log:
+        raise CompileError(f"NVRTC compiled for {arch} but gave no ptxas report:\n{log[-2000:]}")
+    return log
 
 
-def _nvrtc_compile(lib: ctypes.CDLL, source: str, arch: str) -> str:
+def _nvrtc_compile(lib: ctypes.CDLL, source: str, arch: str, extra: tuple[str, ...] = ()) -> str:
     prog = ctypes.c_void_p()
     status = lib.nvrtcCreateProgram(
         ctypes.byref(prog), source.encode(), b"sparsec_kernel.cu", 0, None, None
@@ -124,8 +139,8 @@ def _nvrtc_compile(lib: ctypes.CDLL, source: str, arch: str) -> str:
     if status != 0:
         raise CompileError(f"NVRTC could not create a program (status {status})")
     try:
-        opts = [f"--gpu-architecture={arch}".encode(), b"--ptxas-options=-v", b"-std=c++17"]
-        array = (ctypes.c_char_p * len(opts))(*opts)
+        opts = [f"--gpu-architecture={arch}", "--ptxas-options=-v", "-std=c++17", *extra]
+        array = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
         status = lib.nvrtcCompileProgram(prog, len(opts), array)
         size = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -162,7 +177,7 @@ def _nvcc_compile(source: str, arch: str) -> str:
         return done.stdout + done.stderr
 
 
-def _parse_ptxas(log: str, arch: str, compiler: str, block: int) -> PtxasInfo:
+def _parse_ptxas(log: str, compiler: str, arch: str, block: int) -> PtxasInfo:
     def number(pattern: str) -> int:
         m = re.search(pattern, log)
         return int(m.group(1)) if m else 0

@@ -335,15 +335,18 @@ def test_mttkrp_on_the_device(name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("dtype", "index_dtype"), [("float64", "int32"), ("float32", "int64")], ids=["f64i32", "f32i64"]
+)
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
-def test_core_cases_on_the_device(case):
+def test_core_cases_on_the_device(case, dtype, index_dtype):
     _device_or_skip()
     expr, fmts, ref, shapes = case
     try:
         k = sparsec.kernel(expr, fmts, target="cuda")
     except ScheduleError:
         return
-    dense, given = _given(fmts, shapes, 11, integer=True)
+    dense, given = _given(fmts, shapes, 11, dtype, index_dtype, integer=True)
     np.testing.assert_allclose(np.asarray(k(**given)), torch_reference(ref, dense), atol=1e-12)
 
 

@@ -192,6 +192,36 @@ def test_fuzz_against_torch_slow_4(r):
     run_case(random_case(r))
 
 
+# On a real GPU (marked gpu): the same draws with every kernel on the device, in two
+# draws of 400 so workers share them. The CPU emulation cannot see what only the device
+# refuses (an atomic on a thread's local, found this way), so these run wherever a GPU is.
+DEVICE = settings(CI, max_examples=400)
+
+
+def _device_case(r: random.Random) -> None:
+    try:
+        sparsec.gpu.cupy_device()
+    except sparsec.SparsecError as err:
+        pytest.skip(str(err))
+    case = random_case(r)
+    case["target"] = "cuda"
+    run_case(case)
+
+
+@pytest.mark.gpu
+@DEVICE
+@given(st.randoms(use_true_random=False))
+def test_fuzz_on_the_device_1(r):
+    _device_case(r)
+
+
+@pytest.mark.gpu
+@DEVICE
+@given(st.randoms(use_true_random=False))
+def test_fuzz_on_the_device_2(r):
+    _device_case(r)
+
+
 @pytest.mark.parametrize("case", REGRESSIONS, ids=lambda c: f"{c[0]}-{c[4]}")
 def test_fuzz_regressions(case):
     expr, formats, dims, target, schedule, seed = case

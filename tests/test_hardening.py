@@ -130,3 +130,20 @@ def test_missing_cxx_compiler_for_the_emulation(monkeypatch, tmp_path):
     k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, target="cuda-emulated")
     with pytest.raises(CompileError, match="no-such-compiler-xyz"):
         k(A=np.eye(3), x=np.ones(3))
+
+
+@pytest.mark.skipif(gpu.nvrtc() is None, reason="NVRTC is not installed")
+def test_an_empty_nvrtc_log_is_compiled_again(monkeypatch):
+    """CUDA 13's NVRTC returns an empty log for a program it compiled before in the
+    process; verify() compiles it again under a fresh macro rather than report 0 registers."""
+    real, calls = gpu._nvrtc_compile, []
+
+    def first_empty(lib, source, arch, extra=()):
+        calls.append(extra)
+        return "" if not extra else real(lib, source, arch, extra)
+
+    monkeypatch.setattr(gpu, "_nvrtc_compile", first_empty)
+    source = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] += 1.0f; } // empty-log test'
+    (report,) = gpu.verify(source, archs=("sm_90",))
+    assert report.registers > 0 and report.log
+    assert calls[0] == () and calls[1][0].startswith("-DSPARSEC_VERIFY_")
