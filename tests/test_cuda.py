@@ -15,8 +15,9 @@ from sparsec import ScheduleError, SparsecError, gpu
 SPMV = "y(i) = A(i,j) * x(j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
-#: SpMM widths: under, at and past a block's 256 threads, and not a multiple of 32
-SPMM_WIDTHS = (1, 97, 256, 600)
+#: SpMM widths: under, at and past a block's threads and a coarsened sweep's 512 columns
+#: (4 per thread, 128 threads), then sweeps of 2 (768 = 512 + 256), a remainder, odd widths
+SPMM_WIDTHS = (1, 97, 256, 511, 512, 513, 768, 1100)
 
 SPMV_SCHEDULES = {
     "thread-per-row": "split(i,i0,i1,256), parallelize(i0,GPUBlock,NoRaces), "
@@ -152,9 +153,51 @@ def test_default_gpu_schedules_are_reported():
 def test_spmm_default_maps_columns_to_threads(width, dtype):
     k = sparsec.kernel(SPMM, {"W": "csr"}, target="cuda-emulated")
     assert k.schedule.startswith("default: reorder(i,j,k), parallelize(i,GPUBlock,NoRaces)")
-    dense, given = _given({"W": "csr"}, {"W": (70, 45), "X": (45, width)}, 6, dtype, integer=True)
+    assert k.schedule.endswith("j: 4 then 2 columns per thread (128 threads per block)")
+    assert k.generated().launch.block == 128 and "sc_acc_3 += " in k.source
+    assert "sc_span0_2 = 2 * sc_block_threads()" in k.source
+    dense, given = _given({"W": "csr"}, {"W": (40, 45), "X": (45, width)}, 6, dtype, integer=True)
     np.testing.assert_array_equal(k(**given), dense["W"] @ dense["X"])
     _no_spills(k)
+
+
+def test_coarsening_is_for_default_mappings_with_a_shared_loop():
+    """An explicit schedule is printed as written; SpMV's thread loop (its trip count
+    depends on the row) and MTTKRP's nonzero-parallel loop are left alone."""
+    explicit = sparsec.kernel(
+        SPMM,
+        {"W": "csr"},
+        target="cuda",
+        schedule="reorder(i,j,k), parallelize(i,GPUBlock,NoRaces), "
+        "parallelize(j,GPUThread,NoRaces)",
+    )
+    assert "columns per thread" not in explicit.schedule
+    assert explicit.generated().launch.block == 256
+    for expr, fmts in ((SPMV, {"A": "csr"}), (MTTKRP, {"B": "csf"}), (SPMV, {"A": "coo"})):
+        k = sparsec.kernel(expr, fmts, target="cuda")
+        assert "columns per thread" not in k.schedule and "sc_span" not in k.source
+
+
+def test_coarsening_refuses_what_it_cannot_split():
+    from sparsec import ir
+    from sparsec.coarsen import coarsen
+
+    par = ir.Parallel("GPUThread", "")
+    acc, j = ir.Var("acc"), ir.Var("j")
+    inner = ir.For("p", ir.IntLit(0), ir.IntLit(9), ir.Block((ir.Assign(acc, j, "+="),)))
+    # the accumulator lives outside the thread loop: its value is carried across columns
+    outside = ir.For("j", ir.IntLit(0), ir.Var("n"), ir.Block((inner,)), parallel=par)
+    assert coarsen(ir.Block((outside,)))[1] == ()
+    # a store every column makes to one place
+    same = ir.Assign(ir.Load("out", ir.IntLit(0)), ir.Var("a"))
+    body = ir.Block((ir.Decl(ir.VAL, "a", j), inner, same))
+    loop = ir.For("j", ir.IntLit(0), ir.Var("n"), body, parallel=par)
+    assert coarsen(ir.Block((loop,)))[1] == ()
+    # an atomic update
+    atomic = ir.Assign(ir.Load("out", j), ir.Var("a"), "+=", atomic=True)
+    body = ir.Block((ir.Decl(ir.VAL, "a", ir.FloatLit(0.0)), inner, atomic))
+    loop = ir.For("j", ir.IntLit(0), ir.Var("n"), body, parallel=par)
+    assert coarsen(ir.Block((loop,)))[1] == ()
 
 
 @pytest.mark.parametrize("fmt", ["coo", "csr", "dcsr"])

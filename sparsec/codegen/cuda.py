@@ -10,9 +10,11 @@ grid/block/warp-strided, so any launch size is correct and the grid only matters
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..abi import Namer, Signature, signature
+from ..coarsen import BLOCK as COARSE_BLOCK
+from ..coarsen import coarsen
 from ..concrete import accesses
 from ..errors import ScheduleError
 from ..lower import LoweredKernel, lower
@@ -166,6 +168,12 @@ def generate_cuda(
             )
         lowered, sig = found
         description = "default: " + ", ".join(str(c) for c in chosen)
+    body, block = lowered.body, lowered.block
+    if not commands:
+        body, coarse = coarsen(body)
+        if coarse:
+            block = COARSE_BLOCK
+            lowered = replace(lowered, body=body, block=block, notes=(*lowered.notes, *coarse))
     notes = "; ".join(lowered.notes)
     schedule = f"{description}; {notes}" if notes else description
     printer = Printer(CUDA, threads=sig.threads)

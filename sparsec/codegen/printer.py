@@ -55,6 +55,8 @@ class Target:
             "gallop": "sc_gallop",
             "warp_sum": "sc_warp_sum",
             "lane": "sc_lane",
+            "block_threads": "sc_block_threads",
+            "thread_in_block": "sc_thread_in_block",
             "vload": "sc_vload",
             "vstore": "sc_vstore",
         }
