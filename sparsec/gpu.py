@@ -315,3 +315,51 @@ def cupy_device() -> Any:
             "kernel on the CPU"
         )
     return cupy
+
+
+# ------------------------------------------------------------ device inputs
+def on_device(value: Any) -> bool:
+    """Whether ``value`` is an array in GPU memory (CuPy, a CUDA torch tensor, anything
+    with ``__cuda_array_interface__``)."""
+    if type(value).__module__.startswith("torch"):
+        return bool(getattr(value, "is_cuda", False))
+    return hasattr(type(value), "__cuda_array_interface__")
+
+
+def device_sparse_to_host(value: Any) -> Any:
+    """A sparse operand given on the device (cupyx.scipy.sparse, a CUDA torch sparse
+    tensor) as its host counterpart: sparse operands are `Tensor`s, which the runtime keeps
+    on the device once copied."""
+    if type(value).__module__.startswith("torch"):
+        return value.detach().cpu()
+    getter = getattr(value, "get", None)
+    return getter() if callable(getter) else value
+
+
+def device_dense(order: int, ordering: tuple[int, ...], value: Any, dtype: Any, where: str) -> Any:
+    """A dense operand in GPU memory as a C-ordered CuPy array in level order of ``dtype``
+    (no copy when it already is one)."""
+    from .errors import DTypeError, ShapeError
+
+    cp = cupy_device()
+    if type(value).__module__.startswith("torch"):
+        value = value.detach()
+        if str(value.layout) != "torch.strided":
+            value = value.to_dense()
+    array = cp.asarray(value)
+    if array.dtype.kind != "f" or array.dtype.itemsize not in (4, 8):
+        raise DTypeError(f"{where}: {array.dtype} values are not supported; use float32 or float64")
+    if array.ndim != order:
+        raise ShapeError(
+            f"{where} has {array.ndim} dimensions, but the expression uses it with order {order}"
+        )
+    if ordering != tuple(range(order)):
+        array = cp.transpose(array, ordering)
+    return cp.ascontiguousarray(array, dtype=dtype)
+
+
+def to_device(host: Any) -> Any:
+    """A host array copied to the GPU (C-ordered)."""
+    import numpy as np
+
+    return cupy_device().asarray(np.ascontiguousarray(host))

@@ -59,7 +59,7 @@ from .lower import BOUND_VIOLATED
 from .parser import parse_expression
 from .runtime import address
 from .schedule import Command, parse_commands
-from .spec import FormatsArg, Spec, make_spec
+from .spec import FormatsArg, Spec, TensorVar, make_spec
 from .tensor import LevelStorage, Tensor
 
 #: "c": OpenMP C; "cuda": CUDA through CuPy; "cuda-emulated": the CUDA kernel on the CPU
@@ -577,9 +577,15 @@ class Kernel:
             raise self._name_error(inputs)
         dtype = self.dtype or common_dtype(self._wanted, inputs)
         index_dtype = self.index_dtype or common_index_dtype(self._wanted, inputs)
-        values = {
-            t.name: convert_input(t, inputs[t.name], dtype, index_dtype) for t in self._wanted
-        }
+        values = {}
+        device = False
+        for t in self._wanted:
+            value = inputs[t.name]
+            if gpu.on_device(value):
+                values[t.name] = self._device_input(t, value, dtype, index_dtype)
+                device = True
+            else:
+                values[t.name] = convert_input(t, value, dtype, index_dtype)
         if self.index_dtype is None and index_dtype == "int32":
             # A large input may have forced int64: bring every sparse input to one width.
             if any(isinstance(v, Tensor) and v.index_dtype == INT64 for v in values.values()):
@@ -587,7 +593,22 @@ class Kernel:
                 values = {n: widen(v) for n, v in values.items()}
         dims = self._dims(values)
         use_torch = any(is_torch(v) for v in inputs.values())
-        return _Prepared(values, dims, dtype, index_dtype, use_torch)
+        return _Prepared(values, dims, dtype, index_dtype, use_torch, device)
+
+    def _device_input(self, t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any:
+        """An input in GPU memory: dense operands stay there (a CuPy array in level order),
+        sparse ones become `Tensor`s (whose arrays the runtime then keeps on the device)."""
+        where = f"input {t.name!r}"
+        if self.target != "cuda":
+            raise InputError(
+                f"{where} is in GPU memory, but this kernel's target is {self.target!r}: pass "
+                "a host array (CuPy: .get(), torch: .cpu()) or build it with target='cuda'"
+            )
+        if t.order == 0:
+            return convert_input(t, float(value), dtype, index_dtype)
+        if t.is_dense:
+            return gpu.device_dense(t.order, t.format.ordering, value, VALUE_DTYPES[dtype], where)
+        return convert_input(t, gpu.device_sparse_to_host(value), dtype, index_dtype)
 
     def _dims(self, values: Mapping[str, Any]) -> dict[str, int]:
         dims: dict[str, int] = {}
@@ -611,13 +632,15 @@ class Kernel:
         out_t = self.spec.output
         np_dtype = VALUE_DTYPES[prepared.dtype]
         level_shape = tuple(prepared.dims[i] for i in self._out_level_indices)
+        # the output lives where the inputs do: in GPU memory when any input does
+        xp: Any = gpu.cupy_device() if prepared.device else np
         if self.spec.statement.accumulate:
             # the current value, already in level order: the kernel adds into a copy
-            out = np.array(prepared.values[out_t.name], dtype=np_dtype, order="C").reshape(-1)
+            out = xp.array(prepared.values[out_t.name], dtype=np_dtype, order="C").reshape(-1)
         elif gen.launch is not None and gen.launch.zero_before:
-            out = np.zeros(math.prod(level_shape), dtype=np_dtype)  # CUDA kernels only add
+            out = xp.zeros(math.prod(level_shape), dtype=np_dtype)  # CUDA kernels only add
         else:
-            out = np.empty(math.prod(level_shape), dtype=np_dtype)
+            out = xp.empty(math.prod(level_shape), dtype=np_dtype)
             if self._poison:
                 out.fill(np.nan)  # test mode: an element the kernel fails to write shows
         if gen.target == "cuda":
@@ -628,49 +651,56 @@ class Kernel:
             if status != 0:
                 raise _status_error(status, gen)
         if out_t.order == 0:
-            return np_dtype(out[0])
+            return np_dtype(float(out[0]) if prepared.device else out[0])
         if self._out_identity:
             return out.reshape(level_shape)
-        return np.transpose(out.reshape(level_shape), np.argsort(out_t.format.ordering))
+        return out.reshape(level_shape).transpose(tuple(np.argsort(out_t.format.ordering)))
 
-    def _launch_gpu(self, compiled: _Compiled, prepared: _Prepared, out: np.ndarray) -> Any:
+    def _launch_gpu(self, compiled: _Compiled, prepared: _Prepared, out: Any) -> Any:
         """A CUDA kernel into ``out``: on the CPU through the emulation, or on the device
-        through CuPy (which returns the result copied back)."""
+        through CuPy (a host ``out`` comes back as a copy; a device one is filled)."""
         gen = compiled.generated
+        if self.target == "cuda":
+            launch, out_dev = self._stage_cupy(compiled, prepared, out)
+            launch()
+            return out_dev if prepared.device else gpu.cupy_device().asnumpy(out_dev)
         params = _named_arguments(compiled, prepared, out)
-        emulated = self.target == "cuda-emulated"
-        grid = gpu.launch_grid(gen.launch, params, emulated)
-        if not emulated:
-            return self._launch_cupy(gen, params, self.spec.output.name, grid)
+        grid = gpu.launch_grid(gen.launch, params, emulated=True)
         args = _arguments(compiled, prepared, {("vals", -1): out}, 1)
         compiled.fn(grid, gen.launch.block, *args)
         return out
 
-    def _launch_cupy(self, gen: Generated, params: dict[str, Any], out_name: str, grid: int) -> Any:
-        """Copy the arguments to the device, launch through CuPy `RawKernel`, copy back."""
-        launch, out_dev = self._stage_cupy(gen, params, out_name, grid)
-        launch()
-        return gpu.cupy_device().asnumpy(out_dev)
-
     def _stage_cupy(
-        self, gen: Generated, params: dict[str, Any], out_name: str, grid: int
+        self, compiled: _Compiled, prepared: _Prepared, out: Any
     ) -> tuple[Callable[[], None], Any]:
-        """The arguments copied to the device once, and a launch over them (no copies)."""
+        """The arguments in GPU memory, and a launch over them (no copies). A sparse
+        `Tensor`'s arrays are copied once per tensor and kept (they are immutable); host
+        dense arrays are copied per call; device arrays are used where they are."""
         cp = gpu.cupy_device()
+        gen = compiled.generated
+        params = _named_arguments(compiled, prepared, out)
+        grid = gpu.launch_grid(gen.launch, params, emulated=False)
         with self._lock:
             raw = self._raw_kernels.get(gen.source)
             if raw is None:
                 raw = cp.RawKernel(gen.source, "sparsec_kernel", options=("-std=c++17",))
                 self._raw_kernels[gen.source] = raw
+        out_name = self.spec.output.name
         args: list[Any] = []
         out_dev = None
         vals_dtype = VALUE_DTYPES[gen.dtype]
-        for p in gen.signature.params:
+        for p, (field_name, tensor, level, _) in zip(
+            gen.signature.params, compiled.plan, strict=True
+        ):
             value = params[p.name]
             if p.kind == "array":
-                dev = cp.asarray(np.ascontiguousarray(value))
-                if p.tensor == out_name and p.field == "vals":
-                    out_dev = dev
+                source = prepared.values.get(tensor)
+                if tensor == out_name and field_name == "vals":
+                    dev = out_dev = value if gpu.on_device(value) else gpu.to_device(value)
+                elif isinstance(source, Tensor) and field_name in ("pos", "crd", "vals"):
+                    dev = source.device_array(field_name, level, gpu.to_device)
+                else:
+                    dev = value if gpu.on_device(value) else gpu.to_device(value)
                 args.append(dev)
             elif p.field == "value":
                 args.append(vals_dtype(value))
@@ -706,10 +736,8 @@ class Kernel:
         compiled = self._compile(prepared.dtype, prepared.index_dtype)
         gen = compiled.generated
         level_shape = tuple(prepared.dims[i] for i in self._out_level_indices)
-        out = np.zeros(math.prod(level_shape), dtype=VALUE_DTYPES[prepared.dtype])
-        params = _named_arguments(compiled, prepared, out)
-        grid = gpu.launch_grid(gen.launch, params, emulated=False)
-        kernel_only, out_dev = self._stage_cupy(gen, params, self.spec.output.name, grid)
+        out = gpu.cupy_device().zeros(math.prod(level_shape), dtype=VALUE_DTYPES[prepared.dtype])
+        kernel_only, out_dev = self._stage_cupy(compiled, prepared, out)
         if not gen.launch.zero_before:
             return kernel_only, out_dev
 
@@ -916,10 +944,19 @@ class _Prepared:
     dtype: str
     index_dtype: str
     use_torch: bool
+    #: some input is in GPU memory (target="cuda"): the output stays there too
+    device: bool = False
 
     def wrap(self, out: Any) -> Any:
         if isinstance(out, Tensor):
             return out  # a sparse output is a sparsec.Tensor (to_torch()/to_scipy() convert)
+        if self.device and np.ndim(out):
+            out = gpu.cupy_device().ascontiguousarray(out)
+            if self.use_torch:
+                import torch
+
+                return torch.as_tensor(out, device="cuda")
+            return out
         if self.use_torch:
             import torch
 

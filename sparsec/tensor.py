@@ -98,6 +98,11 @@ class Tensor:
     _addresses: dict[tuple[str, int], int] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    #: device copies of the storage arrays for ``target="cuda"``, made on first use and
+    #: kept while the tensor lives (the arrays are immutable)
+    _device: dict[tuple[str, int], Any] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", check_shape(self.shape))
@@ -130,6 +135,20 @@ class Tensor:
                     found[("crd", k)] = address(st.crd)
             object.__setattr__(self, "_addresses", found)
         return found
+
+    def device_array(self, field_name: str, level: int, to_device: Any) -> Any:
+        """The storage array ``field_name`` (``pos``, ``crd``; ``vals`` at level -1) on the
+        GPU, copied by ``to_device`` once per tensor."""
+        found = self._device
+        if found is None:
+            found = {}
+            object.__setattr__(self, "_device", found)
+        key = (field_name, level)
+        array = found.get(key)
+        if array is None:
+            host = self.vals if field_name == "vals" else getattr(self.levels[level], field_name)
+            array = found[key] = to_device(host)
+        return array
 
     @property
     def order(self) -> int:

@@ -423,3 +423,95 @@ def test_spmm_default_on_the_device(width, dtype):
     shapes = {"W": (300, 130), "X": (130, width)}
     dense, given = _given({"W": "csr"}, shapes, 7, dtype, integer=True)
     np.testing.assert_array_equal(k(**given), dense["W"] @ dense["X"])
+
+
+# ------------------------------------------------------ inputs in GPU memory
+class _FakeDeviceArray:
+    """Says it lives in GPU memory (as CuPy arrays and CUDA torch tensors do)."""
+
+    shape = (4,)
+    dtype = np.dtype(np.float64)
+
+    @property
+    def __cuda_array_interface__(self):  # pragma: no cover - never read
+        raise AssertionError("the C target must not read device memory")
+
+
+def test_device_inputs_need_the_cuda_target():
+    k = sparsec.kernel(SPMV, {"A": "csr"})
+    with pytest.raises(sparsec.InputError, match="input 'x' is in GPU memory.*target is 'c'"):
+        k(A=np.eye(4), x=_FakeDeviceArray())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_dense_operands_stay_on_the_device(dtype):
+    """X in GPU memory: the result is a CuPy array, W's arrays are copied once."""
+    cp = _device_or_skip()
+    k = sparsec.kernel(SPMM, {"W": "csr"}, target="cuda")
+    dense, given = _given({"W": "csr"}, {"W": (300, 130), "X": (130, 700)}, 8, dtype, integer=True)
+    x = cp.asarray(dense["X"])
+    got = k(W=given["W"], X=x)
+    assert isinstance(got, cp.ndarray) and got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(cp.asnumpy(got), dense["W"] @ dense["X"])
+    copies = dict(given["W"]._device)
+    again = k(W=given["W"], X=x * 2)
+    assert all(given["W"]._device[key] is dev for key, dev in copies.items())
+    np.testing.assert_array_equal(cp.asnumpy(again), 2 * (dense["W"] @ dense["X"]))
+
+
+@pytest.mark.gpu
+def test_device_inputs_in_every_role():
+    """Atomics into a device output, a transposed dense operand, '+=' into a device
+    array, a scalar result, a CUDA torch tensor, a cupyx sparse matrix."""
+    cp = _device_or_skip()
+    rng = np.random.default_rng(9)
+    dense, given = _given(
+        {"B": "csf"}, {"B": (30, 20, 16), "D": (16, 8), "C": (20, 8)}, 4, integer=True
+    )
+    k = sparsec.kernel(MTTKRP, {"B": "csf"}, target="cuda")
+    got = k(B=given["B"], D=cp.asarray(dense["D"]), C=cp.asarray(dense["C"]))
+    np.testing.assert_array_equal(cp.asnumpy(got), torch_reference("ikl,lj,kj->ij", dense))
+
+    a = rng.integers(-3, 4, (40, 30)).astype(np.float64)
+    x = rng.integers(-3, 4, 30).astype(np.float64)
+    col_major = sparsec.kernel(SPMV, {"A": "dd:1,0"}, target="cuda")
+    got = col_major(A=cp.asarray(a), x=cp.asarray(x))
+    np.testing.assert_array_equal(cp.asnumpy(got), a @ x)
+
+    y0 = rng.integers(-3, 4, 40).astype(np.float64)
+    acc = sparsec.kernel("y(i) += A(i,j) * x(j)", {"A": "csr"}, target="cuda")
+    a_csr = sparsec.Tensor.from_dense(a, "csr")
+    y = cp.asarray(y0)
+    got = acc(y=y, A=a_csr, x=cp.asarray(x))
+    np.testing.assert_array_equal(cp.asnumpy(got), y0 + a @ x)
+    np.testing.assert_array_equal(cp.asnumpy(y), y0)  # '+=' returns a new array
+
+    dot = sparsec.kernel("s = x(i) * z(i)", target="cuda")
+    assert dot(x=cp.asarray(x), z=cp.asarray(x)) == float(x @ x)
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        got = k(B=given["B"], D=torch.as_tensor(dense["D"], device="cuda"), C=dense["C"])
+        assert isinstance(got, torch.Tensor) and got.is_cuda
+        np.testing.assert_array_equal(got.cpu().numpy(), torch_reference("ikl,lj,kj->ij", dense))
+
+    import cupyx.scipy.sparse as csp
+    import scipy.sparse as sp
+
+    w = csp.csr_matrix(sp.csr_matrix(a))
+    got = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda")(A=w, x=cp.asarray(x))
+    np.testing.assert_array_equal(cp.asnumpy(got), a @ x)
+
+
+@pytest.mark.gpu
+def test_bad_device_inputs_are_clear_errors():
+    cp = _device_or_skip()
+    k = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda")
+    a = sparsec.Tensor.from_dense(np.eye(4), "csr")
+    with pytest.raises(sparsec.DTypeError, match="input 'x': int64 values are not supported"):
+        k(A=a, x=cp.arange(4))
+    with pytest.raises(sparsec.ShapeError, match="input 'x' has 2 dimensions"):
+        k(A=a, x=cp.ones((4, 1)))
+    with pytest.raises(sparsec.ShapeError):
+        k(A=a, x=cp.ones(5))
