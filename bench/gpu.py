@@ -20,8 +20,9 @@ reference, then the kernel alone is timed on staged inputs (`Kernel.device_launc
 events around 10 launches back to back, median of 30 such batches, after warm-up; a kernel
 that adds with atomics zeroes its output inside the timing). "call ms" is a whole Python
 call with the dense inputs already in GPU memory as CuPy arrays (timed the same way: the
-sparse `Tensor` stays on the device after its first call); "host call ms" one with numpy
-inputs, copies to and from the device included (wall clock, median of 10). Baselines, timed the same way on
+sparse `Tensor` stays on the device after its first call); "host call ms" one with the
+workload's numpy and scipy inputs, their conversion and the copies to and from the device
+included (wall clock, median of 10). Baselines, timed the same way on
 device-resident operands and checked: cuSPARSE through ``cupyx.scipy.sparse`` and through
 torch's sparse CSR tensors (each call includes that library's per-call setup: descriptors,
 buffers, the output's allocation), and torch's dense matmul for SpMM.
@@ -193,7 +194,14 @@ def _device_times(k: sparsec.Kernel, w: Workload) -> tuple[float, float, float] 
     if not _close(got, w.reference):
         raise WrongResult(f"{w.kind} {w.detail}: the device result disagrees with the reference")
     kernel_ms = _event_median(launch)
-    on_device = {n: cp.asarray(v) if isinstance(v, np.ndarray) else v for n, v in w.inputs.items()}
+    # what a caller repeating the product holds: dense operands in GPU memory, the sparse
+    # one as a sparsec Tensor (converted once; its arrays stay on the device)
+    on_device = {
+        n: cp.asarray(v)
+        if isinstance(v, np.ndarray)
+        else sparsec.as_tensor(v, FORMATS[w.kind].get(n))
+        for n, v in w.inputs.items()
+    }
     got = cp.asnumpy(k(**on_device)).reshape(w.reference.shape)
     if not _close(got, w.reference):
         raise WrongResult(f"{w.kind} {w.detail}: a call on device inputs disagrees")

@@ -295,8 +295,10 @@ def launch_grid(launch: Any, params: dict[str, Any], emulated: bool) -> int:
 
 
 # --------------------------------------------------------------------- CuPy
+@functools.cache
 def cupy_device() -> Any:
-    """The cupy module when a CUDA device is usable, else a clear `SparsecError`."""
+    """The cupy module when a CUDA device is usable, else a clear `SparsecError` (a found
+    device is remembered; an error is not)."""
     try:
         import cupy  # type: ignore[import-not-found]
     except ImportError:
@@ -319,10 +321,13 @@ def cupy_device() -> Any:
 
 # ------------------------------------------------------------ device inputs
 def on_device(value: Any) -> bool:
-    """Whether ``value`` is an array in GPU memory (CuPy, a CUDA torch tensor, anything
-    with ``__cuda_array_interface__``)."""
-    if type(value).__module__.startswith("torch"):
+    """Whether ``value`` is an array in GPU memory (CuPy, a CUDA torch tensor, a
+    ``cupyx.scipy.sparse`` matrix, anything with ``__cuda_array_interface__``)."""
+    module = type(value).__module__
+    if module.startswith("torch"):
         return bool(getattr(value, "is_cuda", False))
+    if module.startswith("cupyx.scipy.sparse"):
+        return True  # a sparse matrix in GPU memory (no __cuda_array_interface__ of its own)
     return hasattr(type(value), "__cuda_array_interface__")
 
 
