@@ -22,7 +22,7 @@ from dataclasses import replace
 from itertools import count
 
 from . import ir
-from .tile import free_vars
+from .tile import children, free_vars
 
 #: columns per thread in the first sweeps (measured on an H100: 4 beat 1, 2 and 8 on
 #: pruned-BERT SpMM), then 2 for what is left (768 = 512 + 256 columns), then 1
@@ -117,16 +117,9 @@ def _reads(s: ir.Stmt) -> set[str]:
 
 
 def _calls(e: ir.Expr) -> set[str]:
-    match e:
-        case ir.Call(fn=fn, args=args):
-            return {fn}.union(*(_calls(a) for a in args))
-        case ir.Load(index=x) | ir.Unary(operand=x):
-            return _calls(x)
-        case ir.Bin(left=a, right=b):
-            return _calls(a) | _calls(b)
-        case ir.Select(cond=c, then=a, other=b):
-            return _calls(c) | _calls(a) | _calls(b)
-    return set()
+    """The helpers ``e`` calls."""
+    own = {e.fn} if isinstance(e, ir.Call) else set()
+    return own.union(*(_calls(c) for c in children(e)))
 
 
 def _per_column(stmts: list[ir.Stmt], j: str) -> set[str] | None:

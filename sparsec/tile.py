@@ -33,7 +33,8 @@ TILE = ir.Var("SC_TILE")
 _OPS = frozenset("+-*/")
 
 
-def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
+def children(e: ir.Expr) -> tuple[ir.Expr, ...]:
+    """The subexpressions ``e`` reads directly."""
     match e:
         case ir.Load(index=index):
             return (index,)
@@ -51,13 +52,13 @@ def _children(e: ir.Expr) -> tuple[ir.Expr, ...]:
 def free_vars(e: ir.Expr) -> set[str]:
     """The variables ``e`` reads."""
     own = {e.name} if isinstance(e, ir.Var) else set()
-    return own.union(*(free_vars(c) for c in _children(e)))
+    return own.union(*(free_vars(c) for c in children(e)))
 
 
 def arrays(e: ir.Expr) -> set[str]:
     """The arrays ``e`` loads from."""
     own = {e.array} if isinstance(e, ir.Load) else set()
-    return own.union(*(arrays(c) for c in _children(e)))
+    return own.union(*(arrays(c) for c in children(e)))
 
 
 @dataclass(frozen=True, slots=True)
