@@ -19,6 +19,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -218,7 +219,8 @@ class Kernel:
         j = self._panel_index
         if j is None:
             return 0
-        pays = _panels_pay(prepared.dims[j], self._panel_carriers, prepared.values)
+        out_elements = math.prod(prepared.dims[i] for i in self._out_level_indices)
+        pays = _panels_pay(prepared.dims[j], self._panel_carriers, prepared.values, out_elements)
         return PANEL_COLUMNS if pays else 0
 
     def _run_panels(
@@ -945,8 +947,10 @@ class _FastPath:
             for axis, index in modes:
                 if dims.setdefault(index, shape[axis]) != shape[axis]:
                     return None
-        if self.panels is not None and _panels_pay(dims[self.panels], self.panel_carriers, inputs):
-            return None  # the general path runs it in column panels
+        if self.panels is not None and dims[self.panels] >= PANEL_MIN_COLUMNS:
+            out_elements = math.prod(dims[i] for i in self.out_shape)
+            if _panels_pay(dims[self.panels], self.panel_carriers, inputs, out_elements):
+                return None  # the general path runs it in column panels
         for slot, index in self.dim_slots:
             args[slot] = dims[index]
         args[self.thread_slot] = resolve_threads(threads)
@@ -964,18 +968,44 @@ class _FastPath:
         return out[0] if self.scalar_out else out.reshape(level_shape)
 
 
-def _panels_pay(columns: int, carriers: tuple[str, ...], values: Mapping[str, Any]) -> bool:
-    """Whether a call with ``columns`` along the panel index runs in panels: enough columns,
-    dense operands along it larger than the caches, and read often enough (the sparse
-    operands' stored entries per row of those operands) to repay packing them."""
+def _panels_pay(
+    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], out_elements: int
+) -> bool:
+    """Whether a call with ``columns`` along the panel index runs in packed panels.
+
+    A cost model: panels move the dense operands along j and the output once more (packing
+    ``X``, placing each output panel: ``X + 2 Y`` bytes) to keep the gathers (stored sparse
+    entries x columns x value size) in cache. Whole, those gathers come from memory once the
+    operands outgrow the last-level cache, and mostly from cache (with conflict misses at
+    power-of-two strides) below it; so panels need PANEL_MIN_REUSE_BEYOND_CACHE bytes
+    gathered per byte moved in the first case and PANEL_MIN_REUSE in the second."""
     if columns < PANEL_MIN_COLUMNS:
         return False
     carried = [values[n] for n in carriers]
-    if sum(a.nbytes for a in carried) <= PANEL_MIN_BYTES:
+    carried_bytes = sum(a.nbytes for a in carried)
+    if carried_bytes <= PANEL_MIN_BYTES:
         return False
-    rows = sum(a.size // columns for a in carried)
-    reads = sum(v.nnz for v in values.values() if isinstance(v, Tensor))
-    return reads >= PANEL_MIN_READS * rows
+    size = carried[0].itemsize
+    gathered = sum(v.nnz for v in values.values() if isinstance(v, Tensor)) * columns * size
+    moved = carried_bytes + 2 * out_elements * size
+    beyond = carried_bytes > last_level_cache()
+    return gathered >= (PANEL_MIN_REUSE_BEYOND_CACHE if beyond else PANEL_MIN_REUSE) * moved
+
+
+@functools.cache
+def last_level_cache() -> int:
+    """The last-level cache in bytes (Linux sysfs), 8 MB when it cannot be read."""
+    for index in (3, 2):
+        try:
+            text = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read_text()
+        except OSError:
+            continue
+        text = text.strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            return int(digits) * scale
+    return 8 << 20
 
 
 def _arguments(
@@ -1013,12 +1043,14 @@ SINGLE_PASS_ENTRIES = 1 << 24
 #: the panel index has at least PANEL_MIN_COLUMNS and the dense operands along it hold more
 #: than PANEL_MIN_BYTES (measured on pruned-BERT SpMM, 2 cores with 8 MB of L3: 768x3072 at
 #: 80 % x 2048 columns 171 -> 79 ms; at 512 columns panels were as often slower as faster)
-#: and its sparse operands store at least PANEL_MIN_READS entries per row of those
-#: dense operands (384x1536 at 90 %, 38 per row, ran 4.9 ms whole and 6.4 in panels)
+#: and `_panels_pay`'s cost model expects the gathers saved to repay the copies (measured,
+#: 2 threads: panels won at 20-27 bytes gathered per byte moved beyond the 8 MB cache,
+#: lost at 11-17; within it they won from about 53 and lost at 27)
 PANEL_COLUMNS = 128
 PANEL_MIN_COLUMNS = 1024
 PANEL_MIN_BYTES = 4 << 20
-PANEL_MIN_READS = 64
+PANEL_MIN_REUSE = 48
+PANEL_MIN_REUSE_BEYOND_CACHE = 20
 
 
 def _cut(array: np.ndarray, n: int) -> np.ndarray:

@@ -24,7 +24,8 @@ def small_panels(monkeypatch):
     monkeypatch.setattr(KERNEL, "PANEL_COLUMNS", 8)
     monkeypatch.setattr(KERNEL, "PANEL_MIN_COLUMNS", 16)
     monkeypatch.setattr(KERNEL, "PANEL_MIN_BYTES", 0)
-    monkeypatch.setattr(KERNEL, "PANEL_MIN_READS", 0)
+    monkeypatch.setattr(KERNEL, "PANEL_MIN_REUSE", 0)
+    monkeypatch.setattr(KERNEL, "PANEL_MIN_REUSE_BEYOND_CACHE", 0)
 
 
 def _whole(expr, fmts, inputs, threads, monkeypatch):
@@ -91,16 +92,27 @@ def test_where_panels_do_not_apply(expr, fmts):
     assert sparsec.Kernel(expr, fmts)._panel_index is None
 
 
-def test_when_panels_pay():
-    """Wide enough, dense operands larger than the caches, and read often enough."""
+def test_when_panels_pay(monkeypatch):
+    """The cost model, on the shapes it was measured on (8 MB of last-level cache)."""
     import scipy.sparse as sp
 
+    monkeypatch.setattr(KERNEL, "last_level_cache", lambda: 8 << 20)
     pay = KERNEL._panels_pay
-    x = np.empty((3072, 2048), np.float32)  # 24 MB
-    dense_w = sparsec.as_tensor(sp.random(768, 3072, 0.2, format="csr", random_state=0), "csr")
-    sparse_w = sparsec.as_tensor(sp.random(768, 3072, 0.02, format="csr", random_state=0), "csr")
-    assert pay(2048, ("X",), {"W": dense_w, "X": x})  # 154 entries per row of X
-    assert not pay(2048, ("X",), {"W": sparse_w, "X": x})  # 15 per row: packing costs more
-    assert not pay(512, ("X",), {"W": dense_w, "X": x[:, :512]})  # too few columns
-    small = np.empty((384, 2048), np.float32)  # 3 MB: stays in cache whole
-    assert not pay(2048, ("X",), {"W": dense_w, "X": small})
+
+    def case(rows, inner, density, columns):
+        w = sp.random(rows, inner, density, format="csr", random_state=0, dtype=np.float32)
+        x = np.empty((inner, columns), np.float32)
+        return columns, ("X",), {"W": sparsec.as_tensor(w, "csr"), "X": x}, rows * columns
+
+    assert pay(*case(768, 3072, 0.2, 2048))  # 171 -> 79 ms
+    assert pay(*case(768, 3072, 0.05, 2048))  # beyond the cache: 41 -> 29 ms
+    assert not pay(*case(768, 3072, 0.02, 2048))  # 17 -> 20 ms
+    assert pay(*case(3072, 768, 0.2, 2048))  # 78 -> 66 ms
+    assert not pay(*case(3072, 768, 0.05, 2048))  # a 25 MB output to place: 18 -> 24 ms
+    assert not pay(*case(384, 1536, 0.1, 1024))  # within the cache: 4.7 -> 7.0 ms
+    assert not pay(*case(768, 3072, 0.2, 512))  # too few columns
+    assert not pay(*case(1536, 384, 0.1, 2048))  # X is 3 MB: small enough to leave whole
+
+
+def test_last_level_cache_is_read_or_assumed():
+    assert KERNEL.last_level_cache() >= 256 << 10
