@@ -117,15 +117,18 @@ def verify(source: str, block: int = 256, archs: tuple[str, ...] = ARCHS) -> lis
 def _ptxas_log(source: str, arch: str, compiler: str) -> str:
     """ptxas' log for ``source`` on ``arch``, compiled once per process and compiler.
 
-    CUDA 13's NVRTC was seen (on an H100 machine) to return an empty log for a program it
-    had already compiled with the same options in the process; a log without ptxas' report
-    is compiled again under a distinct macro, which NVRTC cannot have seen."""
+    CUDA 13's NVRTC was seen (on an H100 machine) to return an empty log when it had
+    already compiled the same code in the process (its cache is keyed on the generated code:
+    a different macro did not help); a log without ptxas' report is compiled again with an
+    unused device variable of a fresh name appended, which changes the code ptxas sees and
+    not the kernel's registers."""
     lib = nvrtc()
     if compiler != "NVRTC" or lib is None:
         return _nvcc_compile(source, arch)
     log = _nvrtc_compile(lib, source, arch)
     if "Used " not in log:
-        log = _nvrtc_compile(lib, source, arch, (f"-DSPARSEC_VERIFY_{uuid.uuid4().hex}=1",))
+        nonce = f"\n__device__ int sc_verify_{uuid.uuid4().hex};\n"
+        log = _nvrtc_compile(lib, source + nonce, arch)
     if "Used " not in log:
         raise CompileError(f"NVRTC compiled for {arch} but gave no ptxas report:\n{log[-2000:]}")
     return log
@@ -139,7 +142,7 @@ def _nvrtc_compile(lib: ctypes.CDLL, source: str, arch: str, extra: tuple[str, .
     if status != 0:
         raise CompileError(f"NVRTC could not create a program (status {status})")
     try:
-        opts = [f"--gpu-architecture={arch}", "--ptxas-options=-v", "-std=c++17", *extra]
+        opts = [f"--gpu-architecture={arch}", "--ptxas-options=-v", "-std=c++17"]
         array = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
         status = lib.nvrtcCompileProgram(prog, len(opts), array)
         size = ctypes.c_size_t()
