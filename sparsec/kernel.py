@@ -397,9 +397,13 @@ class Kernel:
         prepared = self._prepare(inputs)
         compiled = self._compile(prepared.dtype, prepared.index_dtype)
         got = self._run(compiled, prepared, threads)
+        if prepared.device and np.ndim(got):
+            got = gpu.cupy_device().asnumpy(got)  # compared on the host
         dense = {}
         for t in self._wanted:
             v = prepared.values[t.name]
+            if gpu.on_device(v):
+                v = gpu.cupy_device().asnumpy(v)  # in level order, like a host value
             if isinstance(v, Tensor):
                 v = v.to_dense()
             elif t.order and t.format.ordering != tuple(range(t.order)):

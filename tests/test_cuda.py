@@ -458,6 +458,7 @@ def test_dense_operands_stay_on_the_device(dtype):
     again = k(W=given["W"], X=x * 2)
     assert all(given["W"]._device[key] is dev for key, dev in copies.items())
     np.testing.assert_array_equal(cp.asnumpy(again), 2 * (dense["W"] @ dense["X"]))
+    assert k.check(W=given["W"], X=x).max_abs_error == 0
 
 
 @pytest.mark.gpu
