@@ -124,7 +124,9 @@ def _calls(e: ir.Expr) -> set[str]:
 
 def _per_column(stmts: list[ir.Stmt], j: str) -> set[str] | None:
     """The locals whose value depends on the column ``j`` (``j`` included), or None when
-    the body cannot be split by column."""
+    the body cannot be split by column. A statement that does not depend on the column
+    runs once per sweep instead of once per column, so it may only set the body's own
+    locals (which it sets to the same value for every column)."""
     column = {j}
     changed = True
     while changed:
@@ -140,12 +142,15 @@ def _per_column(stmts: list[ir.Stmt], j: str) -> set[str] | None:
                 column.add(name)
                 changed = True
     declared = {s.name for s in stmts if isinstance(s, ir.Decl)}
+    declared |= {s.var for s in stmts if isinstance(s, ir.For)}
     for s in stmts:
         match s:
             case ir.For(var=var) if var in column or _reads(s) & column:
                 return None  # a loop whose trip count depends on the column
             case ir.Assign(target=ir.Load(index=index)) if not free_vars(index) & column:
                 return None  # a store every column would make to one place
+            case ir.Assign(target=ir.Var(name=name)) if name not in declared:
+                return None  # an update of a variable from outside: once per column
             case ir.Decl(init=init) | ir.Assign(value=init) if init is not None and (
                 _calls(init) & _LANE_CALLS
             ):

@@ -179,25 +179,29 @@ def test_coarsening_is_for_default_mappings_with_a_shared_loop():
 
 
 def test_coarsening_refuses_what_it_cannot_split():
+    """A loop that is coarsened, then variants with one thing the pass cannot split."""
     from sparsec import ir
     from sparsec.coarsen import coarsen
 
     par = ir.Parallel("GPUThread", "")
-    acc, j = ir.Var("acc"), ir.Var("j")
-    inner = ir.For("p", ir.IntLit(0), ir.IntLit(9), ir.Block((ir.Assign(acc, j, "+="),)))
-    # the accumulator lives outside the thread loop: its value is carried across columns
-    outside = ir.For("j", ir.IntLit(0), ir.Var("n"), ir.Block((inner,)), parallel=par)
-    assert coarsen(ir.Block((outside,)))[1] == ()
-    # a store every column makes to one place
-    same = ir.Assign(ir.Load("out", ir.IntLit(0)), ir.Var("a"))
-    body = ir.Block((ir.Decl(ir.VAL, "a", j), inner, same))
-    loop = ir.For("j", ir.IntLit(0), ir.Var("n"), body, parallel=par)
-    assert coarsen(ir.Block((loop,)))[1] == ()
-    # an atomic update
-    atomic = ir.Assign(ir.Load("out", j), ir.Var("a"), "+=", atomic=True)
-    body = ir.Block((ir.Decl(ir.VAL, "a", ir.FloatLit(0.0)), inner, atomic))
-    loop = ir.For("j", ir.IntLit(0), ir.Var("n"), body, parallel=par)
-    assert coarsen(ir.Block((loop,)))[1] == ()
+    acc, j, nine = ir.Var("acc"), ir.Var("j"), ir.IntLit(9)
+    declare = ir.Decl(ir.VAL, "acc", ir.FloatLit(0.0))
+    add = ir.Assign(acc, ir.Load("x", j), "+=")
+    store = ir.Assign(ir.Load("out", j), acc)
+
+    def coarsened(*body, end=nine):
+        inner = ir.For("p", ir.IntLit(0), end, ir.Block((add,)))
+        stmts = [inner if s == "inner" else s for s in body]
+        loop = ir.For("j", ir.IntLit(0), ir.Var("n"), ir.Block(tuple(stmts)), parallel=par)
+        return bool(coarsen(ir.Block((loop,)))[1])
+
+    assert coarsened(declare, "inner", store)
+    assert not coarsened("inner", store)  # the accumulator is carried across columns
+    assert not coarsened(declare, "inner", ir.Assign(ir.Load("out", ir.IntLit(0)), acc))
+    counted = ir.Assign(ir.Var("count"), ir.IntLit(1), "+=")  # declared outside
+    assert not coarsened(declare, "inner", counted, store)
+    assert not coarsened(declare, "inner", ir.Assign(ir.Load("out", j), acc, "+=", atomic=True))
+    assert not coarsened(declare, "inner", store, end=j)  # the trip count depends on j
 
 
 @pytest.mark.parametrize("fmt", ["coo", "csr", "dcsr"])
