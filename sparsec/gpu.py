@@ -134,7 +134,7 @@ def _ptxas_log(source: str, arch: str, compiler: str) -> str:
     return log
 
 
-def _nvrtc_compile(lib: ctypes.CDLL, source: str, arch: str, extra: tuple[str, ...] = ()) -> str:
+def _nvrtc_compile(lib: ctypes.CDLL, source: str, arch: str) -> str:
     prog = ctypes.c_void_p()
     status = lib.nvrtcCreateProgram(
         ctypes.byref(prog), source.encode(), b"sparsec_kernel.cu", 0, None, None
