@@ -13,6 +13,10 @@ SUITES: dict[str, tuple[str, str]] = {
     "sparse": ("bench.sparse", "sparse outputs: SpGEMM and sparse add into CSR, serial"),
     "schedule": ("bench.schedule", "default schedule vs serial kernel; TACO-style schedules"),
     "bert": ("bench.bert", "pruned BERT weights: SpMM vs torch dense/CSR, scipy, MKL; plot"),
+    "panels": (
+        "bench.panels",
+        "column panels: whole width vs packed panels, the cost model's pick",
+    ),
     "e2e": ("bench.e2e", "pruned MiniLM forward pass: sparsec linear layers vs dense torch"),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
 }

@@ -103,3 +103,9 @@ def test_bench_bert_quick_smoke() -> None:
     done = _run(["-m", "bench", "bert", "--quick", "--threads", "2"])
     assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
     assert "minilm-query" in done.stdout and "vs torch dense" in done.stdout
+
+
+def test_bench_panels_quick_smoke() -> None:
+    done = _run(["-m", "bench", "panels", "--quick"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    assert "whole ms" in done.stdout and "panels ms" in done.stdout and "chosen" in done.stdout
