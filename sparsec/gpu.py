@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import ir
-from .errors import CompileError, SparsecError
+from .errors import CompileError, DTypeError, ShapeError, SparsecError
 from .resources import data_dir
 
 ARCHS = ("sm_80", "sm_90")
@@ -347,8 +347,6 @@ def device_sparse_to_host(value: Any) -> Any:
 def device_dense(order: int, ordering: tuple[int, ...], value: Any, dtype: Any, where: str) -> Any:
     """A dense operand in GPU memory as a C-ordered CuPy array in level order of ``dtype``
     (no copy when it already is one)."""
-    from .errors import DTypeError, ShapeError
-
     cp = cupy_device()
     if type(value).__module__.startswith("torch"):
         value = value.detach()

@@ -696,7 +696,7 @@ class Kernel:
     def _run(self, compiled: _Compiled, prepared: _Prepared, threads: int | None) -> Any:
         if compiled.assemble is not None:
             return self._run_sparse(compiled, prepared, threads)
-        width = self._panel_width(prepared) if self._panel_index is not None else 0
+        width = self._panel_width(prepared)
         if width:
             return self._run_panels(compiled, prepared, threads, width)
         gen = compiled.generated
@@ -766,12 +766,13 @@ class Kernel:
             value = params[p.name]
             if p.kind == "array":
                 source = prepared.values.get(tensor)
-                if tensor == out_name and field_name == "vals":
-                    dev = out_dev = value if gpu.on_device(value) else gpu.to_device(value)
-                elif isinstance(source, Tensor) and field_name in ("pos", "crd", "vals"):
+                is_out = tensor == out_name and field_name == "vals"
+                if not is_out and isinstance(source, Tensor) and field_name in _STORAGE:
                     dev = source.device_array(field_name, level, gpu.to_device)
                 else:
                     dev = value if gpu.on_device(value) else gpu.to_device(value)
+                if is_out:
+                    out_dev = dev
                 args.append(dev)
             elif p.field == "value":
                 args.append(vals_dtype(value))
@@ -819,6 +820,10 @@ class Kernel:
         return launch, out_dev
 
 
+#: the storage arrays of a `Tensor` argument
+_STORAGE = ("pos", "crd", "vals")
+
+
 def _named_arguments(compiled: _Compiled, prepared: _Prepared, out: np.ndarray) -> dict[str, Any]:
     """Each ABI parameter's value by name: arrays as numpy arrays (for the CUDA launch and
     for evaluating its grid on the host)."""
@@ -829,7 +834,7 @@ def _named_arguments(compiled: _Compiled, prepared: _Prepared, out: np.ndarray) 
     ):
         if field == "vals" and tensor == out_name:
             found[p.name] = out
-        elif field in ("vals", "pos", "crd"):
+        elif field in _STORAGE:
             v = prepared.values[tensor]
             if isinstance(v, Tensor):
                 found[p.name] = v.vals if field == "vals" else getattr(v.levels[level], field)
