@@ -127,3 +127,115 @@ def test_pass_refuses_a_strided_or_unknown_index():
         )
         nest = ir.block(_loop("k", ir.block(_loop("j", ir.block(store)))))
         assert tile(nest) == (nest, ())
+
+
+def _calls(node) -> list[ir.Call]:
+    """Every call in an IR tree."""
+    found = [node] if isinstance(node, ir.Call) else []
+    if isinstance(node, tuple):
+        parts = node
+    elif hasattr(node, "__dataclass_fields__"):
+        parts = tuple(getattr(node, f) for f in node.__dataclass_fields__)
+    else:
+        parts = ()
+    for part in parts:
+        found.extend(_calls(part))
+    return found
+
+
+def _gather_region(index: ir.Expr, row: str = "r") -> ir.For:
+    """``for k: for j: Y[row + j] += X[index + j]``"""
+    store = ir.Assign(
+        ir.Load("Y", ir.Bin("+", ir.Var(row), ir.Var("j"))),
+        ir.Load("X", ir.Bin("+", index, ir.Var("j"))),
+        "+=",
+    )
+    return _loop("k", ir.block(_loop("j", ir.block(store))))
+
+
+def _zero_row(array: str = "Y", row: str = "row") -> ir.For:
+    store = ir.Assign(ir.Load(array, ir.Bin("+", ir.Var(row), ir.Var("p"))), ir.FloatLit(0.0))
+    return ir.For("p", ir.IntLit(0), ir.Var("j_dim"), ir.block(store))
+
+
+def test_tiles_take_over_the_zeroing_of_their_row():
+    """A row zeroed just before its region (declarations between) is not stored and
+    reloaded: the accumulators start at zero and only the leftover columns are zeroed."""
+    gather = ir.Bin("*", ir.Var("k"), ir.Var("ld"))
+    body, _ = tile(
+        ir.block(_zero_row(), ir.Decl(ir.I64, "r", ir.Var("row")), _gather_region(gather))
+    )
+    assert body.body[0] == ir.Decl(ir.I64, "r", ir.Var("row"))  # the zeroing loop is gone
+    fns = [c.fn for c in _calls(body)]
+    assert fns.count("vzero") == 8 and "vload" in fns
+    assert not any(c.fn == "vload" and c.args[0].left == ir.Var("Y") for c in _calls(body))
+    tiled = body.body[-1]
+    assert isinstance(tiled, ir.Block)
+    remainder = tiled.body[-1]
+    assert isinstance(remainder, ir.If)
+    leftover = remainder.branches[0][1].body[0]
+    assert isinstance(leftover, ir.For) and leftover.var == "p"
+    assert leftover.start == ir.Bin("*", ir.Var("sc_tiles0"), ir.Var("SC_TILE"))
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        ir.Assign(ir.Load("Z", ir.Var("row")), ir.FloatLit(1.0)),  # not a declaration
+        ir.Decl(ir.I64, "q", ir.Load("Y", ir.Var("row"))),  # reads the zeroed row
+    ],
+)
+def test_zeroing_is_kept_when_something_else_comes_between(between):
+    gather = ir.Bin("*", ir.Var("k"), ir.Var("ld"))
+    stmts = (_zero_row(), between, ir.Decl(ir.I64, "r", ir.Var("row")), _gather_region(gather))
+    body, notes = tile(ir.block(*stmts))
+    assert notes and body.body[:3] == stmts[:3]
+    assert "vzero" not in [c.fn for c in _calls(body)]
+
+
+@pytest.mark.parametrize("zero", [_zero_row(array="Z"), _zero_row(row="other")])
+def test_zeroing_of_another_row_is_kept(zero):
+    gather = ir.Bin("*", ir.Var("k"), ir.Var("ld"))
+    body, _ = tile(ir.block(zero, _gather_region(gather, row="row")))
+    assert body.body[0] == zero and "vzero" not in [c.fn for c in _calls(body)]
+
+
+def test_prefetch_only_rows_found_through_an_index_array():
+    """``X[crd[k] * ld + j]``: the row iteration k + PREFETCH_DISTANCE gathers is
+    prefetched; ``X[k * ld + j]`` is a stride the hardware predicts, left alone."""
+    from sparsec.tile import PREFETCH_DISTANCE
+
+    strided = ir.Bin("*", ir.Var("k"), ir.Var("ld"))
+    body, notes = tile(ir.block(_gather_region(strided)))
+    assert "prefetch" not in [c.fn for c in _calls(body)] and "prefetched" not in notes[0]
+    gathered = ir.Bin("*", ir.Load("crd", ir.Var("k")), ir.Var("ld"))
+    body, notes = tile(ir.block(_gather_region(gathered)))
+    prefetches = [c for c in _calls(body) if c.fn == "prefetch"]
+    ahead = ir.Load("crd", ir.Bin("+", ir.Var("k"), ir.IntLit(PREFETCH_DISTANCE)))
+    assert len(prefetches) == 1 and ahead in _subexpressions(prefetches[0])
+    assert notes == (
+        f"j in register tiles across loop k (gathered rows prefetched {PREFETCH_DISTANCE} ahead)",
+    )
+
+
+def _subexpressions(e: ir.Expr) -> list[ir.Expr]:
+    from sparsec.tile import children
+
+    return [e, *(s for c in children(e) for s in _subexpressions(c))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("width", [64, 97, 300])
+def test_prefetching_spmm_matches_torch_for_every_row_length(width, dtype, rng):
+    """Rows of 0 to 15 stored entries: shorter than the prefetch distance (no prefetching
+    iteration), exactly it, and longer (both halves of the split loop)."""
+    w = np.zeros((16, 40))
+    for r in range(16):
+        w[r, rng.choice(40, size=r, replace=False)] = rng.integers(-4, 5, size=r) + 0.5
+    x = sparse_array((40, width), rng, 0.8, integer=True)
+    k = sparsec.kernel(SPMM, {"W": "csr"}, dtype=dtype)
+    assert "sc_prefetch" in k.source and "sc_vzero" in k.source
+    want = torch_reference("ik,kj->ij", {"W": w, "X": x})
+    for threads in (1, 2):
+        got = np.asarray(k(W=w.astype(dtype), X=x.astype(dtype), threads=threads))
+        np.testing.assert_array_equal(got, want)

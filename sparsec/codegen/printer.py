@@ -59,6 +59,8 @@ class Target:
             "thread_in_block": "sc_thread_in_block",
             "vload": "sc_vload",
             "vstore": "sc_vstore",
+            "vzero": "sc_vzero",
+            "prefetch": "sc_prefetch",
         }
     )
     indent: str = "  "
