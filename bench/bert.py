@@ -13,7 +13,8 @@ batch x sequence = 128, 512 or 2048 columns), W in CSR with int32 indices.
 Contenders in the same process: sparsec at 1 and N threads; torch dense ``W @ X`` and
 torch.sparse CSR at N threads; scipy.sparse (1 thread); MKL through sparse-dot-mkl (the
 ``mkl`` wheel's libmkl_rt; MKL's own threading) when installed. Every result is checked
-against scipy before timing. Medians of ``repeats`` runs after warm-up, with min and max.
+against scipy before timing. Medians of ``repeats`` runs after warm-up, with min and max,
+pooled over three rounds of all contenders (`measure_rounds`).
 Ratios are the baseline's median over sparsec's (>1: sparsec faster). Writes
 ``bench/results/bert.json`` and a plot ``bench/results/bert.png`` (speedup over torch dense
 vs sparsity, one panel per shape, at 512 columns) when matplotlib is installed.
@@ -31,7 +32,15 @@ import scipy.sparse as sp
 
 import sparsec
 
-from .common import RESULTS_DIR, Table, environment, measure, progress, settle, write_results
+from .common import (
+    RESULTS_DIR,
+    Table,
+    environment,
+    measure_rounds,
+    progress,
+    settle,
+    write_results,
+)
 from .core import WrongResult
 
 SPMM = "Y(i,j) = W(i,k) * X(k,j)"
@@ -133,7 +142,7 @@ def run_case(
             scale = max(1.0, float(np.abs(want).max()))
             if not np.allclose(got, want, rtol=tol, atol=tol * scale):
                 raise WrongResult(f"{name}: max abs error {np.abs(got - want).max():.3g}")
-            t = measure(fn, warmup=2, repeats=repeats)
+        for name, t in measure_rounds(contenders, warmup=2, repeats=repeats).items():
             medians[name], spread[name] = t.median_ms, (t.min_ms, t.max_ms)
     finally:
         torch.set_num_threads(before)

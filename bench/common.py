@@ -19,7 +19,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,19 +72,43 @@ def settle(on: bool) -> None:
     SETTLE_S = 0.3 if on else 0.0
 
 
-def measure(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20) -> Timing:
+def measure(
+    fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20, floor: int = MIN_REPEATS
+) -> Timing:
     """Time ``fn()``: after `SETTLE_S` of quiet, ``warmup`` untimed calls, then
-    ``max(repeats, 10)`` timed ones."""
+    ``max(repeats, floor)`` timed ones (`measure_rounds` asks for fewer per block)."""
     if SETTLE_S:
         time.sleep(SETTLE_S)
     for _ in range(warmup):
         fn()
     samples = []
-    for _ in range(max(repeats, MIN_REPEATS)):
+    for _ in range(max(repeats, floor)):
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
     return Timing(tuple(samples), warmup)
+
+
+#: rounds of `measure_rounds`: the machine this suite is tuned on is a shared VM whose
+#: speed drops for seconds at a time; a contender timed in one block can land wholly in
+#: such a spell, one timed in three blocks spread over the case cannot
+ROUNDS = 3
+
+
+def measure_rounds(
+    fns: Mapping[str, Callable[[], Any]], *, warmup: int = 2, repeats: int = 10
+) -> dict[str, Timing]:
+    """Time every contender of ``fns`` in `ROUNDS` rounds: each round runs each contender
+    in its own block (after `SETTLE_S`, ``warmup`` untimed calls, then its share of the
+    ``max(repeats, 10)`` timed calls). The median of the pooled samples is robust to a
+    slow spell that hits one block, and no contender's samples all come from one moment."""
+    total = max(repeats, MIN_REPEATS)
+    share = -(-total // ROUNDS)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            samples[name].extend(measure(fn, warmup=warmup, repeats=share, floor=1).samples_ms)
+    return {name: Timing(tuple(got), warmup) for name, got in samples.items()}
 
 
 # --------------------------------------------------------------------------- threads
