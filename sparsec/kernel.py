@@ -18,6 +18,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -228,19 +229,34 @@ class Kernel:
     ) -> np.ndarray:
         """The dense output in panels of ``width`` columns of j: each carrier's panel is
         packed contiguous, the kernel runs on it, and its output panel is copied into
-        place. Every output element gets the same additions in the same order."""
+        place. With several threads the panels are shared among that many workers, each
+        packing, running (on its share of the threads) and placing its own, so the copies
+        run in parallel too. Every output element gets the same additions in the same
+        order, whichever worker computes it."""
         j = self._panel_index
         assert j is not None
         n = prepared.dims[j]
         level_shape = tuple(prepared.dims[i] for i in self._out_level_indices)
         out = np.empty(level_shape, dtype=VALUE_DTYPES[prepared.dtype])
-        for start in range(0, n, width):
+        starts = range(0, n, width)
+        total = resolve_threads(threads)
+        workers = min(total, len(starts))
+
+        def panel(start: int) -> None:
             cols = min(width, n - start)
             values = dict(prepared.values)
             for name in self._panel_carriers:
                 values[name] = np.ascontiguousarray(values[name][..., start : start + cols])
             part = replace(prepared, values=values, dims={**prepared.dims, j: cols})
-            out[..., start : start + cols] = self._run(compiled, part, threads)
+            out[..., start : start + cols] = self._run(compiled, part, total // workers)
+
+        if workers == 1:
+            for start in starts:
+                panel(start)
+        else:
+            # numpy's copies and the kernel both release the GIL; list() re-raises
+            with ThreadPoolExecutor(workers, thread_name_prefix="sparsec-panel") as pool:
+                list(pool.map(panel, starts))
         return out
 
     @functools.cached_property
@@ -1053,13 +1069,14 @@ SINGLE_PASS_ENTRIES = 1 << 24
 #: than PANEL_MIN_BYTES (measured on pruned-BERT SpMM, 2 cores with 8 MB of L3: 768x3072 at
 #: 80 % x 2048 columns 171 -> 79 ms; at 512 columns panels were as often slower as faster)
 #: and `_panels_pay`'s cost model expects the gathers saved to repay the copies (measured,
-#: 2 threads: panels won at 20-27 bytes gathered per byte moved beyond the 8 MB cache,
-#: lost at 11-17; within it they won from about 53 and lost at 27)
+#: 2 threads, the copies shared between two workers: beyond the 8 MB cache panels won at
+#: 10-27 bytes gathered per byte moved and lost at 5-9 (one exception: 1.34x at 7.7 with a
+#: 24 MB X); within it they won from about 51 and lost at 17-27)
 PANEL_COLUMNS = 128
 PANEL_MIN_COLUMNS = 1024
 PANEL_MIN_BYTES = 4 << 20
 PANEL_MIN_REUSE = 48
-PANEL_MIN_REUSE_BEYOND_CACHE = 20
+PANEL_MIN_REUSE_BEYOND_CACHE = 10
 
 
 def _cut(array: np.ndarray, n: int) -> np.ndarray:
