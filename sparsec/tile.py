@@ -17,8 +17,8 @@ Two more things make a tile cheaper, both measured on pruned-BERT SpMM (`bench b
 - *Prefetched gathers.* When a vector load's row is found through an index array that the
   region's innermost loop walks (SpMM's ``X[W_crd[p], j]``), the loop is split: up to
   `PREFETCH_DISTANCE` iterations before its end, each iteration prefetches the tile of the
-  row that iteration ``p + PREFETCH_DISTANCE`` will load (one cache line, mid-tile: the
-  hardware fetches its neighbours); the last iterations run without. Hardware prefetchers
+  row that iteration ``p + PREFETCH_DISTANCE`` will load (one cache line, mid-tile, which
+  measured faster than one per line); the last iterations run without. Hardware prefetchers
   cannot predict these rows; strided loads are left to them.
 
 Each output element still receives the same additions in the same order, so results do
