@@ -22,7 +22,7 @@ from dataclasses import replace
 from itertools import count
 
 from . import ir
-from .tile import children, free_vars
+from .tile import children, free_vars, substitute
 
 #: columns per thread in the first sweeps (measured on an H100: 4 beat 1, 2 and 8 on
 #: pruned-BERT SpMM), then 2 for what is left (768 = 512 + 256 columns), then 1
@@ -250,30 +250,17 @@ def _split(b: ir.Block, column: set[str], factor: int) -> ir.Block:
 
 
 def _substitute(s: ir.Stmt, names: dict[str, str]) -> ir.Stmt:
+    """``s`` with the variables in ``names`` renamed (its own declaration included)."""
+    env = {old: ir.Var(new) for old, new in names.items()}
     match s:
         case ir.Decl(name=n, init=init):
             return replace(
-                s, name=names.get(n, n), init=None if init is None else _expr(init, names)
+                s, name=names.get(n, n), init=None if init is None else substitute(init, env)
             )
         case ir.Assign(target=ir.Var(name=n), value=value):
-            return replace(s, target=ir.Var(names.get(n, n)), value=_expr(value, names))
+            return replace(s, target=ir.Var(names.get(n, n)), value=substitute(value, env))
         case ir.Assign(target=ir.Load(array=a, index=index), value=value):
-            return replace(s, target=ir.Load(a, _expr(index, names)), value=_expr(value, names))
+            return replace(
+                s, target=ir.Load(a, substitute(index, env)), value=substitute(value, env)
+            )
     raise AssertionError(s)
-
-
-def _expr(e: ir.Expr, names: dict[str, str]) -> ir.Expr:
-    match e:
-        case ir.Var(name=n):
-            return ir.Var(names.get(n, n))
-        case ir.Load(array=a, index=index):
-            return ir.Load(a, _expr(index, names))
-        case ir.Bin(op=op, left=left, right=right):
-            return ir.Bin(op, _expr(left, names), _expr(right, names))
-        case ir.Unary(op=op, operand=x):
-            return ir.Unary(op, _expr(x, names))
-        case ir.Call(fn=fn, args=args):
-            return ir.Call(fn, tuple(_expr(a, names) for a in args))
-        case ir.Select(cond=c, then=a, other=b):
-            return ir.Select(_expr(c, names), _expr(a, names), _expr(b, names))
-    return e

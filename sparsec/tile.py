@@ -31,6 +31,7 @@ them; loads in the body are either invariant in j (broadcast) or at ``base + j``
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from itertools import count
 
@@ -242,11 +243,9 @@ class _Tiler:
         self.inside = inside
         self.types = types
         # the j loop's declarations, substituted into its statement
-        self.env: dict[str, ir.Expr] = {}
         *decls, store = nest.inner.body.body
-        for d in decls:
-            assert isinstance(d, ir.Decl) and d.init is not None
-            self.env[d.name] = self.resolve(d.init)
+        assert all(isinstance(d, ir.Decl) and d.init is not None for d in decls)
+        self.env = bindings(decls)
         assert isinstance(store, ir.Assign) and isinstance(store.target, ir.Load)
         self.store = store
         self.out = store.target.array
@@ -257,7 +256,7 @@ class _Tiler:
         self.prefetched = False
 
     def resolve(self, e: ir.Expr) -> ir.Expr:
-        return _substitute(e, self.env)
+        return substitute(e, self.env)
 
     def base(self, index: ir.Expr, var: str | None = None) -> ir.Expr:
         """``b`` with ``index == b + var`` (``var`` j by default) and ``b`` free of it;
@@ -285,14 +284,12 @@ class _Tiler:
         if array != self.out or before.loop.end != self.nest.inner.end:
             return False
         assert isinstance(self.store.target, ir.Load)
-        env: dict[str, ir.Expr] = {}
-        for d in before.decls:
-            if d.init is None or self.out in arrays(d.init):
-                return False
-            env[d.name] = _substitute(d.init, env)
+        if any(d.init is None or self.out in arrays(d.init) for d in before.decls):
+            return False
+        env = bindings(before.decls)
         try:
             zeroed = self.base(index, before.loop.var)
-            tiled = _substitute(self.base(self.resolve(self.store.target.index)), env)
+            tiled = substitute(self.base(self.resolve(self.store.target.index)), env)
         except _Refuse:
             return False
         if zeroed != tiled:
@@ -305,10 +302,7 @@ class _Tiler:
         ``+ PREFETCH_DISTANCE`` gathers: one per distinct vector load whose row comes
         through an index array walked by that loop (``loads``: lane-0 addresses)."""
         loop = self.nest.loops[-1]
-        env: dict[str, ir.Expr] = {}
-        for d in loop.body.body:
-            if isinstance(d, ir.Decl) and d.init is not None:
-                env[d.name] = _substitute(d.init, env)
+        env = bindings(loop.body.body)
         ahead: dict[str, ir.Expr] = {
             loop.var: ir.Bin("+", ir.Var(loop.var), ir.IntLit(PREFETCH_DISTANCE))
         }
@@ -316,13 +310,13 @@ class _Tiler:
         seen: set[ir.Expr] = set()
         middle = self._lane(VECTORS // 2)
         for at in loads:
-            at = _substitute(at, env)
+            at = substitute(at, env)
             if at in seen or not _gathers(at, loop.var):
                 continue
             # names the loop declares were substituted; anything else from the region
             # (outer loops' variables and locals) is unchanged across this loop
             seen.add(at)
-            out.append(ir.Effect(ir.Call("prefetch", (ir.add(_substitute(at, ahead), middle),))))
+            out.append(ir.Effect(ir.Call("prefetch", (ir.add(substitute(at, ahead), middle),))))
         return out
 
     def vector(self, e: ir.Expr, lane: int) -> ir.Expr:
@@ -457,21 +451,31 @@ class _Tiler:
         return replace(loop, body=ir.Block(tuple(stmts)))
 
 
-def _substitute(e: ir.Expr, env: dict[str, ir.Expr]) -> ir.Expr:
+def bindings(stmts: Iterable[ir.Stmt]) -> dict[str, ir.Expr]:
+    """What each initialised declaration among ``stmts`` stands for, in terms of the
+    names declared before them (earlier declarations substituted into later ones)."""
+    env: dict[str, ir.Expr] = {}
+    for d in stmts:
+        if isinstance(d, ir.Decl) and d.init is not None:
+            env[d.name] = substitute(d.init, env)
+    return env
+
+
+def substitute(e: ir.Expr, env: Mapping[str, ir.Expr]) -> ir.Expr:
     """``e`` with the variables named in ``env`` replaced by their expressions."""
     match e:
         case ir.Var(name=name) if name in env:
             return env[name]
         case ir.Load(array=a, index=i):
-            return ir.Load(a, _substitute(i, env))
+            return ir.Load(a, substitute(i, env))
         case ir.Bin(op=op, left=a, right=b):
-            return ir.Bin(op, _substitute(a, env), _substitute(b, env))
+            return ir.Bin(op, substitute(a, env), substitute(b, env))
         case ir.Unary(op=op, operand=x):
-            return ir.Unary(op, _substitute(x, env))
+            return ir.Unary(op, substitute(x, env))
         case ir.Call(fn=fn, args=args):
-            return ir.Call(fn, tuple(_substitute(a, env) for a in args))
+            return ir.Call(fn, tuple(substitute(a, env) for a in args))
         case ir.Select(cond=c, then=a, other=b):
-            return ir.Select(_substitute(c, env), _substitute(a, env), _substitute(b, env))
+            return ir.Select(substitute(c, env), substitute(a, env), substitute(b, env))
     return e
 
 
