@@ -14,6 +14,7 @@ from ..lower import lower
 from ..resources import data_dir
 from ..schedule import Command
 from ..spec import Spec
+from ..streams import prefetch_streams
 from ..tile import VECTORS as tile_vectors
 from ..tile import tile
 from .printer import C, Printer
@@ -163,7 +164,7 @@ def generate(
                     APPEND_NAME,
                     "single pass for one thread: append in order into arrays of a capacity "
                     "the runtime proved (plus a row of slack); the final sizes are in pos",
-                    "\n".join(printer.stmts(tile(single.body)[0])),
+                    "\n".join(printer.stmts(tile(prefetch_streams(single.body)[0])[0])),
                 )
             )
             append = APPEND_NAME
@@ -174,13 +175,16 @@ def generate(
     else:
         comment = ""
         append = ""
-    body, tiled = tile(lowered.body)
+    # streams first: a loop that the tile pass will tile nests the tiled loop, so it is no
+    # stream loop, and a stream loop's prefetches never sit inside a region to be tiled
+    body, streamed = prefetch_streams(lowered.body)
+    body, tiled = tile(body)
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
     )
-    if tiled:
-        schedule += f"; {'; '.join(tiled)}"
+    if tiled or streamed:
+        schedule += f"; {'; '.join((*tiled, *streamed))}"
     val_t, idx_t = C_VALUE_TYPES[dtype], C_INDEX_TYPES[index_dtype]
     source = (
         environment()

@@ -61,6 +61,7 @@ class Target:
             "vstore": "sc_vstore",
             "vzero": "sc_vzero",
             "prefetch": "sc_prefetch",
+            "prefetch_stream": "sc_prefetch_stream",
         }
     )
     indent: str = "  "
