@@ -37,6 +37,7 @@ from .assemble import (
 from .binding import (
     INDEX_DTYPES,
     INT64,
+    MAX_THREADS,
     VALUE_DTYPES,
     common_dtype,
     common_index_dtype,
@@ -56,7 +57,7 @@ from .errors import (
     ShapeError,
     SparsecError,
 )
-from .formats import Format, Singleton
+from .formats import Format, Singleton, canonical
 from .lower import BOUND_VIOLATED
 from .parser import parse_expression
 from .runtime import address
@@ -928,7 +929,7 @@ class _FastPath:
             (
                 t.name,
                 0 if t.order == 0 else 1 if t.is_dense else 2,
-                t.format,
+                canonical(t.format),
                 t.order,
                 slots.get(t.name, []),
                 modes.get(t.name, []),
@@ -978,7 +979,11 @@ class _FastPath:
                 return None  # the general path runs it in column panels
         for slot, index in self.dim_slots:
             args[slot] = dims[index]
-        args[self.thread_slot] = resolve_threads(threads)
+        args[self.thread_slot] = (
+            threads
+            if type(threads) is int and 0 < threads <= MAX_THREADS
+            else resolve_threads(threads)
+        )
         level_shape = [dims[i] for i in self.out_shape]
         size = 1
         for n in level_shape:

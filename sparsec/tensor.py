@@ -39,7 +39,7 @@ import numpy as np
 
 from .convert import as_tensor, from_scipy, from_torch
 from .errors import FormatError
-from .formats import Compressed, Dense, Format, Singleton, parse_format
+from .formats import Compressed, Dense, Format, Singleton, canonical, parse_format
 from .packing import from_arrays, from_dense, pack, random
 from .runtime import address
 from .storage import (
@@ -106,6 +106,8 @@ class Tensor:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", check_shape(self.shape))
+        if isinstance(self.format, Format):  # else _check_structure reports it
+            object.__setattr__(self, "format", canonical(self.format))
         object.__setattr__(self, "levels", tuple(self.levels))
         if self.index_dtype is None:
             given = [a.dtype for st in self.levels for a in st.arrays() if hasattr(a, "dtype")]

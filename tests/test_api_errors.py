@@ -180,6 +180,18 @@ def test_thread_counts_are_bounded(spmv, threads):
         spmv(A=np.eye(2), x=np.ones(2), threads=threads)
 
 
+@pytest.mark.parametrize("threads", [100_000, True, 0, -1, 2.0, "2"])
+def test_thread_counts_are_bounded_on_a_warm_kernel(threads):
+    """The fast path (a second call with the same kinds of inputs) checks threads too."""
+    k = sparsec.kernel(SPMV, {"A": "csr"})
+    a = sparsec.Tensor.from_dense(np.eye(3))
+    x = np.ones(3)
+    np.testing.assert_array_equal(k(A=a, x=x, threads=2), x)
+    np.testing.assert_array_equal(k(A=a, x=x, threads=1), x)
+    with pytest.raises(InputError, match="threads must be an integer from 1 to"):
+        k(A=a, x=x, threads=threads)
+
+
 def test_reserved_and_method_names():
     with pytest.raises(NotationError, match="'threads' is reserved"):
         sparsec.kernel("y(i) = x(i) * threads")

@@ -841,3 +841,13 @@ def test_random_on_a_grid_wider_than_int64():
     t = random((2**40, 2**40, 2**40), 1e-35, "coo", seed=5)
     assert t.nnz == round(1e-35 * 2**120) and t.index_dtype == np.int64
     t.validate()
+
+
+def test_equal_formats_share_one_instance():
+    """Kernel calls compare a tensor's format with the compiled one by identity first."""
+    a = Tensor.from_scipy(sp.random(6, 5, density=0.4, format="csr", random_state=1))
+    b = Tensor.from_dense(np.eye(4), "csr")
+    built = Tensor(a.shape, dataclasses.replace(parse_format("csr", 2)), a.levels, a.vals)
+    assert a.format is b.format is built.format
+    assert a.format == parse_format("csr", 2)
+    assert a.format is not Tensor.from_dense(np.eye(4), "csc").format
