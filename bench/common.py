@@ -96,18 +96,26 @@ ROUNDS = 3
 
 
 def measure_rounds(
-    fns: Mapping[str, Callable[[], Any]], *, warmup: int = 2, repeats: int = 10
+    fns: Mapping[str, Callable[[], Any]],
+    *,
+    warmup: int = 2,
+    repeats: int = 10,
+    scopes: Mapping[str, Callable[[], contextlib.AbstractContextManager[Any]]] | None = None,
 ) -> dict[str, Timing]:
     """Time every contender of ``fns`` in `ROUNDS` rounds: each round runs each contender
     in its own block (after `SETTLE_S`, ``warmup`` untimed calls, then its share of the
-    ``max(repeats, 10)`` timed calls). The median of the pooled samples is robust to a
-    slow spell that hits one block, and no contender's samples all come from one moment."""
+    ``max(repeats, 10)`` timed calls), inside ``scopes[name]()`` when given (torch's
+    thread count, say). The median of the pooled samples is robust to a slow spell that
+    hits one block, and no contender's samples all come from one moment."""
     total = max(repeats, MIN_REPEATS)
     share = -(-total // ROUNDS)
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    scopes = scopes or {}
     for _ in range(ROUNDS):
         for name, fn in fns.items():
-            samples[name].extend(measure(fn, warmup=warmup, repeats=share, floor=1).samples_ms)
+            with scopes.get(name, contextlib.nullcontext)():
+                timing = measure(fn, warmup=warmup, repeats=share, floor=1)
+            samples[name].extend(timing.samples_ms)
     return {name: Timing(tuple(got), warmup) for name, got in samples.items()}
 
 

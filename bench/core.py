@@ -40,12 +40,14 @@ import scipy.sparse as sp
 import sparsec
 
 from .common import (
+    ROUNDS,
     CaseResult,
     Contender,
     Row,
     Table,
     environment,
     measure,
+    measure_rounds,
     progress,
     settle,
     torch_threads,
@@ -191,7 +193,8 @@ def torch_contenders(cfg: Config, impl: str, fn: Callable[[], Any]) -> list[Cont
 def run_case(
     cfg: Config, case: CaseResult, reference: np.ndarray, contenders: list[Contender]
 ) -> CaseResult:
-    """Check every contender against ``reference``, then time each in its own block."""
+    """Check every contender against ``reference``, then time them in rounds
+    (`measure_rounds`: each contender in its own block per round, samples pooled)."""
     rtol, atol = (1e-4, 1e-5) if reference.dtype == np.float32 else (1e-9, 1e-12)
     atol *= max(1.0, float(np.abs(reference).max(initial=0.0)))
     for c in contenders:
@@ -203,10 +206,16 @@ def run_case(
                 f"{case.name}: {c.impl} ({c.threads} threads) disagrees with scipy: shape "
                 f"{got.shape} vs {reference.shape}, max abs error {err:.3g}"
             )
-    for c in contenders:
-        progress(f"{case.name}: {c.impl}, {c.threads} thread(s)")
-        with _scope(c):
-            timing = measure(c.run, warmup=cfg.warmup, repeats=cfg.repeats)
+    progress(f"{case.name}: {len(contenders)} contenders in {ROUNDS} rounds")
+    named = {f"{c.impl} {c.threads}": c for c in contenders}
+    timings = measure_rounds(
+        {name: c.run for name, c in named.items()},
+        warmup=cfg.warmup,
+        repeats=cfg.repeats,
+        scopes={name: (lambda c=c: _scope(c)) for name, c in named.items()},
+    )
+    for name, c in named.items():
+        timing = timings[name]
         gbps = case.traffic_bytes / (timing.median_ms * 1e6) if case.traffic_bytes else None
         case.rows.append(Row(c.impl, c.threads, timing, gbps))
     return case

@@ -31,7 +31,17 @@ import numpy as np
 
 import sparsec
 
-from .common import CaseResult, Row, Table, environment, measure, progress, settle, write_results
+from .common import (
+    ROUNDS,
+    CaseResult,
+    Row,
+    Table,
+    environment,
+    measure_rounds,
+    progress,
+    settle,
+    write_results,
+)
 from .core import WrongResult, pruned_csr, random_rows_csr
 
 SPMV = "y(i) = A(i,j) * x(j)"
@@ -82,6 +92,7 @@ def run(
         ("default", None, cfg.threads),
         ("user", USER[name], cfg.threads),
     ]
+    calls = {}
     for label, schedule, threads in variants:
         k = sparsec.kernel(expr, formats, schedule=schedule)
         got = k(**inputs, threads=threads)
@@ -89,9 +100,15 @@ def run(
             want = np.asarray(got)
         else:
             _check(got, want, f"{name} {label} x{threads}")
-        progress(f"{name}: {label} schedule, {threads} thread(s)")
-        timing = measure(lambda k=k, t=threads: k(**inputs, threads=t), repeats=cfg.repeats)
-        result.rows.append(Row(label, threads, timing))
+        calls[label, threads] = lambda k=k, t=threads: k(**inputs, threads=t)
+    progress(f"{name}: {len(calls)} schedules in {ROUNDS} rounds")
+    timings = measure_rounds(
+        {f"{label} {threads}": fn for (label, threads), fn in calls.items()},
+        warmup=3,
+        repeats=cfg.repeats,
+    )
+    for label, threads in calls:
+        result.rows.append(Row(label, threads, timings[f"{label} {threads}"]))
     return result
 
 
@@ -150,9 +167,10 @@ def cases(cfg: Config) -> list[CaseResult]:
     ref = numpy_add_at()
     _check(numpy_reduceat(), ref, "numpy reduceat vs add.at")
     _check(sparsec.kernel(MTTKRP, {"B": "csf"})(B=b, D=d, C=c), ref, "mttkrp vs numpy")
-    for label, fn in (("numpy add.at", numpy_add_at), ("numpy reduceat", numpy_reduceat)):
-        progress(f"mttkrp: {label}")
-        mttkrp.rows.append(Row(label, 1, measure(fn, repeats=cfg.repeats)))
+    progress("mttkrp: numpy add.at and reduceat")
+    numpy = {"numpy add.at": numpy_add_at, "numpy reduceat": numpy_reduceat}
+    for label, timing in measure_rounds(numpy, repeats=cfg.repeats).items():
+        mttkrp.rows.append(Row(label, 1, timing))
     return [spmv, spmm, mttkrp]
 
 
