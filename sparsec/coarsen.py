@@ -63,19 +63,8 @@ def _stmt(s: ir.Stmt, notes: list[str], ids: count[int], outer: frozenset[str]) 
             per = " then ".join(map(str, FACTORS))
             notes.append(f"{s.var}: {per} columns per thread ({BLOCK} threads per block)")
             return done
-        case ir.For(var=var, body=body):
-            return replace(s, body=_block(body, notes, ids, outer | {var}))
-        case ir.While(body=body):
-            return replace(s, body=_block(body, notes, ids, outer))
-        case ir.If(branches=branches, orelse=orelse):
-            return replace(
-                s,
-                branches=tuple((c, _block(b, notes, ids, outer)) for c, b in branches),
-                orelse=None if orelse is None else _block(orelse, notes, ids, outer),
-            )
-        case ir.Block():
-            return _block(s, notes, ids, outer)
-    return s
+    inner = outer | {s.var} if isinstance(s, ir.For) else outer
+    return ir.map_blocks(s, lambda b: _block(b, notes, ids, inner))
 
 
 # ------------------------------------------------------------------ analysis

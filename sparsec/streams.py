@@ -34,7 +34,6 @@ count of 1 or 2 mispredicts).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import assert_never
 
 from . import ir
@@ -69,28 +68,8 @@ def _block(b: ir.Block, notes: list[str], inside: bool) -> ir.Block:
 
 
 def _stmt(s: ir.Stmt, notes: list[str], inside: bool) -> ir.Stmt:
-    match s:
-        case ir.For() | ir.While():
-            return replace(s, body=_block(s.body, notes, inside=True))
-        case ir.If():
-            branches = tuple((c, _block(b, notes, inside)) for c, b in s.branches)
-            orelse = _block(s.orelse, notes, inside) if s.orelse is not None else None
-            return replace(s, branches=branches, orelse=orelse)
-        case ir.Block():
-            return _block(s, notes, inside)
-        case (
-            ir.Decl()
-            | ir.Assign()
-            | ir.Comment()
-            | ir.Alloc()
-            | ir.Pointer()
-            | ir.Free()
-            | ir.Effect()
-            | ir.Return()
-        ):
-            return s
-        case _:
-            assert_never(s)
+    inner = inside or isinstance(s, ir.For | ir.While)
+    return ir.map_blocks(s, lambda b: _block(b, notes, inner))
 
 
 def _streams(loop: ir.For) -> tuple[str, ...]:

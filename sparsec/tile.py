@@ -166,16 +166,7 @@ def _stmt(
                             note += f" (gathered rows prefetched {PREFETCH_DISTANCE} ahead)"
                         notes.append(note)
                         return tiled
-            return replace(s, body=_block(s.body, notes, ids))
-        case ir.While():
-            return replace(s, body=_block(s.body, notes, ids))
-        case ir.If():
-            branches = tuple((c, _block(b, notes, ids)) for c, b in s.branches)
-            orelse = _block(s.orelse, notes, ids) if s.orelse is not None else None
-            return replace(s, branches=branches, orelse=orelse)
-        case ir.Block():
-            return _block(s, notes, ids)
-    return s
+    return ir.map_blocks(s, lambda b: _block(b, notes, ids))
 
 
 def _nest(root: ir.For) -> _Nest | None:
