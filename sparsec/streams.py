@@ -24,8 +24,8 @@ prefetch past an array's end forms no out-of-bounds pointer and faults on nothin
 changes no load, store or order of additions: results are bit-identical. It is C-only.
 
 Measured by timing the generated SpMV with and without the pass, interleaved with scipy in
-one process (100k x 100k, 10 random entries per row, float64, 2-core Zen VM), three runs:
-1.15-1.5x faster on 1 thread and 1.25-1.4x on 2; float32 and the banded matrix gain
+one process (100k x 100k, 10 random entries per row, float64, 2-core Zen VM), two runs:
+1.15-1.47x faster on 1 thread and 1.25-1.40x on 2; float32 and the banded matrix gain
 5-15 %; rows of 100 entries, neutral. Distances from 64 to 320 measured alike; one line
 per stream per row was slower than two (rows of 10 doubles span two lines); a loop that
 prefetches exactly the lines of the row ``DISTANCE`` ahead was slower still (its trip
