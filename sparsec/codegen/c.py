@@ -8,6 +8,7 @@ from typing import Any
 
 import jinja2
 
+from .. import ir
 from ..abi import Namer, Signature, signature
 from ..assemble import OutputLayout
 from ..lower import lower
@@ -129,6 +130,16 @@ class _Function:
     body: str
 
 
+def _optimize(body: ir.Block) -> tuple[ir.Block, tuple[str, ...], tuple[str, ...]]:
+    """The C-only passes over a lowered function body: ``(body, tile notes, stream notes)``.
+
+    Streams first: a loop that the tile pass will tile nests the tiled loop, so it is no
+    stream loop, and a stream loop's prefetches never sit inside a region to be tiled."""
+    body, streamed = prefetch_streams(body)
+    body, tiled = tile(body)
+    return body, tiled, streamed
+
+
 def generate(
     spec: Spec,
     *,
@@ -164,7 +175,7 @@ def generate(
                     APPEND_NAME,
                     "single pass for one thread: append in order into arrays of a capacity "
                     "the runtime proved (plus a row of slack); the final sizes are in pos",
-                    "\n".join(printer.stmts(tile(prefetch_streams(single.body)[0])[0])),
+                    "\n".join(printer.stmts(_optimize(single.body)[0])),
                 )
             )
             append = APPEND_NAME
@@ -175,10 +186,7 @@ def generate(
     else:
         comment = ""
         append = ""
-    # streams first: a loop that the tile pass will tile nests the tiled loop, so it is no
-    # stream loop, and a stream loop's prefetches never sit inside a region to be tiled
-    body, streamed = prefetch_streams(lowered.body)
-    body, tiled = tile(body)
+    body, tiled, streamed = _optimize(lowered.body)
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
