@@ -7,7 +7,9 @@ Every target's kernel takes, in this order:
    (1-based in names, as in TACO) the level's arrays (``A2_pos``, ``A2_crd``), then
    the values ``A_vals``;
 2. one ``int64`` extent per index variable (``i_dim``), in `Spec.indices` order;
-3. ``sc_threads``: the number of CPU threads parallel loops may use.
+3. ``sc_threads``: the number of CPU threads parallel loops may use;
+4. on C kernels whose parallel loop runs in column bands (`sparsec.bands`) only,
+   ``sc_band``: the register tiles per band for this call (0: whole rows).
 
 Printers declare parameters from `Signature.params`; loaders fill them from the same
 list, so the two cannot drift apart.
@@ -73,7 +75,7 @@ class Param:
     kind: str
     #: symbolic element type: VAL, IDX, I64 or INT
     type: str
-    #: "pos", "crd", "vals", "value", "dim", "sizes" or "threads"
+    #: "pos", "crd", "vals", "value", "dim", "sizes", "threads" or "band"
     field: str
     tensor: str | None = None
     level: int = -1

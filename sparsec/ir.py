@@ -114,6 +114,8 @@ class Parallel:
     flags: tuple[str, ...] = ()
     #: a further condition (a variable) for running in parallel at all
     only_if: str = ""
+    #: loops shared out as one (OpenMP ``collapse``): this loop and the ones directly in it
+    collapse: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,6 +225,15 @@ class Kernel:
         pays = _panels_pay(prepared.dims[j], self._panel_carriers, prepared.values, out_elements)
         return PANEL_COLUMNS if pays else 0
 
+    def _band_tiles(self, dims: Mapping[str, int], values: Mapping[str, Any]) -> int:
+        """Register tiles per column band for a call with these extents and inputs, or 0 to
+        run each row whole (`sparsec.bands`; only kernels that take ``sc_band`` ask)."""
+        j = self._panel_index
+        if j is None or dims[j] < PANEL_MIN_COLUMNS:
+            return 0
+        out_elements = math.prod(dims[i] for i in self._out_level_indices)
+        return BAND_TILES if _bands_pay(dims[j], self._panel_carriers, values, out_elements) else 0
+
     def _run_panels(
         self, compiled: _Compiled, prepared: _Prepared, threads: int | None, width: int
     ) -> np.ndarray:
@@ -734,7 +743,13 @@ class Kernel:
         if gen.target == "cuda":
             out = self._launch_gpu(compiled, prepared, out)
         else:
-            args = _arguments(compiled, prepared, {("vals", -1): out}, resolve_threads(threads))
+            args = _arguments(
+                compiled,
+                prepared,
+                {("vals", -1): out},
+                resolve_threads(threads),
+                self._band_tiles(prepared.dims, prepared.values),
+            )
             status = compiled.fn(*args)
             if status != 0:
                 raise _status_error(status, gen)
@@ -861,6 +876,8 @@ def _named_arguments(compiled: _Compiled, prepared: _Prepared, out: np.ndarray) 
             found[p.name] = prepared.values[tensor]
         elif field == "dim":
             found[p.name] = prepared.dims[index]
+        elif field == "band":
+            found[p.name] = 0
         else:
             found[p.name] = 1
     return found
@@ -912,12 +929,15 @@ class _FastPath:
         self.template: list[Any] = [None] * len(compiled.plan)
         slots: dict[str, list[tuple[int, tuple[str, int]]]] = {}
         self.dim_slots: list[tuple[int, str]] = []
-        self.out_slot = self.thread_slot = -1
+        self.out_slot = self.thread_slot = self.band_slot = -1
+        self.band_tiles = kernel._band_tiles
         for n, (field, tensor, level, index) in enumerate(compiled.plan):
             if field == "dim":
                 self.dim_slots.append((n, index))
             elif field == "threads":
                 self.thread_slot = n
+            elif field == "band":
+                self.band_slot = n
             elif tensor == spec.output.name:
                 self.out_slot = n
             else:
@@ -979,6 +999,8 @@ class _FastPath:
                 return None  # the general path runs it in column panels
         for slot, index in self.dim_slots:
             args[slot] = dims[index]
+        if self.band_slot >= 0:
+            args[self.band_slot] = self.band_tiles(dims, inputs)
         args[self.thread_slot] = (
             threads
             if type(threads) is int and 0 < threads <= MAX_THREADS
@@ -1022,6 +1044,27 @@ def _panels_pay(
     return gathered >= (PANEL_MIN_REUSE_BEYOND_CACHE if beyond else PANEL_MIN_REUSE) * moved
 
 
+def _bands_pay(
+    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], out_elements: int
+) -> bool:
+    """Whether a call that does not run in packed panels runs its tiles in column bands
+    (`sparsec.bands`).
+
+    A band keeps its slice of the dense operands in cache across all the rows that gather
+    it, where whole rows gather from memory once those operands outgrow the caches; it
+    costs the output's locality (each row is written a band at a time, in strided pieces).
+    So bands need dense operands beyond BAND_MIN_BYTES and BAND_MIN_REUSE bytes gathered
+    per byte of output."""
+    if columns < PANEL_MIN_COLUMNS:
+        return False
+    carried = [values[n] for n in carriers]
+    if sum(a.nbytes for a in carried) <= BAND_MIN_BYTES:
+        return False
+    size = carried[0].itemsize
+    gathered = sum(v.nnz for v in values.values() if isinstance(v, Tensor)) * columns * size
+    return gathered >= BAND_MIN_REUSE * out_elements * size
+
+
 @functools.cache
 def last_level_cache() -> int:
     """The last-level cache in bytes (Linux sysfs), 8 MB when it cannot be read."""
@@ -1043,8 +1086,10 @@ def _arguments(
     prepared: _Prepared,
     output: dict[tuple[str, int], Any],
     threads: int,
+    band: int = 0,
 ) -> list[Any]:
-    """The ABI argument list; ``output[(field, level)]`` gives the output's arrays."""
+    """The ABI argument list; ``output[(field, level)]`` gives the output's arrays, and
+    ``band`` the tiles per column band (on kernels that take it)."""
     values, dims = prepared.values, prepared.dims
     out_name = next(t for f, t, _, _ in compiled.plan if f == "vals")
     args: list[Any] = []
@@ -1059,6 +1104,8 @@ def _arguments(
             args.append(values[tensor])
         elif field == "dim":
             args.append(dims[index])
+        elif field == "band":
+            args.append(band)
         else:
             args.append(threads)
     return args
@@ -1082,6 +1129,17 @@ PANEL_MIN_COLUMNS = 1024
 PANEL_MIN_BYTES = 4 << 20
 PANEL_MIN_REUSE = 48
 PANEL_MIN_REUSE_BEYOND_CACHE = 10
+#: column bands (`sparsec.bands`, `_bands_pay`), for calls that do not run in panels:
+#: register tiles per band (4 tiles of 8 AVX2 vectors: 1 KB of each row), the dense
+#: operands' size beyond which bands may pay, and the bytes gathered per output byte they
+#: need. Measured on pruned-BERT SpMM, float32, 2048 columns, 2 threads, 2-core Zen 1 VM
+#: with 8 MB of L3 (`scratch`-style A/B of the same kernel banded and whole): bands won
+#: 1.1-1.6x at 31-77 gathered bytes per output byte with X of 6-12 MB, lost 1.5x at 15
+#: (3072x768 at 98 %: the output, 25 MB, dominates) and at 7.6; with X of 3 MB or 512
+#: columns they were neutral
+BAND_TILES = 4
+BAND_MIN_BYTES = 4 << 20
+BAND_MIN_REUSE = 24
 
 
 def _cut(array: np.ndarray, n: int) -> np.ndarray:

@@ -9,8 +9,9 @@ from typing import Any
 import jinja2
 
 from .. import ir
-from ..abi import Namer, Signature, signature
+from ..abi import INT, Namer, Param, Signature, signature
 from ..assemble import OutputLayout
+from ..bands import BAND, band
 from ..lower import lower
 from ..resources import data_dir
 from ..schedule import Command
@@ -187,12 +188,16 @@ def generate(
         comment = ""
         append = ""
     body, tiled, streamed = _optimize(lowered.body)
+    # column bands reorder the kernel's parallel loop; the append function is serial
+    body, banded = band(body)
+    if banded:
+        sig = Signature((*sig.params, Param(BAND, "value", INT, "band")))
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
     )
     if tiled or streamed:
-        schedule += f"; {'; '.join((*tiled, *streamed))}"
+        schedule += f"; {'; '.join((*tiled, *banded, *streamed))}"
     val_t, idx_t = C_VALUE_TYPES[dtype], C_INDEX_TYPES[index_dtype]
     source = (
         environment()

@@ -83,9 +83,10 @@ class Target:
         match par.unit:
             case "CPUThread":
                 sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
+                collapse = f" collapse({par.collapse})" if par.collapse > 1 else ""
                 cond = f"{threads} > 1" + (f" && {par.only_if}" if par.only_if else "")
                 return [
-                    f"#pragma omp parallel for schedule({sched}) num_threads({threads}) "
+                    f"#pragma omp parallel for schedule({sched}){collapse} num_threads({threads}) "
                     f"if({cond}){reduce}"
                 ]
             case "CPUVector":
