@@ -20,7 +20,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,7 +59,7 @@ from .errors import (
 from .formats import Format, Singleton, canonical
 from .lower import BOUND_VIOLATED
 from .parser import parse_expression
-from .runtime import address
+from .runtime import address, aligned_empty, last_level_cache
 from .schedule import Command, parse_commands
 from .spec import FormatsArg, Spec, TensorVar, make_spec
 from .tensor import LevelStorage, Tensor
@@ -736,6 +735,8 @@ class Kernel:
             out = xp.array(prepared.values[out_t.name], dtype=np_dtype, order="C").reshape(-1)
         elif gen.launch is not None and gen.launch.zero_before:
             out = xp.zeros(math.prod(level_shape), dtype=np_dtype)  # CUDA kernels only add
+        elif xp is np:
+            out = aligned_empty(math.prod(level_shape), np_dtype)
         else:
             out = xp.empty(math.prod(level_shape), dtype=np_dtype)
             if self._poison:
@@ -1010,7 +1011,7 @@ class _FastPath:
         size = 1
         for n in level_shape:
             size *= n
-        out = np.empty(size, dtype=self.dtype)
+        out = aligned_empty(size, self.dtype)
         if self.poison:
             out.fill(np.nan)
         args[self.out_slot] = address(out)
@@ -1063,22 +1064,6 @@ def _bands_pay(
     size = carried[0].itemsize
     gathered = sum(v.nnz for v in values.values() if isinstance(v, Tensor)) * columns * size
     return gathered >= BAND_MIN_REUSE * out_elements * size
-
-
-@functools.cache
-def last_level_cache() -> int:
-    """The last-level cache in bytes (Linux sysfs), 8 MB when it cannot be read."""
-    for index in (3, 2):
-        try:
-            text = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read_text()
-        except OSError:
-            continue
-        text = text.strip().upper()
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        digits = text.rstrip("KMG")
-        if digits.isdigit():
-            return int(digits) * scale
-    return 8 << 20
 
 
 def _arguments(

@@ -25,6 +25,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .errors import CompileError
 
 _char = ctypes.c_char
@@ -42,6 +44,24 @@ def address(array: Any) -> int:
         return _addressof(_char.from_buffer(array))
     except (TypeError, ValueError, BufferError):
         return int(array.ctypes.data)
+
+
+#: outputs from this many bytes are allocated on a cache-line boundary (`aligned_empty`)
+ALIGN_FROM_BYTES = 1 << 16
+ALIGNMENT = 64
+
+
+def aligned_empty(n: int, dtype: Any) -> np.ndarray:
+    """An uninitialised 1-D array of ``n`` values. From `ALIGN_FROM_BYTES` on, its first
+    value sits on a 64-byte boundary: numpy's large allocations are only 16-byte aligned,
+    and the kernels' non-temporal output stores need whole vectors on their boundary."""
+    dtype = np.dtype(dtype)
+    size = n * dtype.itemsize
+    if size < ALIGN_FROM_BYTES:
+        return np.empty(n, dtype)
+    raw = np.empty(size + ALIGNMENT, np.uint8)
+    start = -address(raw) % ALIGNMENT
+    return raw[start : start + size].view(dtype)
 
 
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
@@ -194,3 +214,19 @@ def _unlink(*paths: str) -> None:
             os.unlink(p)
         except OSError:
             pass
+
+
+@cache
+def last_level_cache() -> int:
+    """The last-level cache in bytes (Linux sysfs), 8 MB when it cannot be read."""
+    for index in (3, 2):
+        try:
+            text = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read_text()
+        except OSError:
+            continue
+        text = text.strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            return int(digits) * scale
+    return 8 << 20

@@ -4,12 +4,14 @@ pass leaves alone what it does not understand."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from conftest import sparse_array, torch_reference
 
 import sparsec
-from sparsec import ir
+from sparsec import ir, runtime
 from sparsec.tile import tile
 
 SPMM = "Y(i,j) = W(i,k) * X(k,j)"
@@ -239,3 +241,52 @@ def test_prefetching_spmm_matches_torch_for_every_row_length(width, dtype, rng):
     for threads in (1, 2):
         got = np.asarray(k(W=w.astype(dtype), X=x.astype(dtype), threads=threads))
         np.testing.assert_array_equal(got, want)
+
+
+# ------------------------------------------------------------ non-temporal output tiles
+CODEGEN_C = sys.modules["sparsec.codegen.c"]
+
+
+def test_dense_outputs_store_their_tiles_through_the_streaming_store():
+    k = sparsec.Kernel(SPMM, {"W": "csr"})
+    src = k.generated("float32").source
+    assert "int64_t sc_stream_out = i_dim * j_dim >= SC_STREAM_OUT_VALUES;" in src
+    assert "sc_vstore_out(Y_vals + " in src and "sc_vstore(Y_vals" not in src
+    assert src.rstrip().endswith("sc_store_fence();\n  return 0;\n}".rstrip())
+    assert f"((int64_t){runtime.last_level_cache()} / (int64_t)sizeof(sc_val_t))" in src
+    llc = runtime.last_level_cache()
+    assert f"output tiles stored non-temporally from {llc} bytes" in k.schedule
+    for expr, fmts in [("y(i) = A(i,j) * x(j)", {"A": "csr"}), (SPMM, {"W": "csr", "Y": "csr"})]:
+        assert "sc_stream_out" not in sparsec.Kernel(expr, fmts).source
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("width", [64, 97, 256, 300])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_streamed_output_tiles_equal_plain_ones(dtype, width, threads, monkeypatch):
+    """With the threshold at 64 bytes every output streams (its aligned vectors through
+    non-temporal stores, the rest plainly; rows of 97 or 300 values start unaligned): the
+    result is the plain stores' bit for bit, and torch's."""
+    rng = np.random.default_rng(width)
+    w = sparse_array((150, 40), rng, 0.3).astype(dtype)
+    x = rng.standard_normal((40, width)).astype(dtype)
+    tensor = sparsec.as_tensor(w, "csr")
+    plain = sparsec.Kernel(SPMM, {"W": "csr"})(W=tensor, X=x, threads=threads)
+    monkeypatch.setattr(CODEGEN_C, "last_level_cache", lambda: 64)
+    k = sparsec.Kernel(SPMM, {"W": "csr"})
+    assert "((int64_t)64 / (int64_t)sizeof(sc_val_t))" in k.generated(dtype).source
+    got = k(W=tensor, X=x, threads=threads)
+    np.testing.assert_array_equal(got, plain)
+    _close(got, torch_reference("ik,kj->ij", {"W": w, "X": x}), dtype)
+
+
+@pytest.mark.parametrize("n", [0, 5, 16383, 16384, 100_003])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_large_outputs_are_cache_line_aligned(n, dtype):
+    a = runtime.aligned_empty(n, dtype)
+    assert a.shape == (n,) and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+    if a.nbytes >= runtime.ALIGN_FROM_BYTES:
+        assert a.ctypes.data % 64 == 0
+    w = sparsec.as_tensor(np.eye(300, 600, dtype=dtype), "csr")
+    out = sparsec.kernel(SPMM, {"W": "csr"})(W=w, X=np.ones((600, 128), dtype))
+    assert out.ctypes.data % 64 == 0

@@ -14,6 +14,7 @@ from ..assemble import OutputLayout
 from ..bands import BAND, band
 from ..lower import lower
 from ..resources import data_dir
+from ..runtime import last_level_cache
 from ..schedule import Command
 from ..spec import Spec
 from ..streams import prefetch_streams
@@ -26,6 +27,10 @@ ASSEMBLE_NAME = "sparsec_assemble"
 APPEND_NAME = "sparsec_append"
 
 C_VALUE_TYPES = {"float32": "float", "float64": "double"}
+#: the kernel's flag for storing output tiles non-temporally, and the template's macro for
+#: the output size (in values) from which it is set
+STREAM_OUT = "sc_stream_out"
+STREAM_OUT_VALUES = ir.Var("SC_STREAM_OUT_VALUES")
 C_INDEX_TYPES = {"int32": "int32_t", "int64": "int64_t"}
 
 
@@ -141,6 +146,26 @@ def _optimize(body: ir.Block) -> tuple[ir.Block, tuple[str, ...], tuple[str, ...
     return body, tiled, streamed
 
 
+def _stores_out(s: ir.Stmt) -> ir.Stmt:
+    """``s`` with each register tile's store (the tile pass's ``vstore``, of output
+    values) made an output store that may bypass the cache (``vstore_out``)."""
+    if isinstance(s, ir.Effect) and s.call.fn == "vstore":
+        return ir.Effect(ir.Call("vstore_out", (*s.call.args, ir.Var(STREAM_OUT))))
+    return ir.map_blocks(s, lambda b: ir.Block(tuple(_stores_out(x) for x in b.body)))
+
+
+def _stream_output(body: ir.Block, spec: Spec, sig: Signature) -> ir.Block:
+    """A dense output's tiles stored non-temporally when the output is at least the
+    last-level cache (it would be evicted before anything reads it again): the flag is
+    decided once from the extents, and the kernel ends with a store fence."""
+    size: ir.Expr = ir.IntLit(1)
+    for index in spec.statement.lhs.indices:
+        size = ir.mul(size, ir.Var(sig.dim(index)))
+    flag = ir.Decl(ir.I64, STREAM_OUT, ir.Bin(">=", size, STREAM_OUT_VALUES))
+    stored = ir.Block(tuple(_stores_out(s) for s in body.body))
+    return ir.block(flag, stored, ir.Effect(ir.Call("store_fence", ())))
+
+
 def generate(
     spec: Spec,
     *,
@@ -192,12 +217,16 @@ def generate(
     body, banded = band(body)
     if banded:
         sig = Signature((*sig.params, Param(BAND, "value", INT, "band")))
+    stored: tuple[str, ...] = ()
+    if tiled and spec.output.is_dense:
+        body = _stream_output(body, spec, sig)
+        stored = (f"output tiles stored non-temporally from {last_level_cache()} bytes",)
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
     )
     if tiled or streamed:
-        schedule += f"; {'; '.join((*tiled, *banded, *streamed))}"
+        schedule += f"; {'; '.join((*tiled, *banded, *stored, *streamed))}"
     val_t, idx_t = C_VALUE_TYPES[dtype], C_INDEX_TYPES[index_dtype]
     source = (
         environment()
@@ -210,6 +239,9 @@ def generate(
             idx_type=idx_t,
             functions=functions,
             vectors=tile_vectors if tiled else 0,
+            stream_sfx="ps" if dtype == "float32" else "pd",
+            stream_vt="" if dtype == "float32" else "d",
+            stream_out_bytes=last_level_cache(),
             params=[C.param(p) for p in sig.params],
         )
     )

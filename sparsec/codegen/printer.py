@@ -59,6 +59,8 @@ class Target:
             "thread_in_block": "sc_thread_in_block",
             "vload": "sc_vload",
             "vstore": "sc_vstore",
+            "vstore_out": "sc_vstore_out",
+            "store_fence": "sc_store_fence",
             "vzero": "sc_vzero",
             "prefetch": "sc_prefetch",
             "prefetch_stream": "sc_prefetch_stream",
