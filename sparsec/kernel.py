@@ -59,7 +59,7 @@ from .errors import (
 from .formats import Format, Singleton, canonical
 from .lower import BOUND_VIOLATED
 from .parser import parse_expression
-from .runtime import address, aligned_empty, last_level_cache
+from .runtime import ALIGN_FROM_BYTES, address, aligned_empty, last_level_cache
 from .schedule import Command, parse_commands
 from .spec import FormatsArg, Spec, TensorVar, make_spec
 from .tensor import LevelStorage, Tensor
@@ -736,7 +736,7 @@ class Kernel:
         elif gen.launch is not None and gen.launch.zero_before:
             out = xp.zeros(math.prod(level_shape), dtype=np_dtype)  # CUDA kernels only add
         elif xp is np:
-            out = aligned_empty(math.prod(level_shape), np_dtype)
+            out = aligned_empty(math.prod(level_shape), np.dtype(np_dtype))
         else:
             out = xp.empty(math.prod(level_shape), dtype=np_dtype)
             if self._poison:
@@ -922,6 +922,7 @@ class _FastPath:
         self.fn = compiled.fn
         self.gen = compiled.generated
         self.dtype = np.dtype(VALUE_DTYPES[prepared.dtype])
+        self.itemsize = self.dtype.itemsize
         self.index_dtype = np.dtype(INDEX_DTYPES[prepared.index_dtype])
         self.out_shape = kernel._out_level_indices
         self.scalar_out = spec.output.order == 0
@@ -1001,7 +1002,8 @@ class _FastPath:
         for slot, index in self.dim_slots:
             args[slot] = dims[index]
         if self.band_slot >= 0:
-            args[self.band_slot] = self.band_tiles(dims, inputs)
+            wide = self.panels is not None and dims[self.panels] >= PANEL_MIN_COLUMNS
+            args[self.band_slot] = self.band_tiles(dims, inputs) if wide else 0
         args[self.thread_slot] = (
             threads
             if type(threads) is int and 0 < threads <= MAX_THREADS
@@ -1011,7 +1013,10 @@ class _FastPath:
         size = 1
         for n in level_shape:
             size *= n
-        out = aligned_empty(size, self.dtype)
+        if size * self.itemsize < ALIGN_FROM_BYTES:
+            out = np.empty(size, self.dtype)  # `aligned_empty`'s case, without its call
+        else:
+            out = aligned_empty(size, self.dtype)
         if self.poison:
             out.fill(np.nan)
         args[self.out_slot] = address(out)

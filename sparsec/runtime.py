@@ -46,22 +46,23 @@ def address(array: Any) -> int:
         return int(array.ctypes.data)
 
 
-#: outputs from this many bytes are allocated on a cache-line boundary (`aligned_empty`)
-ALIGN_FROM_BYTES = 1 << 16
+#: outputs from this many bytes are allocated on a cache-line boundary (`aligned_empty`);
+#: below it the kernels store them plainly (see `sparsec.codegen.c._stream_output`), and
+#: a call does not pay the few microseconds of the aligned allocation
+ALIGN_FROM_BYTES = 1 << 20
 ALIGNMENT = 64
 
 
-def aligned_empty(n: int, dtype: Any) -> np.ndarray:
-    """An uninitialised 1-D array of ``n`` values. From `ALIGN_FROM_BYTES` on, its first
-    value sits on a 64-byte boundary: numpy's large allocations are only 16-byte aligned,
-    and the kernels' non-temporal output stores need whole vectors on their boundary."""
-    dtype = np.dtype(dtype)
-    size = n * dtype.itemsize
-    if size < ALIGN_FROM_BYTES:
+def aligned_empty(n: int, dtype: np.dtype) -> np.ndarray:
+    """An uninitialised 1-D array of ``n`` values of ``dtype``. From `ALIGN_FROM_BYTES` on,
+    its first value sits on a 64-byte boundary: numpy's large allocations are only 16-byte
+    aligned, and the kernels' non-temporal output stores need whole vectors on theirs."""
+    size = dtype.itemsize
+    if n * size < ALIGN_FROM_BYTES:
         return np.empty(n, dtype)
-    raw = np.empty(size + ALIGNMENT, np.uint8)
-    start = -address(raw) % ALIGNMENT
-    return raw[start : start + size].view(dtype)
+    raw = np.empty(n + ALIGNMENT // size, dtype)
+    start = (-address(raw) % ALIGNMENT) // size  # numpy aligns to the value size at least
+    return raw[start : start + n]
 
 
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"

@@ -109,3 +109,4 @@ def test_bench_panels_quick_smoke() -> None:
     done = _run(["-m", "bench", "panels", "--quick"])
     assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
     assert "whole ms" in done.stdout and "panels ms" in done.stdout and "chosen" in done.stdout
+    assert "bands ms" in done.stdout

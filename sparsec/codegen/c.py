@@ -184,6 +184,8 @@ def generate(
     lowered, sig = lower(spec, make_names, parallel=parallel, commands=commands)
     printer = Printer(C, threads=sig.threads)
     functions = []
+    # whether the append function was tiled: the template's vector helpers serve it too
+    append_tiled: tuple[str, ...] = ()
     if not spec.output.format.is_dense:
         counted, _ = lower(spec, make_names, parallel=parallel, counting=True, commands=commands)
         functions.append(
@@ -196,12 +198,13 @@ def generate(
         comment = "numeric phase: append coordinates and values into the allocated arrays"
         if not commands:
             single, _ = lower(spec, make_names, parallel=False, append=True)
+            single_body, append_tiled, _ = _optimize(single.body)
             functions.append(
                 _Function(
                     APPEND_NAME,
                     "single pass for one thread: append in order into arrays of a capacity "
                     "the runtime proved (plus a row of slack); the final sizes are in pos",
-                    "\n".join(printer.stmts(_optimize(single.body)[0])),
+                    "\n".join(printer.stmts(single_body)),
                 )
             )
             append = APPEND_NAME
@@ -238,7 +241,7 @@ def generate(
             val_type=val_t,
             idx_type=idx_t,
             functions=functions,
-            vectors=tile_vectors if tiled else 0,
+            vectors=tile_vectors if tiled or append_tiled else 0,
             stream_sfx="ps" if dtype == "float32" else "pd",
             stream_vt="" if dtype == "float32" else "d",
             stream_out_bytes=last_level_cache(),
