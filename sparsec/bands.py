@@ -45,9 +45,8 @@ def band(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
         if banded is None:
             out.append(s)
             continue
-        banded_block, j = banded
-        out.append(banded_block)
-        notes.append(f"{j} tiles run in column bands when the runtime finds it pays")
+        out.append(banded)
+        notes.append("register tiles run in column bands when the runtime finds it pays")
     return ir.Block(tuple(out)), tuple(notes)
 
 
@@ -74,7 +73,7 @@ def _tiled_region(s: ir.Stmt) -> tuple[ir.Comment, ir.Decl, ir.For, ir.If] | Non
     return comment, count, tiles, rest
 
 
-def _banded(loop: ir.For) -> tuple[ir.Block, str] | None:
+def _banded(loop: ir.For) -> ir.Block | None:
     par = loop.parallel
     if par is None or par.unit != "CPUThread" or par.reduction or par.flags or par.collapse != 1:
         return None
@@ -106,36 +105,33 @@ def _banded(loop: ir.For) -> tuple[ir.Block, str] | None:
             )
         body.append(s)
     rows = replace(loop, body=ir.Block(tuple(body)), parallel=None)
-    return (
-        ir.Block(
-            (
-                ir.Comment(f"{tiles.var}: tiles of {comment.text.split()[0]} in bands of {BAND}"),
-                count,
-                ir.Decl(
-                    ir.I64,
-                    width.name,
-                    ir.Select(
-                        ir.Bin(">", ir.Var(BAND), ir.IntLit(0)),
-                        ir.Var(BAND),
-                        ir.Call("max", (total, one)),
-                    ),
+    return ir.Block(
+        (
+            ir.Comment(f"loop {tiles.var}'s tiles in bands of {BAND} tiles (0: whole rows)"),
+            count,
+            ir.Decl(
+                ir.I64,
+                width.name,
+                ir.Select(
+                    ir.Bin(">", ir.Var(BAND), ir.IntLit(0)),
+                    ir.Var(BAND),
+                    ir.Call("max", (total, one)),
                 ),
-                ir.Decl(
-                    ir.I64,
-                    bands.name,
-                    ir.Call(
-                        "max",
-                        (one, ir.Bin("/", ir.Bin("-", ir.add(total, width), one), width)),
-                    ),
+            ),
+            ir.Decl(
+                ir.I64,
+                bands.name,
+                ir.Call(
+                    "max",
+                    (one, ir.Bin("/", ir.Bin("-", ir.add(total, width), one), width)),
                 ),
-                ir.For(
-                    b.name,
-                    ir.IntLit(0),
-                    bands,
-                    ir.Block((rows,)),
-                    parallel=replace(par, collapse=2),
-                ),
-            )
-        ),
-        comment.text.split()[0],
+            ),
+            ir.For(
+                b.name,
+                ir.IntLit(0),
+                bands,
+                ir.Block((rows,)),
+                parallel=replace(par, collapse=2),
+            ),
+        )
     )
