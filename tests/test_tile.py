@@ -260,6 +260,16 @@ def test_dense_outputs_store_their_tiles_through_the_streaming_store():
         assert "sc_stream_out" not in sparsec.Kernel(expr, fmts).source
 
 
+def test_tiles_into_a_workspace_keep_the_plain_store():
+    """A precomputed workspace is read right after its tiles are stored: no streaming, and
+    no flag or note when no tile stores into the output itself."""
+    k = sparsec.Kernel(MTTKRP, {"B": "csf"}, schedule="precompute(B(i,k,l)*D(l,j), j, jw)")
+    body = k.source.split("int sparsec_kernel(")[1]
+    assert "sc_vstore(jw_ws" in body and "sc_vstore_out(" not in body
+    assert "sc_stream_out" not in body and "sc_store_fence" not in body
+    assert "non-temporally" not in k.schedule
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("width", [64, 97, 256, 300])
 @pytest.mark.parametrize("threads", [1, 2])

@@ -146,23 +146,31 @@ def _optimize(body: ir.Block) -> tuple[ir.Block, tuple[str, ...], tuple[str, ...
     return body, tiled, streamed
 
 
-def _stores_out(s: ir.Stmt) -> ir.Stmt:
-    """``s`` with each register tile's store (the tile pass's ``vstore``, of output
-    values) made an output store that may bypass the cache (``vstore_out``)."""
+def _stores_out(s: ir.Stmt, out: str) -> ir.Stmt:
+    """``s`` with each register tile's store into array ``out`` (the tile pass's
+    ``vstore``) made an output store that may bypass the cache (``vstore_out``); tiles
+    stored into a workspace, which is read again, keep the plain store."""
     if isinstance(s, ir.Effect) and s.call.fn == "vstore":
-        return ir.Effect(ir.Call("vstore_out", (*s.call.args, ir.Var(STREAM_OUT))))
-    return ir.map_blocks(s, lambda b: ir.Block(tuple(_stores_out(x) for x in b.body)))
+        at = s.call.args[0]
+        if isinstance(at, ir.Bin) and at.op == "+" and at.left == ir.Var(out):
+            return ir.Effect(ir.Call("vstore_out", (*s.call.args, ir.Var(STREAM_OUT))))
+        return s
+    return ir.map_blocks(s, lambda b: ir.Block(tuple(_stores_out(x, out) for x in b.body)))
 
 
-def _stream_output(body: ir.Block, spec: Spec, sig: Signature) -> ir.Block:
+def _stream_output(body: ir.Block, spec: Spec, sig: Signature) -> ir.Block | None:
     """A dense output's tiles stored non-temporally when the output is at least the
     last-level cache (it would be evicted before anything reads it again): the flag is
-    decided once from the extents, and the kernel ends with a store fence."""
+    decided once from the extents, and the kernel ends with a store fence. None when no
+    tile stores into the output."""
     size: ir.Expr = ir.IntLit(1)
     for index in spec.statement.lhs.indices:
         size = ir.mul(size, ir.Var(sig.dim(index)))
     flag = ir.Decl(ir.I64, STREAM_OUT, ir.Bin(">=", size, STREAM_OUT_VALUES))
-    stored = ir.Block(tuple(_stores_out(s) for s in body.body))
+    out = sig.array(spec.output.name, "vals")
+    stored = ir.Block(tuple(_stores_out(s, out) for s in body.body))
+    if stored == body:
+        return None
     return ir.block(flag, stored, ir.Effect(ir.Call("store_fence", ())))
 
 
@@ -222,8 +230,10 @@ def generate(
         sig = Signature((*sig.params, Param(BAND, "value", INT, "band")))
     stored: tuple[str, ...] = ()
     if tiled and spec.output.is_dense:
-        body = _stream_output(body, spec, sig)
-        stored = (f"output tiles stored non-temporally from {last_level_cache()} bytes",)
+        streaming = _stream_output(body, spec, sig)
+        if streaming is not None:
+            body = streaming
+            stored = (f"output tiles stored non-temporally from {last_level_cache()} bytes",)
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
