@@ -735,10 +735,11 @@ class Kernel:
             out = xp.array(prepared.values[out_t.name], dtype=np_dtype, order="C").reshape(-1)
         elif gen.launch is not None and gen.launch.zero_before:
             out = xp.zeros(math.prod(level_shape), dtype=np_dtype)  # CUDA kernels only add
-        elif xp is np:
-            out = aligned_empty(math.prod(level_shape), np.dtype(np_dtype))
         else:
-            out = xp.empty(math.prod(level_shape), dtype=np_dtype)
+            if xp is np:
+                out = aligned_empty(math.prod(level_shape), np.dtype(np_dtype))
+            else:
+                out = xp.empty(math.prod(level_shape), dtype=np_dtype)
             if self._poison:
                 out.fill(np.nan)  # test mode: an element the kernel fails to write shows
         if gen.target == "cuda":

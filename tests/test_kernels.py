@@ -8,6 +8,7 @@ inputs with real zeros, an empty first-mode slice and an empty second-mode slice
 from __future__ import annotations
 
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -255,6 +256,29 @@ def test_output_zeroing_only_where_needed(expr, formats, zeroed, assigns, rng):
     # and the answer is right with outputs poisoned (NaN) before the call
     inputs, _ = k.random_inputs({i: 9 for i in k.spec.indices}, seed=5)
     k.check(**inputs)
+
+
+@pytest.mark.parametrize("rows", [30, 3000])  # outputs below and above the aligned size
+def test_dense_outputs_reach_the_kernel_poisoned_in_test_mode(rows, monkeypatch, rng):
+    """With SPARSEC_POISON=1 (set by conftest) a dense output is NaN when the kernel gets
+    it, on the general path and on the fast path, so an element it fails to write shows."""
+    kernel_module = sys.modules["sparsec.kernel"]
+    seen: list[bool] = []
+    real_address = kernel_module.address
+
+    def recording(array):
+        if isinstance(array, np.ndarray) and array.shape == (rows * 100,):
+            seen.append(bool(np.isnan(array).all()))
+        return real_address(array)
+
+    monkeypatch.setattr(kernel_module, "address", recording)
+    k = sparsec.Kernel("C(i,j) = W(i,k) * X(k,j)", {"W": "csr"})
+    w = sparsec.as_tensor(sparse_array((rows, 20), rng), "csr")
+    x = rng.uniform(size=(20, 100))
+    first = k(W=w, X=x)
+    again = k(W=w, X=x)
+    assert k._fast is not None and seen == [True, True]
+    np.testing.assert_array_equal(first, again)
 
 
 def test_repeated_calls_take_the_fast_path_and_still_validate(rng):
