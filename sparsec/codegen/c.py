@@ -27,11 +27,11 @@ ASSEMBLE_NAME = "sparsec_assemble"
 APPEND_NAME = "sparsec_append"
 
 C_VALUE_TYPES = {"float32": "float", "float64": "double"}
+C_INDEX_TYPES = {"int32": "int32_t", "int64": "int64_t"}
 #: the kernel's flag for storing output tiles non-temporally, and the template's macro for
 #: the output size (in values) from which it is set
 STREAM_OUT = "sc_stream_out"
 STREAM_OUT_VALUES = ir.Var("SC_STREAM_OUT_VALUES")
-C_INDEX_TYPES = {"int32": "int32_t", "int64": "int64_t"}
 
 
 @dataclass(frozen=True, slots=True)
