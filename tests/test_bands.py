@@ -66,17 +66,55 @@ def test_other_kernels_do_not(expr, fmts, kw):
     assert "sc_band" not in k.source and "collapse" not in k.source
 
 
-def test_the_pass_leaves_a_loop_with_more_work_than_its_tiles_alone():
-    """A statement beside the tiled region would run once per band: no bands."""
-    k = sparsec.Kernel(SPMM, {"W": "csr"}, schedule="serial")  # tiled, not banded
-    assert "sc_tiles0" in k.source
-    loop = ir.For(
-        "i",
-        ir.IntLit(0),
-        ir.Var("n"),
-        ir.block(ir.Assign(ir.Load("y", ir.Var("i")), ir.FloatLit(1.0), "+=")),
-        ir.Parallel("CPUThread", "dynamic"),
+M = ir.Var("m")
+
+
+def _region(count: ir.Expr = M) -> ir.Block:
+    """A region in the shape the tile pass builds (its loops' bodies do not matter here)."""
+    store = ir.Assign(ir.Load("y", ir.Var("i")), ir.FloatLit(1.0), "+=")
+    return ir.Block(
+        (
+            ir.Comment("j in tiles of SC_TILE values held in registers"),
+            ir.Decl(ir.I64, "sc_tiles0", count),
+            ir.For("sc_t0", ir.IntLit(0), ir.Var("sc_tiles0"), ir.block(store)),
+            ir.If(((ir.Var("rest"), ir.block(store)),)),
+        )
     )
+
+
+def _rows(*body: ir.Stmt, parallel: bool = True) -> ir.For:
+    par = ir.Parallel("CPUThread", "dynamic") if parallel else None
+    # a Block, not ir.block: the region stays one statement, as the tile pass leaves it
+    return ir.For("i", ir.IntLit(0), ir.Var("n"), ir.Block(body), par)
+
+
+def test_a_parallel_loop_around_one_region_is_banded():
+    body, notes = band(ir.block(_rows(ir.Decl(ir.I64, "q", ir.Var("i")), _region())))
+    assert len(notes) == 1
+    banded = body.body[0]
+    assert isinstance(banded, ir.Block)
+    outer = banded.body[-1]
+    assert isinstance(outer, ir.For) and outer.var == "sc_b0" and outer.parallel is not None
+    assert outer.parallel.collapse == 2
+    (rows,) = outer.body.body
+    assert isinstance(rows, ir.For) and rows.var == "i" and rows.parallel is None
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        # a statement beside the region would run once per band
+        _rows(_region(), ir.Assign(ir.Load("z", ir.Var("i")), ir.FloatLit(0.0), "=")),
+        # the tile count depends on the row
+        _rows(ir.Decl(ir.I64, "w", ir.Var("i")), _region(ir.Var("w"))),
+        # a serial loop: nothing to share out
+        _rows(_region(), parallel=False),
+        # no tiled region at all
+        _rows(ir.Assign(ir.Load("y", ir.Var("i")), ir.FloatLit(1.0), "+=")),
+    ],
+    ids=["beside", "row-dependent", "serial", "untiled"],
+)
+def test_other_loops_are_left_alone(loop):
     body, notes = band(ir.block(loop))
     assert body == ir.block(loop) and notes == ()
 
