@@ -996,14 +996,16 @@ class _FastPath:
             for axis, index in modes:
                 if dims.setdefault(index, shape[axis]) != shape[axis]:
                     return None
-        if self.panels is not None and dims[self.panels] >= PANEL_MIN_COLUMNS:
+        # only wide calls may run in panels or bands (both cost models need the columns)
+        columns = dims[self.panels] if self.panels is not None else 0
+        wide = columns >= PANEL_MIN_COLUMNS
+        if wide:
             out_elements = math.prod(dims[i] for i in self.out_shape)
-            if _panels_pay(dims[self.panels], self.panel_carriers, inputs, out_elements):
+            if _panels_pay(columns, self.panel_carriers, inputs, out_elements):
                 return None  # the general path runs it in column panels
         for slot, index in self.dim_slots:
             args[slot] = dims[index]
         if self.band_slot >= 0:
-            wide = self.panels is not None and dims[self.panels] >= PANEL_MIN_COLUMNS
             args[self.band_slot] = self.band_tiles(dims, inputs) if wide else 0
         args[self.thread_slot] = (
             threads
@@ -1027,6 +1029,18 @@ class _FastPath:
         return out[0] if self.scalar_out else out.reshape(level_shape)
 
 
+def _column_traffic(
+    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any]
+) -> tuple[int, int, int]:
+    """What the panel and band cost models weigh: the bytes of the dense operands along the
+    panel index, the bytes gathered from them (stored sparse entries x columns x value
+    size), and the value size."""
+    carried = [values[n] for n in carriers]
+    size = carried[0].itemsize
+    gathered = sum(v.nnz for v in values.values() if isinstance(v, Tensor)) * columns * size
+    return sum(a.nbytes for a in carried), gathered, size
+
+
 def _panels_pay(
     columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], out_elements: int
 ) -> bool:
@@ -1040,12 +1054,9 @@ def _panels_pay(
     gathered per byte moved in the first case and PANEL_MIN_REUSE in the second."""
     if columns < PANEL_MIN_COLUMNS:
         return False
-    carried = [values[n] for n in carriers]
-    carried_bytes = sum(a.nbytes for a in carried)
+    carried_bytes, gathered, size = _column_traffic(columns, carriers, values)
     if carried_bytes <= PANEL_MIN_BYTES:
         return False
-    size = carried[0].itemsize
-    gathered = sum(v.nnz for v in values.values() if isinstance(v, Tensor)) * columns * size
     moved = carried_bytes + 2 * out_elements * size
     beyond = carried_bytes > last_level_cache()
     return gathered >= (PANEL_MIN_REUSE_BEYOND_CACHE if beyond else PANEL_MIN_REUSE) * moved
@@ -1064,11 +1075,9 @@ def _bands_pay(
     per byte of output."""
     if columns < PANEL_MIN_COLUMNS:
         return False
-    carried = [values[n] for n in carriers]
-    if sum(a.nbytes for a in carried) <= BAND_MIN_BYTES:
+    carried_bytes, gathered, size = _column_traffic(columns, carriers, values)
+    if carried_bytes <= BAND_MIN_BYTES:
         return False
-    size = carried[0].itemsize
-    gathered = sum(v.nnz for v in values.values() if isinstance(v, Tensor)) * columns * size
     return gathered >= BAND_MIN_REUSE * out_elements * size
 
 
