@@ -9,7 +9,9 @@ Every target's kernel takes, in this order:
 2. one ``int64`` extent per index variable (``i_dim``), in `Spec.indices` order;
 3. ``sc_threads``: the number of CPU threads parallel loops may use;
 4. on C kernels whose parallel loop runs in column bands (`sparsec.bands`) only,
-   ``sc_band``: the register tiles per band for this call (0: whole rows).
+   ``sc_band``: the register tiles per band for this call (0: whole rows);
+5. on those of them whose tiles' reduction walks one compressed level only, ``sc_depth``:
+   the coordinates of that level per depth block for this call (0: one block).
 
 Printers declare parameters from `Signature.params`; loaders fill them from the same
 list, so the two cannot drift apart.
@@ -75,7 +77,7 @@ class Param:
     kind: str
     #: symbolic element type: VAL, IDX, I64 or INT
     type: str
-    #: "pos", "crd", "vals", "value", "dim", "sizes", "threads" or "band"
+    #: "pos", "crd", "vals", "value", "dim", "sizes", "threads", "band" or "depth"
     field: str
     tensor: str | None = None
     level: int = -1

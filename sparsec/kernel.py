@@ -59,7 +59,7 @@ from .errors import (
 from .formats import Format, Singleton, canonical
 from .lower import BOUND_VIOLATED
 from .parser import parse_expression
-from .runtime import ALIGN_FROM_BYTES, address, aligned_empty, last_level_cache
+from .runtime import ALIGN_FROM_BYTES, address, aligned_empty, core_cache, last_level_cache
 from .schedule import Command, parse_commands
 from .spec import FormatsArg, Spec, TensorVar, make_spec
 from .tensor import LevelStorage, Tensor
@@ -232,6 +232,16 @@ class Kernel:
             return 0
         out_elements = math.prod(dims[i] for i in self._out_level_indices)
         return BAND_TILES if _bands_pay(dims[j], self._panel_carriers, values, out_elements) else 0
+
+    def _depth_rows(self, dims: Mapping[str, int], values: Mapping[str, Any]) -> int:
+        """Coordinates of the reduction per depth block for a call with these extents and
+        inputs, or 0 for one block (`sparsec.bands`; only kernels that take ``sc_depth``
+        ask)."""
+        j = self._panel_index
+        if j is None or dims[j] >= PANEL_MIN_COLUMNS:
+            return 0
+        out_elements = math.prod(dims[i] for i in self._out_level_indices)
+        return _depth_rows(dims[j], self._panel_carriers, values, out_elements)
 
     def _run_panels(
         self, compiled: _Compiled, prepared: _Prepared, threads: int | None, width: int
@@ -751,6 +761,7 @@ class Kernel:
                 {("vals", -1): out},
                 resolve_threads(threads),
                 self._band_tiles(prepared.dims, prepared.values),
+                self._depth_rows(prepared.dims, prepared.values),
             )
             status = compiled.fn(*args)
             if status != 0:
@@ -878,7 +889,7 @@ def _named_arguments(compiled: _Compiled, prepared: _Prepared, out: np.ndarray) 
             found[p.name] = prepared.values[tensor]
         elif field == "dim":
             found[p.name] = prepared.dims[index]
-        elif field == "band":
+        elif field in ("band", "depth"):
             found[p.name] = 0
         else:
             found[p.name] = 1
@@ -932,8 +943,8 @@ class _FastPath:
         self.template: list[Any] = [None] * len(compiled.plan)
         slots: dict[str, list[tuple[int, tuple[str, int]]]] = {}
         self.dim_slots: list[tuple[int, str]] = []
-        self.out_slot = self.thread_slot = self.band_slot = -1
-        self.band_tiles = kernel._band_tiles
+        self.out_slot = self.thread_slot = self.band_slot = self.depth_slot = -1
+        self.band_tiles, self.depth_rows = kernel._band_tiles, kernel._depth_rows
         for n, (field, tensor, level, index) in enumerate(compiled.plan):
             if field == "dim":
                 self.dim_slots.append((n, index))
@@ -941,6 +952,8 @@ class _FastPath:
                 self.thread_slot = n
             elif field == "band":
                 self.band_slot = n
+            elif field == "depth":
+                self.depth_slot = n
             elif tensor == spec.output.name:
                 self.out_slot = n
             else:
@@ -1007,6 +1020,8 @@ class _FastPath:
             args[slot] = dims[index]
         if self.band_slot >= 0:
             args[self.band_slot] = self.band_tiles(dims, inputs) if wide else 0
+        if self.depth_slot >= 0:
+            args[self.depth_slot] = 0 if wide else self.depth_rows(dims, inputs)
         args[self.thread_slot] = (
             threads
             if type(threads) is int and 0 < threads <= MAX_THREADS
@@ -1081,15 +1096,37 @@ def _bands_pay(
     return gathered >= BAND_MIN_REUSE * out_elements * size
 
 
+def _depth_rows(
+    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], out_elements: int
+) -> int:
+    """Coordinates per depth block for a call that runs neither in panels nor in bands,
+    or 0 for one block (`sparsec.bands`).
+
+    Rows whole, each row of the sparse operand gathers its rows of the dense operands from
+    the shared cache once those outgrow the core's own; a depth block keeps
+    DEPTH_BLOCK_FRACTION of the core's cache of them live across all rows, and costs a
+    load and a store of the output per block. So depth blocks need dense operands beyond
+    DEPTH_MIN_BYTES, larger than the output, and DEPTH_MIN_REUSE bytes gathered per byte
+    of them."""
+    carried_bytes, gathered, size = _column_traffic(columns, carriers, values)
+    if carried_bytes <= DEPTH_MIN_BYTES or carried_bytes < out_elements * size:
+        return 0
+    if gathered < DEPTH_MIN_REUSE * carried_bytes:
+        return 0
+    return max(DEPTH_MIN_ROWS, int(core_cache() * DEPTH_BLOCK_FRACTION) // (columns * size))
+
+
 def _arguments(
     compiled: _Compiled,
     prepared: _Prepared,
     output: dict[tuple[str, int], Any],
     threads: int,
     band: int = 0,
+    depth: int = 0,
 ) -> list[Any]:
-    """The ABI argument list; ``output[(field, level)]`` gives the output's arrays, and
-    ``band`` the tiles per column band (on kernels that take it)."""
+    """The ABI argument list; ``output[(field, level)]`` gives the output's arrays,
+    ``band`` the tiles per column band and ``depth`` the coordinates per depth block (on
+    kernels that take them)."""
     values, dims = prepared.values, prepared.dims
     out_name = next(t for f, t, _, _ in compiled.plan if f == "vals")
     args: list[Any] = []
@@ -1106,6 +1143,8 @@ def _arguments(
             args.append(dims[index])
         elif field == "band":
             args.append(band)
+        elif field == "depth":
+            args.append(depth)
         else:
             args.append(threads)
     return args
@@ -1140,6 +1179,14 @@ PANEL_MIN_REUSE_BEYOND_CACHE = 10
 BAND_TILES = 4
 BAND_MIN_BYTES = 4 << 20
 BAND_MIN_REUSE = 24
+#: depth blocks (`sparsec.bands`, `_depth_rows`), for calls under PANEL_MIN_COLUMNS
+#: columns: the dense operands' size beyond which they may pay, the bytes gathered per
+#: byte of them they need, the share of the core's cache a block of them fills, and the
+#: fewest coordinates per block
+DEPTH_MIN_BYTES = 4 << 20
+DEPTH_MIN_REUSE = 8
+DEPTH_BLOCK_FRACTION = 2.0
+DEPTH_MIN_ROWS = 16
 
 
 def _cut(array: np.ndarray, n: int) -> np.ndarray:

@@ -220,7 +220,19 @@ def _unlink(*paths: str) -> None:
 @cache
 def last_level_cache() -> int:
     """The last-level cache in bytes (Linux sysfs), 8 MB when it cannot be read."""
-    for index in (3, 2):
+    return _cache_size((3, 2), 8 << 20)
+
+
+@cache
+def core_cache() -> int:
+    """The cache private to a core (its L2) in bytes (Linux sysfs), 512 KB when it cannot
+    be read."""
+    return _cache_size((2,), 512 << 10)
+
+
+def _cache_size(indices: tuple[int, ...], default: int) -> int:
+    """The size of the first of cpu0's caches ``indices`` that sysfs reports."""
+    for index in indices:
         try:
             text = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read_text()
         except OSError:
@@ -230,4 +242,4 @@ def last_level_cache() -> int:
         digits = text.rstrip("KMG")
         if digits.isdigit():
             return int(digits) * scale
-    return 8 << 20
+    return default

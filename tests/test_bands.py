@@ -6,6 +6,7 @@ band boundaries and past them, on 1 to 3 threads."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from conftest import sparse_array, torch_reference
 import sparsec
 from sparsec import ir
 from sparsec.bands import band
+from sparsec.codegen.printer import C, Printer
 
 KERNEL = sys.modules["sparsec.kernel"]
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
@@ -36,14 +38,24 @@ def bands_of(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("expr", "fmts"),
-    [(SPMM, {"W": "csr"}), (MTTKRP, {"B": "csf"}), (SPMM, {"W": "dcsr"})],
+    ("expr", "fmts", "deep"),
+    [
+        (SPMM, {"W": "csr"}, True),
+        ("C(i,j) += W(i,k) * X(k,j)", {"W": "csr"}, True),
+        (SPMM, {"W": "dcsr"}, True),
+        (MTTKRP, {"B": "csf"}, False),  # its tiles span two loops, k and l
+    ],
 )
-def test_tiled_parallel_rows_take_a_band_argument(expr, fmts):
+def test_tiled_parallel_rows_take_a_band_argument(expr, fmts, deep):
     k = sparsec.Kernel(expr, fmts)
-    assert _params(k)[-2:] == ["threads", "band"]
+    tail = ["threads", "band", "depth"] if deep else ["threads", "band"]
+    assert _params(k)[-len(tail) :] == tail
     assert "collapse(2)" in k.source and "int sc_band" in k.source
     assert "column bands" in k.schedule
+    assert ("int sc_depth" in k.source) == deep
+    assert ("depth blocks" in k.schedule) == deep
+    if deep:  # a call in depth blocks reads its output back: never streamed
+        assert "&& sc_depth == 0;" in k.source
 
 
 @pytest.mark.parametrize(
@@ -62,8 +74,9 @@ def test_tiled_parallel_rows_take_a_band_argument(expr, fmts):
 )
 def test_other_kernels_do_not(expr, fmts, kw):
     k = sparsec.Kernel(expr, fmts, **kw)
-    assert "band" not in _params(k)
+    assert "band" not in _params(k) and "depth" not in _params(k)
     assert "sc_band" not in k.source and "collapse" not in k.source
+    assert "sc_depth" not in k.source
 
 
 M = ir.Var("m")
@@ -89,8 +102,8 @@ def _rows(*body: ir.Stmt, parallel: bool = True) -> ir.For:
 
 
 def test_a_parallel_loop_around_one_region_is_banded():
-    body, notes = band(ir.block(_rows(ir.Decl(ir.I64, "q", ir.Var("i")), _region())))
-    assert len(notes) == 1
+    body, notes, params = band(ir.block(_rows(ir.Decl(ir.I64, "q", ir.Var("i")), _region())))
+    assert len(notes) == 1 and params == ("sc_band",)
     banded = body.body[0]
     assert isinstance(banded, ir.Block)
     outer = banded.body[-1]
@@ -115,8 +128,8 @@ def test_a_parallel_loop_around_one_region_is_banded():
     ids=["beside", "row-dependent", "serial", "untiled"],
 )
 def test_other_loops_are_left_alone(loop):
-    body, notes = band(ir.block(loop))
-    assert body == ir.block(loop) and notes == ()
+    body, notes, params = band(ir.block(loop))
+    assert body == ir.block(loop) and notes == () and params == ()
 
 
 @pytest.mark.parametrize("width", [5, 64, 64 * 3 + 7, 300, 512])
@@ -189,3 +202,200 @@ def test_bands_are_asked_for_only_with_a_panel_index():
     assert k._band_tiles({"i": 384, "j": 512, "k": 1536}, {"W": w, "X": x[:, :512]}) == 0
     acc = sparsec.Kernel("C(i,j) += W(i,k) * X(k,j)", {"W": "csr"})
     assert acc._band_tiles({"i": 384, "j": 2048, "k": 1536}, {"W": w, "X": x}) == 0
+
+
+# --------------------------------------------------------------------------- depth blocks
+
+
+@pytest.fixture
+def depth_of(monkeypatch):
+    """Run every call in depth blocks of ``n`` coordinates (0: one block)."""
+
+    def force(n: int) -> None:
+        monkeypatch.setattr(KERNEL.Kernel, "_depth_rows", lambda self, dims, values: n)
+
+    return force
+
+
+def _blocky(shape: tuple[int, int], rng: np.random.Generator, dtype: str) -> np.ndarray:
+    """A sparse matrix whose rows cover the depth blocks unevenly: an empty row, a row
+    whose entries all sit in one block, a full row, and a band of empty columns."""
+    w = sparse_array(shape, rng, 0.3).astype(dtype)
+    w[3] = 0
+    w[4] = 0
+    w[4, 7:10] = 1.5
+    w[6] = rng.uniform(-1, 1, shape[1])
+    w[:, 11:17] = 0
+    return w
+
+
+@pytest.mark.parametrize("width", [5, 64, 64 * 3 + 7, 300])
+@pytest.mark.parametrize("depth", [1, 3, 8, 29, 100])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_spmm_in_depth_blocks_equals_the_whole_run(width, depth, dtype, threads, depth_of):
+    rng = np.random.default_rng(width * 11 + depth)
+    w = _blocky((41, 29), rng, dtype)
+    x = rng.standard_normal((29, width)).astype(dtype)
+    tensor = sparsec.as_tensor(w, "csr")
+    depth_of(0)
+    whole = sparsec.Kernel(SPMM, {"W": "csr"})(W=tensor, X=x, threads=threads)
+    depth_of(depth)
+    k = sparsec.Kernel(SPMM, {"W": "csr"})
+    got = k(W=tensor, X=x, threads=threads)
+    again = k(W=tensor, X=x, threads=threads)  # the fast path fills sc_depth too
+    np.testing.assert_array_equal(got, whole)
+    np.testing.assert_array_equal(again, whole)
+    tol = 1e-4 if dtype == "float32" else 1e-12
+    want = torch_reference("ik,kj->ij", {"W": w, "X": x})
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("depth", [1, 4, 13])
+@pytest.mark.parametrize("tiles", [0, 1, 2])
+def test_depth_blocks_with_bands_accumulation_and_dcsr_match_torch(
+    depth, tiles, depth_of, bands_of
+):
+    """Depth blocks inside column bands, tiles that start from the output's current
+    values (``+=``) and a doubly compressed operand, with integer values so every sum is
+    exact."""
+    rng = np.random.default_rng(depth * 3 + tiles)
+    depth_of(depth)
+    bands_of(tiles)
+    w = _blocky((23, 31), rng, "float64").round() + 0.0
+    w[w != 0] = rng.integers(-4, 5, int((w != 0).sum()))
+    x = rng.integers(-3, 4, (31, 330)).astype(np.float64)
+    c0 = rng.integers(-3, 4, (23, 330)).astype(np.float64)
+    want = torch_reference("ik,kj->ij", {"W": w, "X": x})
+    got = sparsec.Kernel(SPMM, {"W": "csr"})(W=w, X=x, threads=2)
+    np.testing.assert_array_equal(got, want)
+    acc = sparsec.Kernel("C(i,j) += W(i,k) * X(k,j)", {"W": "csr"})
+    np.testing.assert_array_equal(acc(W=w, X=x, C=c0, threads=2), c0 + want)
+    dcsr = sparsec.Kernel(SPMM, {"W": "dcsr"})
+    np.testing.assert_array_equal(dcsr(W=sparsec.as_tensor(w, "dcsr"), X=x, threads=3), want)
+
+
+def test_depth_blocks_skip_a_kernel_whose_reduction_is_not_one_walk():
+    """MTTKRP's tiles span two loops (k, then l): no depth parameter, and its results are
+    those of torch whatever the runtime would choose."""
+    k = sparsec.Kernel(MTTKRP, {"B": "csf"})
+    assert "depth" not in _params(k)
+
+
+def _walk_region() -> ir.Block:
+    """SpMM's region as the tile pass builds it, over positions p of row i (the segment
+    ``[pos[i], end)``), with the leftover columns zeroed then accumulated."""
+    p, i = ir.Var("p"), ir.Var("i")
+    gather = ir.Call("vload", (ir.Bin("+", ir.Var("X"), ir.Var("k")),))
+    walk = ir.For(
+        "p",
+        ir.Load("pos", i),
+        ir.Var("end"),
+        ir.block(
+            ir.Decl(ir.I64, "k", ir.Load("crd", p)),
+            ir.Assign(ir.Var("sc_acc0_0"), gather, "+="),
+        ),
+    )
+    out = ir.Bin("+", ir.Var("y"), i)
+    tiles = ir.For(
+        "sc_t0",
+        ir.IntLit(0),
+        ir.Var("sc_tiles0"),
+        ir.block(
+            ir.Decl(ir.VEC, "sc_acc0_0", ir.Call("vzero", ())),
+            walk,
+            ir.Effect(ir.Call("vstore", (out, ir.Var("sc_acc0_0")))),
+        ),
+    )
+    zero = ir.For(
+        "q", ir.Var("r"), ir.Var("n"), ir.block(ir.Assign(ir.Load("y", i), ir.FloatLit(0.0)))
+    )
+    add = ir.Assign(ir.Load("y", i), ir.Load("X", ir.Var("k")), "+=")
+    rest = replace(walk, body=ir.block(ir.Decl(ir.I64, "k", ir.Load("crd", p)), add))
+    return ir.Block(
+        (
+            ir.Comment("j in tiles of SC_TILE values held in registers"),
+            ir.Decl(ir.I64, "sc_tiles0", M),
+            tiles,
+            ir.If(((ir.Var("r"), ir.block(zero, rest)),)),
+        )
+    )
+
+
+WALKS = {"crd": ("pos", ir.Var("k_dim"))}
+END = ir.Decl(ir.I64, "end", ir.Load("pos", ir.Bin("+", ir.Var("i"), ir.IntLit(1))))
+
+
+def test_a_region_over_one_walk_runs_in_depth_blocks():
+    body, notes, params = band(ir.block(_rows(END, _walk_region())), WALKS)
+    assert params == ("sc_band", "sc_depth") and "depth blocks" in notes[0]
+    text = "\n".join(Printer(C).stmts(body))
+    # the row's positions in the block, by galloping search over its sorted segment
+    assert "sc_gallop(crd, pos[i], end, sc_kb0 * sc_kd0)" in text
+    assert "sc_gallop(crd, sc_lo0, end, sc_kb0 * sc_kd0 + sc_kd0)" in text
+    # the walks run over the block; tiles resume from the stored output after the first
+    assert text.count("for (int64_t p = sc_lo0; p < sc_hi0; p++)") == 2
+    assert "sc_acc0_0 = sc_kb0 == 0 ? sc_vzero() : sc_vload(y + i);" in text
+    # the leftover columns are zeroed in the first block only
+    assert "if (sc_kb0 == 0) {" in text
+    # blocks run one after the other, each its own parallel loop over (band, row)
+    outer = body.body[0].body[-1]
+    assert isinstance(outer, ir.For) and outer.var == "sc_kb0" and outer.parallel is None
+    (inner,) = outer.body.body
+    assert isinstance(inner, ir.For) and inner.parallel is not None
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["no-walks", "end-not-the-segment", "bounds-read-elsewhere", "overwrite"],
+)
+def test_regions_not_over_one_walk_stay_in_one_block(case):
+    region, walks, end = _walk_region(), WALKS, END
+    if case == "no-walks":
+        walks = {}
+    elif case == "end-not-the-segment":
+        end = ir.Decl(ir.I64, "end", ir.Load("pos", ir.Bin("+", ir.Var("i"), ir.IntLit(2))))
+    elif case == "bounds-read-elsewhere":
+        comment, count, tiles, rest = region.body
+        spy = ir.Assign(ir.Load("z", ir.Var("i")), ir.Var("end"), "+=")
+        rest = replace(rest, branches=((ir.Var("r"), ir.block(*rest.branches[0][1].body, spy)),))
+        region = ir.Block((comment, count, tiles, rest))
+    else:  # a leftover column written with "=": it would keep only the last block's value
+        comment, count, tiles, rest = region.body
+        put = ir.Assign(ir.Load("y", ir.Var("i")), ir.FloatLit(2.0))
+        rest = replace(rest, branches=((ir.Var("r"), ir.block(*rest.branches[0][1].body, put)),))
+        region = ir.Block((comment, count, tiles, rest))
+    body, notes, params = band(ir.block(_rows(end, region)), walks)
+    assert params == ("sc_band",) and "depth" not in notes[0]
+    assert "sc_gallop" not in "\n".join(Printer(C).stmts(body))
+
+
+def test_when_depth_blocks_pay():
+    """The cost model, on the shapes it was measured on (float32, 2 threads, 512 columns
+    unless stated; times one block -> blocks of 512 coordinates)."""
+    rows_for = KERNEL._depth_rows
+
+    def case(rows, inner, density, columns=512, dtype=np.float32):
+        w = sp.random(rows, inner, density, format="csr", random_state=0, dtype=dtype)
+        x = np.empty((inner, columns), dtype)
+        return columns, ("X",), {"W": sparsec.as_tensor(w, "csr"), "X": x}, rows * columns
+
+    block = int(KERNEL.core_cache() * KERNEL.DEPTH_BLOCK_FRACTION) // (512 * 4)
+    assert rows_for(*case(768, 3072, 0.3)) == block  # 41.7 -> 22.8 ms
+    assert rows_for(*case(768, 3072, 0.2)) == block  # 24.9 -> 16.2 ms
+    assert rows_for(*case(768, 3072, 0.05)) == block  # 5.5 -> 4.8 ms
+    assert rows_for(*case(768, 3072, 0.02)) == block  # 2.8 -> 2.2 ms
+    assert rows_for(*case(768, 3072, 0.2, dtype=np.float64)) == block // 2  # 70.7 -> 34.3 ms
+    assert rows_for(*case(3072, 768, 0.2)) == 0  # X is 1.5 MB: 14.6 -> 14.4 ms
+    assert rows_for(*case(384, 1536, 0.2)) == 0  # X is 3 MB: 3.6 -> 3.8 ms
+    assert rows_for(*case(768, 3072, 0.2, 128)) == 0  # X is 1.5 MB: 3.5 -> 3.6 ms
+    assert rows_for(*case(768, 3072, 0.001)) == 0  # too few gathers to repay the blocks
+
+
+def test_depth_blocks_are_asked_for_only_below_the_panel_columns():
+    k = sparsec.Kernel(SPMM, {"W": "csr"})
+    w = sparsec.as_tensor(sp.random(768, 3072, 0.2, format="csr", dtype=np.float32), "csr")
+    narrow = np.zeros((3072, 512), np.float32)
+    wide = np.zeros((3072, 2048), np.float32)
+    assert k._depth_rows({"i": 768, "j": 512, "k": 3072}, {"W": w, "X": narrow}) > 0
+    assert k._depth_rows({"i": 768, "j": 2048, "k": 3072}, {"W": w, "X": wide}) == 0

@@ -11,7 +11,7 @@ import jinja2
 from .. import ir
 from ..abi import INT, Namer, Param, Signature, signature
 from ..assemble import OutputLayout
-from ..bands import BAND, band
+from ..bands import BAND, DEPTH, Walks, band
 from ..lower import lower
 from ..resources import data_dir
 from ..runtime import last_level_cache
@@ -158,20 +158,46 @@ def _stores_out(s: ir.Stmt, out: str) -> ir.Stmt:
     return ir.map_blocks(s, lambda b: ir.Block(tuple(_stores_out(x, out) for x in b.body)))
 
 
-def _stream_output(body: ir.Block, spec: Spec, sig: Signature) -> ir.Block | None:
+def _stream_output(
+    body: ir.Block, spec: Spec, sig: Signature, deep: bool = False
+) -> ir.Block | None:
     """A dense output's tiles stored non-temporally when the output is at least the
     last-level cache (it would be evicted before anything reads it again): the flag is
     decided once from the extents, and the kernel ends with a store fence. None when no
-    tile stores into the output."""
+    tile stores into the output. A call in depth blocks (``deep``: the kernel takes
+    `DEPTH`) reads its output tiles back, so it never streams them."""
     size: ir.Expr = ir.IntLit(1)
     for index in spec.statement.lhs.indices:
         size = ir.mul(size, ir.Var(sig.dim(index)))
-    flag = ir.Decl(ir.I64, STREAM_OUT, ir.Bin(">=", size, STREAM_OUT_VALUES))
+    big: ir.Expr = ir.Bin(">=", size, STREAM_OUT_VALUES)
+    if deep:
+        big = ir.conj(big, ir.Bin("==", ir.Var(DEPTH), ir.IntLit(0)))
+    flag = ir.Decl(ir.I64, STREAM_OUT, big)
     out = sig.array(spec.output.name, "vals")
     stored = ir.Block(tuple(_stores_out(s, out) for s in body.body))
     if stored == body:
         return None
     return ir.block(flag, stored, ir.Effect(ir.Call("store_fence", ())))
+
+
+def _walks(spec: Spec, sig: Signature) -> Walks:
+    """Each compressed input level's ``crd`` array -> (its ``pos`` array, the level's
+    extent), for depth blocks; a level whose tensor is read at more than one index there
+    is left out (its extent is not one index's)."""
+    found: dict[str, tuple[str, ir.Expr]] = {}
+    for p in sig.params:
+        if p.field != "crd" or p.tensor is None or p.tensor == spec.output.name:
+            continue
+        t = spec.tensor(p.tensor)
+        mode = t.format.ordering[p.level]
+        indices = {a.indices[mode] for a in spec.assignment.accesses() if a.name == t.name}
+        try:
+            pos = sig.array(t.name, "pos", p.level)
+        except KeyError:
+            continue  # a singleton level: no segments
+        if len(indices) == 1:
+            found[p.name] = (pos, ir.Var(sig.dim(indices.pop())))
+    return found
 
 
 def generate(
@@ -225,12 +251,12 @@ def generate(
         append = ""
     body, tiled, streamed = _optimize(lowered.body)
     # column bands reorder the kernel's parallel loop; the append function is serial
-    body, banded = band(body)
-    if banded:
-        sig = Signature((*sig.params, Param(BAND, "value", INT, "band")))
+    body, banded, extra = band(body, _walks(spec, sig))
+    fields = {BAND: "band", DEPTH: "depth"}
+    sig = Signature((*sig.params, *(Param(n, "value", INT, fields[n]) for n in extra)))
     stored: tuple[str, ...] = ()
     if tiled and spec.output.is_dense:
-        streaming = _stream_output(body, spec, sig)
+        streaming = _stream_output(body, spec, sig, DEPTH in extra)
         if streaming is not None:
             body = streaming
             stored = (f"output tiles stored non-temporally from {last_level_cache()} bytes",)
