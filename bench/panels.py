@@ -1,12 +1,15 @@
-"""Column layouts: SpMM on pruned BERT weights, whole rows, column bands and packed panels.
+"""Layouts: SpMM on pruned BERT weights in whole rows, column bands, packed panels and
+depth blocks.
 
     python -m bench panels [--quick] [--threads N]
 
-For each shape, the same kernel runs four ways: whole rows (bands and panels off), in
-column bands (`sparsec.bands`, forced on), in packed panels of 128 columns (the panel
-cost model overridden), and as the runtime chooses (`sparsec.kernel`'s default:
-`_panels_pay`, then `_bands_pay`). The table shows which layout the cost models chose and
-whether it was the fastest of the three. Each result is checked against scipy first.
+For each shape, the same kernel runs in each layout that applies to it, then as the
+runtime chooses (`sparsec.kernel`'s default: `_panels_pay`, then `_bands_pay` from 1024
+columns; `_depth_rows` below). From 1024 columns: whole rows (bands and panels off), in
+column bands (`sparsec.bands`, forced on) and in packed panels of 128 columns (the panel
+cost model overridden). Below: whole rows and depth blocks (forced on). The table shows
+which layout the cost models chose and whether it was the fastest. Each result is checked
+against scipy first.
 """
 
 from __future__ import annotations
@@ -44,21 +47,32 @@ SHAPES = (
     (768, 3072, 0.8, 1024),
     (384, 1536, 0.9, 1024),
     (384, 1536, 0.5, 1024),
+    (768, 3072, 0.7, 512),
+    (768, 3072, 0.8, 512),
+    (768, 3072, 0.95, 512),
+    (768, 3072, 0.98, 512),
+    (3072, 768, 0.8, 512),
+    (384, 1536, 0.8, 512),
+    (768, 3072, 0.8, 128),
 )
-QUICK = ((96, 384, 0.8, 1024),)
-MODES = ("whole", "bands", "panels", "chosen")
+QUICK = ((96, 384, 0.8, 1024), (48, 2560, 0.8, 512))
+LAYOUTS = ("whole", "bands", "panels", "depth")
+#: the layouts that apply at a call's width
+WIDE, NARROW = ("whole", "bands", "panels"), ("whole", "depth")
 _NEVER, _ALWAYS = 1 << 62, 0
 
 
 @contextmanager
 def _layout(mode: str) -> Any:
-    """'whole', 'bands' or 'panels' forced through the cost models' thresholds;
+    """'whole', 'bands', 'panels' or 'depth' forced through the cost models' thresholds;
     'chosen': the runtime's cost models, as shipped."""
     panels = ("PANEL_MIN_BYTES", "PANEL_MIN_REUSE", "PANEL_MIN_REUSE_BEYOND_CACHE")
     bands = ("BAND_MIN_BYTES", "BAND_MIN_REUSE")
-    saved = {n: getattr(KERNEL, n) for n in (*panels, *bands)}
+    depth = ("DEPTH_MIN_BYTES", "DEPTH_MIN_OVER_OUTPUT", "DEPTH_MIN_REUSE")
+    saved = {n: getattr(KERNEL, n) for n in (*panels, *bands, *depth)}
     forced = {n: _ALWAYS if mode == "panels" else _NEVER for n in panels}
     forced |= {n: _ALWAYS if mode == "bands" else _NEVER for n in bands}
+    forced |= {n: _ALWAYS if mode == "depth" else _NEVER for n in depth}
     try:
         if mode != "chosen":
             for n, v in forced.items():
@@ -76,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settle(not args.quick)
     rng = np.random.default_rng(0)
-    table = Table(["shape", *(f"{m} ms" for m in MODES[:3]), "chosen", "chosen ms", "right"])
+    table = Table(["shape", *(f"{m} ms" for m in LAYOUTS), "chosen", "chosen ms", "right"])
     records = []
     for rows, inner, sparsity, columns in QUICK if args.quick else SHAPES:
         label = f"{rows}x{inner} {sparsity:.0%} x{columns}"
@@ -85,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         x = rng.standard_normal((inner, columns)).astype(np.float32)
         tensor = sparsec.as_tensor(w, "csr")
         want = w @ x
+        layouts = WIDE if columns >= KERNEL.PANEL_MIN_COLUMNS else NARROW
         times = {}
-        for mode in MODES:
+        for mode in (*layouts, "chosen"):
             k = sparsec.Kernel(SPMM, {"W": "csr"})
             with _layout(mode):
                 got = k(W=tensor, X=x, threads=args.threads)
@@ -96,16 +111,20 @@ def main(argv: list[str] | None = None) -> int:
                     lambda k=k, w=tensor, x=x: k(W=w, X=x, threads=args.threads), repeats=5
                 ).median_ms
         values, out_elements = {"W": tensor, "X": x}, rows * columns
+        k = sparsec.Kernel(SPMM, {"W": "csr"})
+        dims = {"i": rows, "j": columns, "k": inner}
         if KERNEL._panels_pay(columns, ("X",), values, out_elements):
             chose = "panels"
-        elif KERNEL._bands_pay(columns, ("X",), values, out_elements):
+        elif k._band_tiles(dims, values):
             chose = "bands"
+        elif k._depth_rows(dims, values):
+            chose = "depth"
         else:
             chose = "whole"
-        fastest = min(MODES[:3], key=lambda m: times[m])
+        fastest = min(layouts, key=lambda m: times[m])
         table.add(
             label,
-            *(times[m] for m in MODES[:3]),
+            *(times[m] if m in times else "-" for m in LAYOUTS),
             chose,
             times["chosen"],
             "yes" if chose == fastest else f"no ({fastest})",
@@ -113,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         records.append(
             {
                 "shape": label,
-                **{f"{m}_ms": times[m] for m in MODES},
+                **{f"{m}_ms": times[m] for m in times},
                 "chosen": chose,
                 "fastest": fastest,
             }

@@ -1021,7 +1021,14 @@ class _FastPath:
         if self.band_slot >= 0:
             args[self.band_slot] = self.band_tiles(dims, inputs) if wide else 0
         if self.depth_slot >= 0:
-            args[self.depth_slot] = 0 if wide else self.depth_rows(dims, inputs)
+            rows = 0
+            if not wide:
+                carried = 0
+                for name in self.panel_carriers:
+                    carried += inputs[name].nbytes
+                if carried > DEPTH_MIN_BYTES:  # `_depth_rows`'s first test, without its call
+                    rows = self.depth_rows(dims, inputs)
+            args[self.depth_slot] = rows
         args[self.thread_slot] = (
             threads
             if type(threads) is int and 0 < threads <= MAX_THREADS
@@ -1106,10 +1113,13 @@ def _depth_rows(
     the shared cache once those outgrow the core's own; a depth block keeps
     DEPTH_BLOCK_FRACTION of the core's cache of them live across all rows, and costs a
     load and a store of the output per block. So depth blocks need dense operands beyond
-    DEPTH_MIN_BYTES, larger than the output, and DEPTH_MIN_REUSE bytes gathered per byte
-    of them."""
+    DEPTH_MIN_BYTES, DEPTH_MIN_OVER_OUTPUT times the output's size, and DEPTH_MIN_REUSE
+    bytes gathered per byte of them."""
     carried_bytes, gathered, size = _column_traffic(columns, carriers, values)
-    if carried_bytes <= DEPTH_MIN_BYTES or carried_bytes < out_elements * size:
+    if (
+        carried_bytes <= DEPTH_MIN_BYTES
+        or carried_bytes < DEPTH_MIN_OVER_OUTPUT * out_elements * size
+    ):
         return 0
     if gathered < DEPTH_MIN_REUSE * carried_bytes:
         return 0
@@ -1180,10 +1190,12 @@ BAND_TILES = 4
 BAND_MIN_BYTES = 4 << 20
 BAND_MIN_REUSE = 24
 #: depth blocks (`sparsec.bands`, `_depth_rows`), for calls under PANEL_MIN_COLUMNS
-#: columns: the dense operands' size beyond which they may pay, the bytes gathered per
-#: byte of them they need, the share of the core's cache a block of them fills, and the
-#: fewest coordinates per block
+#: columns: the dense operands' size beyond which they may pay and their least size
+#: relative to the output's (each block loads and stores the output), the bytes gathered
+#: per byte of them they need, the share of the core's cache a block of them fills, and
+#: the fewest coordinates per block (measured: see docs/decisions.md, "Depth blocks")
 DEPTH_MIN_BYTES = 4 << 20
+DEPTH_MIN_OVER_OUTPUT = 1
 DEPTH_MIN_REUSE = 8
 DEPTH_BLOCK_FRACTION = 2.0
 DEPTH_MIN_ROWS = 16

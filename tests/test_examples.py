@@ -109,4 +109,6 @@ def test_bench_panels_quick_smoke() -> None:
     done = _run(["-m", "bench", "panels", "--quick"])
     assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
     assert "whole ms" in done.stdout and "panels ms" in done.stdout and "chosen" in done.stdout
-    assert "bands ms" in done.stdout
+    assert "bands ms" in done.stdout and "depth ms" in done.stdout
+    # the narrow quick shape (a 5 MB X at 512 columns) runs in depth blocks
+    assert "48x2560 80% x512" in done.stdout and " depth " in done.stdout
