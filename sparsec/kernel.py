@@ -988,7 +988,7 @@ class _FastPath:
             if kind == 1:
                 if (
                     type(v) is not np.ndarray
-                    or v.dtype != self.dtype
+                    or (v.dtype is not self.dtype and v.dtype != self.dtype)
                     or v.ndim != order
                     or not v.flags.c_contiguous
                 ):
@@ -1039,16 +1039,16 @@ class _FastPath:
         for n in level_shape:
             size *= n
         if size * self.itemsize < ALIGN_FROM_BYTES:
-            out = np.empty(size, self.dtype)  # `aligned_empty`'s case, without its call
+            out = np.empty(level_shape, self.dtype)  # `aligned_empty`'s case, without its call
         else:
-            out = aligned_empty(size, self.dtype)
+            out = aligned_empty(size, self.dtype).reshape(level_shape)
         if self.poison:
             out.fill(np.nan)
         args[self.out_slot] = address(out)
         status = self.fn(*args)
         if status != 0:
             raise _status_error(status, self.gen)
-        return out[0] if self.scalar_out else out.reshape(level_shape)
+        return out[()] if self.scalar_out else out
 
 
 def _column_traffic(

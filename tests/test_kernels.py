@@ -267,7 +267,8 @@ def test_dense_outputs_reach_the_kernel_poisoned_in_test_mode(rows, monkeypatch,
     real_address = kernel_module.address
 
     def recording(array):
-        if isinstance(array, np.ndarray) and array.shape == (rows * 100,):
+        # the output: flat on the general path, in its shape on the fast path
+        if isinstance(array, np.ndarray) and array.shape in ((rows * 100,), (rows, 100)):
             seen.append(bool(np.isnan(array).all()))
         return real_address(array)
 
