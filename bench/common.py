@@ -66,26 +66,39 @@ SETTLE_S = 0.3
 
 
 def settle(on: bool) -> None:
-    """Wait `SETTLE_S` before each contender (full runs), or not (``--quick`` smoke runs,
-    whose timings are not read)."""
-    global SETTLE_S
+    """Wait `SETTLE_S` before each contender and fill each block of `measure_rounds` to
+    `BLOCK_MIN_S` of timed calls (full runs), or not (``--quick`` smoke runs, whose
+    timings are not read)."""
+    global SETTLE_S, BLOCK_MIN_S
     SETTLE_S = 0.3 if on else 0.0
+    BLOCK_MIN_S = 0.05 if on else 0.0
 
 
 def measure(
-    fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 20, floor: int = MIN_REPEATS
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 3,
+    repeats: int = 20,
+    floor: int = MIN_REPEATS,
+    min_seconds: float = 0.0,
 ) -> Timing:
     """Time ``fn()``: after `SETTLE_S` of quiet, ``warmup`` untimed calls, then
-    ``max(repeats, floor)`` timed ones (`measure_rounds` asks for fewer per block)."""
+    ``max(repeats, floor)`` timed ones (`measure_rounds` asks for fewer per block), and
+    more while the timed calls have taken less than ``min_seconds`` in all (at most
+    `MOST_PER_BLOCK`)."""
     if SETTLE_S:
         time.sleep(SETTLE_S)
     for _ in range(warmup):
         fn()
-    samples = []
-    for _ in range(max(repeats, floor)):
+    samples: list[float] = []
+    least = max(repeats, floor)
+    spent = 0.0
+    while len(samples) < least or (spent < min_seconds and len(samples) < MOST_PER_BLOCK):
         start = time.perf_counter()
         fn()
-        samples.append((time.perf_counter() - start) * 1e3)
+        took = time.perf_counter() - start
+        spent += took
+        samples.append(took * 1e3)
     return Timing(tuple(samples), warmup)
 
 
@@ -93,6 +106,11 @@ def measure(
 #: speed drops for seconds at a time; a contender timed in one block can land wholly in
 #: such a spell, one timed in three blocks spread over the case cannot
 ROUNDS = 3
+#: timed seconds each block of `measure_rounds` fills at least: a call of 50 us gets 200
+#: samples per block instead of 4, so the median of a short call is not four draws of
+#: the VM's noise; calls of 15 ms and more are unaffected
+BLOCK_MIN_S = 0.05
+MOST_PER_BLOCK = 200
 
 
 def measure_rounds(
@@ -104,7 +122,8 @@ def measure_rounds(
 ) -> dict[str, Timing]:
     """Time every contender of ``fns`` in `ROUNDS` rounds: each round runs each contender
     in its own block (after `SETTLE_S`, ``warmup`` untimed calls, then its share of the
-    ``max(repeats, 10)`` timed calls), inside ``scopes[name]()`` when given (torch's
+    ``max(repeats, 10)`` timed calls, and more until the block has timed `BLOCK_MIN_S`),
+    inside ``scopes[name]()`` when given (torch's
     thread count, say). The median of the pooled samples is robust to a slow spell that
     hits one block, and no contender's samples all come from one moment."""
     total = max(repeats, MIN_REPEATS)
@@ -114,7 +133,7 @@ def measure_rounds(
     for _ in range(ROUNDS):
         for name, fn in fns.items():
             with scopes.get(name, contextlib.nullcontext)():
-                timing = measure(fn, warmup=warmup, repeats=share, floor=1)
+                timing = measure(fn, warmup=warmup, repeats=share, floor=1, min_seconds=BLOCK_MIN_S)
             samples[name].extend(timing.samples_ms)
     return {name: Timing(tuple(got), warmup) for name, got in samples.items()}
 
