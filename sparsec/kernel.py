@@ -926,129 +926,157 @@ class _FastPath:
                 ok = isinstance(v, Tensor)
             if not ok or prepared.values[t.name] is not v:
                 return None
-        return _FastPath(kernel, compiled, prepared)
+        try:
+            return _FastPath(kernel, compiled, prepared)
+        except _NoFastPath:
+            return None
 
     def __init__(self, kernel: Kernel, compiled: _Compiled, prepared: _Prepared) -> None:
-        spec = kernel.spec
-        self.names = kernel._names
-        self.fn = compiled.fn
         self.gen = compiled.generated
-        self.dtype = np.dtype(VALUE_DTYPES[prepared.dtype])
-        self.itemsize = self.dtype.itemsize
-        self.index_dtype = np.dtype(INDEX_DTYPES[prepared.index_dtype])
-        self.out_shape = kernel._out_level_indices
-        self.scalar_out = spec.output.order == 0
-        self.poison = kernel._poison
-        self.panels, self.panel_carriers = kernel._panel_index, kernel._panel_carriers
-        self.template: list[Any] = [None] * len(compiled.plan)
-        slots: dict[str, list[tuple[int, tuple[str, int]]]] = {}
-        self.dim_slots: list[tuple[int, str]] = []
-        self.out_slot = self.thread_slot = self.band_slot = self.depth_slot = -1
-        self.band_tiles, self.depth_rows = kernel._band_tiles, kernel._depth_rows
-        for n, (field, tensor, level, index) in enumerate(compiled.plan):
-            if field == "dim":
-                self.dim_slots.append((n, index))
-            elif field == "threads":
-                self.thread_slot = n
-            elif field == "band":
-                self.band_slot = n
-            elif field == "depth":
-                self.depth_slot = n
-            elif tensor == spec.output.name:
-                self.out_slot = n
-            else:
-                slots.setdefault(tensor, []).append((n, (field, level)))
-        modes: dict[str, list[tuple[int, str]]] = {}
-        for name, axis, index in kernel._modes:
-            modes.setdefault(name, []).append((axis, index))
-        self.inputs = [
-            (
-                t.name,
-                0 if t.order == 0 else 1 if t.is_dense else 2,
-                canonical(t.format),
-                t.order,
-                slots.get(t.name, []),
-                modes.get(t.name, []),
-            )
-            for t in kernel._wanted
-        ]
+        source, constants = _fast_source(kernel, compiled, prepared)
+        made: dict[str, Any] = {}
+        # the call's own function: the checks and the argument list written out for this
+        # kernel, so a call runs no loops over inputs, slots or extents. Its identifiers
+        # are generated (v0, d1, ...); names and other values come in as `constants`, and
+        # module-level names (`address`, the cost models' thresholds) are looked up live
+        exec(compile(source, "<sparsec fast path>", "exec"), globals(), made)
+        self.call: Callable[[Mapping[str, Any], int | None], Any] = made["make"](**constants)
+        self.source = source
 
     def __call__(self, inputs: Mapping[str, Any], threads: int | None) -> Any:
-        if inputs.keys() != self.names:
-            return None
-        args = self.template.copy()
-        dims: dict[str, int] = {}
-        for name, kind, fmt, order, slots, modes in self.inputs:
-            v = inputs[name]
-            if kind == 0:
-                if type(v) is not float:
-                    return None
-                args[slots[0][0]] = v
-                continue
-            if kind == 1:
-                if (
-                    type(v) is not np.ndarray
-                    or (v.dtype is not self.dtype and v.dtype != self.dtype)
-                    or v.ndim != order
-                    or not v.flags.c_contiguous
-                ):
-                    return None
-                args[slots[0][0]] = address(v)
-            else:
-                if (
-                    type(v) is not Tensor
-                    or v.vals.dtype != self.dtype
-                    or v.index_dtype != self.index_dtype
-                    or (v.format is not fmt and v.format != fmt)
-                ):
-                    return None
-                addresses = v.addresses()
-                for slot, key in slots:
-                    args[slot] = addresses[key]
-            shape = v.shape
-            for axis, index in modes:
-                if dims.setdefault(index, shape[axis]) != shape[axis]:
-                    return None
-        # only wide calls may run in panels or bands (both cost models need the columns)
-        columns = dims[self.panels] if self.panels is not None else 0
-        wide = columns >= PANEL_MIN_COLUMNS
-        if wide:
-            out_elements = math.prod(dims[i] for i in self.out_shape)
-            if _panels_pay(columns, self.panel_carriers, inputs, out_elements):
-                return None  # the general path runs it in column panels
-        for slot, index in self.dim_slots:
-            args[slot] = dims[index]
-        if self.band_slot >= 0:
-            args[self.band_slot] = self.band_tiles(dims, inputs) if wide else 0
-        if self.depth_slot >= 0:
-            rows = 0
-            if not wide:
-                carried = 0
-                for name in self.panel_carriers:
-                    carried += inputs[name].nbytes
-                if carried > DEPTH_MIN_BYTES:  # `_depth_rows`'s first test, without its call
-                    rows = self.depth_rows(dims, inputs)
-            args[self.depth_slot] = rows
-        args[self.thread_slot] = (
-            threads
-            if type(threads) is int and 0 < threads <= MAX_THREADS
-            else resolve_threads(threads)
-        )
-        level_shape = [dims[i] for i in self.out_shape]
-        size = 1
-        for n in level_shape:
-            size *= n
-        if size * self.itemsize < ALIGN_FROM_BYTES:
-            out = np.empty(level_shape, self.dtype)  # `aligned_empty`'s case, without its call
+        return self.call(inputs, threads)
+
+
+def _fast_source(
+    kernel: Kernel, compiled: _Compiled, prepared: _Prepared
+) -> tuple[str, dict[str, Any]]:
+    """Python source of `_FastPath`'s call for this kernel (``make(**constants)`` returns
+    it), and the constants it binds. It does what the general path would for inputs that
+    already fit, or returns None where they do not."""
+    spec = kernel.spec
+    dtype = np.dtype(VALUE_DTYPES[prepared.dtype])
+    constants: dict[str, Any] = {
+        "NAMES": kernel._names,
+        "DT": dtype,
+        "IDT": np.dtype(INDEX_DTYPES[prepared.index_dtype]),
+        "ITEMSIZE": dtype.itemsize,
+        "FN": compiled.fn,
+        "GEN": compiled.generated,
+        "KERNEL": kernel,
+    }
+    lines = ["if inputs.keys() != NAMES:", "    return None"]
+    modes: dict[str, list[tuple[int, str]]] = {}
+    for name, axis, index in kernel._modes:
+        modes.setdefault(name, []).append((axis, index))
+    local: dict[str, str] = {}  # tensor name -> its local (v0, v1, ...)
+    extent: dict[str, str] = {}  # index -> the local holding its extent (d0, d1, ...)
+    for n, t in enumerate(kernel._wanted):
+        v = local[t.name] = f"v{n}"
+        constants[f"N{n}"] = t.name
+        lines.append(f"{v} = inputs[N{n}]")
+        if t.order == 0:
+            test = f"type({v}) is not float"
+        elif t.is_dense:
+            test = (
+                f"type({v}) is not np.ndarray or ({v}.dtype is not DT and {v}.dtype != DT) "
+                f"or {v}.ndim != {t.order} or not {v}.flags.c_contiguous"
+            )
         else:
-            out = aligned_empty(size, self.dtype).reshape(level_shape)
-        if self.poison:
-            out.fill(np.nan)
-        args[self.out_slot] = address(out)
-        status = self.fn(*args)
-        if status != 0:
-            raise _status_error(status, self.gen)
-        return out[()] if self.scalar_out else out
+            constants[f"F{n}"] = canonical(t.format)
+            test = (
+                f"type({v}) is not Tensor or ({v}.vals.dtype is not DT and {v}.vals.dtype != DT)"
+                f" or ({v}.index_dtype is not IDT and {v}.index_dtype != IDT)"
+                f" or ({v}.format is not F{n} and {v}.format != F{n})"
+            )
+        lines += [f"if {test}:", "    return None"]
+        if t.order and t.is_dense:
+            lines.append(f"x{n} = address({v})")
+        elif t.order:
+            lines.append(f"a{n} = {v}.addresses()")
+        if modes.get(t.name):
+            lines.append(f"s{n} = {v}.shape")
+        for axis, index in modes.get(t.name, []):
+            if index in extent:
+                lines += [f"if s{n}[{axis}] != {extent[index]}:", "    return None"]
+            else:
+                extent[index] = f"d{len(extent)}"
+                lines.append(f"{extent[index]} = s{n}[{axis}]")
+    fields = {field for field, _, _, _ in compiled.plan}
+    needed = {index for field, _, _, index in compiled.plan if field == "dim"}
+    if not needed <= set(extent) or not set(kernel._out_level_indices) <= set(extent):
+        raise _NoFastPath  # an extent no input gives
+    shape = [extent[i] for i in kernel._out_level_indices]
+    size = " * ".join(shape) or "1"
+    j = kernel._panel_index
+    if j is not None:
+        # only wide calls may run in panels or bands (both cost models need the columns)
+        constants["CARRIERS"] = kernel._panel_carriers
+        constants["INDICES"] = tuple(extent)
+        dims = f"dict(zip(INDICES, ({', '.join(extent.values())},)))"
+        lines += [
+            f"wide = {extent[j]} >= PANEL_MIN_COLUMNS",
+            f"if wide and _panels_pay({extent[j]}, CARRIERS, inputs, {size}):",
+            "    return None  # the general path runs it in column panels",
+        ]
+        if "band" in fields:
+            lines.append(f"band = KERNEL._band_tiles({dims}, inputs) if wide else 0")
+        if "depth" in fields:
+            carried = " + ".join(f"{local[c]}.nbytes" for c in kernel._panel_carriers)
+            lines += [
+                "depth = 0",
+                # `_depth_rows`'s first test, without its call
+                f"if not wide and {carried} > DEPTH_MIN_BYTES:",
+                f"    depth = KERNEL._depth_rows({dims}, inputs)",
+            ]
+    else:
+        lines += ["band = 0", "depth = 0"]
+    lines += [
+        "th = (threads if type(threads) is int and 0 < threads <= MAX_THREADS"
+        " else resolve_threads(threads))",
+        f"if {size} * ITEMSIZE < ALIGN_FROM_BYTES:",
+        f"    out = np.empty(({''.join(d + ', ' for d in shape)}), DT)",
+        "else:",
+        f"    out = aligned_empty({size}, DT).reshape(({''.join(d + ', ' for d in shape)}))",
+    ]
+    if kernel._poison:
+        lines.append("out.fill(np.nan)  # test mode: an element the kernel fails to write shows")
+    args = []
+    for n, (field, tensor, level, index) in enumerate(compiled.plan):
+        if field == "dim":
+            args.append(extent[index])
+        elif field == "threads":
+            args.append("th")
+        elif field in ("band", "depth"):
+            args.append(field)
+        elif tensor == spec.output.name:
+            args.append("address(out)")
+        else:
+            t = spec.tensor(tensor)
+            m = local[tensor].removeprefix("v")
+            if t.order == 0:
+                args.append(f"v{m}")
+            elif t.is_dense:
+                args.append(f"x{m}")
+            else:
+                constants[f"K{n}"] = (field, level)
+                args.append(f"a{m}[K{n}]")
+    lines += [
+        f"status = FN({', '.join(args)})",
+        "if status != 0:",
+        "    raise _status_error(status, GEN)",
+        "return out[()]" if spec.output.order == 0 else "return out",
+    ]
+    body = "\n".join("        " + line for line in lines)
+    source = f"def make({', '.join(constants)}):\n    def call(inputs, threads):\n{body}\n    return call\n"
+    return source, constants
+
+
+class _NoFastPath(Exception):
+    """The kernel's calls cannot take the fast path (`_FastPath.build` gives None)."""
+
+
+#: imported names only `_fast_source`'s generated calls use (looked up in this module)
+_FAST_PATH_GLOBALS = (MAX_THREADS, ALIGN_FROM_BYTES)
 
 
 def _column_traffic(
@@ -1112,18 +1140,24 @@ def _depth_rows(
     Rows whole, each row of the sparse operand gathers its rows of the dense operands from
     the shared cache once those outgrow the core's own; a depth block keeps
     DEPTH_BLOCK_FRACTION of the core's cache of them live across all rows, and costs a
-    load and a store of the output per block. So depth blocks need dense operands beyond
-    DEPTH_MIN_BYTES, DEPTH_MIN_OVER_OUTPUT times the output's size, and DEPTH_MIN_REUSE
-    bytes gathered per byte of them."""
+    load and a store of the output and a search in each row per block. So depth blocks
+    need dense operands beyond DEPTH_MIN_BYTES and DEPTH_MIN_OVER_OUTPUT times the
+    output's size, DEPTH_MIN_REUSE bytes gathered per byte of them, and DEPTH_MIN_ENTRIES
+    stored entries per row and block on average."""
     carried_bytes, gathered, size = _column_traffic(columns, carriers, values)
-    if (
-        carried_bytes <= DEPTH_MIN_BYTES
-        or carried_bytes < DEPTH_MIN_OVER_OUTPUT * out_elements * size
-    ):
+    if carried_bytes <= DEPTH_MIN_BYTES:
+        return 0
+    if carried_bytes < DEPTH_MIN_OVER_OUTPUT * out_elements * size:
         return 0
     if gathered < DEPTH_MIN_REUSE * carried_bytes:
         return 0
-    return max(DEPTH_MIN_ROWS, int(core_cache() * DEPTH_BLOCK_FRACTION) // (columns * size))
+    row_bytes = columns * size  # of a dense operand, per coordinate of the reduction
+    depth = max(DEPTH_MIN_ROWS, int(core_cache() * DEPTH_BLOCK_FRACTION) // row_bytes)
+    blocks = -(-carried_bytes // (depth * row_bytes))
+    entries, rows = gathered // row_bytes, out_elements // max(columns, 1)
+    if entries < DEPTH_MIN_ENTRIES * rows * blocks:
+        return 0
+    return depth
 
 
 def _arguments(
@@ -1192,11 +1226,13 @@ BAND_MIN_REUSE = 24
 #: depth blocks (`sparsec.bands`, `_depth_rows`), for calls under PANEL_MIN_COLUMNS
 #: columns: the dense operands' size beyond which they may pay and their least size
 #: relative to the output's (each block loads and stores the output), the bytes gathered
-#: per byte of them they need, the share of the core's cache a block of them fills, and
+#: per byte of them they need, the stored entries per row and block they need (each
+#: block searches every row), the share of the core's cache a block of them fills, and
 #: the fewest coordinates per block (measured: see docs/decisions.md, "Depth blocks")
 DEPTH_MIN_BYTES = 4 << 20
 DEPTH_MIN_OVER_OUTPUT = 1
 DEPTH_MIN_REUSE = 8
+DEPTH_MIN_ENTRIES = 4
 DEPTH_BLOCK_FRACTION = 2.0
 DEPTH_MIN_ROWS = 16
 

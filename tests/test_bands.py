@@ -390,6 +390,10 @@ def test_when_depth_blocks_pay():
     assert rows_for(*case(384, 1536, 0.2)) == 0  # X is 3 MB: 3.6 -> 3.8 ms
     assert rows_for(*case(768, 3072, 0.2, 128)) == 0  # X is 1.5 MB: 3.5 -> 3.6 ms
     assert rows_for(*case(768, 3072, 0.001)) == 0  # too few gathers to repay the blocks
+    # not measured, the search guard alone: 4096 rows over 8 blocks need 4 entries per row
+    # and block on average (131,072 in all)
+    assert rows_for(*case(4096, 4096, 0.004)) == 0  # 67,109 entries
+    assert rows_for(*case(4096, 4096, 0.02)) == block  # 335,544 entries
 
 
 def test_depth_blocks_are_asked_for_only_below_the_panel_columns():

@@ -302,3 +302,31 @@ def test_repeated_calls_take_the_fast_path_and_still_validate(rng):
     np.testing.assert_allclose(k(alpha=2, A=A, x=x.astype(np.float32)), first, rtol=1e-6)
     np.testing.assert_allclose(k(alpha=2.0, A=A.to_scipy(), x=x[::-1].copy()[::-1]), first)
     np.testing.assert_allclose(k(alpha=2.0, A=A, x=np.asfortranarray(x)), first)
+
+
+def test_the_fast_path_is_written_for_its_kernel_without_user_text(rng):
+    """The fast path's call is Python source generated per kernel: names reach it only as
+    bound constants. It returns what the general path does, a scalar output included, and
+    hands every call that does not fit back to the general path."""
+    k = sparsec.Kernel("Out(row,col) = Weights(row,mid) * acts(mid,col)", {"Weights": "csr"})
+    w = sparse_array((33, 21), rng)
+    tensor = sparsec.as_tensor(w, "csr")
+    acts = rng.uniform(size=(21, 70))
+    first = k(Weights=tensor, acts=acts)
+    assert k._fast is not None
+    for word in ("Out", "Weights", "acts", "row", "col", "mid"):
+        assert re.search(rf"\b{word}\b", k._fast.source) is None
+    np.testing.assert_array_equal(k(Weights=tensor, acts=acts), first)
+    np.testing.assert_allclose(first, w @ acts, rtol=1e-12)
+    with pytest.raises(sparsec.ShapeError):
+        k(Weights=tensor, acts=acts[:20].copy())
+    np.testing.assert_allclose(k(Weights=tensor, acts=acts[:, ::2]), w @ acts[:, ::2], rtol=1e-12)
+
+    dot = sparsec.Kernel("s = a(i) * b(i)", {"a": "s"})
+    a = sparse_array((40,), rng)
+    b = rng.uniform(size=40)
+    packed = sparsec.as_tensor(a, "s")
+    once, twice = dot(a=packed, b=b), dot(a=packed, b=b)
+    assert dot._fast is not None
+    assert type(twice) is type(once) and np.ndim(twice) == 0
+    assert twice == once and once == pytest.approx(float(a @ b), rel=1e-12)
