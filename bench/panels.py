@@ -68,7 +68,7 @@ def _layout(mode: str) -> Any:
     'chosen': the runtime's cost models, as shipped."""
     panels = ("PANEL_MIN_BYTES", "PANEL_MIN_REUSE", "PANEL_MIN_REUSE_BEYOND_CACHE")
     bands = ("BAND_MIN_BYTES", "BAND_MIN_REUSE")
-    depth = ("DEPTH_MIN_BYTES", "DEPTH_MIN_OVER_OUTPUT", "DEPTH_MIN_REUSE")
+    depth = ("DEPTH_MIN_BYTES", "DEPTH_MIN_OVER_OUTPUT", "DEPTH_MIN_REUSE", "DEPTH_MIN_ENTRIES")
     saved = {n: getattr(KERNEL, n) for n in (*panels, *bands, *depth)}
     forced = {n: _ALWAYS if mode == "panels" else _NEVER for n in panels}
     forced |= {n: _ALWAYS if mode == "bands" else _NEVER for n in bands}
