@@ -182,8 +182,12 @@ def _build(source: str, tc: Toolchain, dest: Path) -> Path:
     except OSError:
         workdir = _fallback_dir()
         dest = workdir / dest.name
-    fd, src_path = tempfile.mkstemp(suffix=tc.suffix, dir=workdir)
-    with os.fdopen(fd, "w") as f:
+    # the source's file name is compiled into the library (its symbol table names it), so
+    # it is the same in every build: processes that build one entry at once then write the
+    # same bytes, and whichever library and sidecar land last still agree
+    srcdir = tempfile.mkdtemp(prefix=".src-", dir=workdir)
+    src_path = os.path.join(srcdir, "sparsec_kernel" + tc.suffix)
+    with open(src_path, "w") as f:
         f.write(source)
     fd, tmp_so = tempfile.mkstemp(suffix=".so.tmp", dir=workdir)
     os.close(fd)
@@ -191,10 +195,12 @@ def _build(source: str, tc: Toolchain, dest: Path) -> Path:
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
-        _unlink(src_path, tmp_so)
+        _unlink(tmp_so)
+        shutil.rmtree(srcdir, ignore_errors=True)
         raise CompileError(f"C compiler failed to run ({' '.join(cmd)}): {err}") from None
     if result.returncode != 0:
-        _unlink(src_path, tmp_so)
+        _unlink(tmp_so)
+        shutil.rmtree(srcdir, ignore_errors=True)
         raise CompileError(
             f"C compiler failed (exit {result.returncode}) running {' '.join(cmd)}:\n"
             f"{result.stderr.strip()[-4000:]}"
@@ -205,7 +211,7 @@ def _build(source: str, tc: Toolchain, dest: Path) -> Path:
     with os.fdopen(fd, "w") as f:
         f.write(digest + "\n")
     os.replace(tmp_sum, dest.with_suffix(".sha256"))
-    _unlink(src_path)
+    shutil.rmtree(srcdir, ignore_errors=True)
     return dest
 
 

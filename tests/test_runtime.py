@@ -59,6 +59,22 @@ def test_foreign_but_loadable_cache_entry_is_detected(tmp_path, monkeypatch):
     assert runtime.compile_cached(src).sparsec_kernel() == 7
 
 
+def test_builds_of_one_source_are_byte_identical(tmp_path, monkeypatch):
+    """Processes that build one cache entry at once each replace the library, then its
+    hash sidecar: only identical bytes keep whichever pair lands last in agreement (the
+    compiler records the source's file name, which must not vary)."""
+    src = SOURCE + "/* g */\n"
+    built = []
+    for where in ("one", "two"):
+        monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path / where))
+        runtime._loaded.clear()
+        assert runtime.compile_cached(src).sparsec_kernel() == 7
+        (library,) = (tmp_path / where).glob("*.so")
+        built.append(library.read_bytes())
+        assert sorted(p.suffix for p in (tmp_path / where).iterdir()) == [".sha256", ".so"]
+    assert built[0] == built[1]
+
+
 def test_missing_compiler(monkeypatch, tmp_path):
     monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("SPARSEC_CC", "no-such-compiler-xyz")
@@ -70,6 +86,7 @@ def test_failing_compiler_reports_its_message(monkeypatch, tmp_path):
     monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
     with pytest.raises(CompileError, match="error"):
         runtime.compile_cached("this is not C\n")
+    assert not list(tmp_path.iterdir())  # no source or partial library left behind
 
 
 def test_unwritable_cache_dir_falls_back(tmp_path, monkeypatch):
