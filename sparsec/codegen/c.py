@@ -279,7 +279,6 @@ def generate(
             functions=functions,
             vectors=tile_vectors if tiled or append_tiled else 0,
             stream_sfx="ps" if dtype == "float32" else "pd",
-            stream_vt="" if dtype == "float32" else "d",
             stream_out_bytes=last_level_cache(),
             params=[C.param(p) for p in sig.params],
         )
