@@ -1008,6 +1008,8 @@ def _fast_source(
     shape = [extent[i] for i in kernel._out_level_indices]
     size = " * ".join(shape) or "1"
     j = kernel._panel_index
+    if j is not None and not set(kernel._panel_carriers) <= set(local):
+        raise _NoFastPath  # a dense operand along j that the call does not pass
     if j is not None:
         # only wide calls may run in panels or bands (both cost models need the columns)
         constants["CARRIERS"] = kernel._panel_carriers
