@@ -141,16 +141,23 @@ def test_spmm_in_bands_equals_the_whole_run(width, tiles, dtype, threads, bands_
     w = sparse_array((41, 29), rng, 0.3).astype(dtype)
     w[5] = 0  # an empty row
     x = rng.standard_normal((29, width)).astype(dtype)
+    _spmm_equals_the_whole_run(bands_of, tiles, w, x, threads)
+
+
+def _spmm_equals_the_whole_run(force, n: int, w: np.ndarray, x: np.ndarray, threads: int):
+    """SpMM of ``w`` and ``x`` with ``force(n)`` gives the ``force(0)`` run's result bit
+    for bit, on the first call and on the fast path (which fills the argument too), and
+    dense torch's."""
     tensor = sparsec.as_tensor(w, "csr")
-    bands_of(0)
+    force(0)
     whole = sparsec.Kernel(SPMM, {"W": "csr"})(W=tensor, X=x, threads=threads)
-    bands_of(tiles)
+    force(n)
     k = sparsec.Kernel(SPMM, {"W": "csr"})
     got = k(W=tensor, X=x, threads=threads)
-    again = k(W=tensor, X=x, threads=threads)  # the fast path fills sc_band too
+    again = k(W=tensor, X=x, threads=threads)
     np.testing.assert_array_equal(got, whole)
     np.testing.assert_array_equal(again, whole)
-    tol = 1e-4 if dtype == "float32" else 1e-12
+    tol = 1e-4 if w.dtype == np.float32 else 1e-12
     want = torch_reference("ik,kj->ij", {"W": w, "X": x})
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
@@ -237,18 +244,7 @@ def test_spmm_in_depth_blocks_equals_the_whole_run(width, depth, dtype, threads,
     rng = np.random.default_rng(width * 11 + depth)
     w = _blocky((41, 29), rng, dtype)
     x = rng.standard_normal((29, width)).astype(dtype)
-    tensor = sparsec.as_tensor(w, "csr")
-    depth_of(0)
-    whole = sparsec.Kernel(SPMM, {"W": "csr"})(W=tensor, X=x, threads=threads)
-    depth_of(depth)
-    k = sparsec.Kernel(SPMM, {"W": "csr"})
-    got = k(W=tensor, X=x, threads=threads)
-    again = k(W=tensor, X=x, threads=threads)  # the fast path fills sc_depth too
-    np.testing.assert_array_equal(got, whole)
-    np.testing.assert_array_equal(again, whole)
-    tol = 1e-4 if dtype == "float32" else 1e-12
-    want = torch_reference("ik,kj->ij", {"W": w, "X": x})
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    _spmm_equals_the_whole_run(depth_of, depth, w, x, threads)
 
 
 @pytest.mark.parametrize("depth", [1, 4, 13])
