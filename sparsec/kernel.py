@@ -15,6 +15,7 @@ import ctypes
 import functools
 import math
 import os
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -82,6 +83,9 @@ class _Compiled:
     plan: tuple[tuple[str, str, int, str], ...]
     #: the single-pass kernel of a sparse output (may be ``fn`` itself), else None
     append: Any = None
+    #: ``sparsec_kernel_packed``, the kernel taking its arguments as one array of int64
+    #: (a bytes object), where the C kernel has it (no scalar value parameter), else None
+    packed: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +352,7 @@ class Kernel:
             if found is None:
                 gen = self.generated(dtype, index_dtype)
                 types = [_ctype(p, dtype) for p in gen.signature.params]
+                packed = None
                 if self.target == "cuda":
                     gpu.cupy_device()  # "no CUDA device" before anything else
                     fn: Any = None
@@ -361,6 +366,10 @@ class Kernel:
                     fn = lib.sparsec_kernel
                     fn.argtypes = types
                     fn.restype = ctypes.c_int
+                    if gen.packed:
+                        packed = lib.sparsec_kernel_packed
+                        packed.argtypes = [ctypes.c_char_p]
+                        packed.restype = ctypes.c_int
                 plan = tuple(
                     (p.field, p.tensor or "", p.level, p.index or "") for p in gen.signature.params
                 )
@@ -373,7 +382,7 @@ class Kernel:
                         append = getattr(lib, gen.append)
                         append.argtypes = fn.argtypes
                         append.restype = ctypes.c_int
-                found = self._compiled[key] = _Compiled(gen, fn, assemble, plan, append)
+                found = self._compiled[key] = _Compiled(gen, fn, assemble, plan, append, packed)
             return found
 
     # ------------------------------------------------------------------- call
@@ -382,7 +391,7 @@ class Kernel:
             return self._tuned_variant(inputs, threads)(**inputs, threads=threads)
         fast = self._fast
         if fast is not None:
-            result = fast(inputs, threads)
+            result = fast.call(inputs, threads)
             if result is not None:
                 return result
         prepared = self._prepare(inputs)
@@ -1062,8 +1071,14 @@ def _fast_source(
             else:
                 constants[f"K{n}"] = (field, level)
                 args.append(f"a{m}[K{n}]")
+    if compiled.packed is not None:
+        # one ctypes argument: the int64s packed in a bytes object (see `_Compiled.packed`)
+        constants["FNP"] = compiled.packed
+        constants["PACK"] = struct.Struct(f"={len(args)}q").pack
+        lines.append(f"status = FNP(PACK({', '.join(args)}))")
+    else:
+        lines.append(f"status = FN({', '.join(args)})")
     lines += [
-        f"status = FN({', '.join(args)})",
         "if status != 0:",
         "    raise _status_error(status, GEN)",
         "return out[()]" if spec.output.order == 0 else "return out",

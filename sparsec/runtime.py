@@ -66,7 +66,7 @@ def aligned_empty(n: int, dtype: np.dtype) -> np.ndarray:
 
 
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
-REQUIRED_CFLAGS = ("-shared", "-fPIC", "-std=gnu11")
+REQUIRED_CFLAGS = ("-shared", "-fPIC", "-std=gnu11", "-Werror=implicit-function-declaration")
 #: the CUDA emulation builds C++ (SPARSEC_CXX, SPARSEC_CXXFLAGS)
 DEFAULT_CXXFLAGS = "-O2 -fopenmp"
 REQUIRED_CXXFLAGS = ("-shared", "-fPIC", "-std=c++20")

@@ -430,7 +430,10 @@ class _Tiler:
         """``loop`` with the j loop replaced by ``body``, or started at ``start``."""
         if loop is self.nest.inner:
             assert start is not None
-            return replace(loop, start=start)
+            # the columns left of the tiles: iterations independent as the tiles' lanes are
+            # (each writes its own output value), so `omp simd` vectorises them without the
+            # compiler's alias checks and loop versions (~10 ms of an -O3 compile)
+            return replace(loop, start=start, parallel=loop.parallel or ir.Parallel("CPUVector"))
         stmts: list[ir.Stmt] = []
         for s in loop.body.body:
             if isinstance(s, ir.For):

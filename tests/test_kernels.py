@@ -330,3 +330,29 @@ def test_the_fast_path_is_written_for_its_kernel_without_user_text(rng):
     assert dot._fast is not None
     assert type(twice) is type(once) and np.ndim(twice) == 0
     assert twice == once and once == pytest.approx(float(a @ b), rel=1e-12)
+
+
+def test_the_fast_path_passes_its_arguments_packed_unless_a_scalar_is_among_them(rng):
+    """A C kernel without scalar value parameters also exports ``sparsec_kernel_packed``,
+    which reads the ABI's arguments from one int64 array; the fast path calls it (one
+    ctypes argument), the general path the plain entry, and both give the same values."""
+    k = sparsec.Kernel("C(i,j) = W(i,k) * X(k,j)", {"W": "csr"}, dtype="float32")
+    w = sparse_array((45, 31), rng, integer=True).astype(np.float32)
+    x = rng.integers(-3, 4, size=(31, 75)).astype(np.float32)
+    tensor = sparsec.as_tensor(w, "csr")
+    general = k(W=tensor, X=x, threads=2)
+    assert k.generated("float32").packed and "int sparsec_kernel_packed(" in k.source
+    assert k._fast is not None and "FNP(PACK(" in k._fast.source
+    fast = k(W=tensor, X=x, threads=2)
+    want = torch.einsum("ik,kj->ij", torch.from_numpy(w), torch.from_numpy(x)).numpy()
+    np.testing.assert_array_equal(general, want)
+    np.testing.assert_array_equal(fast, want)
+    # a float scalar fits no int64: that kernel has the plain entry only
+    scaled = sparsec.Kernel("y(i) = alpha * A(i,j) * x(j)", {"A": "csr"})
+    assert not scaled.generated().packed and "sparsec_kernel_packed" not in scaled.source
+    a = sparsec.as_tensor(sparse_array((12, 9), rng), "csr")
+    v = rng.uniform(size=9)
+    first = scaled(alpha=3.0, A=a, x=v)
+    assert scaled._fast is not None and "FN(" in scaled._fast.source
+    assert "FNP" not in scaled._fast.source
+    np.testing.assert_array_equal(scaled(alpha=3.0, A=a, x=v), first)

@@ -251,10 +251,14 @@ def test_dense_outputs_store_their_tiles_through_the_streaming_store():
     k = sparsec.Kernel(SPMM, {"W": "csr"})
     src = k.generated("float32").source
     # a call in depth blocks (`sparsec.bands`) reads its output tiles back: never streamed
-    flag = "int64_t sc_stream_out = i_dim * j_dim >= SC_STREAM_OUT_VALUES && sc_depth == 0;"
+    flag = (
+        "int64_t sc_stream_out = i_dim * j_dim >= SC_STREAM_OUT_VALUES && sc_depth == 0"
+        " && sc_rows_aligned(Y_vals, j_dim);"
+    )
     assert flag in src
     assert "sc_vstore_out(Y_vals + " in src and "sc_vstore(Y_vals" not in src
-    assert src.rstrip().endswith("sc_store_fence();\n  return 0;\n}".rstrip())
+    kernel_fn = src.split("\nint sparsec_kernel(")[1].split("\n}\n")[0] + "\n}"
+    assert kernel_fn.rstrip().endswith("sc_store_fence();\n  return 0;\n}")
     assert f"((int64_t){runtime.last_level_cache()} / (int64_t)sizeof(sc_val_t))" in src
     llc = runtime.last_level_cache()
     assert f"output tiles stored non-temporally from {llc} bytes" in k.schedule
@@ -275,9 +279,12 @@ def test_tiles_into_a_workspace_keep_the_plain_store():
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("width", [64, 97, 256, 300])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_streamed_output_tiles_equal_plain_ones(dtype, width, threads, monkeypatch):
-    """With the threshold at 64 bytes every output streams (its aligned vectors through
-    non-temporal stores, the rest plainly; rows of 97 or 300 values start unaligned): the
+@pytest.mark.parametrize("aligned", [True, False])
+def test_streamed_output_tiles_equal_plain_ones(dtype, width, threads, aligned, monkeypatch):
+    """With the threshold at 64 bytes every output is big enough to stream; it streams
+    where the array starts on a vector boundary and its rows are whole vectors (``aligned``:
+    every output allocated on a cache line; otherwise numpy's 16 bytes), and takes plain
+    stores elsewhere (rows of 97 values, or 300 in float32, start unaligned). Either way the
     result is the plain stores' bit for bit, and torch's."""
     rng = np.random.default_rng(width)
     w = sparse_array((150, 40), rng, 0.3).astype(dtype)
@@ -285,6 +292,9 @@ def test_streamed_output_tiles_equal_plain_ones(dtype, width, threads, monkeypat
     tensor = sparsec.as_tensor(w, "csr")
     plain = sparsec.Kernel(SPMM, {"W": "csr"})(W=tensor, X=x, threads=threads)
     monkeypatch.setattr(CODEGEN_C, "last_level_cache", lambda: 64)
+    if aligned:
+        monkeypatch.setattr(runtime, "ALIGN_FROM_BYTES", 0)
+        monkeypatch.setattr(sys.modules["sparsec.kernel"], "ALIGN_FROM_BYTES", 0)
     k = sparsec.Kernel(SPMM, {"W": "csr"})
     assert "((int64_t)64 / (int64_t)sizeof(sc_val_t))" in k.generated(dtype).source
     got = k(W=tensor, X=x, threads=threads)

@@ -53,6 +53,9 @@ class Generated:
     #: sparse output: the function that fills the output in one serial pass, given arrays
     #: of a proven capacity ("": none; the two phases run)
     append: str = ""
+    #: whether the C source also defines ``sparsec_kernel_packed`` (its arguments in one
+    #: int64 array; none where a parameter is a scalar value)
+    packed: bool = False
 
 
 @cache
@@ -172,8 +175,13 @@ def _stream_output(
     big: ir.Expr = ir.Bin(">=", size, STREAM_OUT_VALUES)
     if deep:
         big = ir.conj(big, ir.Bin("==", ir.Var(DEPTH), ir.IntLit(0)))
-    flag = ir.Decl(ir.I64, STREAM_OUT, big)
     out = sig.array(spec.output.name, "vals")
+    # a tile runs along the output's last level with stride 1 from a multiple of that
+    # level's extent: when the array and that extent are whole vectors, every tile vector
+    # is aligned, as a non-temporal store needs
+    last = spec.statement.lhs.indices[spec.output.format.ordering[-1]]
+    aligned = ir.Call("rows_aligned", (ir.Var(out), ir.Var(sig.dim(last))))
+    flag = ir.Decl(ir.I64, STREAM_OUT, ir.conj(big, aligned))
     stored = ir.Block(tuple(_stores_out(s, out) for s in body.body))
     if stored == body:
         return None
@@ -198,6 +206,23 @@ def _walks(spec: Spec, sig: Signature) -> Walks:
         if len(indices) == 1:
             found[p.name] = (pos, ir.Var(sig.dim(indices.pop())))
     return found
+
+
+def _packed(sig: Signature) -> list[str]:
+    """The arguments ``sparsec_kernel_packed`` passes on, read from its int64 array ``a``
+    (arrays as addresses, in ABI order), or none where a parameter is a value of the
+    kernel's value type (a scalar input), which no int64 holds."""
+    out = []
+    for n, p in enumerate(sig.params):
+        ty = C.types[p.type]
+        if p.kind == "array":
+            const = "" if p.writable else "const "
+            out.append(f"({const}{ty}*)(uintptr_t)a[{n}]")
+        elif p.type == ir.VAL:
+            return []
+        else:
+            out.append(f"({ty})a[{n}]")
+    return out
 
 
 def generate(
@@ -267,6 +292,7 @@ def generate(
     if tiled or streamed:
         schedule += f"; {'; '.join((*tiled, *banded, *stored, *streamed))}"
     val_t, idx_t = C_VALUE_TYPES[dtype], C_INDEX_TYPES[index_dtype]
+    packed = _packed(sig)
     source = (
         environment()
         .get_template("kernel.c.j2")
@@ -281,6 +307,7 @@ def generate(
             stream_sfx="ps" if dtype == "float32" else "pd",
             stream_out_bytes=last_level_cache(),
             params=[C.param(p) for p in sig.params],
+            packed=packed,
         )
     )
     return Generated(
@@ -292,4 +319,5 @@ def generate(
         index_dtype,
         lowered.bounds,
         append=append,
+        packed=bool(packed),
     )

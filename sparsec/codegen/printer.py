@@ -60,6 +60,7 @@ class Target:
             "vload": "sc_vload",
             "vstore": "sc_vstore",
             "vstore_out": "sc_vstore_out",
+            "rows_aligned": "sc_rows_aligned",
             "store_fence": "sc_store_fence",
             "vzero": "sc_vzero",
             "prefetch": "sc_prefetch",
