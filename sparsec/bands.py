@@ -275,13 +275,13 @@ class _Depth:
             ir.Decl(
                 ir.I64,
                 lo.name,
-                ir.Select(several, ir.Call("gallop", (crd, walk.start, walk.end, key)), walk.start),
+                ir.Select(several, ir.Call("gallop_row", (crd, walk.start, walk.end, key)), walk.start),
             ),
             ir.Decl(
                 ir.I64,
                 hi.name,
                 ir.Select(
-                    several, ir.Call("gallop", (crd, lo, walk.end, ir.add(key, size))), walk.end
+                    several, ir.Call("gallop_row", (crd, lo, walk.end, ir.add(key, size))), walk.end
                 ),
             ),
         )

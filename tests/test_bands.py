@@ -327,8 +327,8 @@ def test_a_region_over_one_walk_runs_in_depth_blocks():
     assert params == ("sc_band", "sc_depth") and "depth blocks" in notes[0]
     text = "\n".join(Printer(C).stmts(body))
     # the row's positions in the block, by galloping search over its sorted segment
-    assert "sc_gallop(crd, pos[i], end, sc_kb0 * sc_kd0)" in text
-    assert "sc_gallop(crd, sc_lo0, end, sc_kb0 * sc_kd0 + sc_kd0)" in text
+    assert "sc_gallop_row(crd, pos[i], end, sc_kb0 * sc_kd0)" in text
+    assert "sc_gallop_row(crd, sc_lo0, end, sc_kb0 * sc_kd0 + sc_kd0)" in text
     # the walks run over the block; tiles resume from the stored output after the first
     assert text.count("for (int64_t p = sc_lo0; p < sc_hi0; p++)") == 2
     assert "sc_acc0_0 = sc_kb0 == 0 ? sc_vzero() : sc_vload(y + i);" in text
@@ -363,7 +363,7 @@ def test_regions_not_over_one_walk_stay_in_one_block(case):
         region = ir.Block((comment, count, tiles, rest))
     body, notes, params = band(ir.block(_rows(end, region)), walks)
     assert params == ("sc_band",) and "depth" not in notes[0]
-    assert "sc_gallop" not in "\n".join(Printer(C).stmts(body))
+    assert "sc_gallop" not in "\n".join(Printer(C).stmts(body))  # nor sc_gallop_row
 
 
 def test_when_depth_blocks_pay():

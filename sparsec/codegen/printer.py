@@ -53,6 +53,7 @@ class Target:
             "thread_id": "sc_thread_id",
             "search": "sc_search",
             "gallop": "sc_gallop",
+            "gallop_row": "sc_gallop_row",
             "warp_sum": "sc_warp_sum",
             "lane": "sc_lane",
             "block_threads": "sc_block_threads",
