@@ -275,7 +275,9 @@ class _Depth:
             ir.Decl(
                 ir.I64,
                 lo.name,
-                ir.Select(several, ir.Call("gallop_row", (crd, walk.start, walk.end, key)), walk.start),
+                ir.Select(
+                    several, ir.Call("gallop_row", (crd, walk.start, walk.end, key)), walk.start
+                ),
             ),
             ir.Decl(
                 ir.I64,
