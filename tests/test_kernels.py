@@ -347,6 +347,10 @@ def test_the_fast_path_passes_its_arguments_packed_unless_a_scalar_is_among_them
     want = torch.einsum("ik,kj->ij", torch.from_numpy(w), torch.from_numpy(x)).numpy()
     np.testing.assert_array_equal(general, want)
     np.testing.assert_array_equal(fast, want)
+    # no stored entries (empty crd and vals arrays) and a single column, through the same path
+    empty = sparsec.as_tensor(np.zeros((45, 31), np.float32), "csr")
+    np.testing.assert_array_equal(k(W=empty, X=x, threads=2), np.zeros((45, 75), np.float32))
+    np.testing.assert_array_equal(k(W=tensor, X=x[:, :1].copy(), threads=1), want[:, :1])
     # a float scalar fits no int64: that kernel has the plain entry only
     scaled = sparsec.Kernel("y(i) = alpha * A(i,j) * x(j)", {"A": "csr"})
     assert not scaled.generated().packed and "sparsec_kernel_packed" not in scaled.source
