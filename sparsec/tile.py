@@ -20,6 +20,13 @@ Two more things make a tile cheaper, both measured on pruned-BERT SpMM (`bench b
   row that iteration ``p + PREFETCH_DISTANCE`` will load (one cache line, mid-tile, which
   measured faster than one per line); the last iterations run without. Hardware prefetchers
   cannot predict these rows; strided loads are left to them.
+- *Prefetched across segments.* When the innermost loop walks segments ``pos[q] ..
+  pos[q + 1]`` of the loop around it (MTTKRP's l fibers in its k fibers, about one entry
+  each on random tensors, where the split loop above never prefetches), the segments of the
+  region make one run of positions: the innermost loop prefetches ``PREFETCH_DISTANCE``
+  positions on in that run, into the next segments, and the loop around it prefetches the
+  rows that its own iteration that far on gathers (MTTKRP's ``C[k, :]``), each index
+  clamped to its range's last. MTTKRP (2000³, 1M entries, rank 32) measured 1.3–1.5x faster.
 
 Each output element still receives the same additions in the same order, so results do
 not change. The pass is C-only (the CUDA printer never sees it) and conservative: it
@@ -163,7 +170,8 @@ def _stmt(
                         loops = ", ".join(loop.var for loop in nest.loops)
                         note = f"{nest.inner.var} in register tiles across loop {loops}"
                         if prefetched:
-                            note += f" (gathered rows prefetched {PREFETCH_DISTANCE} ahead)"
+                            where = ", across segments" if prefetched == "across segments" else ""
+                            note += f" (gathered rows prefetched {PREFETCH_DISTANCE} ahead{where})"
                         notes.append(note)
                         return tiled
     return ir.map_blocks(s, lambda b: _block(b, notes, ids))
@@ -205,9 +213,9 @@ class _Refuse(Exception):
 
 def _tile(
     nest: _Nest, uid: int, before: _Zeroing | None
-) -> tuple[ir.Stmt | _ZeroStarted, bool] | None:
-    """The tiled region (a `_ZeroStarted` when it took over ``before``) and whether it
-    prefetches, or None."""
+) -> tuple[ir.Stmt | _ZeroStarted, str] | None:
+    """The tiled region (a `_ZeroStarted` when it took over ``before``) and how it
+    prefetches (`_Tiler.prefetched`), or None."""
     try:
         tiler = _Tiler(nest, uid)
         zero = before is not None and tiler.zeroed_by(before)
@@ -244,7 +252,8 @@ class _Tiler:
         self.zeroing: ir.For | None = None
         #: the tile's vector loads (lane 0 addresses), candidates for prefetching
         self.gathers: list[ir.Expr] = []
-        self.prefetched = False
+        #: how gathered rows are prefetched: "" (not), "within segments" or "across segments"
+        self.prefetched = ""
 
     def resolve(self, e: ir.Expr) -> ir.Expr:
         return substitute(e, self.env)
@@ -288,27 +297,81 @@ class _Tiler:
         self.zeroing = before.loop
         return True
 
-    def prefetches(self, loads: list[ir.Expr]) -> list[ir.Stmt]:
-        """Prefetches, for the region's innermost loop, of the rows that iteration
-        ``+ PREFETCH_DISTANCE`` gathers: one per distinct vector load whose row comes
-        through an index array walked by that loop (``loads``: lane-0 addresses)."""
-        loop = self.nest.loops[-1]
+    def prefetches(
+        self, loop: ir.For, ahead: ir.Expr, inner: frozenset[str] = frozenset()
+    ) -> list[ir.Stmt]:
+        """Prefetches, for ``loop`` (one of the region's), of the rows that iteration
+        ``ahead`` gathers: one per distinct vector load of the tile whose row comes through
+        an index array that ``loop`` walks. A load that also needs a name of ``inner``
+        (the loops inside ``loop``, and what they declare) is theirs to prefetch."""
         env = bindings(loop.body.body)
-        ahead: dict[str, ir.Expr] = {
-            loop.var: ir.Bin("+", ir.Var(loop.var), ir.IntLit(PREFETCH_DISTANCE))
-        }
         out: list[ir.Stmt] = []
         seen: set[ir.Expr] = set()
         middle = self._lane(VECTORS // 2)
-        for at in loads:
+        for at in self.gathers:
             at = substitute(at, env)
-            if at in seen or not _gathers(at, loop.var):
+            if at in seen or not _gathers(at, loop.var) or free_vars(at) & inner:
                 continue
             # names the loop declares were substituted; anything else from the region
             # (outer loops' variables and locals) is unchanged across this loop
             seen.add(at)
-            out.append(ir.Effect(ir.Call("prefetch", (ir.add(substitute(at, ahead), middle),))))
+            moved = substitute(at, {loop.var: ahead})
+            out.append(ir.Effect(ir.Call("prefetch", (ir.add(moved, middle),))))
         return out
+
+    def segments(self) -> tuple[ir.For, ir.Expr] | None:
+        """``(parent, last)`` when the region's innermost loop walks, in each iteration
+        ``q`` of the loop around it (``parent``), the segment ``pos[q] .. pos[q + 1]`` of one
+        position array (MTTKRP's l fibers inside its k fibers), and the parent's bounds are
+        fixed in the region: the segments of its iterations then make one run of positions,
+        whose last is ``last`` (an expression of names from outside the region)."""
+        if len(self.nest.loops) < 2:
+            return None
+        parent, loop = self.nest.loops[-2], self.nest.loops[-1]
+        if (free_vars(parent.start) | free_vars(parent.end)) & self.inside:
+            return None
+        env = bindings(parent.body.body)
+        start, end = substitute(loop.start, env), substitute(loop.end, env)
+        q = ir.Var(parent.var)
+        if not isinstance(start, ir.Load) or start.index != q:
+            return None
+        if end != ir.Load(start.array, ir.add(q, ir.IntLit(1))):
+            return None
+        # pos[parent's end] is read only where the parent runs (it is then its last segment's
+        # end); an empty parent gives 0, never read
+        last = ir.Bin("-", ir.Load(start.array, parent.end), ir.IntLit(1))
+        return parent, ir.Select(ir.Bin("<", parent.start, parent.end), last, ir.IntLit(0))
+
+    def _across(self, region: ir.For, parent: ir.For, last: ir.Expr) -> ir.Stmt | None:
+        """``region`` with its two innermost loops prefetching ahead across segments: the
+        innermost loop the rows ``PREFETCH_DISTANCE`` positions on in the parent's run of
+        positions (into the next segments: MTTKRP's l fibers hold about one entry each), and
+        the parent the rows its own iteration that far on gathers (MTTKRP's ``C[k, :]``),
+        each index clamped to its range's last. None when neither has a load to prefetch."""
+        loop = self.nest.loops[-1]
+        end = f"sc_pfend{self.uid}"
+        distance = ir.IntLit(PREFETCH_DISTANCE)
+        ahead = ir.Call("min", (ir.add(ir.Var(loop.var), distance), ir.Var(end)))
+        own = self.prefetches(loop, ahead)
+        inner = {loop.var} | {d.name for d in loop.body.body if isinstance(d, ir.Decl)}
+        parent_last = ir.Bin("-", parent.end, ir.IntLit(1))
+        parent_ahead = ir.Call("min", (ir.add(ir.Var(parent.var), distance), parent_last))
+        theirs = self.prefetches(parent, parent_ahead, frozenset(inner))
+        if not own and not theirs:
+            return None
+
+        def walk(s: ir.For) -> ir.For:
+            body = s.body.body
+            if s.var == loop.var:
+                decls = [x for x in body if isinstance(x, ir.Decl | ir.Comment)]
+                rest = [x for x in body if not isinstance(x, ir.Decl | ir.Comment)]
+                return replace(s, body=ir.block(*decls, *own, *rest))
+            inside = [walk(x) if isinstance(x, ir.For) else x for x in body]
+            if s.var == parent.var:
+                return replace(s, body=ir.block(*theirs, *inside))
+            return replace(s, body=ir.Block(tuple(inside)))
+
+        return ir.block(ir.Decl(ir.I64, end, last), walk(region))
 
     def vector(self, e: ir.Expr, lane: int) -> ir.Expr:
         """The value expression over vector ``lane`` of the tile."""
@@ -363,9 +426,17 @@ class _Tiler:
             return ir.Bin("+", ir.Var(self.out), ir.add(ir.add(out_base, jt), self._lane(v)))
 
         inner = ir.block(*(ir.Assign(ir.Var(a), s, "+=") for a, s in zip(acc, sums, strict=True)))
-        prefetch = self.prefetches(self.gathers)
-        self.prefetched = bool(prefetch)
-        region = self._split(self._replace_inner(nest.loops[0], inner), prefetch)
+        walked = self._replace_inner(nest.loops[0], inner)
+        segments = self.segments()
+        across = None if segments is None else self._across(walked, *segments)
+        if across is not None:
+            region, self.prefetched = across, "across segments"
+        else:
+            last = nest.loops[-1]
+            distance = ir.IntLit(PREFETCH_DISTANCE)
+            prefetch = self.prefetches(last, ir.Bin("+", ir.Var(last.var), distance))
+            self.prefetched = "within segments" if prefetch else ""
+            region = self._split(walked, prefetch)
         tiles = ir.Var(f"sc_tiles{self.uid}")
         t = f"sc_t{self.uid}"
         tile_loop = ir.For(

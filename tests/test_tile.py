@@ -243,6 +243,41 @@ def test_prefetching_spmm_matches_torch_for_every_row_length(width, dtype, rng):
         np.testing.assert_array_equal(got, want)
 
 
+def test_mttkrp_prefetches_across_its_fibers():
+    """MTTKRP's l fibers hold about one entry each, so prefetching within a fiber never runs:
+    the l loop prefetches the D row 6 positions on in the slice's run of positions (into the
+    next fibers, clamped to the run's last), and the k loop the C row its iteration 6 on
+    gathers (clamped to the slice's last k). SpMM's single loop keeps its split."""
+    for fmt in ("csf", "dss"):
+        k = sparsec.Kernel(MTTKRP, {"B": fmt})
+        src = k.source
+        assert "sc_pfend0 = B2_pos[pB1] < pB2_end ? B3_pos[pB2_end] - 1 : 0;" in src
+        assert "sc_prefetch(C_vals + (B2_crd[sc_min(pB2 + 6, pB2_end - 1)] * j_dim" in src
+        assert "sc_prefetch(D_vals + (B3_crd[sc_min(pB3 + 6, sc_pfend0)] * j_dim" in src
+        assert "sc_pf0" not in src
+        assert "prefetched 6 ahead, across segments" in k.schedule
+    spmm = sparsec.Kernel(SPMM, {"W": "csr"})
+    assert "sc_pf0 = sc_max(" in spmm.source and "across segments" not in spmm.schedule
+
+
+@pytest.mark.parametrize("fmt", ["csf", "dss", "uqq"])
+@pytest.mark.parametrize("width", [64, 97])
+def test_prefetching_mttkrp_matches_torch_across_fibers(fmt, width, rng):
+    """Slices with no entries, fibers of one entry and of many, and a full last slice (its
+    prefetch indices clamp at the arrays' ends): exact integer results, on 1 and 2 threads."""
+    b = np.zeros((7, 9, 12))
+    b[1, 2, 5] = 3.0  # a slice of one fiber of one entry
+    b[2] = sparse_array((9, 12), rng, 0.15, integer=True)  # fibers of about one entry
+    b[4, :, :] = rng.integers(-3, 4, size=(9, 12)) + 0.5  # long fibers
+    b[6] = sparse_array((9, 12), rng, 0.6, integer=True)  # the last slice, full to the end
+    d = sparse_array((12, width), rng, 0.8, integer=True)
+    c = sparse_array((9, width), rng, 0.8, integer=True)
+    k = sparsec.kernel(MTTKRP, {"B": fmt})
+    want = torch_reference("ikl,lj,kj->ij", {"B": b, "D": d, "C": c})
+    for threads in (1, 2):
+        np.testing.assert_array_equal(np.asarray(k(B=b, D=d, C=c, threads=threads)), want)
+
+
 # ------------------------------------------------------------ non-temporal output tiles
 CODEGEN_C = sys.modules["sparsec.codegen.c"]
 
