@@ -353,7 +353,10 @@ class _Tiler:
         distance = ir.IntLit(PREFETCH_DISTANCE)
         ahead = ir.Call("min", (ir.add(ir.Var(loop.var), distance), ir.Var(end)))
         own = self.prefetches(loop, ahead)
+        # the parent's prefetches open its body, before its declarations: a row that needs
+        # a name declared there (one the substitution kept) or inside is not theirs
         inner = {loop.var} | {d.name for d in loop.body.body if isinstance(d, ir.Decl)}
+        inner |= {d.name for d in parent.body.body if isinstance(d, ir.Decl)}
         parent_last = ir.Bin("-", parent.end, ir.IntLit(1))
         parent_ahead = ir.Call("min", (ir.add(ir.Var(parent.var), distance), parent_last))
         theirs = self.prefetches(parent, parent_ahead, frozenset(inner))
