@@ -83,6 +83,7 @@ def main() -> None:
         )
     print('\nGenerated SpMV kernel (sparsec compile "y(i) = A(i,j) * x(j)" -f A:csr):\n')
     body = spmv.source.split("int sparsec_kernel(", 1)[1]
+    body = body.split("\n\n/* sparsec_kernel with its arguments", 1)[0]  # not the packed entry
     print("int sparsec_kernel(" + body)
 
 
