@@ -187,31 +187,32 @@ def _build(source: str, tc: Toolchain, dest: Path) -> Path:
     # same bytes, and whichever library and sidecar land last still agree
     srcdir = tempfile.mkdtemp(prefix=".src-", dir=workdir)
     src_path = os.path.join(srcdir, "sparsec_kernel" + tc.suffix)
-    with open(src_path, "w") as f:
-        f.write(source)
     fd, tmp_so = tempfile.mkstemp(suffix=".so.tmp", dir=workdir)
     os.close(fd)
     cmd = [*tc.cc, *tc.flags, src_path, "-o", tmp_so, "-lm"]
-    try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-    except (OSError, subprocess.TimeoutExpired) as err:
+    try:  # the source directory goes however this ends; the library unless installed
+        with open(src_path, "w") as f:
+            f.write(source)
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise CompileError(f"C compiler failed to run ({' '.join(cmd)}): {err}") from None
+        if result.returncode != 0:
+            raise CompileError(
+                f"C compiler failed (exit {result.returncode}) running {' '.join(cmd)}:\n"
+                f"{result.stderr.strip()[-4000:]}"
+            )
+        digest = hashlib.sha256(Path(tmp_so).read_bytes()).hexdigest()
+        os.replace(tmp_so, dest)
+    except BaseException:
         _unlink(tmp_so)
+        raise
+    finally:
         shutil.rmtree(srcdir, ignore_errors=True)
-        raise CompileError(f"C compiler failed to run ({' '.join(cmd)}): {err}") from None
-    if result.returncode != 0:
-        _unlink(tmp_so)
-        shutil.rmtree(srcdir, ignore_errors=True)
-        raise CompileError(
-            f"C compiler failed (exit {result.returncode}) running {' '.join(cmd)}:\n"
-            f"{result.stderr.strip()[-4000:]}"
-        )
-    digest = hashlib.sha256(Path(tmp_so).read_bytes()).hexdigest()
-    os.replace(tmp_so, dest)
     fd, tmp_sum = tempfile.mkstemp(suffix=".sha256.tmp", dir=workdir)
     with os.fdopen(fd, "w") as f:
         f.write(digest + "\n")
     os.replace(tmp_sum, dest.with_suffix(".sha256"))
-    shutil.rmtree(srcdir, ignore_errors=True)
     return dest
 
 

@@ -89,6 +89,21 @@ def test_failing_compiler_reports_its_message(monkeypatch, tmp_path):
     assert not list(tmp_path.iterdir())  # no source or partial library left behind
 
 
+def test_a_build_that_fails_after_compiling_leaves_nothing_behind(monkeypatch, tmp_path):
+    """Installing the new library fails: the error comes through, and neither the source's
+    directory nor the uninstalled library stays in the cache."""
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+
+    def broken(src: str, dst: str) -> None:
+        raise OSError("install failed")
+
+    monkeypatch.setattr(runtime.os, "replace", broken)
+    with pytest.raises(OSError, match="install failed"):
+        runtime.compile_cached(SOURCE + "/* installed */\n")
+    monkeypatch.undo()
+    assert not list(tmp_path.iterdir())
+
+
 def test_unwritable_cache_dir_falls_back(tmp_path, monkeypatch):
     ro = tmp_path / "ro"
     ro.mkdir()
