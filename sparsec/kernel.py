@@ -941,7 +941,6 @@ class _FastPath:
             return None
 
     def __init__(self, kernel: Kernel, compiled: _Compiled, prepared: _Prepared) -> None:
-        self.gen = compiled.generated
         source, constants = _fast_source(kernel, compiled, prepared)
         made: dict[str, Any] = {}
         # the call's own function: the checks and the argument list written out for this
@@ -951,9 +950,6 @@ class _FastPath:
         exec(compile(source, "<sparsec fast path>", "exec"), globals(), made)
         self.call: Callable[[Mapping[str, Any], int | None], Any] = made["make"](**constants)
         self.source = source
-
-    def __call__(self, inputs: Mapping[str, Any], threads: int | None) -> Any:
-        return self.call(inputs, threads)
 
 
 def _fast_source(
