@@ -366,9 +366,7 @@ class _Tiler:
         def walk(s: ir.For) -> ir.For:
             body = s.body.body
             if s.var == loop.var:
-                decls = [x for x in body if isinstance(x, ir.Decl | ir.Comment)]
-                rest = [x for x in body if not isinstance(x, ir.Decl | ir.Comment)]
-                return replace(s, body=ir.block(*decls, *own, *rest))
+                return replace(s, body=_after_declarations(s.body, own))
             inside = [walk(x) if isinstance(x, ir.For) else x for x in body]
             if s.var == parent.var:
                 return replace(s, body=ir.block(*theirs, *inside))
@@ -479,16 +477,10 @@ class _Tiler:
 
         def walk(loop: ir.For) -> ir.Stmt:
             if loop.var == target:
-                decls = [s for s in loop.body.body if isinstance(s, ir.Decl | ir.Comment)]
-                rest = [s for s in loop.body.body if not isinstance(s, ir.Decl | ir.Comment)]
                 ahead = ir.Bin("-", loop.end, ir.IntLit(PREFETCH_DISTANCE))
                 return ir.block(
                     ir.Decl(ir.I64, split, ir.Call("max", (loop.start, ahead))),
-                    replace(
-                        loop,
-                        end=ir.Var(split),
-                        body=ir.block(*decls, *prefetch, *rest),
-                    ),
+                    replace(loop, end=ir.Var(split), body=_after_declarations(loop.body, prefetch)),
                     replace(loop, start=ir.Var(split)),
                 )
             body: list[ir.Stmt] = []
@@ -517,6 +509,13 @@ class _Tiler:
                 s = self._replace_inner(s, body, start)
             stmts.append(s)
         return replace(loop, body=ir.Block(tuple(stmts)))
+
+
+def _after_declarations(body: ir.Block, stmts: list[ir.Stmt]) -> ir.Block:
+    """``body`` with ``stmts`` after its declarations (and comments), before the rest."""
+    decls = [s for s in body.body if isinstance(s, ir.Decl | ir.Comment)]
+    rest = [s for s in body.body if not isinstance(s, ir.Decl | ir.Comment)]
+    return ir.block(*decls, *stmts, *rest)
 
 
 def bindings(stmts: Iterable[ir.Stmt]) -> dict[str, ir.Expr]:
