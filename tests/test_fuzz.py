@@ -1,7 +1,11 @@
 """Property-based fuzzing against dense torch (hypothesis): random well-typed expressions,
 random formats and mode orderings, random extents including 0 and 1, random densities
 including 0 % and 100 %, both value and index dtypes, the C target and the CUDA emulation,
-with and without random schedules (legal or not).
+with and without random schedules (legal or not). Also what the outside fuzzer found defects
+with: sparse outputs in any supported format and mode ordering, divisions whose numerator
+is a parenthesised sum, GPU warp mappings with every race strategy (Atomics across warps),
+inputs rebuilt through ``Tensor.from_coo`` (zero-extent modes included), and inputs and
+kernels that went through pickle after a call.
 
 Every case must match `torch.einsum` on the densified inputs (`Kernel.check`) or raise a
 documented `SparsecError`: `LoweringError` when no loop order fits the chosen mode
@@ -16,10 +20,13 @@ marker runs 10,000 (``pytest -n 2 -m slow tests/test_fuzz.py``). The cases are d
 
 from __future__ import annotations
 
+import gc
+import pickle
 import random
 
+import numpy as np
 import pytest
-from generators import random_formats, random_statement
+from generators import random_formats, random_gpu_schedule, random_output_format, random_statement
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from test_schedule import random_schedule
@@ -65,12 +72,13 @@ REGRESSIONS: list[tuple[str, dict[str, str], dict[str, int], str, list[str] | No
 
 
 def random_case(r: random.Random) -> dict:
-    expr, tensors = random_statement(r, depth=2, stop=0.35)  # 1-4 operands
+    expr, tensors = random_statement(r, depth=2, stop=0.35, divide=0.12)  # 1-4 operands
     formats = random_formats(r, tensors, coo=0.15)
     used = sorted({i for ix in tensors.values() for i in ix})
     free = expr[2 : expr.index(")")].split(",") if expr.startswith("O(") else []
-    if free and r.random() < 0.15:  # sometimes a sparse output
-        formats["O"] = "".join(r.choice("ds") for _ in free)
+    if free and r.random() < 0.3:  # sometimes a sparse output, in any mode ordering
+        formats["O"] = random_output_format(r, len(free))
+    target = "cuda-emulated" if r.random() < 0.25 else "c"
     return {
         "expr": expr,
         "formats": formats,
@@ -78,8 +86,11 @@ def random_case(r: random.Random) -> dict:
         "density": r.choice([0.0, 0.3, 0.7, 1.0]),
         "dtype": r.choice(["float64", "float32"]),
         "index_dtype": r.choice(["int32", "int64"]),
-        "target": "cuda-emulated" if r.random() < 0.25 else "c",
+        "target": target,
         "scheduled": r.random() < 0.4,
+        "warps": target != "c" and r.random() < 0.4,  # a warp mapping, not a CPU schedule
+        "from_coo": r.random() < 0.15,
+        "pickled": r.random() < 0.1,
         "seed": r.randint(0, 10**6),
         "r": r,
     }
@@ -98,14 +109,16 @@ def _run(case: dict) -> None:
     expr, formats = case["expr"], case["formats"]
     plain = sparsec.kernel(expr, formats)
     schedule = None
-    if case["scheduled"]:
+    if case["scheduled"] or case["warps"]:
         indexed_by: dict[str, list[str]] = {}
         for access in accesses(plain.assignment.rhs):
             if not plain.formats[access.name].is_dense:
                 for index in access.indices:
                     indexed_by.setdefault(index, []).append(access.name)
         loops = list(plain.generated().loop_order)
-        if loops:
+        if loops and case["warps"]:
+            schedule = random_gpu_schedule(case["r"], loops, indexed_by)
+        elif loops:
             schedule = random_schedule(case["r"], loops, indexed_by)
             if case["target"] != "c":  # GPU units instead of CPU ones
                 schedule = [
@@ -127,7 +140,28 @@ def _run(case: dict) -> None:
         return
     inputs, _ = k.random_inputs(case["dims"], seed=case["seed"], density=case["density"])
     note(f"schedule: {schedule}; applied: {k.schedule}")
+    if case["from_coo"]:
+        inputs = {name: _through_coo(v) for name, v in inputs.items()}
+    if case["pickled"]:
+        k(**inputs)  # a call leaves per-tensor caches (array addresses) behind
+        blob = pickle.dumps((k, inputs))
+        del k, inputs
+        gc.collect()
+        k, inputs = pickle.loads(blob)
     k.check(**inputs)
+
+
+def _through_coo(value):
+    """A sparse input rebuilt by ``Tensor.from_coo`` from its stored entries (same format,
+    dtypes and shape; zero-extent modes and no entries included)."""
+    if not isinstance(value, sparsec.Tensor) or value.format.is_dense:
+        return value
+    coords, vals = value.coords()
+    rebuilt = sparsec.Tensor.from_coo(
+        coords, vals, value.shape, value.format, index_dtype=value.index_dtype, dtype=value.dtype
+    )
+    np.testing.assert_array_equal(rebuilt.to_dense(), value.to_dense())
+    return rebuilt
 
 
 CI = settings(
@@ -235,12 +269,35 @@ def test_fuzz_regressions(case):
 
 
 def test_generator_covers_the_space():
-    """The CI draw is not vacuous: targets, schedules, sparse outputs, empty extents."""
-    seen = {"cuda-emulated": 0, "scheduled": 0, "sparse out": 0, "zero extent": 0}
+    """The CI draw is not vacuous: targets, schedules, sparse outputs (reordered ones too),
+    empty extents, divisions, warp mappings, from_coo and pickled inputs."""
+    seen = dict.fromkeys(
+        [
+            "cuda-emulated",
+            "scheduled",
+            "sparse out",
+            "reordered out",
+            "zero extent",
+            "division",
+            "warps",
+            "from_coo",
+            "pickled",
+        ],
+        0,
+    )
     for seed in range(300):
         case = random_case(random.Random(seed))
+        out = case["formats"].get("O", "")
         seen["cuda-emulated"] += case["target"] == "cuda-emulated"
         seen["scheduled"] += case["scheduled"]
-        seen["sparse out"] += "O" in case["formats"]
+        seen["sparse out"] += bool(out)
+        seen["reordered out"] += bool(out) and out.split(":")[1] != ",".join(
+            map(str, range(len(out.split(":")[1].split(","))))
+        )
         seen["zero extent"] += 0 in case["dims"].values()
-    assert all(v >= 20 for v in seen.values()), seen
+        seen["division"] += "/" in case["expr"]
+        seen["warps"] += case["warps"]
+        seen["from_coo"] += case["from_coo"]
+        seen["pickled"] += case["pickled"]
+    # a reordered output needs two free indices, which few statements have
+    assert all(v >= (5 if key == "reordered out" else 15) for key, v in seen.items()), seen
