@@ -1,8 +1,10 @@
 """Packing: mode-order COO entries, dense arrays or raw level arrays -> a validated `Tensor`.
 
 `pack` sorts the entries into level order, sums duplicates and assembles pos/crd level by
-level (`_assemble`); `from_dense` and `random` go through it, `from_arrays` copies and
-validates storage given level by level.
+level (`_assemble`); `from_dense` and `random` go through it, `from_arrays` copies storage
+given level by level. Both end in `validate_storage`, the one check every built tensor passes
+(a packer bug or a shape the format cannot hold is an error, never storage a kernel would
+read out of bounds).
 
 Import order: `storage` <- `packing` <- `convert` <- `tensor`. `Tensor` lives in `tensor`,
 which re-exports these constructors, so the functions that build one import it locally (by
@@ -24,8 +26,6 @@ from .storage import (
     INT64_MAX,
     LevelStorage,
     _at_level,
-    _check_contents,
-    _check_structure,
     _is_torch_tensor,
     _position_counts,
     _torch_numpy,
@@ -34,6 +34,7 @@ from .storage import (
     choose_index_dtype,
     coerce_values,
     index_dtype_of,
+    validate_storage,
     value_dtype,
 )
 
@@ -146,6 +147,13 @@ def _assemble(
                 storages.append(LevelStorage(pos, c[new]))
                 p, n = np.cumsum(new) - 1, int(new.sum())
             case Singleton():
+                if size == 0 and n > 0:
+                    raise FormatError(
+                        f"{_who(name)}format {fmt} cannot hold shape {shape}: level {k} "
+                        f"(singleton) stores one coordinate for each of the {n} positions of "
+                        f"level {k - 1}, but its mode {fmt.ordering[k]} has extent 0, so no "
+                        "coordinate exists; use a compressed level there (e.g. 's' for 'q')"
+                    )
                 clash = np.flatnonzero((p[1:] == p[:-1]) & (c[1:] != c[:-1]))
                 if clash.size:
                     i = int(clash[0])
@@ -170,6 +178,7 @@ def _assemble(
         LevelStorage(*(None if a is None else a.astype(idt) for a in (st.pos, st.crd)))
         for st in storages
     )
+    validate_storage(shape, fmt, levels, vals, idt, name)  # the same check as from_arrays
     return Tensor(shape, fmt, levels, vals, idt)
 
 
@@ -267,7 +276,9 @@ def from_dense(
         counts = list(np.cumprod([1, *level_major.shape], dtype=object)[1:])
         idt = choose_index_dtype(idt, shape, counts, name)
         vals = np.array(level_major, order="C").reshape(-1)
-        return Tensor(shape, fmt, tuple(LevelStorage() for _ in fmt.levels), vals, idt)
+        levels = tuple(LevelStorage() for _ in fmt.levels)
+        validate_storage(shape, fmt, levels, vals, idt, name)
+        return Tensor(shape, fmt, levels, vals, idt)
     nonzero = np.nonzero(level_major)  # sorted in level order already
     coords = [c.astype(np.int64, copy=False) for c in nonzero]
     return _assemble(coords, level_major[nonzero], shape, fmt, idt, name, presorted=True)
@@ -385,8 +396,7 @@ def _from_arrays(
         for pair in ((st.pos, st.crd) for st in raw)
     ]
     values = np.array(values, order="C")
-    _check_structure(shape, fmt, storages, values, idt, name)
-    _check_contents(shape, fmt, storages, values, name)
+    validate_storage(shape, fmt, storages, values, idt, name)
     return Tensor(shape, fmt, tuple(storages), values, idt)
 
 

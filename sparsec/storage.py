@@ -3,8 +3,10 @@
 Holds `LevelStorage` (one level's pos/crd arrays), the dtype and shape helpers every
 constructor shares (`value_dtype`, `index_dtype_of`, `choose_index_dtype`, `coerce_values`,
 `check_shape`) and the storage invariants of the model in `sparsec.tensor`: `_check_structure`
-(cheap, O(order)) and `_check_contents` (vectorised, O(nnz)). Everything here works on raw
-arrays, so `tensor`, `packing` and `convert` can all import it without a cycle.
+(cheap, O(order)) and `_check_contents` (vectorised, O(nnz)), which `validate_storage` runs
+together -- the one validation every constructor's storage passes, however it was built.
+Everything here works on raw arrays, so `tensor`, `packing` and `convert` can all import it
+without a cycle.
 """
 
 from __future__ import annotations
@@ -175,6 +177,22 @@ def _position_counts(fmt: Format, shape: Sequence[int], levels: Sequence[Any]) -
                 raise FormatError(f"unknown level format {level!r}")
         counts.append(n)
     return counts
+
+
+def validate_storage(
+    shape: tuple[int, ...],
+    fmt: Format,
+    levels: Sequence[LevelStorage],
+    vals: Any,
+    index_dtype: np.dtype,
+    name: str = "",
+) -> None:
+    """Every storage invariant (`_check_structure`, then `_check_contents`), or `StorageError`
+    (`FormatError`, `DTypeError`) naming the fault. Packed and user-given storage alike pass
+    through here before a `Tensor` holds it, so no kernel ever reads a coordinate outside its
+    mode's extent or a position outside its array."""
+    _check_structure(shape, fmt, levels, vals, index_dtype, name)
+    _check_contents(shape, fmt, levels, vals, name)
 
 
 def _check_structure(

@@ -17,9 +17,10 @@ the chain's unique end.
 
 Index arrays share one dtype (int32 or int64), ``vals`` is float32 or float64, and every array
 is 1-d, C-contiguous and read-only. The public constructors (``from_*``, `pack`, `as_tensor`,
-`random`) validate exactly once; ``Tensor(...)`` itself only runs cheap structural checks and
-takes ownership of (freezes) the arrays it is given: it is the path for storage that is valid
-by construction (the packer, kernel outputs).
+`random`) validate exactly once, all through `validate_storage` (storage built by the packer
+as well as storage given by the user); ``Tensor(...)`` itself only runs cheap structural
+checks and takes ownership of (freezes) the arrays it is given: it is the path for storage
+already validated or valid by construction (kernel outputs).
 
 Modules, in import order: `sparsec.storage` (LevelStorage, dtypes, validation) <-
 `sparsec.packing` (pack, from_dense, from_arrays, random) <- `sparsec.convert` (scipy, torch,
@@ -49,13 +50,13 @@ from .storage import (
     VALUE_DTYPES,
     LevelStorage,
     _cast,
-    _check_contents,
     _check_structure,
     _position_counts,
     check_shape,
     choose_index_dtype,
     coerce_values,
     index_dtype_of,
+    validate_storage,
     value_dtype,
 )
 
@@ -178,8 +179,7 @@ class Tensor:
 
     def validate(self, name: str = "") -> Tensor:
         """Check every storage invariant (vectorised); raise `StorageError` naming the fault."""
-        _check_structure(self.shape, self.format, self.levels, self.vals, self.index_dtype, name)
-        _check_contents(self.shape, self.format, self.levels, self.vals, name)
+        validate_storage(self.shape, self.format, self.levels, self.vals, self.index_dtype, name)
         return self
 
     # ---- conversions out

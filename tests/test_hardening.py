@@ -149,3 +149,44 @@ def test_an_empty_nvrtc_log_is_compiled_again(monkeypatch):
     assert report.registers > 0 and report.log
     assert calls[0] == source and calls[1].startswith(source)
     assert "__device__ int sc_verify_" in calls[1]
+
+
+# ----------------------------------------------------------------- zero-extent modes
+#: (format, shape) of an all-empty operand with a zero-extent mode
+ZERO_EXTENT_MATRICES = [
+    ("ds", (3, 0)),
+    ("ds", (0, 3)),
+    ("dq", (0, 3)),
+    ("csc", (3, 0)),
+    ("dcsr", (0, 3)),
+    ("uq", (3, 0)),
+    ("coo", (3, 0)),
+    ("coo", (0, 3)),
+    ("coo", (0, 0)),
+]
+
+
+@pytest.mark.parametrize("fmt,shape", ZERO_EXTENT_MATRICES)
+def test_kernels_over_zero_extent_operands_match_numpy(fmt, shape):
+    empty = sparsec.Tensor.from_coo(np.zeros((2, 0), np.int64), np.zeros(0), shape, fmt)
+    dense = np.zeros(shape)
+    rows, cols = np.arange(1.0, shape[0] + 1), np.arange(1.0, shape[1] + 1)
+    spmv = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": fmt})
+    np.testing.assert_array_equal(spmv(A=empty, x=cols), dense @ cols)
+    spmv_t = sparsec.kernel("y(j) = A(i,j) * x(i)", {"A": fmt})
+    np.testing.assert_array_equal(spmv_t(A=empty, x=rows), dense.T @ rows)
+    out = "ds" if fmt == "dq" else fmt
+    scaled = sparsec.kernel("B(i,j) = A(i,j) * C(i,j) + A(i,j)", {"A": fmt, "B": out})
+    got = scaled(A=empty, C=np.ones(shape))
+    assert isinstance(got, sparsec.Tensor) and got.shape == shape
+    np.testing.assert_array_equal(got.validate().to_dense(), dense)
+    total = sparsec.kernel("a = A(i,j)", {"A": fmt})
+    assert float(total(A=empty)) == 0.0
+
+
+def test_kernel_over_a_zero_extent_csf_operand_matches_numpy():
+    b = sparsec.Tensor.from_coo(np.zeros((3, 0), np.int64), np.zeros(0), (3, 0, 2), "sss")
+    k = sparsec.kernel("A(i,j) = B(i,k,l) * C(k,j) * D(l,j)", {"B": "sss"})
+    c, d = np.ones((0, 4)), np.ones((2, 4))
+    want = np.einsum("ikl,kj,lj->ij", np.zeros((3, 0, 2)), c, d)
+    np.testing.assert_array_equal(k(B=b, C=c, D=d), want)

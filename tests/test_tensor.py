@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparsec.errors import DTypeError, FormatError, InputError, ShapeError, StorageError
-from sparsec.formats import Dense, parse_format
+from sparsec.formats import Dense, Singleton, parse_format
 from sparsec.io import load, load_mtx, load_tns, save, save_mtx, save_tns
 from sparsec.tensor import LevelStorage, Tensor, as_tensor, pack, random
 
@@ -370,6 +370,88 @@ def test_from_coo_errors(coords, values, shape, error, message):
 def test_singleton_format_that_cannot_hold_a_pattern(fmt):
     with pytest.raises(StorageError, match="cannot hold this pattern"):
         Tensor.from_dense(np.array([[1.0, 2.0], [0.0, 3.0]]), fmt)
+
+
+#: shapes with a zero-extent mode, per order
+ZERO_EXTENT_SHAPES = {1: [(0,)], 2: [(3, 0), (0, 3), (0, 0)], 3: [(3, 0, 2), (0, 4, 2), (2, 3, 0)]}
+
+
+def _singleton_under_positions(fmt, shape) -> bool:
+    """A singleton level whose mode has extent 0 while the level above has positions: no
+    tensor of this shape fits the format (a dense level gives positions without entries)."""
+    parsed = parse_format(fmt, len(shape))
+    n = 1
+    for level, mode in zip(parsed.levels, parsed.ordering, strict=True):
+        if isinstance(level, Dense):
+            n *= shape[mode]
+        elif isinstance(level, Singleton) and shape[mode] == 0 and n > 0:
+            return True
+        elif not isinstance(level, Singleton):
+            n = 0  # a compressed level of an empty tensor has no positions
+    return False
+
+
+@pytest.mark.parametrize(
+    "order,fmt,shape",
+    [
+        (order, fmt, shape)
+        for order, fmts in FORMATS.items()
+        for fmt in [*fmts, *{2: ["dq", "uq"], 3: ["dsq", "ddq", "duq"]}.get(order, [])]
+        for shape in ZERO_EXTENT_SHAPES[order]
+    ],
+)
+def test_zero_extent_modes_pack_to_valid_storage(order, fmt, shape):
+    # every constructor's storage is valid (crd inside its extent) or the format is refused
+    empty = np.zeros((order, 0), np.int64)
+    builders = [
+        lambda: Tensor.from_coo(empty, np.zeros(0), shape, fmt),
+        lambda: Tensor.from_dense(np.zeros(shape), fmt),
+        lambda: random(shape, 0.0, fmt),
+    ]
+    for build in builders:
+        if _singleton_under_positions(fmt, shape):
+            with pytest.raises(FormatError, match="extent 0"):
+                build()
+            continue
+        t = build()
+        t.validate("T")
+        assert t.to_dense().shape == shape and not t.to_dense().any()
+
+
+def test_zero_extent_singleton_under_dense_is_refused():
+    # 'dq' of shape (3, 0): each of the 3 rows needs one column coordinate and none exists
+    with pytest.raises(FormatError, match=r"format dq cannot hold shape \(3, 0\).*'s' for 'q'"):
+        Tensor.from_coo(np.zeros((2, 0), np.int64), np.zeros(0), (3, 0), "dq", name="A")
+    with pytest.raises(FormatError, match="extent 0"):
+        Tensor.from_dense(np.zeros((2, 3, 0)), "ddq")
+    with pytest.raises(FormatError, match="extent 0"):
+        as_tensor(sp.csr_array((3, 0)), "dq")
+    # the same storage given by hand is refused by the same validation
+    with pytest.raises(StorageError, match=r"out of range \[0, 0\)"):
+        Tensor.from_arrays((3, 0), "dq", [None, (None, [0, 0, 0])], np.zeros(3))
+
+
+def test_zero_extent_tns_file(tmp_path):
+    path = tmp_path / "empty.tns"
+    path.write_text("# shape: 3 0\n")
+    assert load(path, "ds").shape == (3, 0)
+    with pytest.raises(FormatError, match="extent 0"):
+        load(path, "dq")
+
+
+def test_packer_storage_goes_through_the_shared_validation(monkeypatch):
+    # a packer bug becomes an error before any kernel reads the storage
+    import sparsec.packing as packing
+
+    seen = []
+    real = packing.validate_storage
+    monkeypatch.setattr(
+        packing, "validate_storage", lambda *a, **k: seen.append(a[1]) or real(*a, **k)
+    )
+    Tensor.from_coo([[0, 1], [1, 0]], [1.0, 2.0], (2, 2), "coo")
+    Tensor.from_dense(np.eye(2), "dense")
+    Tensor.from_arrays((2, 2), "csr", [None, ([0, 1, 2], [1, 0])], [1.0, 2.0])
+    assert [str(f) for f in seen] == ["coo", "dense", "csr"]
 
 
 def test_pack_dense_level_below_sparse_fills_zeros():
