@@ -578,12 +578,11 @@ def check_order(plan: Plan, hard: Sequence[Any], describe: dict[str, str]) -> No
             continue
         same = space_of.get(edge.before)
         if same is not None and same == space_of.get(edge.after):
+            # a fused space (a range, or the positions of the pos tensor's levels) binds its
+            # variables in the order they were fused: every tensor's levels must agree with
+            # that order, not only the pos tensor's (checked by pos)
             joint = plan.spaces[same]
-            # a fused position space walks the tensor's levels in order (checked by pos);
-            # a fused range binds its variables in the order they were fused
-            if joint.kind == "fusedpos" or joint.vars.index(edge.before) < joint.vars.index(
-                edge.after
-            ):
+            if joint.vars.index(edge.before) < joint.vars.index(edge.after):
                 continue
         elif bound_at[edge.before] < entered_at[edge.after]:
             continue

@@ -357,6 +357,20 @@ ILLEGAL = [
         "j is summed inside a nested sum",
     ),
     (SPMV, {"A": "csr"}, "bound(i,ib,8,MinExact)", "bound kind 'MinExact' is not supported"),
+    # a fused position space over C binds j before m: another operand that needs m first
+    # (B in CSC) is refused as reorder(j,m) alone is, not left to the lowerer
+    (
+        "y(j) = C(j,m) * B(j,m)",
+        {"B": "csc"},
+        "reorder(j,m), fuse(j,m,f), pos(f,fp,C)",
+        r"B \(csc\) is iterated level by level, so m must be bound before the loop over j",
+    ),
+    (
+        "y(i) = C(j,m) * B(i,m,j)",
+        {"B": "sss"},
+        "reorder(j,m), fuse(j,m,f), pos(f,fp,C)",
+        "B .*m must be bound before the loop over j",
+    ),
 ]
 
 
@@ -610,6 +624,9 @@ PRECOMPUTES = [
     ("y(i) = 2 * A(i,j) * x(j)", {"A": "csr"}, "precompute(A(i,j)*x(j),j,jw)", {"i": 7, "j": 6}),
     ("a = B(i,j) * C(i,j)", {"B": "csr"}, "precompute(B(i,j)*C(i,j),j,jw)", {"i": 7, "j": 6}),
     ("y(i) += A(i,j) * x(j)", {"A": "csr"}, "precompute(A(i,j)*x(j),j,jw)", {"i": 7, "j": 6}),
+    # a scalar output whose only tiled stores go into the workspace
+    ("a = B(j,k)", {"B": "dd"}, "precompute(B(j,k),k,kw1), mergeby(k,Gallop)", {"j": 5, "k": 9}),
+    ("a = B(j,k)", {"B": "dd"}, "precompute(B(j,k),k,kw1)", {"j": 5, "k": 9}),
 ]
 
 

@@ -13,8 +13,8 @@ from ..abi import INT, Namer, Param, Signature, signature
 from ..assemble import OutputLayout
 from ..bands import BAND, DEPTH, Walks, band
 from ..lower import lower
+from ..policy.machine import machine
 from ..resources import data_dir
-from ..runtime import last_level_cache
 from ..schedule import Command
 from ..spec import Spec
 from ..streams import prefetch_streams
@@ -176,15 +176,15 @@ def _stream_output(
     if deep:
         big = ir.conj(big, ir.Bin("==", ir.Var(DEPTH), ir.IntLit(0)))
     out = sig.array(spec.output.name, "vals")
+    stored = ir.Block(tuple(_stores_out(s, out) for s in body.body))
+    if stored == body:
+        return None  # the tiles store elsewhere (a workspace), e.g. for a scalar output
     # a tile runs along the output's last level with stride 1 from a multiple of that
     # level's extent: when the array and that extent are whole vectors, every tile vector
     # is aligned, as a non-temporal store needs
     last = spec.statement.lhs.indices[spec.output.format.ordering[-1]]
     aligned = ir.Call("rows_aligned", (ir.Var(out), ir.Var(sig.dim(last))))
     flag = ir.Decl(ir.I64, STREAM_OUT, ir.conj(big, aligned))
-    stored = ir.Block(tuple(_stores_out(s, out) for s in body.body))
-    if stored == body:
-        return None
     return ir.block(flag, stored, ir.Effect(ir.Call("store_fence", ())))
 
 
@@ -284,7 +284,8 @@ def generate(
         streaming = _stream_output(body, spec, sig, DEPTH in extra)
         if streaming is not None:
             body = streaming
-            stored = (f"output tiles stored non-temporally from {last_level_cache()} bytes",)
+            llc = machine().last_level_cache
+            stored = (f"output tiles stored non-temporally from {llc} bytes",)
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
@@ -305,7 +306,7 @@ def generate(
             functions=functions,
             vectors=tile_vectors if tiled or append_tiled else 0,
             stream_sfx="ps" if dtype == "float32" else "pd",
-            stream_out_bytes=last_level_cache(),
+            stream_out_bytes=machine().last_level_cache,
             params=[C.param(p) for p in sig.params],
             packed=packed,
         )
