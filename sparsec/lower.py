@@ -189,12 +189,17 @@ class Lowerer:
         self.gpu_units: tuple[str, ...] = ()
         #: the trip count of the GPUBlock loop (the launch's grid), once lowered
         self.grid: ir.Expr | None = None
-        #: per-thread accumulators that a warp reduces before lane 0 stores them
+        #: per-thread accumulators whose lanes a warp adds up (ParallelReduction on a lane
+        #: loop in the accumulator's scope) before lane 0 stores the warp's sum
         self.warp_reduced: set[str] = set()
         self.lane0 = False
-        #: per-thread accumulators that every thread adds atomically into the output
+        #: accumulators that a GPU loop with Atomics shares (its threads, warps or blocks
+        #: each hold a part), so each part is added atomically into the output
         self.partial_accs: set[str] = set()
         self.partial = False
+        #: the GPU units of the loops in each accumulator's scope ("lane": a GPUThread loop
+        #: inside a GPUWarp loop)
+        self.acc_units: dict[str, set[str]] = {}
         self.sig = sig
         self.namer = namer
         self.formats = spec.formats
@@ -455,14 +460,8 @@ class Lowerer:
             self.write_sites.append(False)
             slot = self._output_slot(ctx)
             return ir.block(ir.Assign(slot, value, "+=", atomic=True))
-        if self.gpu and not self.lane0 and "GPUThread" not in self.gpu_units:
-            if self._block_size() > 1:
-                raise ScheduleError(
-                    f"the store into {self.lhs.name} runs outside the GPUThread loops, so "
-                    "every thread of a block would do it; map the loops that bind "
-                    f"{', '.join(self.lhs.indices) or 'the output'} to GPUThread, or reduce "
-                    "with ParallelReduction on a GPUThread loop inside a GPUWarp loop"
-                )
+        if not self.lane0:
+            self._one_store_per_part(set(self.gpu_units))
         # a schedule space entered around the write repeats it unless it is a plain range
         # over output indices (a split of i: every i once)
         spaces = self.plan.spaces if self.plan is not None else {}
@@ -470,6 +469,26 @@ class Lowerer:
         self.write_sites.append(lhs <= ctx.covered and set(ctx.coords) <= lhs and in_spaces)
         return ir.block(
             ir.Assign(self._output_slot(ctx), value, self.out_op, atomic=self.atomic_writes)
+        )
+
+    def _one_store_per_part(self, units: set[str], reduced: bool = False) -> None:
+        """On the GPU each part of the result is stored by one thread: threads that no GPU
+        loop in ``units`` tells apart (the loops around the store, and those in the scope
+        of the accumulator it stores; "lane": a GPUThread loop in a warp) hold the same
+        value, and each would store it. ``reduced``: lane 0 alone stores a warp's sum."""
+        if not self.gpu or self._block_size() <= 1:
+            return
+        lanes_apart = reduced or bool({"GPUThread", "lane"} & units)
+        warps_apart = bool({"GPUThread", "GPUWarp", "lane"} & units)
+        if lanes_apart and warps_apart:
+            return
+        who = "every lane of a warp" if warps_apart else "every thread of a block"
+        raise ScheduleError(
+            f"the store into {self.lhs.name} runs outside the GPUThread loops, so {who} "
+            "would do it; map the loops that bind "
+            f"{', '.join(self.lhs.indices) or 'the output'} to GPUThread, or a loop of the "
+            "sum inside the GPUWarp/GPUBlock loop to GPUThread with Atomics, or reduce with "
+            "ParallelReduction on a GPUThread loop inside a GPUWarp loop"
         )
 
     def _write_with(self, flag: str, ctx: Ctx, value: ir.Expr) -> ir.Block:
@@ -851,6 +870,8 @@ class Lowerer:
         target_acc = isinstance(sink, AccSink)
         why = self._race(loop, distinct, sink)
         par = ir.Parallel(unit, "lane" if lane else "")
+        if isinstance(sink, AccSink):
+            self.acc_units.setdefault(sink.name, set()).add("lane" if lane else unit)
         if why is None:
             setup.parallel = par
             self.notes.append(f"{loop}: {unit}, race-free")
@@ -1348,18 +1369,12 @@ class Lowerer:
             if self.assembler is None:
                 with self._private_accumulator():
                     inner = self.loops(order, expr, ctx, AccSink(acc), outermost)
-                if acc in self.warp_reduced:
-                    # each lane holds a partial sum: the warp adds them up, lane 0 stores
-                    store = self._write_with("lane0", ctx, ir.Var(acc))
+                if acc in self.warp_reduced or acc in self.partial_accs:
                     return ir.block(
                         ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
                         inner,
-                        ir.Assign(ir.Var(acc), ir.Call("warp_sum", (ir.Var(acc),))),
-                        ir.If(((ir.Bin("==", ir.Call("lane", ()), ir.IntLit(0)), store),)),
+                        *self._store_shared(acc, ctx),
                     )
-                if acc in self.partial_accs:
-                    store = self._write_with("partial", ctx, ir.Var(acc))
-                    return ir.block(ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)), inner, store)
                 return ir.block(
                     ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
                     inner,
@@ -1386,6 +1401,24 @@ class Lowerer:
             self._nothing_written(sink)
             return ir.Block()
         return self.merge(var, rest, lattice, ctx, sink, outermost)
+
+    def _store_shared(self, acc: str, ctx: Ctx) -> list[ir.Stmt]:
+        """Store an accumulator that GPU loops in its scope share; each loop's strategy
+        decides one step, from the innermost out. Lanes with ParallelReduction add their
+        parts up by shuffles (lane 0 keeps the warp's sum). Then, where any loop in the
+        scope has Atomics (its threads, warps or blocks each hold a part), every holder
+        adds its part atomically into the output, which is zeroed before the launch;
+        otherwise lane 0 stores the whole sum."""
+        reduced = acc in self.warp_reduced
+        self._one_store_per_part(self.acc_units.get(acc, set()) | set(self.gpu_units), reduced)
+        flag = "partial" if acc in self.partial_accs else "lane0"
+        store = self._write_with(flag, ctx, ir.Var(acc))
+        if not reduced:
+            return [store]
+        return [
+            ir.Assign(ir.Var(acc), ir.Call("warp_sum", (ir.Var(acc),))),
+            ir.If(((ir.Bin("==", ir.Call("lane", ()), ir.IntLit(0)), store),)),
+        ]
 
     def _nothing_written(self, sink: Sink) -> None:
         """A branch that stores nothing: the output must then be zeroed up front."""
@@ -1787,6 +1820,7 @@ class Lowerer:
                     stmts.append(ir.Assign(ir.Var(flag), ir.IntLit(1)))
             case SegmentSink(acc=acc, at=at):
                 assert value is not None
+                self._one_store_per_part(set(self.gpu_units))
                 self.write_sites.append(False)
                 slot = self._output_slot(ctx).index
                 restart = ir.block(

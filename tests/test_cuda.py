@@ -4,6 +4,8 @@ tests run the same kernels through CuPy and skip themselves where no device exis
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from conftest import case_id, sparse_array, torch_reference
@@ -133,6 +135,254 @@ def test_mttkrp_gpu_schedules(name):
     _no_spills(k)
     if name != "thread-per-slice":
         assert "atomicAdd(&A_vals" in k.source
+
+
+# ------------------------------------------ every GPU unit with every race strategy
+DOT = "a = v(i) * w(i)"
+ROWSUM = "y(i) = C(i,k)"
+_SPMV_ADD = "y(i) += A(i,j) * x(j)"
+_CSR, _DENSE, _VECS = {"A": "csr"}, {"A": "dense"}, {"v": "dense", "w": "dense"}
+_BLOCK_ROW = "parallelize(i,GPUBlock,NoRaces), pos(j,jp,A), split(jp,jw,jl,32), "
+_NONZEROS = "fuse(i,j,f), pos(f,fp,A), split(fp,b,fp1,256), "
+_DOT_WARPS = "split(i,ib,ir,128), split(ir,iw,il,32), "
+#: (id, expression, formats, schedule, None or the refusal). The strategy of every GPU
+#: loop that shares an element decides how its parts are combined: warps with Atomics
+#: around lanes that reduce (ParallelReduction) add each warp's sum atomically from lane 0.
+GPU_MAPPINGS = [
+    ("thread-per-row", SPMV, _CSR, SPMV_SCHEDULES["thread-per-row"], None),
+    (
+        "thread-per-row-ignore",
+        SPMV,
+        _CSR,
+        "split(i,i0,i1,64), parallelize(i0,GPUBlock,IgnoreRaces), "
+        "parallelize(i1,GPUThread,IgnoreRaces)",
+        None,
+    ),
+    ("warp-per-row", SPMV, _CSR, SPMV_SCHEDULES["warp-per-row"], None),
+    (
+        "warps-atomics-lanes-reduce",
+        SPMV,
+        _CSR,
+        _BLOCK_ROW + "parallelize(jw,GPUWarp,Atomics), parallelize(jl,GPUThread,ParallelReduction)",
+        None,
+    ),
+    (
+        "warps-atomics-lanes-reduce-accumulate",
+        _SPMV_ADD,
+        _CSR,
+        _BLOCK_ROW + "parallelize(jw,GPUWarp,Atomics), parallelize(jl,GPUThread,ParallelReduction)",
+        None,
+    ),
+    (
+        "warps-atomics-lanes-atomics",
+        SPMV,
+        _CSR,
+        _BLOCK_ROW + "parallelize(jw,GPUWarp,Atomics), parallelize(jl,GPUThread,Atomics)",
+        None,
+    ),
+    ("threads-atomics", SPMV, _CSR, _BLOCK_ROW + "parallelize(jl,GPUThread,Atomics)", None),
+    (
+        "warps-atomics-no-lanes",
+        SPMV,
+        _CSR,
+        _BLOCK_ROW + "parallelize(jw,GPUWarp,Atomics)",
+        "every lane of a warp would do it",
+    ),
+    (
+        "threads-reduce-outside-a-warp",
+        SPMV,
+        _CSR,
+        _BLOCK_ROW + "parallelize(jl,GPUThread,ParallelReduction)",
+        "ParallelReduction does not apply",
+    ),
+    (
+        "warps-reduce",
+        SPMV,
+        _CSR,
+        _BLOCK_ROW
+        + "parallelize(jw,GPUWarp,ParallelReduction), parallelize(jl,GPUThread,ParallelReduction)",
+        "ParallelReduction does not apply",
+    ),
+    (
+        "warps-noraces",
+        SPMV,
+        _CSR,
+        _BLOCK_ROW + "parallelize(jw,GPUWarp,NoRaces), parallelize(jl,GPUThread,ParallelReduction)",
+        "write the same element of y",
+    ),
+    (
+        "warps-ignoreraces",
+        SPMV,
+        _CSR,
+        _BLOCK_ROW
+        + "parallelize(jw,GPUWarp,IgnoreRaces), parallelize(jl,GPUThread,ParallelReduction)",
+        "write the same element of y",
+    ),
+    (
+        "dense-rowsum-warps-atomics-lanes-reduce",
+        ROWSUM,
+        {"C": "dense"},
+        "split(k,kw,kl,32), parallelize(i,GPUBlock,NoRaces), parallelize(kw,GPUWarp,Atomics), "
+        "parallelize(kl,GPUThread,ParallelReduction)",
+        None,
+    ),
+    (
+        "blocks-atomics-warp-per-row-lanes-reduce",
+        SPMV,
+        _DENSE,
+        "split(j,jb,jl,32), reorder(jb,i,jl), parallelize(jb,GPUBlock,Atomics), "
+        "parallelize(i,GPUWarp,NoRaces), parallelize(jl,GPUThread,ParallelReduction)",
+        None,
+    ),
+    (
+        "blocks-atomics-threads-over-rows",
+        SPMV,
+        _DENSE,
+        "reorder(j,i), parallelize(j,GPUBlock,Atomics), parallelize(i,GPUThread,NoRaces)",
+        None,
+    ),
+    (
+        "blocks-noraces-sharing-rows",
+        SPMV,
+        _DENSE,
+        "reorder(j,i), parallelize(j,GPUBlock,NoRaces), parallelize(i,GPUThread,NoRaces)",
+        "write the same element of y",
+    ),
+    ("nonzeros-blocks-threads", SPMV, _CSR, SPMV_SCHEDULES["nonzero-parallel"], None),
+    (
+        "nonzeros-blocks-warps-lanes-atomics",
+        SPMV,
+        _CSR,
+        _NONZEROS + "split(fp1,w,l,32), parallelize(b,GPUBlock,Atomics), "
+        "parallelize(w,GPUWarp,Atomics), parallelize(l,GPUThread,Atomics)",
+        None,
+    ),
+    (
+        "nonzeros-blocks-warps-no-lanes",
+        SPMV,
+        _CSR,
+        _NONZEROS + "split(fp1,w,n,8), parallelize(b,GPUBlock,Atomics), "
+        "parallelize(w,GPUWarp,Atomics)",
+        "every lane of a warp would do it",
+    ),
+    ("nonzeros-blocks-only", SPMV, _CSR, _NONZEROS + "parallelize(b,GPUBlock,Atomics)", None),
+    (
+        "nonzeros-lanes-reduce",
+        SPMV,
+        _CSR,
+        _NONZEROS + "split(fp1,w,l,32), parallelize(b,GPUBlock,Atomics), "
+        "parallelize(w,GPUWarp,Atomics), parallelize(l,GPUThread,ParallelReduction)",
+        "ParallelReduction does not apply",
+    ),
+    (
+        "dot-blocks-warps-atomics-lanes-reduce",
+        DOT,
+        _VECS,
+        _DOT_WARPS + "parallelize(ib,GPUBlock,Atomics), parallelize(iw,GPUWarp,Atomics), "
+        "parallelize(il,GPUThread,ParallelReduction)",
+        None,
+    ),
+    (
+        "dot-blocks-warps-lanes-atomics",
+        DOT,
+        _VECS,
+        _DOT_WARPS + "parallelize(ib,GPUBlock,Atomics), parallelize(iw,GPUWarp,Atomics), "
+        "parallelize(il,GPUThread,Atomics)",
+        None,
+    ),
+    (
+        "dot-blocks-warps-no-lanes",
+        DOT,
+        _VECS,
+        _DOT_WARPS + "parallelize(ib,GPUBlock,Atomics), parallelize(iw,GPUWarp,Atomics)",
+        "every lane of a warp would do it",
+    ),
+    (
+        "dot-blocks-threads-atomics",
+        DOT,
+        _VECS,
+        "split(i,ib,it,128), parallelize(ib,GPUBlock,Atomics), parallelize(it,GPUThread,Atomics)",
+        None,
+    ),
+    ("dot-blocks-only", DOT, _VECS, "split(i,ib,it,128), parallelize(ib,GPUBlock,Atomics)", None),
+    (
+        "dot-blocks-noraces",
+        DOT,
+        _VECS,
+        "split(i,ib,it,128), parallelize(ib,GPUBlock,NoRaces), parallelize(it,GPUThread,Atomics)",
+        "write the same element of a",
+    ),
+    (
+        "dot-blocks-reduce",
+        DOT,
+        _VECS,
+        "split(i,ib,it,128), parallelize(ib,GPUBlock,ParallelReduction), "
+        "parallelize(it,GPUThread,Atomics)",
+        "ParallelReduction does not apply",
+    ),
+    (
+        "dot-blocks-ignoreraces",
+        DOT,
+        _VECS,
+        _DOT_WARPS + "parallelize(ib,GPUBlock,IgnoreRaces), parallelize(iw,GPUWarp,Atomics), "
+        "parallelize(il,GPUThread,ParallelReduction)",
+        "write the same element of a",
+    ),
+]
+_SHAPES = {
+    SPMV: {"A": (50, 200), "x": (200,)},
+    _SPMV_ADD: {"A": (50, 200), "x": (200,), "y": (50,)},
+    ROWSUM: {"C": (9, 150)},
+    DOT: {"v": (1000,), "w": (1000,)},
+}
+_EINSUM = {SPMV: "ij,j->i", _SPMV_ADD: "ij,j->i", ROWSUM: "ik->i", DOT: "i,i->"}
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", GPU_MAPPINGS, ids=[c[0] for c in GPU_MAPPINGS])
+def test_gpu_mappings_against_numpy(case):
+    """Each mapping gives numpy's result through the emulation (integer values, so sums in
+    any order are exact) and compiles with NVRTC, or is refused with a ScheduleError."""
+    _, expr, fmts, schedule, refusal = case
+    if refusal is not None:
+        with pytest.raises(ScheduleError, match=refusal):
+            sparsec.kernel(expr, fmts, target="cuda", schedule=schedule)
+        return
+    k = sparsec.kernel(expr, fmts, target="cuda-emulated", schedule=schedule)
+    rng = np.random.default_rng(18)
+    dense = {n: sparse_array(s, rng, 0.5, integer=True) for n, s in _SHAPES[expr].items()}
+    given = {
+        n: sparsec.Tensor.from_dense(a, fmts[n]) if fmts.get(n, "dense") != "dense" else a
+        for n, a in dense.items()
+    }
+    inputs = [dense[n] for n in _SHAPES[expr] if n != "y"]
+    want = np.einsum(_EINSUM[expr], *inputs) + (dense["y"] if expr == _SPMV_ADD else 0.0)
+    np.testing.assert_array_equal(np.asarray(k(**given)), want)
+    assert k.verify()
+
+
+def test_lanes_reduce_then_warps_add_atomically():
+    """Issue 18: warps with Atomics around lanes that reduce stored each warp's sum with a
+    plain store, so the warps overwrote each other ([0, 0] for [3, 3])."""
+    k = sparsec.kernel(
+        ROWSUM,
+        {"C": "dense"},
+        target="cuda-emulated",
+        schedule="split(k,kw,kl,32), parallelize(i,GPUBlock,NoRaces), "
+        "parallelize(kw,GPUWarp,Atomics), parallelize(kl,GPUThread,ParallelReduction)",
+    )
+    np.testing.assert_array_equal(k(C=np.ones((2, 3))), [3.0, 3.0])
+    assert "if (sc_lane() == 0) {\n      atomicAdd(&y_vals[" in k.source
+    assert k.generated().launch.zero_before
+    # the CSR SpMV and its += form: every warp's sum is added atomically (the emulation
+    # runs a block's threads in turn, so only the source shows the race of a plain +=)
+    for expr in (SPMV, _SPMV_ADD):
+        schedule = (
+            _BLOCK_ROW
+            + "parallelize(jw,GPUWarp,Atomics), parallelize(jl,GPUThread,ParallelReduction)"
+        )
+        src = sparsec.kernel(expr, _CSR, target="cuda", schedule=schedule).source
+        assert "atomicAdd(&y_vals[" in src and not re.search(r"y_vals\[\w+\] \+?=", src)
 
 
 def test_default_gpu_schedules_are_reported():
