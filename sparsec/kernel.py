@@ -569,7 +569,7 @@ class Kernel:
             if self._poison:  # the tests: a bound that was too small is a bug to see
                 raise SparsecError(f"internal: the capacity bound {bound} was too small")
             return None
-        self._check_status(status)
+        self._check_status(status, compiled)
         # the sizes reached, level by level, from the pos arrays the kernel wrote
         parents = 1
         cut: list[LevelStorage] = []
@@ -598,7 +598,7 @@ class Kernel:
             rows = math.prod(prepared.dims[self._out_level_indices[k]] for k in range(layout.last))
             counted[("pos", layout.last)] = np.zeros(rows + 1, dtype=index_dtype)
         args = _arguments(compiled, prepared, counted, nthreads)
-        self._check_status(compiled.assemble(*args))
+        self._check_status(compiled.assemble(*args), compiled)
         arrays: dict[tuple[str, int], np.ndarray] = {("sizes", -1): sizes}
         if layout.rowwise:
             row_pos = counted[("pos", layout.last)]
@@ -612,7 +612,8 @@ class Kernel:
             sizes[layout.last] = total
             arrays[("pos", layout.last)] = row_pos
         arrays, levels, vals = self._allocate(prepared, sizes, arrays)
-        self._check_status(compiled.fn(*_arguments(compiled, prepared, arrays, nthreads)))
+        status = compiled.fn(*_arguments(compiled, prepared, arrays, nthreads))
+        self._check_status(status, compiled)
         shape = tuple(prepared.dims[i] for i in self.spec.statement.lhs.indices)
         used = len(vals) - self._block_slack(prepared)
         return Tensor(shape, out_t.format, tuple(levels), vals[:used], np.dtype(index_dtype))
@@ -663,12 +664,11 @@ class Kernel:
                     arr.fill(-1)
         return arrays, levels, vals
 
-    def _check_status(self, status: int) -> None:
+    def _check_status(self, status: int, compiled: _Compiled) -> None:
+        """A sparse output's kernel status read as a dense output's is (a broken `bound`
+        is a ShapeError here too)."""
         if status != 0:
-            raise SparsecError(
-                f"kernel could not allocate its workspace (a dense row of the output "
-                f"{self.spec.output.name!r}); out of memory"
-            )
+            raise _status_error(status, compiled.generated)
 
     # -------------------------------------------------------------- internals
     def _name_error(self, inputs: Mapping[str, Any]) -> InputError:

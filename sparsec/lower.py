@@ -274,40 +274,42 @@ class Lowerer:
             order = self._apply_schedule(order, everything, extra)
         if self.gpu:
             self._gpu_support()
-        if self.assembler is not None:
-            alloc = self.assembler.workspace_alloc(self.workspace)
-            ctx = self._locate(Ctx(), [self.lhs])
-            if self.workspace and self.assembler.layout.last == 0:
-                body = self._scatter_gather(order, stmt.rhs, ctx[1])
-            else:
-                body = self.loops(order, stmt.rhs, ctx[1], OutputSink(), outermost=True)
-            return LoweredKernel(
-                ir.block(
-                    *self.assembler.prologue(),
-                    *alloc,
-                    ctx[0],
-                    body,
-                    *self.assembler.workspace_free(self.workspace),
-                    *self.assembler.epilogue(),
-                ),
-                order,
-                tuple(self.parallel_loops),
-                notes=tuple(self.notes),
-            )
+        # one epilogue for every output: the schedule's entry checks, then a sparse output
+        # is opened, filled in loop order and closed by the assembler, a dense one zeroed
+        # (unless written exactly once) and filled
+        asm = self.assembler
+        opening = asm.workspace_alloc(self.workspace) if asm is not None else []
         self.zero_in_loop = (
-            not self.gpu
+            asm is None
+            and not self.gpu
             and not stmt.accumulate
             and not self.exclusive
             and self.lhs.order > 0
             and order[0] == level_indices(self.lhs, self.spec.output.format)[0]
         )
         ctx = self._locate(Ctx(), [self.lhs])
-        body = self.loops(order, stmt.rhs, ctx[1], OutputSink(), outermost=True)
+        if asm is not None and self.workspace and asm.layout.last == 0:
+            body = self._scatter_gather(order, stmt.rhs, ctx[1])
+        else:
+            body = self.loops(order, stmt.rhs, ctx[1], OutputSink(), outermost=True)
+        closing: list[ir.Stmt] = []
         zeroed = stmt.accumulate or self.exclusive or self.zeroed_slices
-        init = None if zeroed or self.gpu else self._zero_output()
+        if asm is not None:
+            opening = [*asm.prologue(), *opening]
+            closing = [*asm.workspace_free(self.workspace), *asm.epilogue()]
+        elif not (zeroed or self.gpu):
+            opening = [self._zero_output()]
         exclusive = bool(self.write_sites) and all(self.write_sites) and not stmt.accumulate
         return LoweredKernel(
-            ir.block(*self.entry_checks, init, *self.top, ctx[0], body, *self.bottom),
+            ir.block(
+                *self.entry_checks,
+                *opening,
+                *self.top,
+                ctx[0],
+                body,
+                *self.bottom,
+                *closing,
+            ),
             order,
             tuple(self.parallel_loops),
             exclusive,

@@ -370,3 +370,26 @@ def test_too_small_a_bound_stops_the_kernel(expr, fmts, monkeypatch, rng):
         k(B=b, C=c, threads=1)
     monkeypatch.setattr(k, "_poison", False)
     _same_storage(k(B=b, C=c, threads=1).validate(), want)
+
+
+# ------------------------------------------------------- schedules, sparse outputs
+@pytest.mark.parametrize("fmt", ["csr", "dcsr"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("single_pass", [True, False])
+def test_bound_is_checked_for_a_sparse_output(fmt, threads, single_pass, monkeypatch, rng):
+    """A `bound` on a reduction loop is checked by a sparse output's kernels (the count,
+    the fill and the single pass) as by a dense output's: ShapeError, never wrong values."""
+    if not single_pass:
+        monkeypatch.setattr(KERNEL_MODULE, "SINGLE_PASS_ENTRIES", -1)
+    expr = "A(i,j) = B(i,j) * C(i,k) * D(k,j)"
+    for schedule, good, bad, message in (
+        ("bound(k,kb,4,MaxExact)", 4, 6, "exactly 4"),
+        ("bound(k,kb,4,MaxConstraint)", 3, 5, "at most 4"),
+    ):
+        k = sparsec.kernel(expr, {"B": "csr", "A": fmt}, schedule=schedule)
+        b = sparse_array((5, 7), rng)
+        c, d = sparse_array((5, good), rng), sparse_array((good, 7), rng)
+        out = k(B=b, C=c, D=d, threads=threads).validate()
+        np.testing.assert_allclose(np.asarray(out), b * (c @ d))
+        with pytest.raises(sparsec.ShapeError, match=rf"bound\(k,kb,4,Max.*{message}"):
+            k(B=b, C=sparse_array((5, bad), rng), D=sparse_array((bad, 7), rng), threads=threads)
