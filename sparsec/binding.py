@@ -42,10 +42,38 @@ MAX_THREADS = 1024
 
 def resolve_threads(threads: int | None) -> int:
     if threads is None:
-        return default_threads()
+        return use_threads(default_threads())
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
         raise InputError(f"threads must be an integer from 1 to {MAX_THREADS}, not {threads!r}")
+    return use_threads(threads)
+
+
+# ---- OpenMP across fork
+# GNU libgomp keeps the team of its first multi-threaded parallel region for the rest of the
+# process; a child forked after that inherits the team's bookkeeping but not its threads, and
+# its first parallel region with more than one thread waits for them forever. So a call with
+# more than one thread is recorded, and a child forked after one runs kernels on one thread.
+_parallel_started = False
+_forked_after_parallel = False
+
+
+def use_threads(threads: int) -> int:
+    """The thread count a kernel call runs with: ``threads``, or 1 in a process forked after
+    a multi-threaded call (see above); records a multi-threaded call."""
+    global _parallel_started
+    if _forked_after_parallel:
+        return 1
+    if threads > 1:
+        _parallel_started = True
     return threads
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_parallel
+    _forked_after_parallel = _forked_after_parallel or _parallel_started
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def is_torch(value: Any) -> bool:

@@ -44,6 +44,7 @@ from .binding import (
     convert_input,
     is_torch,
     resolve_threads,
+    use_threads,  # noqa: F401 - called by the fast path's generated source
     widen,
 )
 from .bound import entry_bound
@@ -143,6 +144,7 @@ class Kernel:
         except SparsecError as err:
             raise err.with_source(expr) from None
         self.parallel, self.commands = _schedule(schedule)
+        self._schedule_arg = schedule  # what a pickle or copy rebuilds the kernel from
         #: schedule="auto": candidates are timed on the first call of each input kind
         self.auto = schedule == "auto"
         if self.auto and target != "c":
@@ -344,6 +346,13 @@ class Kernel:
     def __repr__(self) -> str:
         fmts = ", ".join(f"{t.name}:{t.format}" for t in self.spec.tensors)
         return f"Kernel({self.expression!r}, {fmts})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled and copied as the arguments that made it. The compiled library, the call
+        fast path, the locks and the tuning caches belong to one process: the copy builds
+        its own on first use (the library from the on-disk compile cache)."""
+        args = (self.expression, self.spec.formats, self.target, self._schedule_arg)
+        return (_rebuild_kernel, (*args, self.dtype, self.index_dtype))
 
     def _compile(self, dtype: str, index_dtype: str) -> _Compiled:
         key = (dtype, index_dtype)
@@ -1038,7 +1047,7 @@ def _fast_source(
     else:
         lines += ["band = 0", "depth = 0"]
     lines += [
-        "th = (threads if type(threads) is int and 0 < threads <= MAX_THREADS"
+        "th = (use_threads(threads) if type(threads) is int and 0 < threads <= MAX_THREADS"
         " else resolve_threads(threads))",
         f"if {size} * ITEMSIZE < ALIGN_FROM_BYTES:",
         f"    out = np.empty(({''.join(d + ', ' for d in shape)}), DT)",
@@ -1285,6 +1294,15 @@ class _Prepared:
                 torch.from_numpy(np.ascontiguousarray(out)) if np.ndim(out) else torch.tensor(out)
             )
         return np.ascontiguousarray(out) if np.ndim(out) else out
+
+
+def _rebuild_kernel(
+    expr: str, formats: FormatsArg, target: str, schedule: Any, dtype: Any, index_dtype: Any
+) -> Kernel:
+    """`Kernel.__reduce__`'s constructor (its options are keyword-only)."""
+    return Kernel(
+        expr, formats, target=target, schedule=schedule, dtype=dtype, index_dtype=index_dtype
+    )
 
 
 def _schedule(schedule: Any) -> tuple[bool, tuple[Command, ...]]:

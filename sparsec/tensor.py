@@ -120,6 +120,13 @@ class Tensor:
         for array in (*(a for st in self.levels for a in st.arrays()), self.vals):
             array.flags.writeable = False
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled and copied as its storage alone: the cached addresses and device copies
+        belong to the process (and the arrays) they were taken from. The copy is built by
+        the trusted constructor, which freezes its arrays (a pickle brings them back
+        writable) and fills the caches anew on first use."""
+        return (type(self), (self.shape, self.format, self.levels, self.vals, self.index_dtype))
+
     # ---- properties
 
     def addresses(self) -> dict[tuple[str, int], int]:

@@ -196,3 +196,86 @@ def test_uncreatable_cache_falls_back(tmp_path):
     blocker.write_text("not a directory")
     _wait([_spawn(blocker / "cache", [1])])
     assert blocker.read_text() == "not a directory"
+
+
+# ----------------------------------------------------------------- pickling
+def _used_spmv_and_spgemm():
+    """SpMV and SpGEMM kernels and operands, each already called once (so the tensors hold
+    their cached addresses and the kernels their library, fast path and locks)."""
+    a = sparsec.random((40, 30), 0.1, "csr", seed=3)
+    b = sparsec.random((30, 20), 0.1, "csr", seed=4)
+    x = np.random.default_rng(5).random(30)
+    spmv = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    spgemm = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"})
+    spmv(A=a, x=x, threads=2)
+    spmv(A=a, x=x, threads=2)  # the fast path
+    spgemm(A=a, B=b, threads=2)
+    return spmv, spgemm, a, b, x
+
+
+def _compute(spmv, spgemm, a, b, x):
+    """Runs in a worker process on unpickled kernels and tensors (on two threads, where the
+    parent ran OpenMP already); the sparse result comes back pickled."""
+    frozen = all(not arr.flags.writeable for t in (a, b) for arr in (t.vals, t.levels[1].crd))
+    return frozen, spmv(A=a, x=x, threads=2), spgemm(A=a, B=b, threads=2)
+
+
+#: objects a forked child inherits without a pickle (set just before forking)
+_INHERITED: tuple = ()
+
+
+def _compute_inherited():
+    return _compute(*_INHERITED)
+
+
+def _check_computed(result, a, b, x) -> None:
+    frozen, y, c = result
+    assert frozen
+    np.testing.assert_allclose(y, a.to_dense() @ x, rtol=1e-12)
+    assert isinstance(c, sparsec.Tensor) and not c.vals.flags.writeable
+    np.testing.assert_allclose(c.validate().to_dense(), a.to_dense() @ b.to_dense(), rtol=1e-12)
+
+
+def test_used_tensors_and_kernels_pickle_and_copy():
+    import copy
+    import pickle
+
+    spmv, spgemm, a, b, x = _used_spmv_and_spgemm()
+    for clone in (lambda v: pickle.loads(pickle.dumps(v)), copy.copy, copy.deepcopy):
+        ks, ts = (clone(spmv), clone(spgemm)), (clone(a), clone(b))
+        assert all(t._addresses is None and t._device is None for t in ts)
+        assert all(isinstance(k, sparsec.Kernel) for k in ks)
+        _check_computed(_compute(*ks, *ts, x), a, b, x)
+        assert ks[0].expression == spmv.expression and ks[1].formats == spgemm.formats
+    # a scheduled kernel keeps its schedule
+    split = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, schedule="split(i,i0,i1,4)")
+    assert pickle.loads(pickle.dumps(split)).schedule == split.schedule
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_used_tensors_and_kernels_compute_in_another_process(method):
+    import multiprocessing
+
+    if method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {method} start method on this platform")
+    spmv, spgemm, a, b, x = _used_spmv_and_spgemm()
+    with multiprocessing.get_context(method).Pool(1) as pool:  # arguments travel pickled
+        result = pool.apply_async(_compute, (spmv, spgemm, a, b, x)).get(timeout=120)
+    _check_computed(result, a, b, x)
+
+
+def test_forked_child_runs_inherited_kernels_after_parallel_calls():
+    # GNU libgomp's team does not survive fork: a child forked after a multi-threaded call
+    # runs on one thread instead of waiting forever for threads it does not have
+    import multiprocessing
+
+    global _INHERITED
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork start method on this platform")
+    spmv, spgemm, a, b, x = _INHERITED = _used_spmv_and_spgemm()
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            result = pool.apply_async(_compute_inherited).get(timeout=60)
+    finally:
+        _INHERITED = ()
+    _check_computed(result, a, b, x)

@@ -481,6 +481,22 @@ def test_tensor_is_immutable():
         t.levels[0].pos = None  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("order,fmt", ALL_FORMATS)
+def test_pickle_and_copies_are_frozen_tensors_without_caches(order, fmt):
+    import copy
+    import pickle
+
+    t = random((5, 4, 3)[:order], 0.4, fmt, seed=order)
+    t.addresses()  # what a kernel call caches: addresses valid in this process only
+    for clone in (lambda v: pickle.loads(pickle.dumps(v)), copy.copy, copy.deepcopy):
+        u = clone(t)
+        assert type(u) is Tensor and u is not t and u._addresses is None and u._device is None
+        assert (u.shape, u.format, u.index_dtype) == (t.shape, t.format, t.index_dtype)
+        arrays = [u.vals, *(a for st in u.levels for a in st.arrays())]
+        assert not any(a.flags.writeable for a in arrays)
+        assert_same(u, t.to_dense())
+
+
 def test_inputs_are_copied_not_frozen():
     pos, crd, vals = np.array([0, 2, 2, 3]), np.array([0, 3, 1]), np.array([1.0, 2, 3])
     t = Tensor.from_arrays((3, 4), "csr", [None, (pos, crd)], vals)
