@@ -51,6 +51,12 @@ BOUND_VIOLATED = 3
 MAX_COPY_ELEMENTS = 1 << 26
 
 
+class RowsOutOfOrder(LoweringError):
+    """A rowwise sparse output's single-pass kernel cannot append its rows in storage
+    order: the inputs force its dense levels into another order. Its two phases count
+    and fill the rows in any order, so the runtime uses those."""
+
+
 @dataclass(frozen=True, slots=True)
 class Bound:
     """A storage level whose position is known: ``pos`` and the end of its segment."""
@@ -253,23 +259,21 @@ class Lowerer:
     def kernel(self) -> LoweredKernel:
         stmt = self.spec.statement
         everything = [self.lhs, *accesses(stmt.rhs)]
-        extra = output_edges(self.lhs, self.spec.output.format, stmt.top_sums)
-        order: tuple[str, ...] | None = None
-        if not self._forced_workspace():
-            try:
-                order = loop_order(stmt.loop_indices, everything, self.formats, extra=extra)
-            except LoweringError:
-                if self.assembler is None or not self.assembler.can_scatter():
-                    raise
-        if order is None:
-            # the last output level cannot come before the reductions (or the schedule asks
-            # for a workspace): scatter it into a dense workspace and append the row
-            # afterwards (Gustavson's SpGEMM)
-            assert self.assembler is not None
-            ws = self.assembler.vars[self.assembler.layout.last]
-            extra = tuple(e for e in extra if ws not in (e.before, e.after))
-            order = loop_order(stmt.loop_indices, everything, self.formats, extra=extra)
-            self.workspace = ws
+        asm = self.assembler
+        fmt = self.spec.output.format
+        # rows counted and filled independently may be visited in any order of their levels
+        in_order = asm is None or not asm.rowwise
+        extra = output_edges(self.lhs, fmt, stmt.top_sums, rows_in_order=in_order)
+        try:
+            order, extra = self._loop_order(everything, extra)
+        except LoweringError:
+            if asm is None or not asm.layout.rowwise or asm.rowwise:
+                raise
+            # the single pass appends rows in storage order, which the inputs rule out
+            self._loop_order(everything, output_edges(self.lhs, fmt, stmt.top_sums, False))
+            raise RowsOutOfOrder(
+                f"the inputs visit the rows of {self.lhs.name} ({fmt}) out of storage order"
+            ) from None
         if self.commands:
             order = self._apply_schedule(order, everything, extra)
         if self.gpu:
@@ -320,6 +324,28 @@ class Lowerer:
             block=self._block_size(),
             shuffles=bool(self.warp_reduced),
         )
+
+    def _loop_order(
+        self, everything: list[Access], extra: tuple[Edge, ...]
+    ) -> tuple[tuple[str, ...], tuple[Edge, ...]]:
+        """The loop order and the output's edges it keeps; sets `workspace` when the
+        output's last level is scattered into one."""
+        stmt = self.spec.statement
+        if not self._forced_workspace():
+            try:
+                return loop_order(stmt.loop_indices, everything, self.formats, extra=extra), extra
+            except LoweringError:
+                if self.assembler is None or not self.assembler.can_scatter():
+                    raise
+        # the last output level cannot come before the reductions (or the schedule asks
+        # for a workspace): scatter it into a dense workspace and append the row
+        # afterwards (Gustavson's SpGEMM)
+        assert self.assembler is not None
+        ws = self.assembler.vars[self.assembler.layout.last]
+        extra = tuple(e for e in extra if ws not in (e.before, e.after))
+        order = loop_order(stmt.loop_indices, everything, self.formats, extra=extra)
+        self.workspace = ws
+        return order, extra
 
     # ------------------------------------------------------------------ CUDA
     def _gpu_support(self) -> None:
@@ -1639,10 +1665,16 @@ class Lowerer:
         slot = self.assembler.bind(level)
         if slot is not None:
             ctx = ctx.bind(levels={(self.lhs, level): Bound(slot, ir.Bin("+", slot, ir.IntLit(1)))})
+        known = ctx.depth(self.lhs)
         located, ctx = self._locate(ctx, [self.lhs, *accesses(expr)])
+        # the dense levels above the first sparse one may be bound in any order (rowwise
+        # outputs): a row starts where the last of them is located, whichever var that is
+        row = self.assembler.layout.dense_prefix - 1
+        if known <= row < ctx.depth(self.lhs):
+            level = row
         bound = ctx.levels.get((self.lhs, level))
         before, after = self.assembler.around(level, bound.pos if bound else None)
-        if self.workspace and level == self.assembler.layout.last - 1:
+        if self.workspace and level == self.assembler.layout.last - 1 and bound is not None:
             inner = self._scatter_gather(rest, expr, ctx)
         else:
             inner = self.loops(rest, expr, ctx, sink)

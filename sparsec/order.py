@@ -107,14 +107,23 @@ def _suggest(access: Access, fmt: Format, order: tuple[str, ...]) -> str:
     return f"{letters}:{','.join(map(str, ordering))}"
 
 
-def output_edges(lhs: Access, fmt: Format, reductions: tuple[str, ...]) -> tuple[Edge, ...]:
+def output_edges(
+    lhs: Access, fmt: Format, reductions: tuple[str, ...], rows_in_order: bool = True
+) -> tuple[Edge, ...]:
     """A sparse output is appended in order: its sparse levels' indices come before every
-    reduction index, and dense levels below them come after the last sparse one."""
+    reduction index, and dense levels below them come after the last sparse one.
+
+    ``rows_in_order``: the dense levels above the first sparse one are visited in their
+    storage order too (one sequence of positions across rows); without it (rows counted
+    and filled independently, see `assemble.OutputLayout.rowwise`) they may come in any
+    order."""
     if fmt.is_dense:
         return ()
     levels = level_indices(lhs, fmt)
     sparse = [k for k, level in enumerate(fmt.levels) if level.position_iteration]
     found: list[Edge] = []
+    if rows_in_order:
+        found += [Edge(levels[k - 1], levels[k], lhs.name) for k in range(1, sparse[0])]
     for k in range(sparse[-1] + 1):  # dense levels above take part: pos is written per row
         found += [Edge(levels[k], r, lhs.name) for r in reductions]
     for k in range(sparse[-1] + 1, len(levels)):

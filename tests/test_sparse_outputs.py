@@ -393,3 +393,45 @@ def test_bound_is_checked_for_a_sparse_output(fmt, threads, single_pass, monkeyp
         np.testing.assert_allclose(np.asarray(out), b * (c @ d))
         with pytest.raises(sparsec.ShapeError, match=rf"bound\(k,kb,4,Max.*{message}"):
             k(B=b, C=sparse_array((5, bad), rng), D=sparse_array((bad, 7), rng), threads=threads)
+
+
+# ------------------------------------------------- dense levels out of storage order
+ROWS_OUT_OF_ORDER = [
+    # the input's levels hold j above i, the output's i above j
+    ("C(i,j,l) = A(i,j,k) * B(k,l)", {"A": "sss:1,0,2", "C": "dds"}),
+    ("A(m,j,i) = B(j,m,i) + C(i,j,m)", {"C": "u0q1s2", "A": "dds:1,2,0"}),
+    # the row level (m) is located last, in order: the single pass appended rows (j, i, m)
+    # in the wrong order (unsorted crd)
+    ("A(i,j,m,l) = B(j,i,m,l)", {"B": "ssss", "A": "ddds"}),
+    # ... and the output's last level scattered into a workspace (B is read row by row)
+    ("C(i,j,l) = A(j,i,k) * B(k,l)", {"A": "sss", "B": "csr", "C": "dds"}),
+    ("C(i,j,l) = A(j,i,k) * B(k,l)", {"A": "dss", "B": "csr", "C": "dds"}),
+]
+
+
+@pytest.mark.parametrize(("expr", "fmts"), ROWS_OUT_OF_ORDER)
+def test_rows_visited_out_of_storage_order(expr, fmts):
+    """A rowwise output (dense levels, then one compressed level) whose dense levels the
+    inputs visit in another order than stored: each row is counted and filled on its own,
+    so the rows may come in any order (the row's counter was declared only when its last
+    stored dense level was the loop that located it, so the C did not compile)."""
+    k = sparsec.kernel(expr, fmts)
+    assert "sparsec_append" not in k.source  # the single pass appends rows in order
+    dims = dict.fromkeys(k.spec.indices, 4) | {"i": 3, "j": 5}
+    for seed, density in enumerate((0.0, 0.3, 0.7, 1.0)):
+        inputs, _ = k.random_inputs(dims, seed=seed, density=density)
+        for threads in (1, 2):
+            k.check(**inputs, threads=threads)
+
+
+@pytest.mark.parametrize("out", ["ddss", "ddsd"])
+def test_appended_rows_out_of_storage_order_say_which_format_works(out):
+    """Dense levels above more than one appended level are filled in one sequence, so they
+    must be visited in storage order: an input that forbids it is refused before any C,
+    naming a format that works (this computed wrong values)."""
+    k = sparsec.kernel("A(i,j,m,l) = B(j,i,m,l)", {"B": "ssss", "A": out})
+    with pytest.raises(sparsec.LoweringError, match=r"Store B with mode ordering 1,0,2,3"):
+        k.source  # noqa: B018
+    k = sparsec.kernel("A(i,j,m,l) = B(j,i,m,l)", {"B": "ssss:1,0,2,3", "A": out})
+    inputs, _ = k.random_inputs({"i": 3, "j": 4, "m": 2, "l": 3}, seed=0, density=0.5)
+    k.check(**inputs)

@@ -12,9 +12,9 @@ from .. import ir
 from ..abi import INT, Namer, Param, Signature, signature
 from ..assemble import OutputLayout
 from ..bands import BAND, DEPTH, Walks, band
-from ..lower import lower
-from ..policy.machine import machine
+from ..lower import RowsOutOfOrder, lower
 from ..resources import data_dir
+from ..runtime import last_level_cache
 from ..schedule import Command
 from ..spec import Spec
 from ..streams import prefetch_streams
@@ -255,8 +255,13 @@ def generate(
             )
         )
         comment = "numeric phase: append coordinates and values into the allocated arrays"
+        single = None
         if not commands:
-            single, _ = lower(spec, make_names, parallel=False, append=True)
+            try:
+                single, _ = lower(spec, make_names, parallel=False, append=True)
+            except RowsOutOfOrder:
+                pass  # rows visited out of storage order: counted and filled, two phases
+        if single is not None:
             single_body, append_tiled, _ = _optimize(single.body)
             functions.append(
                 _Function(
@@ -268,7 +273,9 @@ def generate(
             )
             append = APPEND_NAME
         elif OutputLayout.of(spec.output.format, spec.output.name).rowwise:
-            append = ""  # a user schedule's rows fill in parallel: the two phases only
+            # a user schedule's rows fill in parallel, or rows come out of storage order:
+            # the two phases only
+            append = ""
         else:
             append = KERNEL_NAME  # a serial kernel appends into any arrays large enough
     else:
@@ -284,8 +291,7 @@ def generate(
         streaming = _stream_output(body, spec, sig, DEPTH in extra)
         if streaming is not None:
             body = streaming
-            llc = machine().last_level_cache
-            stored = (f"output tiles stored non-temporally from {llc} bytes",)
+            stored = (f"output tiles stored non-temporally from {last_level_cache()} bytes",)
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
@@ -306,7 +312,7 @@ def generate(
             functions=functions,
             vectors=tile_vectors if tiled or append_tiled else 0,
             stream_sfx="ps" if dtype == "float32" else "pd",
-            stream_out_bytes=machine().last_level_cache,
+            stream_out_bytes=last_level_cache(),
             params=[C.param(p) for p in sig.params],
             packed=packed,
         )
