@@ -802,14 +802,17 @@ class Lowerer:
                 f"{loop}: {req.unit}, race-free (each iteration writes its own {out} elements)"
             )
             return setup
-        strategies = "Atomics or Temporary" if req.unit == "CPUThread" else "ParallelReduction"
-        if target_acc:
-            strategies += " or ParallelReduction" if req.unit == "CPUThread" else ""
+        usable = self._race_strategies(req.unit, target_acc)
+        advice = (
+            f"Use {' or '.join(usable)}"
+            if usable
+            else f"Parallelize a loop whose iterations write distinct elements of {out}"
+        )
         match req.races:
             case "NoRaces" | "IgnoreRaces":
                 raise ScheduleError(
                     f"{cmd}: iterations of {loop} write the same element of {out} ({why}); "
-                    f"with {req.races} that would give a wrong sum. Use {strategies}"
+                    f"with {req.races} that would give a wrong sum. {advice}"
                 )
             case "Atomics" if req.unit == "CPUThread" and self.assembler is None:
                 assert isinstance(sink, (AccSink, OutputSink))
@@ -837,9 +840,30 @@ class Lowerer:
                 )
             case _:
                 raise ScheduleError(
-                    f"{cmd}: {req.races} does not apply here ({why}); use {strategies}"
+                    f"{cmd}: {req.races} does not apply here: {self._why_not(req.races, req.unit)}"
+                    f"; the iterations of {loop} race ({why}). {advice}"
                 )
         return setup
+
+    def _race_strategies(self, unit: str, into_sum: bool) -> list[str]:
+        """The race strategies `_loop_setup` carries out for a racy CPU loop of ``unit``
+        (``into_sum``: its iterations add into a scalar accumulator, not the output)."""
+        table = (
+            ("Atomics", unit == "CPUThread" and self.assembler is None),
+            ("Temporary", into_sum or unit == "CPUThread"),
+            ("ParallelReduction", into_sum),
+        )
+        return [name for name, applies in table if applies]
+
+    def _why_not(self, races: str, unit: str) -> str:
+        """Why strategy ``races`` cannot serve a racy CPU loop of ``unit`` (see
+        `_race_strategies`)."""
+        out = self.lhs.name
+        if races == "Atomics" and unit != "CPUThread":
+            return f"{unit} loops make no atomic updates"
+        if races == "Atomics":
+            return f"the sparse output {out} is appended entry by entry, never updated in place"
+        return f"the loop adds straight into {out}, not into a sum of its own"
 
     def _gpu_setup(
         self,

@@ -670,3 +670,39 @@ def test_hostile_derived_names_on_the_gpu():
     assert "long long blockIdx " not in k.source
     a = np.arange(35.0).reshape(5, 7) % 3
     np.testing.assert_allclose(k(A=a, x=np.ones(7)), a.sum(1))
+
+
+# ------------------------------------------------------- race strategies refused
+REFUSED_RACES = [
+    # a sparse output is appended, so Atomics has nothing to update (the message used to
+    # suggest Atomics itself)
+    (SDDMM, {"B": "csr", "A": "csr"}, "k", "CPUThread", "Atomics"),
+    (SDDMM, {"B": "csr", "A": "csr"}, "k", "CPUThread", "NoRaces"),
+    (SDDMM, {"B": "csr", "A": "csr"}, "k", "CPUVector", "Atomics"),
+    # a vector loop that adds straight into the output (was "use ParallelReduction" for
+    # ParallelReduction itself)
+    (SPMV, {"A": "csc"}, "j", "CPUVector", "ParallelReduction"),
+    (SPMV, {"A": "csc"}, "j", "CPUVector", "Atomics"),
+    (SPMV, {"A": "csc"}, "j", "CPUThread", "ParallelReduction"),
+    (SPMV, {"A": "csr"}, "j", "CPUVector", "Atomics"),
+]
+
+
+@pytest.mark.parametrize("case", REFUSED_RACES, ids=lambda c: f"{c[1]}-{c[2:]}")
+def test_a_refused_race_strategy_names_only_strategies_that_apply(case):
+    """The refusal says why the strategy does not apply, and every strategy it suggests
+    instead is accepted for the same loop and computes the right values."""
+    expr, formats, loop, unit, races = case
+    with pytest.raises(ScheduleError) as err:
+        sparsec.kernel(expr, formats, schedule=f"parallelize({loop},{unit},{races})")
+    message = str(err.value)
+    assert f"{races} does not apply here" in message or "wrong sum" in message
+    advice = message.rsplit(". ", 1)[1]
+    suggested = [s for s in RACES if s in advice]
+    if not suggested:
+        assert advice.startswith("Parallelize a loop whose iterations write distinct")
+    for other in suggested:
+        assert other != races
+        k = sparsec.kernel(expr, formats, schedule=f"parallelize({loop},{unit},{other})")
+        inputs, _ = k.random_inputs(dict.fromkeys(k.spec.indices, 5), seed=1, density=0.5)
+        k.check(**inputs, threads=2)
