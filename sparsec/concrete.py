@@ -3,12 +3,18 @@
 Semantics (documented in docs/semantics.md): an index that is absent from the left-hand
 side is summed over the *smallest* subexpression containing all its occurrences (TACO's
 rule). So ``a(i) = B(i,k)*c(k) + d(i)`` means ``a(i) = (Σk B(i,k)*c(k)) + d(i)``; ``d``
-is not multiplied by the size of ``k``.
+is not multiplied by the size of ``k``. `place` builds that tree: it *is* the meaning of
+the statement, and the dense reference (sparsec/reference.py) evaluates the statement
+from the notation by the same rule, independently of what happens here next.
 
-Sums are then lifted through products, negations and numerators as far as possible
-(``(Σk X) * Y = Σk (X * Y)`` when ``Y`` has no ``k``), so a reduction that can run in the
-same loop nest as the output does. Sums left under ``+``/``-``/a denominator are *nested*:
-the lowerer computes them into a scalar temporary (TACO's ``where``).
+Sums are then lifted where that keeps the value (`lift`), so a reduction can run in the
+same loop nest as the output: through unary minus, through a product whose other factor
+cannot be infinite or NaN (``(Σk X) * Y = Σk (X * Y)`` when ``Y`` has no ``k`` and does
+not divide), and through a division by a non-zero literal. A sum is never moved across a
+division by anything else (``(Σk X) / w`` is not ``Σk X / w`` when ``w`` is 0: ``inf``
+against ``0/0 = NaN`` terms), nor anywhere inside a divisor, where a zero's sign decides
+``+inf`` against ``-inf``. Sums left under ``+``/``-``/a division are *nested*: the
+lowerer computes them into a scalar temporary (TACO's ``where``).
 """
 
 from __future__ import annotations
@@ -104,18 +110,21 @@ def index_counts(expr: CExpr) -> Counter[str]:
     return Counter(i for a in accesses(expr) for i in a.indices)
 
 
-def concretize(assignment: Assignment) -> Statement:
-    """Place each summed index at the lowest common ancestor of its uses, then lift."""
-    summed = set(assignment.summed_indices)
+def place(assignment: Assignment) -> CExpr:
+    """The right-hand side with each summed index at the lowest common ancestor of its uses.
+
+    This is the statement as written (parentheses bound the sums); nothing is moved.
+    """
+    summed = assignment.summed_indices
     totals = index_counts(assignment.rhs)
 
-    def place(expr: CExpr) -> CExpr:
+    def place_at(expr: CExpr) -> CExpr:
         here = index_counts(expr)
         match expr:
             case Neg(operand=x):
-                rebuilt: CExpr = _neg(place(x), expr.span)
+                rebuilt: CExpr = _neg(place_at(x), expr.span)
             case BinOp(op=op, left=left, right=right):
-                rebuilt = _bin(op, place(left), place(right), expr.span)
+                rebuilt = _bin(op, place_at(left), place_at(right), expr.span)
             case Access() | Literal() | Zero() | Sum():
                 rebuilt = expr
             case _:
@@ -123,33 +132,47 @@ def concretize(assignment: Assignment) -> Statement:
         child_counts = [index_counts(c) for c in children(expr)]
         lca = tuple(
             i
-            for i in sorted(summed, key=assignment.summed_indices.index)
+            for i in summed
             if here[i] == totals[i] and not any(c[i] == totals[i] for c in child_counts)
         )
         return Sum(lca, rebuilt) if lca else rebuilt
 
-    top, body = lift(place(assignment.rhs))
+    return place_at(assignment.rhs)
+
+
+def concretize(assignment: Assignment) -> Statement:
+    """Place each summed index at the lowest common ancestor of its uses, then lift."""
+    top, body = lift(place(assignment))
     return Statement(assignment.lhs, body, top, assignment.accumulate)
 
 
 def lift(expr: CExpr) -> tuple[tuple[str, ...], CExpr]:
-    """Pull sums up through ``*``, unary ``-`` and numerators; normalise nested sums."""
+    """Pull sums up where the value stays the same; normalise nested sums.
+
+    Through unary ``-`` (exact up to the sign of a zero sum, which only a divisor can
+    tell, and divisors are never rewritten); through ``*`` when the other factor does not
+    divide (``(Σk X) * Y`` and ``Σk X*Y`` differ when ``Y`` is infinite and some ``X`` is
+    zero); through a numerator only over a non-zero literal divisor.
+    """
     match expr:
         case Sum(indices=indices, body=body):
             inner, lifted = lift(body)
             return indices + inner, lifted
         case BinOp(op="*", left=left, right=right):
-            vl, bl = lift(left)
-            vr, br = lift(right)
+            vl, bl = ((), nest(left)) if divides(right) else lift(left)
+            vr, br = ((), nest(right)) if divides(left) else lift(right)
             return vl + vr, _bin("*", bl, br, expr.span)
-        case BinOp(op="/", left=left, right=right):
+        case BinOp(op="/", left=left, right=Literal(value=v) as right) if v != 0:
             vl, bl = lift(left)
-            return vl, _bin("/", bl, nest(right), expr.span)
+            return vl, _bin("/", bl, right, expr.span)
+        case BinOp(op="/", left=left, right=right):
+            # Neither side's sums cross the division, and the divisor stays as written.
+            return (), _bin("/", nest(left), right, expr.span)
         case BinOp(op=op, left=left, right=right):
             return (), _bin(op, nest(left), nest(right), expr.span)
         case Neg(operand=x):
-            v, b = lift(x)
-            return v, _neg(b, expr.span)
+            vx, bx = lift(x)
+            return vx, _neg(bx, expr.span)
         case Access() | Literal() | Zero():
             return (), expr
         case _:
@@ -160,6 +183,17 @@ def nest(expr: CExpr) -> CExpr:
     """A subexpression that stays below its parent: its lifted sums form one `Sum`."""
     indices, body = lift(expr)
     return Sum(indices, body) if indices else body
+
+
+def divides(expr: CExpr) -> bool:
+    """Does ``expr`` divide by anything but a non-zero literal (so inf/NaN may arise)?"""
+    match expr:
+        case BinOp(op="/", left=left, right=Literal(value=v)) if v != 0:
+            return divides(left)
+        case BinOp(op="/"):
+            return True
+        case _:
+            return any(divides(c) for c in children(expr))
 
 
 # ------------------------------------------------------------- simplification

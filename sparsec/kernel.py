@@ -463,7 +463,7 @@ class Kernel:
                 v = np.transpose(v, np.argsort(t.format.ordering))  # back to mode order
             dense[t.name] = torch.from_numpy(np.array(v, dtype=np.float64))
         current = dense.pop(self.spec.output.name, None)
-        want = reference(self.spec.statement, dense, prepared.dims, current).numpy()
+        want = reference(self.spec.assignment, dense, prepared.dims, current).numpy()
         if isinstance(got, Tensor):
             got.validate(self.spec.output.name)  # the assembled storage keeps every invariant
         err = compare(np.asarray(got), want, prepared.dtype, f"kernel {self.assignment}")

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 
-from .concrete import ZERO, CExpr, Sum, Zero, children, without
+from .concrete import ZERO, CExpr, Sum, Zero, without
+from .concrete import divides as divides  # re-exported: lower.py asks the lattice
 from .errors import LoweringError
 from .notation import Access, BinOp, Literal, Neg
 
@@ -167,14 +168,3 @@ def build(
 
 
 MAX_EXACT_ITERATORS = 5
-
-
-def divides(expr: CExpr) -> bool:
-    """Does ``expr`` divide by anything but a non-zero literal (so inf/NaN may arise)?"""
-    match expr:
-        case BinOp(op="/", right=Literal(value=v)) if v != 0:
-            return divides(expr.left)
-        case BinOp(op="/"):
-            return True
-        case _:
-            return any(divides(c) for c in children(expr))

@@ -6,12 +6,15 @@ these are *hard* edges. Dense levels are located and add no hard edge; their lev
 and the output's, are *soft* edges that the greedy topological sort follows where it can
 (row-major traversal of dense operands). Ties go to first appearance.
 
-When no order exists the error names the tensor and the mode ordering that would work.
+When no order exists the error names the tensor and a format that works: the same levels
+in another mode ordering when one exists (checked against every read of the tensor), or,
+for a tensor read in two mode orders (``B(i,j) * B(j,i)``), a transposed copy under a
+second name or a dense format.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import LoweringError
 from .formats import Format
@@ -23,6 +26,8 @@ class Edge:
     before: str
     after: str
     tensor: str
+    #: the read of ``tensor`` that makes the edge (None for the output's assembly order)
+    access: Access | None = field(default=None, compare=False)
 
 
 def level_indices(access: Access, fmt: Format) -> tuple[str, ...]:
@@ -52,9 +57,9 @@ def edges(
                         raise _inner_before_outer(access, fmt, above, var, scope, outer)
                     continue
                 if iterated:
-                    hard.append(Edge(above, var, access.name))
+                    hard.append(Edge(above, var, access.name, access))
                 elif m == k - 1:
-                    soft.append(Edge(above, var, access.name))
+                    soft.append(Edge(above, var, access.name, access))
     return hard, soft
 
 
@@ -99,12 +104,17 @@ def loop_order(
     raise _conflict(scope, accesses, formats, hard, soft, outer)
 
 
-def _suggest(access: Access, fmt: Format, order: tuple[str, ...]) -> str:
-    """The format spelling that stores ``access``'s modes in loop ``order``."""
+def _reordered(access: Access, fmt: Format, order: tuple[str, ...]) -> Format:
+    """``fmt``'s levels with the mode ordering that stores ``access``'s modes in loop ``order``."""
     rank = {v: n for n, v in enumerate(order)}
     ordering = sorted(range(access.order), key=lambda mode: rank.get(access.indices[mode], 1 << 30))
-    letters = "".join(level.spelling for level in fmt.levels)
-    return f"{letters}:{','.join(map(str, ordering))}"
+    return Format(fmt.levels, tuple(ordering))
+
+
+def _advice(name: str, fmt: Format) -> str:
+    """How a message tells the user to store ``name`` in ``fmt`` (a preset's name if any)."""
+    ordering = ",".join(map(str, fmt.ordering))
+    return f"Store {name} with mode ordering {ordering} (format '{fmt}')"
 
 
 def output_edges(
@@ -143,25 +153,76 @@ def _conflict(
     soft: list[Edge],
     outer: tuple[str, ...],
 ) -> LoweringError:
+    reads = list(dict.fromkeys(accesses))
     needs = "; ".join(
-        f"{a} ({formats[a.name]}) needs {_describe([e for e in hard if e.tensor == a.name])}"
-        for a in dict.fromkeys(accesses)
-        if any(e.tensor == a.name for e in hard)
+        f"{a} ({formats[a.name]}) needs {_describe(made)}"
+        for a in reads
+        if (made := [e for e in hard if e.access == a or (e.access is None and e.tensor == a.name)])
     )
-    for access in reversed(list(dict.fromkeys(accesses))):
-        rest = [e for e in hard if e.tensor != access.name]
-        if len(rest) == len(hard):
-            continue
+    head = f"no loop order fits every tensor's level order: {needs}"
+    names = list(dict.fromkeys(a.name for a in reads if any(e.tensor == a.name for e in hard)))
+    for name in reversed(names):
+        rest = [e for e in hard if e.tensor != name]
         order = topological(scope, rest, soft)
         if order is None:
             continue
-        fix = _suggest(access, formats[access.name], outer + order)
-        return LoweringError(
-            f"no loop order fits every tensor's level order: {needs}. Store "
-            f"{access.name} with mode ordering {fix.split(':')[1]} (format '{fix}') so that "
-            f"loops can run in the order {', '.join(outer + order)}"
+        own = [a for a in reads if a.name == name]
+        for access in own:
+            fmt = _reordered(access, formats[name], outer + order)
+            if fmt == formats[name] or not _fits(scope, own, fmt, rest, soft, outer):
+                continue
+            return LoweringError(
+                f"{head}. {_advice(name, fmt)} so that loops can run in the order "
+                f"{', '.join(outer + order)}"
+            )
+    for name in names:
+        own = [a for a in reads if a.name == name]
+        if len({a.indices for a in own}) > 1:
+            taken = {a.name for a in reads}
+            advice = _two_orders(name, formats[name], own, taken)
+            return LoweringError(f"{head}. {advice}")
+    return LoweringError(head)
+
+
+def _fits(
+    scope: tuple[str, ...],
+    reads: list[Access],
+    fmt: Format,
+    rest: list[Edge],
+    soft: list[Edge],
+    outer: tuple[str, ...],
+) -> bool:
+    """Does some loop order suit every read of one tensor stored as ``fmt``, and the rest?"""
+    try:
+        mine, _ = edges(reads, {reads[0].name: fmt}, set(scope), set(outer))
+    except LoweringError:
+        return False
+    return topological(scope, rest + mine, soft) is not None
+
+
+def _two_orders(name: str, fmt: Format, reads: list[Access], taken: set[str]) -> str:
+    """Advice for a sparse tensor read in several mode orders (``B(i,j) * B(j,i)``)."""
+    first = reads[0]
+    other = next(a for a in reads if a.indices != first.indices)
+    copy = next(c for n in range(1000) if (c := f"{name}_t{n or ''}") not in taken)
+    # the copy is read in the first read's index order and holds the other read's values
+    mine = [v for v in first.indices if v in other.indices]
+    if len(set(first.indices)) < len(first.indices) or len(mine) != len(other.indices):
+        return (
+            f"{name} is read in two mode orders ({', '.join(map(str, reads))}); its levels are "
+            f"stored in one order, so no mode ordering serves both reads: store {name} dense"
         )
-    return LoweringError(f"no loop order fits every tensor's level order: {needs}")
+    written = f"{copy}({','.join(mine)})"
+    how = ""
+    if first.order == 2:
+        how = f" (for a matrix, {copy}=sparsec.Tensor.from_scipy({name}.to_scipy().T, '{fmt}'))"
+    return (
+        f"{name} is read in two mode orders ({', '.join(map(str, reads))}); its levels are "
+        f"stored in one order, so no mode ordering of {name} serves both reads. Pass the "
+        f"transposed copy as a second tensor: write {written} in place of {other}, give "
+        f"{copy} the format '{fmt}' and call with {written} = {other}{how}; or store {name} "
+        "dense"
+    )
 
 
 def _inner_before_outer(
@@ -174,9 +235,8 @@ def _inner_before_outer(
 ) -> LoweringError:
     early = [v for v in access.indices if v in outer or v in scope]
     late = [v for v in access.indices if v not in early]
-    fix = _suggest(access, fmt, tuple(early + late))
+    fix = _reordered(access, fmt, tuple(early + late))
     return LoweringError(
         f"{access} is stored as {fmt}, which needs {above} before {var}, but {above} is "
-        f"summed in a loop nested inside the loop over {var}. Store {access.name} with mode "
-        f"ordering {fix.split(':')[1]} (format '{fix}')"
+        f"summed in a loop nested inside the loop over {var}. {_advice(access.name, fix)}"
     )

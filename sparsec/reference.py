@@ -1,24 +1,29 @@
 """Dense reference: evaluate a statement with torch on densified inputs, and compare.
 
-Each `Sum` over a product is one ``torch.einsum`` (so MTTKRP never materialises the
-four-index product); other nodes broadcast by index label. The comparison tolerance
-is dtype-aware: ``|got - want| <= rtol * (|want| + max(1, max|want|))`` with ``rtol``
-1e-4 for float32 and 1e-9 for float64 results; NaNs must coincide.
+The reference reads the statement as the user wrote it, from the notation AST: each
+summed index is summed at the smallest subexpression that holds all its uses (the rule
+of docs/semantics.md), computed here on its own, never from the compiler's concrete
+statement, so a rewrite that changes the value (a sum moved across a division) shows
+up as a difference. A product whose sums close inside it is one ``torch.einsum`` (so
+MTTKRP never materialises the four-index product); other nodes broadcast by index label.
+The comparison tolerance is dtype-aware: ``|got - want| <= rtol * (|want| + max(1,
+max|want|))`` with ``rtol`` 1e-4 for float32 and 1e-9 for float64 results; NaNs must
+coincide.
 """
 
 from __future__ import annotations
 
 import string
+from collections import Counter
 from collections.abc import Mapping
 from typing import assert_never
 
 import numpy as np
 import torch
 
-from .concrete import CExpr, Statement, Sum, Zero
+from .concrete import divides
 from .errors import CheckError
-from .lattice import divides
-from .notation import Access, BinOp, Literal, Neg
+from .notation import Access, Assignment, BinOp, Expr, Literal, Neg, accesses
 
 Labelled = tuple[torch.Tensor, tuple[str, ...]]
 
@@ -40,7 +45,11 @@ def _union(*label_sets: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(x for ls in label_sets for x in ls))
 
 
-def _factors(expr: CExpr) -> tuple[list[CExpr], float]:
+def _counts(expr: Expr) -> Counter[str]:
+    return Counter(i for a in accesses(expr) for i in a.indices)
+
+
+def _factors(expr: Expr) -> tuple[list[Expr], float]:
     """Flatten a product (through negations) into factors and a sign."""
     match expr:
         case BinOp(op="*", left=left, right=right):
@@ -54,77 +63,102 @@ def _factors(expr: CExpr) -> tuple[list[CExpr], float]:
             return [expr], 1.0
 
 
-def evaluate(expr: CExpr, inputs: Mapping[str, torch.Tensor], exact: bool = False) -> Labelled:
-    """The dense value of ``expr`` labelled by its free indices.
+class _Evaluator:
+    """The dense value of each subexpression, with the sums that close inside it done.
 
-    ``exact`` evaluates every product and sum as written, elementwise (no einsum): einsum
-    may factor ``Σk a(k) * c`` into ``c * Σk a(k)``, which differs when ``c`` is infinite
-    and some ``a(k)`` is zero. Used when the expression divides (so infinities arise).
+    A summed index closes at a node when every one of its uses lies below that node; its
+    children have already summed the indices that close inside them, so whatever summed
+    label is left and closes here has its smallest enclosing subexpression here.
+
+    ``exact`` (the statement divides, so infinities arise) evaluates every node as
+    written, elementwise: einsum may factor ``Σk a(k) * c`` into ``c * Σk a(k)``, which
+    differs when ``c`` is infinite and some ``a(k)`` is zero.
     """
-    match expr:
-        case Access(name=name, indices=indices):
-            return inputs[name], indices
-        case Literal(value=v):
-            return torch.tensor(v, dtype=torch.float64), ()
-        case Zero():
-            return torch.tensor(0.0, dtype=torch.float64), ()
-        case Neg(operand=x):
-            t, labels = evaluate(x, inputs, exact)
-            return -t, labels
-        case Sum(indices=indices, body=body) if exact:
-            t, labels = evaluate(body, inputs, exact)
-            dims = [labels.index(i) for i in indices if i in labels]
-            kept = tuple(x for x in labels if x not in indices)
-            return (t.sum(dim=dims) if dims else t), kept
-        case Sum(indices=indices, body=body):
-            return _reduce(body, indices, inputs)
-        case BinOp(op="*") if not exact:
-            return _reduce(expr, (), inputs)
-        case BinOp(op=op, left=left, right=right):
-            a, la = evaluate(left, inputs, exact)
-            b, lb = evaluate(right, inputs, exact)
-            labels = _union(la, lb)
-            a, b = _align(a, la, labels), _align(b, lb, labels)
-            match op:
-                case "+":
-                    return a + b, labels
-                case "-":
-                    return a - b, labels
-                case "*":
-                    return a * b, labels
-                case "/":
-                    return a / b, labels
-            raise AssertionError(op)
-        case _:
-            assert_never(expr)
 
+    def __init__(
+        self, assignment: Assignment, inputs: Mapping[str, torch.Tensor], exact: bool
+    ) -> None:
+        self.summed = frozenset(assignment.summed_indices)
+        self.totals = _counts(assignment.rhs)
+        self.inputs = inputs
+        self.exact = exact
 
-def _reduce(body: CExpr, indices: tuple[str, ...], inputs: Mapping[str, torch.Tensor]) -> Labelled:
-    factors, sign = _factors(body)
-    evaluated = [evaluate(f, inputs) for f in factors]
-    labels = _union(*(ls for _, ls in evaluated))
-    out = tuple(x for x in labels if x not in indices)
-    letters = dict(zip(labels, string.ascii_letters, strict=False))
-    spec = ",".join("".join(letters[x] for x in ls) for _, ls in evaluated)
-    spec += "->" + "".join(letters[x] for x in out)
-    operands = [t for t, _ in evaluated]
-    if sign < 0:
-        # negate a factor, not the sum: each term is computed as written (as the kernel
-        # does), so a sum of zeros keeps the sign IEEE addition gives it
-        operands[0] = -operands[0]
-    return torch.einsum(spec, *operands), out
+    def _closing(self, expr: Expr, labels: tuple[str, ...]) -> tuple[str, ...]:
+        here = _counts(expr)
+        return tuple(x for x in labels if x in self.summed and here[x] == self.totals[x])
+
+    def value(self, expr: Expr) -> Labelled:
+        if isinstance(expr, BinOp) and expr.op == "*" and not self.exact:
+            return self._product(expr)
+        t, labels = self._node(expr)
+        closing = self._closing(expr, labels)
+        if not closing:
+            return t, labels
+        dims = [labels.index(x) for x in closing]
+        return t.sum(dim=dims), tuple(x for x in labels if x not in closing)
+
+    def _node(self, expr: Expr) -> Labelled:
+        match expr:
+            case Access(name=name, indices=indices):
+                return self.inputs[name], indices
+            case Literal(value=v):
+                return torch.tensor(v, dtype=torch.float64), ()
+            case Neg(operand=x):
+                t, labels = self.value(x)
+                return -t, labels
+            case BinOp(op=op, left=left, right=right):
+                a, la = self.value(left)
+                b, lb = self.value(right)
+                labels = _union(la, lb)
+                a, b = _align(a, la, labels), _align(b, lb, labels)
+                match op:
+                    case "+":
+                        return a + b, labels
+                    case "-":
+                        return a - b, labels
+                    case "*":
+                        return a * b, labels
+                    case "/":
+                        return a / b, labels
+                raise AssertionError(op)
+            case _:
+                assert_never(expr)
+
+    def _product(self, expr: BinOp) -> Labelled:
+        """A product chain as one einsum, summing the indices that close inside it.
+
+        Only used when nothing divides: then every value is finite (for finite inputs)
+        and a sum that closes in a sub-product may be taken over the whole chain.
+        """
+        factors, sign = _factors(expr)
+        evaluated = [self.value(f) for f in factors]
+        labels = _union(*(ls for _, ls in evaluated))
+        closing = self._closing(expr, labels)
+        out = tuple(x for x in labels if x not in closing)
+        letters = dict(zip(labels, string.ascii_letters, strict=False))
+        spec = ",".join("".join(letters[x] for x in ls) for _, ls in evaluated)
+        spec += "->" + "".join(letters[x] for x in out)
+        operands = [t for t, _ in evaluated]
+        if sign < 0:
+            # negate a factor, not the sum: each term is computed as written (as the kernel
+            # does), so a sum of zeros keeps the sign IEEE addition gives it
+            operands[0] = -operands[0]
+        return torch.einsum(spec, *operands), out
 
 
 def reference(
-    statement: Statement,
+    assignment: Assignment,
     inputs: Mapping[str, torch.Tensor],
     dims: Mapping[str, int],
     current: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The dense float64 value of ``statement``'s left-hand side."""
-    rhs: CExpr = Sum(statement.top_sums, statement.rhs) if statement.top_sums else statement.rhs
-    t, labels = evaluate(rhs, inputs, exact=divides(rhs))
-    lhs = statement.lhs.indices
+    """The dense float64 value of ``assignment``'s left-hand side, as written.
+
+    ``inputs`` are dense float64 tensors in mode order; ``current`` is the output's given
+    value for ``+=``.
+    """
+    t, labels = _Evaluator(assignment, inputs, divides(assignment.rhs)).value(assignment.rhs)
+    lhs = assignment.lhs.indices
     t = _align(t, labels, lhs)
     t = t.expand(*(dims[i] for i in lhs)).clone() if lhs else t.clone()
     if current is not None:
@@ -153,8 +187,8 @@ def compare(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> float:
         worst = np.unravel_index(int(np.argmax(excess)), got64.shape)
         at = ",".join(map(str, worst))
         raise CheckError(
-            f"{what}: result differs from dense torch at [{at}]: got {got64[worst]!r}, "
-            f"expected {want64[worst]!r} (tolerance {tol[worst]:.3g}); "
+            f"{what}: result differs from dense torch at [{at}]: got {float(got64[worst])!r}, "
+            f"expected {float(want64[worst])!r} (tolerance {tol[worst]:.3g}); "
             f"{int(bad.sum())} of {bad.size} elements differ"
         )
     ok = ~(np.isnan(diff))

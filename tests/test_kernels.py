@@ -229,6 +229,60 @@ def test_division_matches_dense_semantics(rng):
     k.check(b=b, c=c)
 
 
+# (expression, numpy value as written) over A (2x2, a zero row in the csr case), x, w, c
+AS_WRITTEN = [
+    ("y(i) = (A(i,j) * x(j)) / w(i)", lambda A, x, w, c: (A @ x) / w),
+    ("y(i) = A(i,j) * x(j) / w(i)", lambda A, x, w, c: (A @ x) / w),
+    ("y(i) = A(i,j) / w(i)", lambda A, x, w, c: A.sum(axis=1) / w),
+    ("y(i) = (A(i,j) * x(j)) * (1 / w(i))", lambda A, x, w, c: (A @ x) * (1 / w)),
+    ("y(i) = 1 / ((A(i,j) * x(j)) * c(i))", lambda A, x, w, c: 1 / ((A @ x) * c)),
+    ("y(i) = 1 / -(A(i,j) * x(j))", lambda A, x, w, c: 1 / -(A @ x)),
+    ("y(i) = w(i) / (A(i,j) * x(j) * c(i))", lambda A, x, w, c: w / ((A @ x) * c)),
+]
+
+
+@pytest.mark.parametrize("a_fmt", ["dense", "csr"])
+@pytest.mark.parametrize("expr,numpy", AS_WRITTEN, ids=[e for e, _ in AS_WRITTEN])
+def test_a_sum_is_not_moved_across_a_division(expr, numpy, a_fmt):
+    # issue 18: the sum was lifted through the division, Σj (A*x / w): NaN where
+    # (Σj A*x) / w is inf, and a zero sum's sign lost inside a divisor (inf for -inf)
+    A = np.array([[1.0, 0.0], [0.0, 3.0], [0.0, 0.0]])
+    x = np.array([1.0, 1.0])
+    w = np.array([0.0, 1.0, 0.0])
+    c = np.array([2.0, 1.0, -2.0])
+    given = {"A": A, "x": x, "w": w, "c": c}
+    k = sparsec.kernel(expr, {"A": a_fmt})
+    inputs = {t.name: given[t.name] for t in k.spec.inputs}
+    if a_fmt != "dense":
+        inputs["A"] = sparsec.Tensor.from_dense(A, a_fmt)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = numpy(A, x, w, c)
+    got = np.asarray(k(**inputs))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    k.check(**inputs)
+
+
+def test_check_evaluates_the_statement_as_written(monkeypatch):
+    # The reference reads the notation, not the compiler's concrete statement: a compiler
+    # that lifts the sum across the division (the bug above) is caught by check.
+    from sparsec.concrete import Statement
+    from sparsec.errors import CheckError
+    from sparsec.notation import Access, BinOp
+
+    def lifted_across_the_division(assignment):
+        a, x, w = (Access("A", ("i", "j")), Access("x", ("j",)), Access("w", ("i",)))
+        return Statement(assignment.lhs, BinOp("/", BinOp("*", a, x), w), ("j",), False)
+
+    monkeypatch.setattr("sparsec.spec.concretize", lifted_across_the_division)
+    k = sparsec.Kernel("y(i) = (A(i,j) * x(j)) / w(i)", {"A": "csr"})
+    A = sparsec.Tensor.from_dense(np.array([[1.0, 0.0], [0.0, 3.0]]), "csr")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        assert np.isnan(k(A=A, x=np.ones(2), w=np.array([0.0, 1.0]))[0])
+    with pytest.raises(CheckError, match=r"differs from dense torch at \[0\]: got nan"):
+        k.check(A=A, x=np.ones(2), w=np.array([0.0, 1.0]))
+
+
 def test_source_is_readable_c():
     src = sparsec.kernel(SPMV, {"A": "csr"}).source
     assert "restrict" in src and "A2_pos" in src and "A2_crd" in src and "x_vals" in src

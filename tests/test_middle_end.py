@@ -26,7 +26,20 @@ PLACEMENT = [
         "a(i) = sum(k, alpha * B(i,k) * c(k)) + beta * d(i)",
     ),
     ("a(i) = -(B(i,k) * c(k))", "a(i) = sum(k, -(B(i,k) * c(k)))"),
-    ("a(i) = B(i,k) * c(k) / d(i)", "a(i) = sum(k, B(i,k) * c(k) / d(i))"),
+    # a sum is never moved across a division by a non-literal: (Σk X) / d is inf where
+    # d = 0, Σk (X / d) is NaN as soon as one X is 0 (issue 18)
+    ("a(i) = B(i,k) * c(k) / d(i)", "a(i) = sum(k, B(i,k) * c(k)) / d(i)"),
+    ("y(i) = (A(i,j) * x(j)) / w(i)", "y(i) = sum(j, A(i,j) * x(j)) / w(i)"),
+    ("y(i) = A(i,j) / d(i)", "y(i) = sum(j, A(i,j)) / d(i)"),
+    # ... but it is lifted over a non-zero literal divisor (a finite factor)
+    ("a(i) = B(i,k) * c(k) / 2", "a(i) = sum(k, B(i,k) * c(k) / 2.0)"),
+    # nor through a product with a factor that divides (it may be inf: 0 * inf is NaN)
+    ("a(i) = (B(i,k) * c(k)) * (1 / d(i))", "a(i) = sum(k, B(i,k) * c(k)) * (1.0 / d(i))"),
+    # a factor that does not divide is finite: the sum is lifted over it
+    ("a(i) = (B(i,k) / d(k)) * e(i)", "a(i) = sum(k, B(i,k) / d(k) * e(i))"),
+    # nothing inside a divisor moves: there the sign of a zero sum decides +inf or -inf
+    ("a(i) = 1 / ((B(i,k) * c(k)) * d(i))", "a(i) = 1.0 / (sum(k, B(i,k) * c(k)) * d(i))"),
+    ("a(i) = 1 / -(B(i,k) * c(k))", "a(i) = 1.0 / -sum(k, B(i,k) * c(k))"),
     ("a(i) = d(i) / (B(i,k) * c(k))", "a(i) = d(i) / sum(k, B(i,k) * c(k))"),
     (
         "a(i) = B(i,k) * (C(k,l) * d(l) + e(k))",
@@ -180,7 +193,51 @@ def test_impossible_order_names_tensor_and_fix():
     msg = str(err.value)
     assert "B(i,j) (csr) needs i before j" in msg
     assert "C(i,j) (csc) needs j before i" in msg
-    assert "Store C with mode ordering 0,1 (format 'ds:0,1')" in msg
+    # the format as a user writes it (issue 18: it said 'ds:0,1' for csr)
+    assert "Store C with mode ordering 0,1 (format 'csr')" in msg
+
+
+FIXABLE = [
+    ("A(i,j) = B(i,j) + C(i,j)", {"B": "csr", "C": "csc"}, "C", "csr"),
+    ("A(i,j) = B(i,j) * C(i,j)", {"B": "dcsc", "C": "dcsr"}, "C", "dcsc"),
+    ("A(i,j) = B(i,j) + C(j,i)", {"B": "csr", "C": "csr"}, "C", "csc"),
+    ("a(i) = B(k,i) * c(k) + d(i)", {"B": "csr"}, "B", "csc"),
+    ("A(i,j) = B(i,j,k) * C(i,k,j)", {"B": "sss", "C": "sss"}, "C", "sss:0,2,1"),
+]
+
+
+@pytest.mark.parametrize("text,formats,name,fix", FIXABLE)
+def test_the_suggested_format_works(text, formats, name, fix):
+    with pytest.raises(
+        LoweringError, match=f"Store {name} with mode ordering .* \\(format '{fix}'\\)"
+    ):
+        _order(text, formats)
+    _order(text, {**formats, name: fix})  # the advice is true: this order exists
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "dcsr", "coo"])
+def test_a_tensor_read_in_two_mode_orders_gets_advice_that_works(fmt):
+    # issue 18: the error said "store B with mode ordering 1,0", and that format gave the
+    # same error. No ordering serves B(i,j) and B(j,i); a transposed copy or dense B does.
+    import numpy as np
+
+    import sparsec
+
+    with pytest.raises(LoweringError) as err:
+        sparsec.kernel("a = B(i,j) * B(j,i)", {"B": fmt}).generated()
+    msg = str(err.value)
+    assert f"B(i,j) ({fmt}) needs" in msg and "B is read in two mode orders" in msg
+    assert "Store B with mode ordering" not in msg
+    assert f"write B_t(i,j) in place of B(j,i), give B_t the format '{fmt}'" in msg
+    assert f"B_t=sparsec.Tensor.from_scipy(B.to_scipy().T, '{fmt}')" in msg
+    assert "or store B dense" in msg
+    dense = np.array([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0], [3.0, 0.0, 5.0]])
+    B = sparsec.Tensor.from_dense(dense, fmt)
+    B_t = sparsec.Tensor.from_scipy(B.to_scipy().T, fmt)
+    k = sparsec.kernel("a = B(i,j) * B_t(i,j)", {"B": fmt, "B_t": fmt})
+    assert k(B=B, B_t=B_t) == pytest.approx(np.sum(dense * dense.T))
+    k = sparsec.kernel("a = B(i,j) * B(j,i)", {"B": "dense"})
+    assert k(B=dense) == pytest.approx(np.sum(dense * dense.T))
 
 
 def test_nested_sum_that_needs_inner_index_first_is_rejected():
