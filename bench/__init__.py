@@ -17,6 +17,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.panels",
         "column panels: whole width vs packed panels, the cost model's pick",
     ),
+    "contention": (
+        "bench.contention",
+        "SpMV on a quiet machine and beside busy processes: default vs 1 and all threads",
+    ),
     "e2e": ("bench.e2e", "pruned MiniLM forward pass: sparsec linear layers vs dense torch"),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
 }

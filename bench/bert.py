@@ -31,6 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import sparsec
+from sparsec.policy.machine import machine
 
 from .common import (
     RESULTS_DIR,
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     args = parser.parse_args(argv)
     settle(not args.quick)
-    threads = args.threads or os.cpu_count() or 1
+    threads = args.threads or machine().cores
     mats, source = weights()
     if args.quick:
         mats = {"minilm-query": mats["minilm-query"]}

@@ -189,6 +189,19 @@ def environment() -> dict[str, Any]:
     except ImportError:
         env["torch"] = None
     try:
+        from sparsec.policy.machine import machine
+
+        facts = machine()
+        env["sparsec_machine"] = {
+            "core_cache": facts.core_cache,
+            "last_level_cache": facts.last_level_cache,
+            "cores": facts.cores,
+            "vector_bytes": facts.vector_bytes,
+            "target": facts.target,
+        }
+    except Exception as err:  # record, never fail a benchmark over metadata
+        env["sparsec_machine"] = f"unknown ({err})"
+    try:
         from sparsec import runtime
 
         tc = runtime.toolchain()

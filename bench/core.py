@@ -38,6 +38,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import sparsec
+from sparsec.policy.machine import machine
 
 from .common import (
     ROUNDS,
@@ -85,7 +86,7 @@ class Config:
 
         common = {
             "quick": quick,
-            "threads": threads or os.cpu_count() or 1,
+            "threads": threads or machine().cores,
             "torch_threads": torch.get_num_threads(),
             "per_row": 10,
             "spmm_sparsity": 0.9,

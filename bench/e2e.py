@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 import sparsec
+from sparsec.policy.machine import machine
 
 from .common import Table, environment, progress, write_results
 
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 layers, 2 sparsities (CI smoke)")
     parser.add_argument("--threads", type=int, default=None, help="threads for both (default: all)")
     args = parser.parse_args(argv)
-    threads = args.threads or os.cpu_count() or 1
+    threads = args.threads or machine().cores
     found = minilm_params()
     cfg = MINILM
     if found is None:

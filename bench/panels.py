@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 import sparsec
+from sparsec.policy.machine import machine
 
 from .common import Table, environment, measure, progress, settle, write_results
 from .core import WrongResult, pruned_csr
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(table.render())
     print(
-        f"\n{args.threads} threads, float32; last-level cache {sparsec.runtime.last_level_cache() >> 20} MB"
+        f"\n{args.threads} threads, float32; last-level cache {machine().last_level_cache >> 20} MB"
     )
     path = write_results(
         "panels-quick" if args.quick else "panels",

@@ -23,13 +23,13 @@ Speedups are the serial kernel's median over each row's median.
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import sparsec
+from sparsec.policy.machine import machine
 
 from .common import (
     ROUNDS,
@@ -69,7 +69,7 @@ class Config:
 
     @staticmethod
     def make(quick: bool, threads: int | None) -> Config:
-        cores = threads or os.cpu_count() or 1
+        cores = threads or machine().cores
         if quick:
             return Config(True, cores, 3, 2000, (96, 64, 32), 40, 4000, 8)
         return Config(False, cores, 20, 100_000, (3072, 768, 512), 2000, 1_000_000, 32)

@@ -50,6 +50,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import sparsec
+from sparsec.policy.machine import machine
 
 from .common import (
     CaseResult,
@@ -291,7 +292,7 @@ def sorted_product(A: sp.csr_matrix, B: sp.csr_matrix) -> sp.csr_matrix:
 
 
 def sparsec_threads(cfg: Config) -> int:
-    return cfg.threads or os.cpu_count() or 1
+    return cfg.threads or machine().cores
 
 
 def sparsec_contenders(cfg: Config, call: Callable[[int], Any]) -> list[Contender]:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .errors import DTypeError, InputError, ShapeError, SparsecError
+from .policy import machine as policy_machine
+from .policy.machine import LOAD_INTERVAL_S, Machine, busy, machine, threads_for
 from .spec import TensorVar
 from .tensor import Tensor, as_tensor
 
@@ -24,15 +27,47 @@ VALUE_DTYPES = {"float32": np.float32, "float64": np.float64}
 INDEX_DTYPES = {"int32": np.int32, "int64": np.int64}
 
 
-@functools.cache
-def default_threads() -> int:
-    """``OMP_NUM_THREADS`` (first entry) if set, else every core; read once per process."""
-    env = os.environ.get("OMP_NUM_THREADS", "")
-    try:
-        wanted = int(env.split(",")[0])
-    except ValueError:
-        wanted = os.cpu_count() or 1
+def configured_threads(on: Machine | None = None) -> int:
+    """The threads a default call uses on a quiet machine: ``OMP_NUM_THREADS`` (first
+    entry) if set, else every core of the machine ``on`` (`machine()` when None)."""
+    wanted = _omp_num_threads() or (on or machine()).cores
     return min(max(1, wanted), MAX_THREADS)
+
+
+def default_threads() -> int:
+    """The threads a call without ``threads=`` uses: `configured_threads`, fewer while
+    other work keeps cores busy (`threads_for`), unless ``OMP_DYNAMIC=false`` asks for
+    the configured count always. Decided at most every `LOAD_INTERVAL_S` (the load is
+    measured no more often) or when the machine changes: a call pays a clock read."""
+    global _decided
+    due, seen, threads = _decided
+    if _clock() < due and seen == policy_machine.epoch:
+        return threads
+    seen, on = policy_machine.epoch, machine()
+    threads = configured_threads(on)
+    if threads > 1 and not _omp_dynamic_off():
+        threads = threads_for(threads, on.cores, busy(on))
+    _decided = (_clock() + LOAD_INTERVAL_S, seen, threads)
+    return threads
+
+
+_clock = time.monotonic
+#: (decided until, `policy_machine.epoch` then, the threads decided)
+_decided: tuple[float, int, int] = (0.0, -1, 1)
+
+
+@functools.cache
+def _omp_num_threads() -> int | None:
+    """``OMP_NUM_THREADS``'s first entry, read once per process."""
+    try:
+        return int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
+    except ValueError:
+        return None
+
+
+@functools.cache
+def _omp_dynamic_off() -> bool:
+    return os.environ.get("OMP_DYNAMIC", "").strip().lower() in ("false", "0", "no", "off")
 
 
 #: upper bound on ``threads=``: OpenMP teams (and per-thread workspaces) far beyond the

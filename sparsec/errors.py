@@ -104,6 +104,11 @@ class CheckError(SparsecError):
     """A kernel's result differs from the dense torch reference."""
 
 
+class MachineError(SparsecError):
+    """A description of the machine (``SPARSEC_MACHINE``, `sparsec.policy.machine.use`) is
+    malformed."""
+
+
 __all__ = [
     "SparsecError",
     "ParseError",
@@ -117,5 +122,6 @@ __all__ = [
     "StorageError",
     "CompileError",
     "CheckError",
+    "MachineError",
     "caret_view",
 ]

@@ -61,7 +61,8 @@ from .errors import (
 from .formats import Format, Singleton, canonical
 from .lower import BOUND_VIOLATED
 from .parser import parse_expression
-from .runtime import ALIGN_FROM_BYTES, address, aligned_empty, core_cache, last_level_cache
+from .policy.machine import Machine, machine
+from .runtime import ALIGN_FROM_BYTES, address, aligned_empty
 from .schedule import Command, parse_commands
 from .spec import FormatsArg, Spec, TensorVar, make_spec
 from .tensor import LevelStorage, Tensor
@@ -1114,9 +1115,14 @@ def _column_traffic(
 
 
 def _panels_pay(
-    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], out_elements: int
+    columns: int,
+    carriers: tuple[str, ...],
+    values: Mapping[str, Any],
+    out_elements: int,
+    on: Machine | None = None,
 ) -> bool:
-    """Whether a call with ``columns`` along the panel index runs in packed panels.
+    """Whether a call with ``columns`` along the panel index runs in packed panels on the
+    machine ``on`` (the current `machine()` when None).
 
     A cost model: panels move the dense operands along j and the output once more (packing
     ``X``, placing each output panel: ``X + 2 Y`` bytes) to keep the gathers (stored sparse
@@ -1130,7 +1136,7 @@ def _panels_pay(
     if carried_bytes <= PANEL_MIN_BYTES:
         return False
     moved = carried_bytes + 2 * out_elements * size
-    beyond = carried_bytes > last_level_cache()
+    beyond = carried_bytes > (on or machine()).last_level_cache
     return gathered >= (PANEL_MIN_REUSE_BEYOND_CACHE if beyond else PANEL_MIN_REUSE) * moved
 
 
@@ -1154,10 +1160,15 @@ def _bands_pay(
 
 
 def _depth_rows(
-    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], out_elements: int
+    columns: int,
+    carriers: tuple[str, ...],
+    values: Mapping[str, Any],
+    out_elements: int,
+    on: Machine | None = None,
 ) -> int:
-    """Coordinates per depth block for a call that runs neither in panels nor in bands,
-    or 0 for one block (`sparsec.bands`).
+    """Coordinates per depth block for a call that runs neither in panels nor in bands on
+    the machine ``on`` (the current `machine()` when None), or 0 for one block
+    (`sparsec.bands`).
 
     Rows whole, each row of the sparse operand gathers its rows of the dense operands from
     the shared cache once those outgrow the core's own; a depth block keeps
@@ -1174,7 +1185,8 @@ def _depth_rows(
     if gathered < DEPTH_MIN_REUSE * carried_bytes:
         return 0
     row_bytes = columns * size  # of a dense operand, per coordinate of the reduction
-    depth = max(DEPTH_MIN_ROWS, int(core_cache() * DEPTH_BLOCK_FRACTION) // row_bytes)
+    block_bytes = int((on or machine()).core_cache * DEPTH_BLOCK_FRACTION)
+    depth = max(DEPTH_MIN_ROWS, block_bytes // row_bytes)
     blocks = -(-carried_bytes // (depth * row_bytes))
     entries, rows = gathered // row_bytes, out_elements // max(columns, 1)
     if entries < DEPTH_MIN_ENTRIES * rows * blocks:
@@ -1407,9 +1419,10 @@ def _memo_key(*args: Any) -> tuple[Any, ...] | None:
         raise TypeError
 
     try:
-        # a kernel keeps the library it built: a changed toolchain or cache gets a new one
+        # a kernel keeps the library it built: a changed toolchain or cache gets a new one,
+        # and so does another machine (its generated code holds the machine's facts)
         env = tuple(os.environ.get(name) for name in _MEMO_ENVIRONMENT)
-        key = tuple(freeze(a) for a in args) + env
+        key = (*(freeze(a) for a in args), *env, machine())
         hash(key)
     except TypeError:
         return None

@@ -1,7 +1,9 @@
 """Build and load C kernels: system compiler, on-disk content-addressed cache, ctypes.
 
-The cache key is a SHA-256 of the source, the compiler's identity and the flags, so a
-changed compiler or flag never reuses a stale library. Entries are written atomically
+The cache key is a SHA-256 of the source, the compiler's identity, the flags and the target
+the compiler resolves them to (``-march=native`` on this CPU: `policy.machine.compiler_target`),
+so a changed compiler or flag never reuses a stale library, and a cache shared by machines of
+different CPUs never loads a library built for another one. Entries are written atomically
 (compile to a temporary file in the cache directory, then ``os.replace``), so several
 processes may build the same kernel at once and every reader sees a whole file.
 
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CompileError
+from .policy.machine import compiler_target
 
 _char = ctypes.c_char
 _addressof = ctypes.addressof
@@ -79,6 +82,9 @@ class Toolchain:
     identity: str
     #: source file suffix: ".c", or ".cpp" for the CUDA emulation
     suffix: str = ".c"
+    #: the target the compiler resolves ``flags`` to (`compiler_target`), so a library is
+    #: keyed by the CPU it was built for, not by the literal ``-march=native``
+    target: tuple[str, ...] = ()
 
 
 def cache_dir() -> Path:
@@ -113,15 +119,29 @@ def toolchain(language: str = "c") -> Toolchain:
     if language == "c++":
         cxx = tuple(shlex.split(os.environ.get("SPARSEC_CXX", "c++"))) or ("c++",)
         flags = tuple(shlex.split(os.environ.get("SPARSEC_CXXFLAGS", DEFAULT_CXXFLAGS)))
-        return Toolchain(cxx, flags + REQUIRED_CXXFLAGS, _identity(cxx), ".cpp")
+        identity = _identity(cxx)
+        return Toolchain(cxx, flags + REQUIRED_CXXFLAGS, identity, ".cpp", _target(cxx, flags))
     cc = tuple(shlex.split(os.environ.get("SPARSEC_CC", "cc"))) or ("cc",)
     flags = tuple(shlex.split(os.environ.get("SPARSEC_CFLAGS", DEFAULT_CFLAGS)))
-    return Toolchain(cc, flags + REQUIRED_CFLAGS, _identity(cc))
+    identity = _identity(cc)
+    return Toolchain(cc, flags + REQUIRED_CFLAGS, identity, ".c", _target(cc, flags))
+
+
+def _target(cc: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]:
+    """What ``cc`` targets under ``flags``; where the compiler cannot say, the CPU's flags
+    (then a library built with ``-march=native`` is still keyed by the CPU it ran on)."""
+    resolved = compiler_target(cc, flags)
+    if resolved:
+        return resolved
+    from .policy.machine import host
+
+    return ("cpu-flags", *sorted(host().flags))
 
 
 def cache_key(source: str, tc: Toolchain) -> str:
     h = hashlib.sha256()
-    for part in (source, tc.identity, " ".join(tc.cc), " ".join(tc.flags)):
+    parts = (source, tc.identity, " ".join(tc.cc), " ".join(tc.flags), " ".join(tc.target))
+    for part in parts:
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
@@ -222,31 +242,3 @@ def _unlink(*paths: str) -> None:
             os.unlink(p)
         except OSError:
             pass
-
-
-@cache
-def last_level_cache() -> int:
-    """The last-level cache in bytes (Linux sysfs), 8 MB when it cannot be read."""
-    return _cache_size((3, 2), 8 << 20)
-
-
-@cache
-def core_cache() -> int:
-    """The cache private to a core (its L2) in bytes (Linux sysfs), 512 KB when it cannot
-    be read."""
-    return _cache_size((2,), 512 << 10)
-
-
-def _cache_size(indices: tuple[int, ...], default: int) -> int:
-    """The size of the first of cpu0's caches ``indices`` that sysfs reports."""
-    for index in indices:
-        try:
-            text = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read_text()
-        except OSError:
-            continue
-        text = text.strip().upper()
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        digits = text.rstrip("KMG")
-        if digits.isdigit():
-            return int(digits) * scale
-    return default

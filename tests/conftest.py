@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
 import numpy as np
 import pytest
+
+from sparsec import Tensor
+from sparsec.policy.machine import Machine, use
 
 _CACHE = tempfile.mkdtemp(prefix="sparsec-test-cache-")
 os.environ.setdefault("SPARSEC_CACHE_DIR", _CACHE)
@@ -33,6 +37,66 @@ def sparse_array(
     if len(shape) >= 2 and shape[1] > 2:
         arr[:, rng.integers(shape[1])] = 0.0
     return arr
+
+
+#: the machine the cost models' constants were measured on (sparsec/kernel.py): a 2-core
+#: Zen 1 VM with 512 KB of L2 per core, 8 MB of L3 and AVX2. A test of a decision derived
+#: from the machine passes this one (or another) explicitly, so it holds on any host.
+MEASURED_ON = Machine(
+    core_cache=512 << 10,
+    last_level_cache=8 << 20,
+    cores=2,
+    vector_bytes=32,
+    flags=frozenset({"sse2", "avx", "avx2", "fma"}),
+    target="znver1",
+    busy=0.0,
+)
+_AVX512 = frozenset({"sse2", "avx", "avx2", "fma", "avx512f"})
+#: machines unlike it (issue 18): each L2 with each L3 and each vector width (AVX2, AVX-512)
+SIMULATED = tuple(
+    Machine(
+        core_cache=l2,
+        last_level_cache=l3,
+        cores=cores,
+        vector_bytes=vector,
+        flags=_AVX512 if vector == 64 else MEASURED_ON.flags,
+        target="x86-64-v4" if vector == 64 else "x86-64-v3",
+        busy=0.0,
+    )
+    for l2 in (256 << 10, 512 << 10, 1 << 20, 2 << 20)
+    for l3, cores in ((8 << 20, 4), (32 << 20, 16))
+    for vector in (32, 64)
+)
+
+
+@functools.cache
+def pruned_csr(rows: int, inner: int, density: float, dtype: type = np.float32) -> Tensor:
+    """A seeded random ``rows`` x ``inner`` CSR weight (scipy's ``sparse.random``, exactly
+    ``density`` of its entries stored), made once per process: the cost models' tests
+    weigh the same shapes on several machines."""
+    import scipy.sparse as sp
+
+    w = sp.random(rows, inner, density, format="csr", random_state=0, dtype=dtype)
+    return Tensor.from_scipy(w, "csr")
+
+
+def machine_id(m: Machine) -> str:
+    """A test id: ``l2=1M,l3=32M,cores=16,vector=64`` (SPARSEC_MACHINE's syntax)."""
+
+    def size(n: int) -> str:
+        return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
+
+    return (
+        f"l2={size(m.core_cache)},l3={size(m.last_level_cache)},"
+        f"cores={m.cores},vector={m.vector_bytes}"
+    )
+
+
+@pytest.fixture(params=SIMULATED, ids=machine_id)
+def simulated_machine(request: pytest.FixtureRequest):
+    """The test runs with each of `SIMULATED` as the machine (`sparsec.policy.machine.use`)."""
+    with use(request.param) as chosen:
+        yield chosen
 
 
 @pytest.fixture

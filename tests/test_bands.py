@@ -10,13 +10,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
-from conftest import sparse_array, torch_reference
+from conftest import MEASURED_ON, pruned_csr, sparse_array, torch_reference
 
 import sparsec
 from sparsec import ir
 from sparsec.bands import band
 from sparsec.codegen.printer import C, Printer
+from sparsec.policy.machine import use
 
 KERNEL = sys.modules["sparsec.kernel"]
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
@@ -187,9 +187,8 @@ def test_when_bands_pay():
     pay = KERNEL._bands_pay
 
     def case(rows, inner, density, columns=2048):
-        w = sp.random(rows, inner, density, format="csr", random_state=0, dtype=np.float32)
         x = np.empty((inner, columns), np.float32)
-        return columns, ("X",), {"W": sparsec.as_tensor(w, "csr"), "X": x}, rows * columns
+        return columns, ("X",), {"W": pruned_csr(rows, inner, density), "X": x}, rows * columns
 
     assert pay(*case(384, 1536, 0.02))  # 5.3 -> 3.4 ms
     assert pay(*case(768, 768, 0.1))  # 12.4 -> 9.8 ms
@@ -204,7 +203,7 @@ def test_when_bands_pay():
 def test_bands_are_asked_for_only_with_a_panel_index():
     k = sparsec.Kernel(SPMM, {"W": "csr"})
     x = np.zeros((1536, 2048), np.float32)
-    w = sparsec.as_tensor(sp.random(384, 1536, 0.02, format="csr", dtype=np.float32), "csr")
+    w = pruned_csr(384, 1536, 0.02)
     assert k._band_tiles({"i": 384, "j": 2048, "k": 1536}, {"W": w, "X": x}) == KERNEL.BAND_TILES
     assert k._band_tiles({"i": 384, "j": 512, "k": 1536}, {"W": w, "X": x[:, :512]}) == 0
     acc = sparsec.Kernel("C(i,j) += W(i,k) * X(k,j)", {"W": "csr"})
@@ -367,16 +366,20 @@ def test_regions_not_over_one_walk_stay_in_one_block(case):
 
 
 def test_when_depth_blocks_pay():
-    """The cost model, on the shapes it was measured on (float32, 2 threads, 512 columns
-    unless stated; times one block -> blocks of 512 coordinates)."""
-    rows_for = KERNEL._depth_rows
+    """The cost model, on the shapes and the machine it was measured on (float32, 2
+    threads, 512 columns unless stated, 512 KB of L2; times one block -> blocks of 512
+    coordinates)."""
+
+    def rows_for(*args):
+        return KERNEL._depth_rows(*args, on=MEASURED_ON)
 
     def case(rows, inner, density, columns=512, dtype=np.float32):
-        w = sp.random(rows, inner, density, format="csr", random_state=0, dtype=dtype)
         x = np.empty((inner, columns), dtype)
-        return columns, ("X",), {"W": sparsec.as_tensor(w, "csr"), "X": x}, rows * columns
+        w = pruned_csr(rows, inner, density, dtype)
+        return columns, ("X",), {"W": w, "X": x}, rows * columns
 
-    block = int(KERNEL.core_cache() * KERNEL.DEPTH_BLOCK_FRACTION) // (512 * 4)
+    block = int(MEASURED_ON.core_cache * KERNEL.DEPTH_BLOCK_FRACTION) // (512 * 4)
+    assert block == 512
     assert rows_for(*case(768, 3072, 0.3)) == block  # 41.7 -> 22.8 ms
     assert rows_for(*case(768, 3072, 0.2)) == block  # 24.9 -> 16.2 ms
     assert rows_for(*case(768, 3072, 0.05)) == block  # 5.5 -> 4.8 ms
@@ -394,8 +397,9 @@ def test_when_depth_blocks_pay():
 
 def test_depth_blocks_are_asked_for_only_below_the_panel_columns():
     k = sparsec.Kernel(SPMM, {"W": "csr"})
-    w = sparsec.as_tensor(sp.random(768, 3072, 0.2, format="csr", dtype=np.float32), "csr")
+    w = pruned_csr(768, 3072, 0.2)
     narrow = np.zeros((3072, 512), np.float32)
     wide = np.zeros((3072, 2048), np.float32)
-    assert k._depth_rows({"i": 768, "j": 512, "k": 3072}, {"W": w, "X": narrow}) > 0
-    assert k._depth_rows({"i": 768, "j": 2048, "k": 3072}, {"W": w, "X": wide}) == 0
+    with use(MEASURED_ON):
+        assert k._depth_rows({"i": 768, "j": 512, "k": 3072}, {"W": w, "X": narrow}) > 0
+        assert k._depth_rows({"i": 768, "j": 2048, "k": 3072}, {"W": w, "X": wide}) == 0

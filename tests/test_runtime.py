@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import sparsec
 from sparsec import runtime
 from sparsec.errors import CompileError
+from sparsec.policy.machine import compiler_target
 
 SOURCE = "int sparsec_kernel(void) { return 7; }\n"
 
@@ -35,6 +37,64 @@ def test_flags_are_part_of_the_key(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSEC_CFLAGS", "-O2")
     runtime.compile_cached(SOURCE + "/* b */\n")
     assert len(list(tmp_path.glob("*.so"))) == 2
+
+
+def _fake_compiler(tmp_path, cc1_line: str):
+    """A compiler driver that answers ``-###`` with ``cc1_line`` (the CPU it resolves
+    ``-march=native`` to comes from $FAKE_CPU) and compiles with the real ``cc``."""
+    script = tmp_path / "fake-cc"
+    script.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do if [ "$a" = "-###" ]; then\n'
+        "  echo '" + cc1_line.replace("$FAKE_CPU", "'\"$FAKE_CPU\"'") + "' >&2; exit 0\n"
+        "fi; done\n"
+        'exec cc "$@"\n'
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_the_key_holds_the_target_the_compiler_resolves(tmp_path, monkeypatch):
+    """A cache shared by machines of different CPUs: the same source and the same literal
+    ``-march=native`` resolve to different targets, so each CPU gets its own library."""
+    base = runtime.Toolchain(("cc",), ("-O3", "-march=native"), "gcc 12")
+    znver3 = runtime.cache_key(SOURCE, replace(base, target=("-march=znver3", "-mavx2")))
+    skylake = runtime.cache_key(SOURCE, replace(base, target=("-march=skylake", "-mavx2")))
+    assert len({runtime.cache_key(SOURCE, base), znver3, skylake}) == 3
+
+    cache = tmp_path / "shared"
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(cache))
+    line = ' /usr/lib/gcc/cc1 -quiet /dev/null "-march=$FAKE_CPU" -mavx2 --param "l2-cache-size=512" -o /tmp/x.s'
+    monkeypatch.setenv("SPARSEC_CC", _fake_compiler(tmp_path, line))
+    keys = []
+    for cpu in ("alpha", "beta", "alpha"):
+        monkeypatch.setenv("FAKE_CPU", cpu)
+        compiler_target.cache_clear()  # what one process per machine would resolve
+        runtime._loaded.clear()
+        tc = runtime.toolchain()
+        assert tc.target == (f"-march={cpu}", "-mavx2", "--param", "l2-cache-size=512")
+        keys.append(runtime.cache_key(SOURCE, tc))
+        assert runtime.compile_cached(SOURCE + "/* t */\n").sparsec_kernel() == 7
+    assert keys[0] != keys[1] and keys[0] == keys[2]
+    assert len(list(cache.glob("*.so"))) == 2
+    compiler_target.cache_clear()
+
+
+def test_the_resolved_target_of_gcc_and_clang_drivers(tmp_path):
+    clang = _fake_compiler(
+        tmp_path,
+        ' "/usr/bin/clang-17" "-cc1" "-triple" "x86_64-pc-linux-gnu" "-target-cpu" "znver4"'
+        ' "-target-feature" "+avx512f" "-o" "/tmp/x.o" "-x" "c" "/dev/null"',
+    )
+    got = compiler_target((clang,), ("-march=native",))
+    assert got == (
+        "-triple", "x86_64-pc-linux-gnu", "-target-cpu", "znver4", "-target-feature", "+avx512f",
+    )  # fmt: skip
+    assert compiler_target(("no-such-compiler-here",), ("-march=native",)) == ()
+    real = compiler_target(("cc",), ("-O3", "-march=native"))
+    if any(t.startswith("-march=") for t in real):  # gcc: native resolved to a CPU
+        assert "-march=native" not in real
+    assert runtime.toolchain().target  # resolved, or the CPU's flags in its place
 
 
 def test_truncated_cache_entry_is_rebuilt(tmp_path, monkeypatch):

@@ -8,10 +8,11 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import sparse_array, torch_reference
+from conftest import MEASURED_ON, sparse_array, torch_reference
 
 import sparsec
 from sparsec import ir, runtime
+from sparsec.policy.machine import use
 from sparsec.tile import tile
 
 SPMM = "Y(i,j) = W(i,k) * X(k,j)"
@@ -279,26 +280,28 @@ def test_prefetching_mttkrp_matches_torch_across_fibers(fmt, width, rng):
 
 
 # ------------------------------------------------------------ non-temporal output tiles
-CODEGEN_C = sys.modules["sparsec.codegen.c"]
 
 
 def test_dense_outputs_store_their_tiles_through_the_streaming_store():
-    k = sparsec.Kernel(SPMM, {"W": "csr"})
-    src = k.generated("float32").source
-    # a call in depth blocks (`sparsec.bands`) reads its output tiles back: never streamed
-    flag = (
-        "int64_t sc_stream_out = i_dim * j_dim >= SC_STREAM_OUT_VALUES && sc_depth == 0"
-        " && sc_rows_aligned(Y_vals, j_dim);"
-    )
-    assert flag in src
-    assert "sc_vstore_out(Y_vals + " in src and "sc_vstore(Y_vals" not in src
-    kernel_fn = src.split("\nint sparsec_kernel(")[1].split("\n}\n")[0] + "\n}"
-    assert kernel_fn.rstrip().endswith("sc_store_fence();\n  return 0;\n}")
-    assert f"((int64_t){runtime.last_level_cache()} / (int64_t)sizeof(sc_val_t))" in src
-    llc = runtime.last_level_cache()
-    assert f"output tiles stored non-temporally from {llc} bytes" in k.schedule
-    for expr, fmts in [("y(i) = A(i,j) * x(j)", {"A": "csr"}), (SPMM, {"W": "csr", "Y": "csr"})]:
-        assert "sc_stream_out" not in sparsec.Kernel(expr, fmts).source
+    with use(MEASURED_ON):  # the threshold is the machine's last-level cache
+        k = sparsec.Kernel(SPMM, {"W": "csr"})
+        src = k.generated("float32").source
+        # a call in depth blocks (`sparsec.bands`) reads its output tiles back: never streamed
+        flag = (
+            "int64_t sc_stream_out = i_dim * j_dim >= SC_STREAM_OUT_VALUES && sc_depth == 0"
+            " && sc_rows_aligned(Y_vals, j_dim);"
+        )
+        assert flag in src
+        assert "sc_vstore_out(Y_vals + " in src and "sc_vstore(Y_vals" not in src
+        kernel_fn = src.split("\nint sparsec_kernel(")[1].split("\n}\n")[0] + "\n}"
+        assert kernel_fn.rstrip().endswith("sc_store_fence();\n  return 0;\n}")
+        assert f"((int64_t){8 << 20} / (int64_t)sizeof(sc_val_t))" in src
+        assert f"output tiles stored non-temporally from {8 << 20} bytes" in k.schedule
+        for expr, fmts in [
+            ("y(i) = A(i,j) * x(j)", {"A": "csr"}),
+            (SPMM, {"W": "csr", "Y": "csr"}),
+        ]:
+            assert "sc_stream_out" not in sparsec.Kernel(expr, fmts).source
 
 
 def test_tiles_into_a_workspace_keep_the_plain_store():
@@ -326,13 +329,13 @@ def test_streamed_output_tiles_equal_plain_ones(dtype, width, threads, aligned, 
     x = rng.standard_normal((40, width)).astype(dtype)
     tensor = sparsec.as_tensor(w, "csr")
     plain = sparsec.Kernel(SPMM, {"W": "csr"})(W=tensor, X=x, threads=threads)
-    monkeypatch.setattr(CODEGEN_C, "last_level_cache", lambda: 64)
     if aligned:
         monkeypatch.setattr(runtime, "ALIGN_FROM_BYTES", 0)
         monkeypatch.setattr(sys.modules["sparsec.kernel"], "ALIGN_FROM_BYTES", 0)
-    k = sparsec.Kernel(SPMM, {"W": "csr"})
-    assert "((int64_t)64 / (int64_t)sizeof(sc_val_t))" in k.generated(dtype).source
-    got = k(W=tensor, X=x, threads=threads)
+    with use(last_level_cache=64):
+        k = sparsec.Kernel(SPMM, {"W": "csr"})
+        assert "((int64_t)64 / (int64_t)sizeof(sc_val_t))" in k.generated(dtype).source
+        got = k(W=tensor, X=x, threads=threads)
     np.testing.assert_array_equal(got, plain)
     _close(got, torch_reference("ik,kj->ij", {"W": w, "X": x}), dtype)
 

@@ -13,8 +13,8 @@ from ..abi import INT, Namer, Param, Signature, signature
 from ..assemble import OutputLayout
 from ..bands import BAND, DEPTH, Walks, band
 from ..lower import RowsOutOfOrder, lower
+from ..policy.machine import machine
 from ..resources import data_dir
-from ..runtime import last_level_cache
 from ..schedule import Command
 from ..spec import Spec
 from ..streams import prefetch_streams
@@ -291,7 +291,8 @@ def generate(
         streaming = _stream_output(body, spec, sig, DEPTH in extra)
         if streaming is not None:
             body = streaming
-            stored = (f"output tiles stored non-temporally from {last_level_cache()} bytes",)
+            llc = machine().last_level_cache
+            stored = (f"output tiles stored non-temporally from {llc} bytes",)
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
@@ -312,7 +313,7 @@ def generate(
             functions=functions,
             vectors=tile_vectors if tiled or append_tiled else 0,
             stream_sfx="ps" if dtype == "float32" else "pd",
-            stream_out_bytes=last_level_cache(),
+            stream_out_bytes=machine().last_level_cache,
             params=[C.param(p) for p in sig.params],
             packed=packed,
         )

@@ -1,0 +1,1 @@
+"""Policy: what sparsec decides from facts outside the expression (the host machine)."""
