@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, assert_never
 
 from . import ir
 from .abi import Namer, Signature
@@ -254,6 +254,9 @@ class Lowerer:
         )
         #: index of the output's last level when it is scattered into a workspace
         self.workspace: str | None = None
+        #: sparse output: per nested sum of the statement being stored, the flag its loops
+        #: set when they reach a term (see `_presence`)
+        self.reached_of: dict[Sum, str] = {}
 
     # ----------------------------------------------------------------- entry
     def kernel(self) -> LoweredKernel:
@@ -1867,15 +1870,19 @@ class Lowerer:
         """
         stmts: list[ir.Stmt] = []
         counting = self.assembler is not None and self.assembler.counting
+        # the flags of this statement's nested sums (their bodies store through here too)
+        outer_reached, self.reached_of = self.reached_of, {}
         value = None if counting else self.value(expr, ctx, stmts)
+        # a sparse output has an entry only where some term is present
+        present = None if self.assembler is None else self._presence(expr, ctx, stmts)
         match sink:
             case OutputSink():
-                stmts.append(self._write(ctx, value))
+                stmts.append(_when(present, self._write(ctx, value)))
             case AccSink(name=name, flag=flag):
                 if value is not None:
                     stmts.append(ir.Assign(ir.Var(name), value, "+=", atomic=self.atomic_writes))
                 if flag:
-                    stmts.append(ir.Assign(ir.Var(flag), ir.IntLit(1)))
+                    stmts.append(_when(present, ir.block(ir.Assign(ir.Var(flag), ir.IntLit(1)))))
             case SegmentSink(acc=acc, at=at):
                 assert value is not None
                 self._one_store_per_part(set(self.gpu_units))
@@ -1894,8 +1901,50 @@ class Lowerer:
             case WorkspaceSink():
                 assert self.assembler is not None and self.workspace is not None
                 coord = ir.Var(self.var_names[self.workspace])
-                stmts.extend(self.assembler.scatter(coord, value))
+                stmts.append(_when(present, ir.block(*self.assembler.scatter(coord, value))))
+        self.reached_of = outer_reached
         return ir.block(*stmts)
+
+    def _presence(self, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Expr | None:
+        """Whether a term of ``expr`` is structurally present at a sparse output's entry
+        (None: surely). The accesses of a case's expression are present (the lattice
+        chose the case) and so are literals; a nested sum is present where its loops
+        reached a term (when counting, no value was computed, so its loops run here for
+        that alone); ``*`` needs both operands, ``+`` and ``-`` either; a division by a
+        non-literal is present everywhere (``0/0`` is NaN)."""
+        if _surely_present(expr):
+            return None
+        match expr:
+            case Zero():
+                return ir.IntLit(0)
+            case Neg(operand=x):
+                return self._presence(x, ctx, stmts)
+            case Sum():
+                if expr not in self.reached_of:
+                    stmts.extend(self._nested_sum(expr, ctx, ""))
+                return ir.Var(self.reached_of[expr])
+            case BinOp(op="*", left=left, right=right):
+                parts = (self._presence(left, ctx, stmts), self._presence(right, ctx, stmts))
+                return ir.conj(*(p for p in parts if p is not None))
+            case BinOp(op="+" | "-", left=left, right=right):
+                first, second = self._presence(left, ctx, stmts), self._presence(right, ctx, stmts)
+                assert first is not None and second is not None
+                return ir.Bin("||", first, second)
+            case BinOp(op="/", left=left):
+                return self._presence(left, ctx, stmts)
+            case _:
+                raise AssertionError(expr)
+
+    def _nested_sum(self, expr: Sum, ctx: Ctx, acc: str) -> list[ir.Stmt]:
+        """The loops of a nested sum adding into ``acc`` (``""``: counting, no value). For
+        a sparse output they also set a flag when they reach a term (`reached_of`)."""
+        order = loop_order(expr.indices, list(accesses(expr.body)), self.formats, tuple(ctx.coords))
+        stmts: list[ir.Stmt] = []
+        flag = ""
+        if self.assembler is not None:
+            flag = self.reached_of[expr] = self.namer.fresh("reached")
+            stmts.append(ir.Decl(ir.BOOL, flag, ir.IntLit(0)))
+        return stmts + list(self._private_loops(order, expr.body, ctx, AccSink(acc, flag)).body)
 
     def value(self, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Expr:
         """The IR value of ``expr`` with every variable bound; nested sums emit into ``stmts``."""
@@ -1916,15 +1965,40 @@ class Lowerer:
                 return ir.Unary("-", self.value(x, ctx, stmts))
             case BinOp(op=op, left=left, right=right):
                 return ir.Bin(op, self.value(left, ctx, stmts), self.value(right, ctx, stmts))
-            case Sum(indices=indices, body=body):
-                outer = tuple(ctx.coords)
-                order = loop_order(indices, list(accesses(body)), self.formats, outer)
+            case Sum():
                 t = self.namer.fresh("t")
                 stmts.append(ir.Decl(ir.VAL, t, ir.FloatLit(0.0)))
-                stmts.extend(self._private_loops(order, body, ctx, AccSink(t)).body)
+                stmts.extend(self._nested_sum(expr, ctx, t))
                 return ir.Var(t)
             case _:
                 raise AssertionError(expr)
+
+
+def _surely_present(expr: CExpr) -> bool:
+    """A term of ``expr`` is present whatever its nested sums reach (see `_presence`)."""
+    match expr:
+        case Access() | Literal():
+            return True
+        case Zero() | Sum():
+            return False
+        case Neg(operand=x):
+            return _surely_present(x)
+        case BinOp(op="*", left=left, right=right):
+            return _surely_present(left) and _surely_present(right)
+        case BinOp(op="+" | "-", left=left, right=right):
+            return _surely_present(left) or _surely_present(right)
+        case BinOp(op="/", left=left, right=right):
+            literal = isinstance(right, Literal) and right.value != 0
+            return not literal or _surely_present(left)
+        case BinOp(op=op):
+            raise AssertionError(f"unknown operator {op}")
+        case _:
+            assert_never(expr)
+
+
+def _when(cond: ir.Expr | None, then: ir.Stmt) -> ir.Stmt:
+    """``then``, run only where ``cond`` holds (always when None)."""
+    return then if cond is None else ir.If(((cond, ir.block(then)),))
 
 
 def _product(parts: list[Access | Literal] | tuple[Access | Literal, ...]) -> CExpr:

@@ -435,3 +435,70 @@ def test_appended_rows_out_of_storage_order_say_which_format_works(out):
     k = sparsec.kernel("A(i,j,m,l) = B(j,i,m,l)", {"B": "ssss:1,0,2,3", "A": out})
     inputs, _ = k.random_inputs({"i": 3, "j": 4, "m": 2, "l": 3}, seed=0, density=0.5)
     k.check(**inputs)
+
+
+# ------------------------------------------------------------ nested sums' patterns
+def _pattern_inputs():
+    b = np.zeros((6, 4))
+    b[0, 1], b[2, 3], b[4, 0] = 1.0, 2.0, 3.0  # rows 1, 3 and 5 empty
+    c = np.zeros(6)
+    c[0], c[1] = 5.0, 7.0
+    # y(i) = B(i,j) * (C(j,k) + d(j)): row 0 meets C's row 0, row 1 d(1), row 2 nothing
+    bb = np.zeros((3, 4))
+    bb[0, 0], bb[1, 1], bb[2, 2] = 1.0, 2.0, 3.0
+    cc = np.zeros((4, 5))
+    cc[0, 3] = 4.0
+    d = np.zeros(4)
+    d[1] = 5.0
+    # E(i,j) = A(i,k) * (T(k,j,l) + D(k,j)): row 0 meets T(0,2,.) and D(1,0); row 1 nothing
+    a = np.zeros((2, 4))
+    a[0, 0], a[0, 1], a[1, 2] = 1.0, 1.0, 1.0
+    t = np.zeros((4, 3, 5))
+    t[0, 2, 1] = 1.0
+    dd = np.zeros((4, 3))
+    dd[1, 0] = 2.0
+    return {"B": b, "c": c}, {"B": bb, "C": cc, "d": d}, {"A": a, "T": t, "D": dd}
+
+
+UNION, ROWS, SCATTER = _pattern_inputs()
+NESTED_SUM_PATTERNS = [
+    # a sum left under + or - is present where it has a term, as a top-level sum is
+    ("y(i) = B(i,m) - c(i)", {"B": "csr", "c": "s", "y": "s"}, UNION, [[0, 1, 2, 4]]),
+    ("y(i) = B(i,m) + c(i)", {"B": "csr", "c": "s", "y": "s"}, UNION, [[0, 1, 2, 4]]),
+    ("y(i) = B(i,m) - c(i)", {"B": "dcsr", "c": "s", "y": "s"}, UNION, [[0, 1, 2, 4]]),
+    ("y(i) = B(i,m)", {"B": "csr", "y": "s"}, {"B": UNION["B"]}, [[0, 2, 4]]),
+    ("y(i) = 2 * B(i,m) - c(i) / 2", {"B": "csr", "c": "s", "y": "s"}, UNION, [[0, 1, 2, 4]]),
+    # ... inside a top-level sum (the reached flag of the row)
+    ("y(i) = B(i,j) * (C(j,k) + d(j))", {"B": "csr", "C": "csr", "d": "s", "y": "s"}, ROWS, [[0, 1]]),
+    # ... appended, and scattered into a workspace row
+    (
+        "E(i,j) = A(i,k) * (T(k,j,l) + D(k,j))",
+        {"A": "csr", "T": "dds", "D": "csr", "E": "dcsr"},
+        SCATTER,
+        [[0], [0, 2]],
+    ),
+    (
+        "E(i,j) = A(i,k) * (T(k,j,l) + D(k,j))",
+        {"A": "csr", "T": "dds", "D": "csr", "E": "csr"},
+        SCATTER,
+        [None, [0, 2]],
+    ),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("single_pass", [True, False])
+@pytest.mark.parametrize(("expr", "fmts", "inputs", "crd"), NESTED_SUM_PATTERNS)
+def test_a_nested_sum_is_present_only_where_it_has_a_term(
+    expr, fmts, inputs, crd, threads, single_pass, monkeypatch
+):
+    """docs/semantics.md: an entry exists exactly where a term is structurally present,
+    and a sum over a row with no entries is no entry. A sum nested under ``+`` was taken
+    as present wherever its operand's level is dense (every row of a csr B stored, as
+    explicit zeros), while the same sum at the top stored only the rows it reached."""
+    if not single_pass:
+        monkeypatch.setattr(KERNEL_MODULE, "SINGLE_PASS_ENTRIES", -1)
+    k = sparsec.kernel(expr, fmts)
+    out = k(**inputs, threads=threads).validate()
+    assert [None if level.crd is None else level.crd.tolist() for level in out.levels] == crd
+    k.check(**inputs, threads=threads)
