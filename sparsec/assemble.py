@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from . import ir
 from .errors import FormatError
-from .formats import Compressed, Dense, Format, Singleton
+from .formats import Compressed, Dense, Format, Singleton, parse_format
 from .notation import Access
 from .order import level_indices
 
@@ -80,6 +80,16 @@ class OutputLayout:
             )
         compressed = [j for j in sparse if isinstance(levels[j], Compressed)]
         singles = [j for j in sparse if isinstance(levels[j], Singleton)]
+        if not compressed:
+            # 'dq', 'ddq': singletons with no compressed level above them to append to
+            first = min(singles)
+            letters = "s" if first == n - 1 else "u" + "q" * (n - first - 1)
+            fix = Format(levels[:first] + parse_format(letters, n - first).levels, fmt.ordering)
+            raise FormatError(
+                f"output {name!r} ({fmt.spelling}): a singleton output level needs a "
+                "compressed level above it to append to (COO, e.g. 'uq', 'uqq'); store "
+                f"{name} as '{fix}' instead"
+            )
         last = compressed[-1]
         if singles and (
             levels[last].unique or singles != list(range(last + 1, last + 1 + len(singles)))

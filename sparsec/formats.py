@@ -208,8 +208,8 @@ def parse_format(spec: str | Format, order: int, tensor: str = "") -> Format:
     if isinstance(spec, Format):
         if spec.order != order:
             raise FormatError(
-                f"format {spec.spelling!r}{where} has {spec.order} levels but the tensor has "
-                f"order {order}"
+                f"format {spec.spelling!r}{where} has {_count(spec.order, 'level')} but the "
+                f"tensor has order {order}"
             )
         return spec
     if not isinstance(spec, str):
@@ -242,9 +242,14 @@ def parse_format(spec: str | Format, order: int, tensor: str = "") -> Format:
         raise FormatError(f"bad format {spec!r}{where}: {err.message}") from None
     if fmt.order != order:
         raise FormatError(
-            f"format {spec!r}{where} has {fmt.order} levels but the tensor has order {order}"
+            f"format {spec!r}{where} has {_count(fmt.order, 'level')} but the tensor has order "
+            f"{order}"
         )
     return fmt
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 _CANONICAL: dict[Format, Format] = {}

@@ -102,11 +102,24 @@ class CheckResult:
 
 
 def _dtype_name(dt: Any, table: Mapping[str, Any], what: str) -> str | None:
+    """The name in ``table`` of a dtype given as a name, numpy dtype or type, or torch dtype."""
     if dt is None:
         return None
-    name = np.dtype(dt).name if not isinstance(dt, str) else dt
+    use = f"use {' or '.join(repr(n) for n in table)}"
+    if isinstance(dt, str):
+        try:
+            name = np.dtype(dt).name  # 'f8', 'double', 'float' -> float64
+        except TypeError:
+            name = dt
+    elif type(dt).__module__ == "torch" and str(dt).startswith("torch."):
+        name = str(dt).removeprefix("torch.")  # torch.float32 -> float32
+    else:
+        try:
+            name = np.dtype(dt).name
+        except (TypeError, ValueError):
+            raise DTypeError(f"{what} {dt!r} is not a dtype; {use}") from None
     if name not in table:
-        raise DTypeError(f"{what} {name!r} is not supported; use {' or '.join(table)}")
+        raise DTypeError(f"{what} {name!r} is not supported; {use}")
     return name
 
 
@@ -170,7 +183,10 @@ class Kernel:
         self._fast: _FastPath | None = None
         spec = self.spec
         self._wanted = spec.inputs + ((spec.output,) if spec.statement.accumulate else ())
-        self._names = frozenset(t.name for t in self._wanted)
+        #: the keywords a call passes (a sparse output's current value for '+=' comes as
+        #: the output's name, `TensorVar.argument`)
+        self._names = frozenset(t.argument for t in self._wanted)
+        self._renamed = any(t.argument != t.name for t in self._wanted)
         # (tensor, axis of the converted value, index) for every access of every input (a
         # tensor used twice, as in A(k,i)*A(k,j), ties both index lists to its shape);
         # dense values are kept in level order
@@ -178,9 +194,9 @@ class Kernel:
         self._modes = tuple(
             dict.fromkeys(
                 (a.name, t.format.level_of_mode(mode) if t.is_dense else mode, index)
-                for a in self.assignment.accesses()
+                for a in spec.assignment.accesses()
                 if (t := wanted.get(a.name)) is not None
-                and (a is not self.assignment.lhs or a.name in self._names)
+                and (a is not spec.assignment.lhs or a.name in self._names)
                 for mode, index in enumerate(a.indices)
             )
         )
@@ -462,9 +478,9 @@ class Kernel:
                 v = v.to_dense()
             elif t.order and t.format.ordering != tuple(range(t.order)):
                 v = np.transpose(v, np.argsort(t.format.ordering))  # back to mode order
-            dense[t.name] = torch.from_numpy(np.array(v, dtype=np.float64))
+            dense[t.argument] = torch.from_numpy(np.array(v, dtype=np.float64))
         current = dense.pop(self.spec.output.name, None)
-        want = reference(self.spec.assignment, dense, prepared.dims, current).numpy()
+        want = reference(self.assignment, dense, prepared.dims, current).numpy()
         if isinstance(got, Tensor):
             got.validate(self.spec.output.name)  # the assembled storage keeps every invariant
         err = compare(np.asarray(got), want, prepared.dtype, f"kernel {self.assignment}")
@@ -512,16 +528,16 @@ class Kernel:
         for n, t in enumerate(wanted):
             shape = tuple(dims[i] for i in accesses[t.name].indices)
             if t.order == 0:
-                inputs[t.name] = float(rng.uniform(0.5, 2.0))
+                inputs[t.argument] = float(rng.uniform(0.5, 2.0))
             elif t.is_dense:
                 arr = np.where(
                     rng.random(shape) < max(density, 0.5), rng.uniform(-1, 1, shape), 0.0
                 )
                 if shape[0] > 2:
                     arr[rng.integers(shape[0])] = 0.0
-                inputs[t.name] = arr.astype(dtype)
+                inputs[t.argument] = arr.astype(dtype)
             else:
-                inputs[t.name] = random(
+                inputs[t.argument] = random(
                     shape,
                     density,
                     t.format,
@@ -682,7 +698,7 @@ class Kernel:
 
     # -------------------------------------------------------------- internals
     def _name_error(self, inputs: Mapping[str, Any]) -> InputError:
-        names = [t.name for t in self._wanted]
+        names = [t.argument for t in self._wanted]
         missing = [n for n in names if n not in inputs]
         extra = [n for n in inputs if n not in names]
         parts = []
@@ -697,6 +713,8 @@ class Kernel:
         """Validate and convert the inputs; cheap when they already fit (the hot path)."""
         if inputs.keys() != self._names:
             raise self._name_error(inputs)
+        if self._renamed:
+            inputs = {t.name: inputs[t.argument] for t in self._wanted}
         dtype = self.dtype or common_dtype(self._wanted, inputs)
         index_dtype = self.index_dtype or common_index_dtype(self._wanted, inputs)
         values = {}

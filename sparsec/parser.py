@@ -364,7 +364,8 @@ def _check_accesses(assignment: Assignment, source: str | None) -> None:
             advice = (
                 "'+=' already adds the right-hand side to it"
                 if assignment.accumulate
-                else "use += to accumulate into it"
+                else f"use += to accumulate into it ({output} += <the other terms>, called "
+                f"with its current value as {output.name}=...; dense or sparse)"
             )
             raise NotationError(
                 f"the output '{output.name}' cannot be read on the right-hand side; {advice}",

@@ -4,18 +4,24 @@ Format defaults (the contract of `sparsec.kernel`): with no formats at all, the
 highest-order input (first on ties) is sparse (compressed vector, CSR, CSF) and every
 other tensor dense; when some formats are given, unlisted tensors are dense. Scalars
 (order 0) have the empty format.
+
+``C(i,j) += E`` into a sparse ``C`` is compiled as ``C(i,j) = C_old(i,j) + (E)``: the
+caller passes the current ``C`` (under the name ``C``; `TensorVar.argument`) and gets a
+new tensor whose pattern is the union of the current one and ``E``'s, as with ``=``
+into a sparse output of ``C_old + E`` (docs/semantics.md, Outputs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .assemble import OutputLayout
 from .concrete import Statement, concretize
 from .errors import FormatError
 from .formats import Format, default_sparse, dense, parse_format
-from .notation import Assignment
+from .notation import Access, Assignment, BinOp
 
 
 @dataclass(frozen=True)
@@ -24,12 +30,18 @@ class TensorVar:
     order: int
     format: Format
     is_output: bool
+    #: the keyword a kernel call passes this input under ("" means ``name``): the current
+    #: value of a sparse output that ``+=`` adds to is an input of its own, passed as the
+    #: output's name
+    argument: str = ""
 
     #: the format has only dense levels (cached: checked on every kernel call)
     is_dense: bool = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "is_dense", self.format.is_dense)
+        if not self.argument:
+            object.__setattr__(self, "argument", self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +80,7 @@ def make_spec(assignment: Assignment, formats: FormatsArg = None) -> Spec:
     for access in assignment.accesses():
         orders.setdefault(access.name, access.order)
     output = assignment.lhs.name
-    given = dict(formats or {})
-    for name in given:
-        if name not in orders:
-            raise FormatError(
-                f"format given for {name!r}, which is not a tensor of this expression "
-                f"(tensors: {', '.join(orders)})"
-            )
+    given = _formats_mapping(formats, orders, output)
     if not given:
         inputs = [n for n in orders if n != output]
         widest = max(inputs, key=lambda n: orders[n], default=None)
@@ -93,9 +99,54 @@ def make_spec(assignment: Assignment, formats: FormatsArg = None) -> Spec:
     if not out.format.is_dense:
         OutputLayout.of(out.format, output)  # raises for layouts that cannot be appended
         if assignment.accumulate:
-            raise FormatError(
-                f"output {output!r} is sparse ({out.format}); '+=' into a sparse output is not "
-                f"supported: write {output} = {output} + ... with {output} as an input instead"
-            )
+            return _sparse_accumulate(assignment, tensors)
     indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
     return Spec(assignment, concretize(assignment), tensors, indices)
+
+
+def _sparse_accumulate(assignment: Assignment, tensors: tuple[TensorVar, ...]) -> Spec:
+    """``C += E`` into a sparse ``C``: ``C = C_old + (E)`` with ``C_old`` passed as ``C``."""
+    out = tensors[0]
+    taken = {t.name for t in tensors}
+    old = next(n for k in range(len(taken) + 1) if (n := f"{out.name}_old{k or ''}") not in taken)
+    lhs = assignment.lhs
+    current = Access(old, lhs.indices, lhs.span, lhs.index_spans)
+    rhs = BinOp("+", current, assignment.rhs, assignment.rhs.span)
+    rewritten = replace(assignment, rhs=rhs, accumulate=False)
+    previous = TensorVar(old, out.order, out.format, False, argument=out.name)
+    indices = tuple(dict.fromkeys(i for a in rewritten.accesses() for i in a.indices))
+    return Spec(rewritten, concretize(rewritten), (out, previous, *tensors[1:]), indices)
+
+
+def _formats_mapping(formats: object, orders: Mapping[str, int], output: str) -> dict[str, Any]:
+    """``formats`` as a dict of tensor name -> spec, or a `FormatError` that says what to write."""
+    if formats is None:
+        return {}
+    example = next((n for n in orders if n != output and orders[n] == 2), None)
+    example = example or next((n for n in orders if n != output and orders[n]), output)
+    if not isinstance(formats, Mapping):
+        if isinstance(formats, str | Format):
+            spelled = formats if isinstance(formats, str) else str(formats)
+            fix = f"formats={{{example!r}: {spelled!r}}}"
+            what = f"the format {spelled!r} alone"
+        else:
+            fix = f"formats={{{example!r}: 'csr'}}"
+            what = f"{type(formats).__name__} {formats!r}"
+        raise FormatError(
+            f"formats must be a mapping from tensor name to format, not {what}: say which "
+            f"tensor each format is for, e.g. {fix} (tensors: {', '.join(orders)})"
+        )
+    given: dict[str, Any] = {}
+    for name, spec in formats.items():
+        if not isinstance(name, str):
+            raise FormatError(
+                f"formats keys are tensor names (strings), not {type(name).__name__} {name!r}; "
+                f"e.g. formats={{{example!r}: {spec!r}}} (tensors: {', '.join(orders)})"
+            )
+        if name not in orders:
+            raise FormatError(
+                f"format given for {name!r}, which is not a tensor of this expression "
+                f"(tensors: {', '.join(orders)})"
+            )
+        given[name] = spec
+    return given

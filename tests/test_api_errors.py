@@ -68,6 +68,100 @@ def test_format_errors(formats, fragment):
     assert fragment in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "formats,shown",
+    [
+        (
+            "csr",
+            "not the format 'csr' alone: say which tensor each format is for, e.g. "
+            "formats={'A': 'csr'}",
+        ),
+        (["csr"], "not list ['csr']"),
+        (("A", "csr"), "not tuple ('A', 'csr')"),
+        ([("A", "csr")], "not list [('A', 'csr')]"),
+        (3, "not int 3"),
+        (sparsec.formats.parse_format("csc", 2), "formats={'A': 'csc'}"),
+    ],
+    ids=["str", "list", "tuple", "pairs", "int", "Format"],
+)
+def test_formats_must_be_a_mapping(formats, shown):
+    # issue 18: a string where the mapping goes raised a bare ValueError from dict()
+    with pytest.raises(FormatError) as err:
+        sparsec.kernel(SPMV, formats)
+    msg = str(err.value)
+    assert "formats must be a mapping from tensor name to format" in msg
+    assert shown in msg and "(tensors: y, A, x)" in msg
+
+
+@pytest.mark.parametrize(
+    "formats,fragment",
+    [
+        ({3: "csr"}, "formats keys are tensor names (strings), not int 3"),
+        ({None: "csr"}, "formats keys are tensor names (strings), not NoneType None"),
+        ({"A": None}, "format for tensor 'A' must be a string or Format, not NoneType"),
+        ({"A": 2}, "format for tensor 'A' must be a string or Format, not int"),
+        ({"A": b"csr"}, "must be a string or Format, not bytes"),
+        ({"A": "s"}, "format 's' for tensor 'A' has 1 level but the tensor has order 2"),
+        ({"x": "ds"}, "format 'ds' for tensor 'x' has 2 levels but the tensor has order 1"),
+        ({"a": "csr"}, "not a tensor of this expression (tensors: y, A, x)"),
+    ],
+)
+def test_format_arguments_of_every_wrong_kind(formats, fragment):
+    with pytest.raises(FormatError) as err:
+        sparsec.kernel(SPMV, formats)
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "expr,fmt,fix",
+    [
+        ("C(i,j) = A(i,j)", "dq", "csr"),
+        ("C(i,j) = A(i,j)", "dq:1,0", "csc"),
+        ("C(i,j,k) = A(i,j,k)", "ddq", "dds"),
+        ("C(i,j,k) = A(i,j,k)", "dqq", "duq"),
+    ],
+)
+def test_a_singleton_output_level_without_a_compressed_parent(expr, fmt, fix):
+    # issue 18: an IndexError in OutputLayout.of; now the error names a format that works
+    with pytest.raises(FormatError) as err:
+        sparsec.kernel(expr, {"C": fmt, "A": "dense"})
+    assert f"store C as '{fix}' instead" in str(err.value)
+    rng = np.random.default_rng(0)
+    a = rng.uniform(size=(3, 4, 2)[: fmt.count("d") + fmt.count("q")])
+    a[a < 0.5] = 0.0
+    got = sparsec.kernel(expr, {"C": fix, "A": "dense"})(A=a)
+    np.testing.assert_array_equal(got.to_dense(), a)
+
+
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        ({"dtype": 3}, "value dtype 3 is not a dtype; use 'float32' or 'float64'"),
+        ({"index_dtype": [1]}, "index dtype [1] is not a dtype; use 'int32' or 'int64'"),
+        ({"dtype": "float16"}, "value dtype 'float16' is not supported"),
+        ({"dtype": torch.float16}, "value dtype 'float16' is not supported"),
+        ({"index_dtype": "int16"}, "index dtype 'int16' is not supported"),
+    ],
+)
+def test_bad_dtype_arguments(kwargs, fragment):
+    with pytest.raises(DTypeError) as err:
+        sparsec.kernel(SPMV, {"A": "csr"}, **kwargs)
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs,want",
+    [
+        ({"dtype": torch.float32}, ("float32", None)),
+        ({"dtype": "f8", "index_dtype": np.int64}, ("float64", "int64")),
+        ({"index_dtype": torch.int32}, (None, "int32")),
+    ],
+)
+def test_dtype_arguments_in_every_spelling(kwargs, want):
+    k = sparsec.kernel(SPMV, {"A": "csr"}, **kwargs)
+    assert (k.dtype, k.index_dtype) == want
+
+
 def test_no_loop_order_is_a_clear_error():
     k = None
     with pytest.raises(LoweringError, match="Store C with mode ordering"):

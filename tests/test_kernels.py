@@ -283,6 +283,91 @@ def test_check_evaluates_the_statement_as_written(monkeypatch):
         k.check(A=A, x=np.ones(2), w=np.array([0.0, 1.0]))
 
 
+SPARSE_ACCUMULATE = [
+    ("C(i,j) += A(i,j)", {"A": "csr", "C": "csr"}, lambda d: d["A"]),
+    ("C(i,j) += A(i,j) * B(i,j)", {"A": "csc", "B": "dcsc", "C": "csc"}, lambda d: d["A"] * d["B"]),
+    (
+        "C(i,j) += A(i,j) - B(i,j)",
+        {"A": "dcsr", "B": "csr", "C": "dcsr"},
+        lambda d: d["A"] - d["B"],
+    ),
+    ("C(i,j) += A(i,k) * B(k,j)", {"A": "csr", "B": "csc", "C": "csr"}, lambda d: d["A"] @ d["B"]),
+    (
+        "C(i,j) += A(i,k) * B(k,j)",
+        {"A": "csr", "B": "dense", "C": "coo"},
+        lambda d: d["A"] @ d["B"],
+    ),
+    (
+        "C(i,j) += 2 * A(i,j) / B(i,j)",
+        {"A": "csr", "B": "dense", "C": "csr"},
+        lambda d: 2 * d["A"] / d["B"],
+    ),
+    ("y(i) += A(i,j) * x(j)", {"A": "csr", "y": "s"}, lambda d: d["A"] @ d["x"]),
+]
+
+
+@pytest.mark.parametrize(
+    "expr,formats,numpy", SPARSE_ACCUMULATE, ids=[f"{e} {f}" for e, f, _ in SPARSE_ACCUMULATE]
+)
+def test_sparse_accumulate_adds_to_the_given_value(expr, formats, numpy, rng):
+    # issue 18: '+=' into a sparse output was refused ("write C = C + ... instead", which
+    # was refused in turn); it now adds to the current value the caller passes as C
+    out = "y" if expr.startswith("y") else "C"
+    shapes = {"A": (6, 5), "B": (6, 5), "C": (6, 5), "x": (5,), "y": (6,)}
+    if "k)" in expr:
+        shapes.update(A=(6, 4), B=(4, 5))
+    k = sparsec.kernel(expr, formats)
+    names = {a.name for a in k.assignment.accesses()}
+    dense = {n: sparse_array(shapes[n], rng) for n in names}
+    if "/" in expr:
+        dense["B"] = rng.uniform(0.5, 2.0, shapes["B"])
+    dense[out][1] = 0.0  # an empty row the new terms may fill
+    given = {
+        n: sparsec.Tensor.from_dense(v, formats[n]) if formats.get(n, "dense") != "dense" else v
+        for n, v in dense.items()
+    }
+    before = given[out].to_dense().copy()
+    got = k(**given)
+    assert isinstance(got, sparsec.Tensor) and got is not given[out]
+    assert got.format == given[out].format
+    np.testing.assert_allclose(got.to_dense(), dense[out] + numpy(dense), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(given[out].to_dense(), before)  # the caller's C is kept
+    k.check(**given)
+
+
+def test_sparse_accumulate_stores_the_union_of_the_patterns():
+    c = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+    a = np.array([[0.0, 3.0, 0.0], [0.0, 0.0, 4.0], [0.0, -2.0, 0.0]])
+    k = sparsec.kernel("C(i,j) += A(i,j)", {"A": "csr", "C": "csr"})
+    got = k(A=sparsec.Tensor.from_dense(a, "csr"), C=sparsec.Tensor.from_dense(c, "csr"))
+    coords, vals = got.coords()
+    assert sorted(zip(*coords.tolist(), strict=True)) == [(0, 0), (0, 1), (1, 2), (2, 1)]
+    np.testing.assert_array_equal(got.to_dense(), c + a)  # 2 + -2 stays an explicit zero
+    assert 0.0 in vals.tolist()
+
+
+def test_every_refusal_of_reading_the_output_points_at_what_works():
+    with pytest.raises(sparsec.NotationError, match=r"use \+= to accumulate into it") as err:
+        sparsec.kernel("C(i,j) = C(i,j) + A(i,j)", {"A": "csr", "C": "csr"})
+    assert "C(i,j) += <the other terms>" in str(err.value)
+    assert "write C = C +" not in str(err.value)
+    a = sparsec.Tensor.from_dense(np.eye(3), "csr")
+    got = sparsec.kernel("C(i,j) += A(i,j)", {"A": "csr", "C": "csr"})(A=a, C=a)
+    np.testing.assert_array_equal(got.to_dense(), 2 * np.eye(3))
+
+
+def test_sparse_accumulate_names_the_current_value_as_the_output():
+    k = sparsec.kernel("C(i,j) += A(i,j)", {"A": "csr", "C": "csr"})
+    a = sparsec.Tensor.from_dense(np.eye(3), "csr")
+    with pytest.raises(sparsec.InputError, match=r"missing input 'C'; kernel .* takes C, A"):
+        k(A=a)
+    with pytest.raises(sparsec.ShapeError):
+        k(A=a, C=sparsec.Tensor.from_dense(np.eye(4), "csr"))
+    inputs, _ = k.random_inputs({"i": 4, "j": 3})
+    assert set(inputs) == {"A", "C"}
+    k.check(**inputs)
+
+
 def test_source_is_readable_c():
     src = sparsec.kernel(SPMV, {"A": "csr"}).source
     assert "restrict" in src and "A2_pos" in src and "A2_crd" in src and "x_vals" in src

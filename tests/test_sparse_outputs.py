@@ -285,9 +285,16 @@ def test_workspace_is_only_used_when_needed():
     assert src.count("free(") == 1  # the declaration
 
 
-def test_plus_equals_into_sparse_output_is_rejected():
-    with pytest.raises(sparsec.FormatError, match="'\\+=' into a sparse output"):
-        sparsec.kernel("y(i) += A(i,j) * x(j)", {"y": "s", "A": "csr"})
+def test_plus_equals_into_sparse_output_adds_to_the_given_value():
+    # was refused (issue 18: with advice that was refused in turn); now y_old + A @ x
+    k = sparsec.kernel("y(i) += A(i,j) * x(j)", {"y": "s", "A": "csr"})
+    a = np.array([[0.0, 2.0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    y = np.array([0.0, 5.0, 0.0, 1.0])
+    got = k(
+        A=sparsec.Tensor.from_dense(a, "csr"), x=np.ones(2), y=sparsec.Tensor.from_dense(y, "s")
+    )
+    np.testing.assert_array_equal(got.to_dense(), y + a @ np.ones(2))
+    assert got.coords()[0].tolist() == [[0, 1, 3]]  # y's entries and A's non-empty rows
 
 
 @pytest.mark.parametrize("fmt", ["sds", "uqd", "qs", "sds:2,0,1"])
