@@ -9,7 +9,12 @@ product of the extents of the indices ``S``):
 
 * a tensor: its stored entries (a dense operand: all of them); a literal: 1, everywhere;
 * ``a * b`` (intersection): ``min(N(a)·D(F(b)∖F(a)), N(b)·D(F(a)∖F(b)))``;
-* ``a + b``, ``a - b`` (union): the sum of the same two terms; ``a / b``: everything;
+* ``a + b``, ``a - b`` (union): the sum of the same two terms; ``a / c`` for a non-zero
+  literal ``c``: the bound of ``a``;
+* an expression that divides by anything else is lowered exactly (`lattice.build`): an
+  absent operand is read as ``0.0`` and every combination of operands is a case, since
+  ``x / 0`` is infinite and ``inf * 0`` NaN. No operator then keeps a pattern, not even
+  ``*`` (``alpha / C(k) * B(k,i)`` has an entry wherever ``C(k)`` is absent): everything;
 * ``Σ_k`` of a product of tensors (SpGEMM, SpMSpV, TTM): ``Σ_k Π_f c_f(k)``, where
   ``c_f(k)`` counts factor ``f``'s entries with coordinate ``k`` (a tuple of the product
   over the summed index determines at most one output coordinate); other sums: the
@@ -30,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .concrete import CExpr, Statement, Sum, Zero
+from .lattice import divides
 from .notation import Access, BinOp, Literal, Neg
 
 
@@ -37,8 +43,10 @@ def entry_bound(stmt: Statement, values: Mapping[str, Any], dims: Mapping[str, i
     """At most how many entries the output of ``stmt`` gets for these inputs."""
     rhs: CExpr = Sum(stmt.top_sums, stmt.rhs) if stmt.top_sums else stmt.rhs
     out = frozenset(stmt.lhs.indices)
-    free, n = _Bound(values, dims).of(rhs)
     dense = _size(dims, out)
+    if divides(rhs):
+        return dense  # exact lowering: present everywhere
+    free, n = _Bound(values, dims).of(rhs)
     return int(min(dense, n * _size(dims, out - free)))
 
 
@@ -73,6 +81,8 @@ class _Bound:
                         n = min(wa, wb)
                     case "+" | "-":
                         n = wa + wb
+                    case "/" if isinstance(b, Literal) and b.value != 0:
+                        n = wa
                     case _:
                         n = _size(self.dims, free)
                 return free, min(n, _size(self.dims, free))

@@ -1915,8 +1915,6 @@ class Lowerer:
         if _surely_present(expr):
             return None
         match expr:
-            case Zero():
-                return ir.IntLit(0)
             case Neg(operand=x):
                 return self._presence(x, ctx, stmts)
             case Sum():
@@ -1975,11 +1973,13 @@ class Lowerer:
 
 
 def _surely_present(expr: CExpr) -> bool:
-    """A term of ``expr`` is present whatever its nested sums reach (see `_presence`)."""
+    """A term of ``expr`` is present whatever its nested sums reach (see `_presence`).
+    A `Zero` (an absent operand that exact lowering reads as ``0.0``, where ``inf * 0``
+    is NaN) is present as the lattice's exact points are."""
     match expr:
-        case Access() | Literal():
+        case Access() | Literal() | Zero():
             return True
-        case Zero() | Sum():
+        case Sum():
             return False
         case Neg(operand=x):
             return _surely_present(x)

@@ -476,7 +476,12 @@ NESTED_SUM_PATTERNS = [
     ("y(i) = B(i,m)", {"B": "csr", "y": "s"}, {"B": UNION["B"]}, [[0, 2, 4]]),
     ("y(i) = 2 * B(i,m) - c(i) / 2", {"B": "csr", "c": "s", "y": "s"}, UNION, [[0, 1, 2, 4]]),
     # ... inside a top-level sum (the reached flag of the row)
-    ("y(i) = B(i,j) * (C(j,k) + d(j))", {"B": "csr", "C": "csr", "d": "s", "y": "s"}, ROWS, [[0, 1]]),
+    (
+        "y(i) = B(i,j) * (C(j,k) + d(j))",
+        {"B": "csr", "C": "csr", "d": "s", "y": "s"},
+        ROWS,
+        [[0, 1]],
+    ),
     # ... appended, and scattered into a workspace row
     (
         "E(i,j) = A(i,k) * (T(k,j,l) + D(k,j))",
@@ -509,3 +514,58 @@ def test_a_nested_sum_is_present_only_where_it_has_a_term(
     out = k(**inputs, threads=threads).validate()
     assert [None if level.crd is None else level.crd.tolist() for level in out.levels] == crd
     k.check(**inputs, threads=threads)
+
+
+# --------------------------------------------------- capacity bound of a division
+@pytest.mark.parametrize(
+    ("expr", "fmts"),
+    [
+        ("A(k,i) = alpha / C(k) * B(k,i)", {"A": "dcsr", "C": "s", "B": "csr"}),
+        ("A(k,i) = B(k,i) * C(k) / D(k,i)", {"A": "dcsr", "C": "s", "B": "dcsr", "D": "csr"}),
+        ("A(k,i) = B(k,i) / C(k) + D(k,i)", {"A": "coo", "C": "s", "B": "csr", "D": "csr"}),
+        ("A(k,i) = B(k,i) / C(k)", {"A": "sd", "C": "s", "B": "csr"}),
+    ],
+)
+def test_division_single_pass_bound_covers_the_exact_pattern(expr, fmts, monkeypatch):
+    """A division by a non-literal is lowered exactly: an absent operand reads as 0.0 and
+    ``inf * 0`` is NaN, so even ``alpha / C(k) * B(k,i)`` has an entry at every (k, i),
+    not only at B's. The single pass's capacity bound must say so: with SPARSEC_POISON
+    (conftest) a bound too small is an error, and the two phases are never needed."""
+
+    def no_two_phases(*args, **kwargs):
+        raise AssertionError("the single pass fell back to the two phases")
+
+    monkeypatch.setattr(KERNEL_MODULE.Kernel, "_run_two_phase", no_two_phases)
+    k = sparsec.kernel(expr, fmts)
+    for seed, density in enumerate((0.0, 0.4, 1.0)):
+        inputs, dims = k.random_inputs({"k": 5, "i": 4}, seed=seed, density=density)
+        out = k(**inputs, threads=1).validate()
+        assert out.nnz == dims["k"] * dims["i"]  # present everywhere
+        k.check(**inputs, threads=1)
+
+
+def test_entry_bound_of_divisions():
+    from sparsec.bound import entry_bound
+
+    def bound(expr, fmts, **inputs):
+        k = sparsec.kernel(expr, fmts)
+        values = {
+            n: (sparsec.Tensor.from_dense(v, fmts[n]) if n in fmts else v)
+            for n, v in inputs.items()
+        }
+        return entry_bound(k.spec.statement, values, k._prepare(values).dims)
+
+    eye, c = np.eye(4), np.array([1.0, 0.0, 0.0, 2.0])
+    # exact lowering: every (k, i), whatever the product's other factor stores
+    assert (
+        bound(
+            "A(k,i) = alpha / C(k) * B(k,i)",
+            {"A": "dcsr", "C": "s", "B": "csr"},
+            alpha=2.0,
+            C=c,
+            B=eye,
+        )
+        == 16
+    )
+    # a non-zero literal divisor keeps the numerator's pattern
+    assert bound("A(k,i) = B(k,i) / 2", {"A": "dcsr", "B": "csr"}, B=eye) == 4
