@@ -193,6 +193,16 @@ def test_cost_model_files_pass_under_the_environment(m):
     assert done.returncode == 0, done.stdout[-3000:]
 
 
+@pytest.mark.slow
+def test_the_contention_bench_runs():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "contention", "--quick", "--busy", "1"],
+        capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "quiet" in done.stdout and "1 busy" in done.stdout and "default / 1" in done.stdout
+
+
 # ------------------------------------------------------------------ threads and the load
 
 
