@@ -99,6 +99,15 @@ def simulated_machine(request: pytest.FixtureRequest):
         yield chosen
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _steady_load():
+    """Default calls use every core whatever else runs on the machine, so the suite takes
+    the same (parallel) paths on a busy machine as on a quiet one; the adaptation to the
+    load has its own tests (tests/test_machine.py)."""
+    with use(busy=0.0):
+        yield
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261122)

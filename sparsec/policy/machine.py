@@ -151,8 +151,9 @@ def use(base: Machine | str | None = None, /, **facts: Any) -> Iterator[Machine]
     try:
         yield chosen
     finally:
-        with _lock:
-            _overrides.remove(chosen)
+        with _lock:  # this block's entry (another thread's block may have ended first)
+            at = max(i for i, m in enumerate(_overrides) if m is chosen)
+            del _overrides[at]
             epoch += 1
 
 
