@@ -405,8 +405,8 @@ class LoadMeter:
         if ticks is None:
             return
         last, self._last = self._last, (now, own, ticks)
-        if last is None:
-            return
+        if last is None or own < last[1]:
+            return  # the first reading, or the first in a forked child (its CPU time restarts)
         wall = now - last[0]
         busy, total = ticks[0] - last[2][0], ticks[1] - last[2][1]
         if wall <= 0 or total <= 0:
