@@ -577,6 +577,7 @@ def check_order(plan: Plan, hard: Sequence[Any], describe: dict[str, str]) -> No
         if edge.before not in bound_at or edge.after not in entered_at:
             continue
         same = space_of.get(edge.before)
+        found = f"the loop order is {', '.join(plan.order)}"
         if same is not None and same == space_of.get(edge.after):
             # a fused space (a range, or the positions of the pos tensor's levels) binds its
             # variables in the order they were fused: every tensor's levels must agree with
@@ -584,12 +585,12 @@ def check_order(plan: Plan, hard: Sequence[Any], describe: dict[str, str]) -> No
             joint = plan.spaces[same]
             if joint.vars.index(edge.before) < joint.vars.index(edge.after):
                 continue
+            found = f"{same} ({joint.origin}) binds {', '.join(joint.vars)} in that order"
         elif bound_at[edge.before] < entered_at[edge.after]:
             continue
         raise ScheduleError(
             f"schedule {plan.describe()}: {edge.tensor} ({describe.get(edge.tensor, '')}) "
             f"is iterated level by level, so {edge.before} must be bound before the loop "
-            f"over {edge.after} starts, but the loop order is {', '.join(plan.order)}. "
-            f"Keep {edge.before} outside {edge.after}, or store {edge.tensor} with another "
-            "mode ordering"
+            f"over {edge.after} starts, but {found}. Keep {edge.before} outside "
+            f"{edge.after}, or store {edge.tensor} with another mode ordering"
         )

@@ -369,7 +369,7 @@ ILLEGAL = [
         "y(i) = C(j,m) * B(i,m,j)",
         {"B": "sss"},
         "reorder(j,m), fuse(j,m,f), pos(f,fp,C)",
-        "B .*m must be bound before the loop over j",
+        r"B .*m must be bound before the loop over j starts, but fp \(pos\(f,fp,C\)\) binds j, m",
     ),
 ]
 
