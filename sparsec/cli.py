@@ -3,7 +3,9 @@
     sparsec compile "y(i) = A(i,j) * x(j)" -f A:csr --check
     sparsec compile "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)" -f B:csf -o mttkrp.c
 
-Every error prints a clear message and exits with status 2; no traceback reaches the user.
+Every error prints a message and exits with status 2, with no traceback: a `SparsecError`
+(bad input), a bad option (argparse), and also, as an internal error to report, any other
+exception. ``--check`` prints one verdict line (``--print-source`` adds the kernel).
 """
 
 from __future__ import annotations
@@ -37,6 +39,26 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"sparsec: error: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def _seed(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return seed
+
+
+def _density(text: str) -> float:
+    try:
+        density = float(text)
+    except ValueError:
+        density = -1.0
+    if not 0 <= density <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}")
+    return density
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,7 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--check",
         action="store_true",
         help="compile, run on random inputs (with zeros, empty rows and slices) and compare "
-        "with torch.einsum; prints one verdict line",
+        "with torch.einsum; prints one verdict line instead of the kernel (refused when "
+        "the inputs and the dense reference would not fit in memory)",
+    )
+    c.add_argument(
+        "--print-source",
+        action="store_true",
+        help="print the kernel source also with --check",
+    )
+    c.add_argument(
+        "--density",
+        type=_density,
+        default=0.3,
+        metavar="D",
+        help="share of stored entries in --check's random sparse inputs (default 0.3)",
     )
     c.add_argument(
         "--dims",
@@ -91,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     c.add_argument("--index-dtype", default="int32", choices=["int32", "int64"])
-    c.add_argument("--seed", type=int, default=0, help="random seed for --check inputs")
+    c.add_argument("--seed", type=_seed, default=0, help="random seed for --check inputs (>= 0)")
     c.add_argument("--serial", action="store_true", help="generate a serial kernel (no OpenMP)")
     c.add_argument(
         "-s",
@@ -150,7 +185,7 @@ def _compile(args: argparse.Namespace) -> int:
             Path(args.output).write_text(source)
         except OSError as err:
             raise SparsecError(f"cannot write {args.output}: {err.strerror}") from None
-    else:
+    elif args.print_source or not args.check:
         sys.stdout.write(source)
     if args.verify:
         if args.target == "c":
@@ -160,7 +195,12 @@ def _compile(args: argparse.Namespace) -> int:
             if report.spills:
                 raise SparsecError(f"the kernel spills registers on {report.arch}")
     if args.check:
-        dims = _dims(args.dims)
+        from . import footprint
+
+        dims = k.extents(_dims(args.dims))
+        shown = ",".join(f"{i}={n}" for i, n in dims.items())
+        parts = footprint.check_parts(k.spec, dims, density=args.density)
+        footprint.ensure_fits(parts, f"--check of {k.assignment} at {shown}")
         if args.target == "cuda":
             # no GPU needed: the same source runs through the CUDA emulation on the CPU
             k = kernel(
@@ -171,9 +211,8 @@ def _compile(args: argparse.Namespace) -> int:
                 dtype=args.dtype,
                 index_dtype=args.index_dtype,
             )
-        inputs, used = k.random_inputs(dims, seed=args.seed)
+        inputs, _ = k.random_inputs(dims, seed=args.seed, density=args.density)
         result = k.check(**inputs)
-        shown = ",".join(f"{i}={n}" for i, n in used.items())
         print(
             f"check: ok: {k.assignment} matches dense torch on random inputs ({shown}; "
             + ("run by the CUDA emulation on the CPU; " if k.target != "c" else "")
@@ -193,8 +232,18 @@ def main(argv: list[str] | None = None) -> int:
     except RecursionError:
         print("sparsec: error: expression is too deeply nested", file=sys.stderr)
         return 2
+    except MemoryError:
+        print("sparsec: error: out of memory; use smaller --dims", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as err:  # noqa: BLE001 - the contract: a message and status 2, always
+        print(
+            f"sparsec: internal error: {type(err).__name__}: {err}\n"
+            "this is a bug in sparsec; please report it with the command line",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

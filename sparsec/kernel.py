@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import autotune, gpu, runtime
+from . import autotune, footprint, gpu, runtime
 from .abi import Param
 from .assemble import (
     BLOCK_SLACK,
@@ -465,6 +465,9 @@ class Kernel:
         from .reference import compare, reference
 
         prepared = self._prepare(inputs)
+        footprint.ensure_fits(
+            footprint.check_parts(self.spec, prepared.dims), f"check of {self.assignment}"
+        )
         compiled = self._compile(prepared.dtype, prepared.index_dtype)
         got = self._run(compiled, prepared, threads)
         if prepared.device and np.ndim(got):
@@ -486,17 +489,9 @@ class Kernel:
         err = compare(np.asarray(got), want, prepared.dtype, f"kernel {self.assignment}")
         return CheckResult(err, prepared.dtype)
 
-    def random_inputs(
-        self, dims: Mapping[str, int] | None = None, *, seed: int = 0, density: float = 0.3
-    ) -> tuple[dict[str, Any], dict[str, int]]:
-        """Random inputs for this kernel and the extents used.
-
-        Sparse inputs are `sparsec.random` tensors in their declared formats (with empty
-        rows/slices); dense inputs have ~``1 - density`` zeros and an all-zero first slice.
-        Unlisted index extents get distinct small defaults so shape mix-ups show.
-        """
-        from .tensor import random
-
+    def extents(self, dims: Mapping[str, int] | None = None) -> dict[str, int]:
+        """Every index's extent for `random_inputs`: ``dims`` where given, distinct small
+        defaults elsewhere (so shape mix-ups show), equal where a tensor used twice needs it."""
         dims = dict(dims or {})
         given = set(dims)
         unknown = [i for i in dims if i not in self.spec.indices]
@@ -518,6 +513,28 @@ class Kernel:
                             f"need equal extents, not {dims[theirs]} and {dims[mine]}"
                         )
                     dims[mine] = dims[theirs]
+        return {i: dims[i] for i in self.spec.indices}
+
+    def random_inputs(
+        self, dims: Mapping[str, int] | None = None, *, seed: int = 0, density: float = 0.3
+    ) -> tuple[dict[str, Any], dict[str, int]]:
+        """Random inputs for this kernel and the extents used (`extents`).
+
+        Sparse inputs are `sparsec.random` tensors in their declared formats (with empty
+        rows/slices) holding ``density`` of their cells, built without a dense array; dense
+        inputs have ~``1 - density`` zeros and an all-zero first slice. Extents whose
+        inputs would not fit in memory raise `InputError`.
+        """
+        from .tensor import random
+
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise InputError(f"seed must be a non-negative integer, not {seed!r}")
+        if not 0 <= density <= 1:
+            raise InputError(f"density must be in [0, 1], got {density}")
+        dims = self.extents(dims)
+        shown = ",".join(f"{i}={n}" for i, n in dims.items())
+        parts = footprint.check_parts(self.spec, dims, density=density, check=False)
+        footprint.ensure_fits(parts, f"random inputs for {self.assignment} ({shown})")
         rng = np.random.default_rng(seed)
         dtype = self.dtype or "float64"
         accesses = {a.name: a for a in self.spec.assignment.accesses()}
@@ -545,7 +562,7 @@ class Kernel:
                     dtype=dtype,
                     index_dtype=self.index_dtype,
                 )
-        return inputs, {i: dims[i] for i in self.spec.indices}
+        return inputs, dims
 
     def _run_sparse(self, compiled: _Compiled, prepared: _Prepared, threads: int | None) -> Tensor:
         """One pass into arrays of a proven capacity when the kernel appends serially

@@ -426,23 +426,43 @@ def _sample_cells(rng: np.random.Generator, dims: Sequence[int], k: int) -> np.n
 
 
 def _sample_distinct(rng: np.random.Generator, total: int, k: int) -> np.ndarray:
-    """``k`` distinct sorted integers from ``range(total)``, every k-subset equally likely.
+    """``k`` distinct sorted integers from ``range(total)``, every k-subset equally likely,
+    in memory proportional to ``k`` (never one int64 per value of the range: for a random
+    sparse tensor, that is the size of the dense tensor).
 
-    A dense request shuffles the range; a sparse one draws with replacement, keeps the
-    distinct values and repeats until there are enough, then keeps a random k of them (the
-    set of distinct draws is a uniform subset of its size, by symmetry).
+    Values are drawn with replacement until ``k`` distinct ones are found, then a random
+    ``k`` of them kept (the set of distinct draws is a uniform subset of its size, by
+    symmetry). The draws are marked in a bitmap of the range when it is no larger than
+    the result (``total <= 8k``), else sorted and deduplicated. Beyond half the range the
+    sample is the range without a sample of the ``total - k`` values left out, so a fresh
+    draw is always new with probability at least one half.
     """
     if k == 0:
         return np.zeros(0, dtype=np.int64)
-    if 4 * k >= total:
-        return np.sort(rng.choice(total, size=k, replace=False))
-    found = np.zeros(0, dtype=np.int64)
-    while len(found) < k:
-        extra = rng.integers(0, total, size=k - len(found) + k // 16 + 16)
-        found = np.sort(np.concatenate([found, extra]))
-        found = found[np.concatenate(([True], found[1:] != found[:-1]))]
-    if len(found) > k:
-        found = found[np.sort(rng.permutation(len(found))[:k])]
+    if 2 * k > total:
+        keep = np.ones(total, dtype=bool)
+        keep[_sample_distinct(rng, total, total - k)] = False
+        return np.flatnonzero(keep)
+
+    def more(found: int) -> np.ndarray:
+        # a draw is new with probability (total - found) / total: ask for that many more
+        # (and a tenth), so one or two rounds suffice
+        wanted = (k - found) * total / (total - found)
+        return rng.integers(0, total, size=int(1.1 * wanted) + 16)
+
+    if total <= 8 * k:
+        mask, count = np.zeros(total, dtype=bool), 0
+        while count < k:
+            mask[more(count)] = True
+            count = int(np.count_nonzero(mask))
+        found = np.flatnonzero(mask)
+    else:
+        found = np.zeros(0, dtype=np.int64)
+        while len(found) < k:
+            found = np.sort(np.concatenate([found, more(len(found))]))
+            found = found[np.concatenate(([True], found[1:] != found[:-1]))]
+    if len(found) > k:  # drop a uniform sample of the surplus (a few percent)
+        found = np.delete(found, rng.choice(len(found), size=len(found) - k, replace=False))
     return found
 
 
@@ -468,6 +488,10 @@ def random(
     shape = check_shape(shape)
     if not 0 <= density <= 1:
         raise InputError(f"density must be in [0, 1], got {density}")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
+    ):
+        raise InputError(f"seed must be None or a non-negative integer, not {seed!r}")
     rng = np.random.default_rng(seed)
     fmt = parse_format(default_sparse(len(shape)) if format is None else format, len(shape))
     vdt = value_dtype(dtype) or np.dtype(np.float64)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import sparsec
 from sparsec.cli import main
 
 MTTKRP = "A(i,j)=B(i,k,l)*D(l,j)*C(k,j)"
@@ -48,6 +49,9 @@ def test_output_file(tmp_path, capsys):
         (["compile", "A(i,j) = B(i,j) + C(j,i)", "-f", "B:csr", "-f", "C:csr"], "mode ordering"),
         (["compile", "y(i) = A(i,j) * x(j)", "--target", "tpu"], "invalid choice"),
         (["frobnicate"], "invalid choice"),
+        (["compile", "y(i) = A(i,j) * x(j)", "--check", "--seed", "-1"], "non-negative"),
+        (["compile", "y(i) = A(i,j) * x(j)", "--check", "--density", "1.5"], "from 0 to 1"),
+        (["compile", "C(i,j) = A(i,j) * B(i,j)", "-f", "A:csr", "-f", "C:dq"], "error"),
     ],
 )
 def test_errors_exit_2_without_traceback(args, fragment, capsys):
@@ -67,3 +71,74 @@ def test_help_documents_formats():
     )
     assert out.returncode == 0
     assert "csr (ds)" in out.stdout and "uqq" in out.stdout and "-f A:csr" in out.stdout
+
+
+@pytest.mark.parametrize("dims", ["i=100000,j=100000", "i=70000,j=40000"])
+def test_check_refuses_what_will_not_fit_in_memory(dims, capsys, monkeypatch):
+    from sparsec import footprint
+
+    monkeypatch.setattr(footprint, "available_bytes", lambda: 16 * 10**9)  # any machine
+    args = ["compile", "C(i,j) = A(i,j) * B(i,j)", "-f", "A:csr", "--check", "--dims", dims]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert "would need about" in captured.err and "16.0 GB this machine has available" in (
+        captured.err
+    )
+    assert "--dims" in captured.err  # what to do instead
+
+
+def test_check_refusal_comes_before_any_allocation(capsys, monkeypatch):
+    from sparsec import footprint
+
+    monkeypatch.setattr(footprint, "available_bytes", lambda: 10**6)
+    monkeypatch.setattr(sparsec.Kernel, "random_inputs", lambda *a, **k: 1 / 0)
+    assert main(["compile", "y(i) = A(i,j) * x(j)", "--check", "--dims", "i=300,j=300"]) == 2
+    assert "would need about" in capsys.readouterr().err
+
+
+def test_check_density_sizes_the_random_inputs(monkeypatch, capsys):
+    seen = []
+    real = sparsec.Kernel.random_inputs
+
+    def spy(self, dims=None, **options):
+        inputs, used = real(self, dims, **options)
+        seen.append(inputs["A"].nnz)
+        return inputs, used
+
+    monkeypatch.setattr(sparsec.Kernel, "random_inputs", spy)
+    args = ["compile", "y(i) = A(i,j) * x(j)", "-f", "A:csr", "--dims", "i=100,j=50", "--check"]
+    assert main([*args, "--density", "0.02"]) == 0
+    assert seen == [100]
+    assert capsys.readouterr().out.startswith("check: ok:")
+
+
+def test_check_prints_one_verdict_line(capsys):
+    assert main(["compile", "y(i) = A(i,j) * x(j)", "-f", "A:csr", "--check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("check: ok: y(i) = A(i,j) * x(j)")
+    assert (
+        main(["compile", "y(i) = A(i,j) * x(j)", "-f", "A:csr", "--check", "--print-source"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "int sparsec_kernel(" in out and out.splitlines()[-1].startswith("check: ok:")
+
+
+def test_internal_errors_exit_2_without_traceback(capsys, monkeypatch):
+    def broken(*args, **kwargs):
+        raise IndexError("list index out of range")
+
+    monkeypatch.setattr(sys.modules["sparsec.kernel"], "kernel", broken)
+    assert main(["compile", "y(i) = A(i,j) * x(j)"]) == 2
+    err = capsys.readouterr().err
+    assert "internal error: IndexError" in err and "report" in err and "Traceback" not in err
+
+
+def test_cli_process_exits_2_without_traceback():
+    # the whole process, as a user runs it
+    out = subprocess.run(
+        [sys.executable, "-m", "sparsec", "compile", "y(i) = A(i,j) * x(j)", "--seed", "-1"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "--seed" in out.stderr

@@ -597,7 +597,8 @@ def test_cli_cuda_verify_and_check(capsys):
 
     if gpu.nvrtc() is None and __import__("shutil").which("nvcc") is None:
         pytest.skip("no CUDA compiler")
-    assert main(["compile", MTTKRP, "--target", "cuda", "--verify", "--check"]) == 0
+    args = ["compile", MTTKRP, "--target", "cuda", "--verify", "--check", "--print-source"]
+    assert main(args) == 0
     out = capsys.readouterr().out
     assert "atomicAdd(" in out
     assert out.count("verify: ok: sm_") == 2

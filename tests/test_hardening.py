@@ -190,3 +190,44 @@ def test_kernel_over_a_zero_extent_csf_operand_matches_numpy():
     c, d = np.ones((0, 4)), np.ones((2, 4))
     want = np.einsum("ikl,kj,lj->ij", np.zeros((3, 0, 2)), c, d)
     np.testing.assert_array_equal(k(B=b, C=c, D=d), want)
+
+
+# ----------------------------------------------------------------- memory of checks
+def test_check_and_random_inputs_refuse_what_will_not_fit(monkeypatch):
+    from sparsec import footprint
+
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    inputs, _ = k.random_inputs({"i": 200, "j": 100}, density=0.1)
+    monkeypatch.setattr(footprint, "available_bytes", lambda: 10**5)
+    with pytest.raises(sparsec.InputError, match=r"check of y\(i\) = A\(i,j\) \* x\(j\)"):
+        k.check(**inputs)
+    with pytest.raises(sparsec.InputError, match="random inputs for .* would need about"):
+        k.random_inputs({"i": 200, "j": 100})
+    monkeypatch.setattr(footprint, "available_bytes", lambda: None)  # unknown: not refused
+    assert k.check(**inputs).max_abs_error < 1e-12
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_random_inputs_seed_is_checked(seed):
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    with pytest.raises(sparsec.InputError, match="non-negative integer"):
+        k.random_inputs(seed=seed)
+
+
+#: (expression, extents, elements of the dense reference's largest intermediate)
+REFERENCE_INTERMEDIATES = [
+    ("y(i) = A(i,j) * x(j)", {"i": 30, "j": 20}, 30),  # einsum: A itself is no intermediate
+    ("A(i,j) = B(i,k,l) * D(l,j) * C(k,j)", {"i": 5, "j": 7, "k": 11, "l": 13}, 5 * 11 * 7),
+    ("y(i) = (A(i,j) * x(j)) / w(i)", {"i": 30, "j": 20}, 30 * 20),  # exact: elementwise
+    ("a = B(i,j) * C(i,j)", {"i": 30, "j": 20}, 1),
+]
+
+
+@pytest.mark.parametrize("expr,dims,elements", REFERENCE_INTERMEDIATES)
+def test_reference_footprint(expr, dims, elements):
+    from sparsec import footprint
+
+    k = sparsec.kernel(expr)
+    assert footprint._reference_elements(k.spec.assignment, dims) == elements
+    parts = dict(footprint.check_parts(k.spec, dims))
+    assert parts["the dense reference"] == 8 * elements

@@ -763,6 +763,30 @@ def test_random_values():
     assert np.all((np.abs(ints) <= 4) & (ints != 0) & (ints == np.round(ints)))
 
 
+@pytest.mark.parametrize("share", [0.01, 0.25, 0.3, 0.5, 0.9, 1.0])
+def test_random_cells_take_memory_in_proportion_to_the_entries(share):
+    # never one int64 per cell of the range (for a random sparse tensor: the dense size)
+    import tracemalloc
+
+    from sparsec.packing import _sample_distinct
+
+    total = 2_000_000
+    k = int(share * total)
+    tracemalloc.start()
+    try:
+        found = _sample_distinct(np.random.default_rng(1), total, k)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(found) == k and np.all(np.diff(found) > 0) and found[-1] < total
+    assert peak <= 3 * 8 * k + total + 10**5  # the result, two copies, a bitmap of cells
+
+
+def test_random_bad_seed():
+    with pytest.raises(InputError, match="non-negative integer"):
+        random((3, 3), 0.5, seed=-1)
+
+
 def test_random_bad_density():
     with pytest.raises(InputError, match="density"):
         random((3, 3), 1.5)
