@@ -1,7 +1,8 @@
 """Loop IR: the imperative program the lowerer builds and the printers render.
 
-Small on purpose. Types are symbolic (``VAL`` = the kernel's value type, ``IDX`` = its
-index type, ``I64`` = positions and coordinates, ``BOOL``); a printer maps them to its
+Small on purpose. Types are symbolic (``VAL`` = the kernel's value type, ``ACC`` = the
+type its reductions accumulate in, ``IDX`` = its index type, ``I64`` = positions and
+coordinates, ``BOOL``); a printer maps them to its
 target's spelling. Loops carry an optional `Parallel` annotation and stores an
 ``atomic`` flag so parallel CPU and GPU mappings need no second IR.
 """
@@ -12,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 VAL = "val"
+#: a reduction's accumulator: at least as wide as VAL (float32 sums in double on the C target)
+ACC = "acc"
 IDX = "idx"
 I64 = "i64"
 U64 = "u64"

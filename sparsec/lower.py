@@ -1090,7 +1090,7 @@ class Lowerer:
             and isinstance(sink, OutputSink)
         ):
             acc, at = self.namer.fresh("run"), self.namer.fresh("run_at")
-            pre += [ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)), ir.Decl(ir.I64, at, ir.IntLit(-1))]
+            pre += [ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)), ir.Decl(ir.I64, at, ir.IntLit(-1))]
             target = SegmentSink(acc, at)
             flush.append(self._flush_run(target))
 
@@ -1426,12 +1426,12 @@ class Lowerer:
                     inner = self.loops(order, expr, ctx, AccSink(acc), outermost)
                 if acc in self.warp_reduced or acc in self.partial_accs:
                     return ir.block(
-                        ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
+                        ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)),
                         inner,
                         *self._store_shared(acc, ctx),
                     )
                 return ir.block(
-                    ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
+                    ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)),
                     inner,
                     self._write(ctx, ir.Var(acc)),
                 )
@@ -1439,7 +1439,7 @@ class Lowerer:
             reached = self.namer.fresh("reached")
             counting = self.assembler.counting
             return ir.block(
-                None if counting else ir.Decl(ir.VAL, acc, ir.FloatLit(0.0)),
+                None if counting else ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)),
                 ir.Decl(ir.BOOL, reached, ir.IntLit(0)),
                 self._private_loops(order, expr, ctx, AccSink("" if counting else acc, reached)),
                 ir.If(((ir.Var(reached), self._write(ctx, None if counting else ir.Var(acc))),)),
@@ -1965,7 +1965,7 @@ class Lowerer:
                 return ir.Bin(op, self.value(left, ctx, stmts), self.value(right, ctx, stmts))
             case Sum():
                 t = self.namer.fresh("t")
-                stmts.append(ir.Decl(ir.VAL, t, ir.FloatLit(0.0)))
+                stmts.append(ir.Decl(ir.ACC, t, ir.FloatLit(0.0)))
                 stmts.extend(self._nested_sum(expr, ctx, t))
                 return ir.Var(t)
             case _:

@@ -27,6 +27,12 @@ ASSEMBLE_NAME = "sparsec_assemble"
 APPEND_NAME = "sparsec_append"
 
 C_VALUE_TYPES = {"float32": "float", "float64": "double"}
+#: the type reductions accumulate in (``ir.ACC``): float32 sums in double. Measured on a
+#: 1e7-element float32 dot product (gcc -O3 -march=native, one thread): relative error
+#: 1.2e-2 summing in float, 5e-6 in blocks of 256, 1.9e-8 in double; 12.6 ms in float and
+#: in double alike (the scalar sum waits on each add's latency either way; the conversion
+#: is off that chain), 14-16 ms in blocks (a branch per term)
+C_ACC_TYPES = {"float32": "double", "float64": "double"}
 C_INDEX_TYPES = {"int32": "int32_t", "int64": "int64_t"}
 #: the kernel's flag for storing output tiles non-temporally, and the template's macro for
 #: the output size (in values) from which it is set
@@ -309,6 +315,7 @@ def generate(
                 spec, sig, lowered.loop_order, schedule, f"values {val_t}, indices {idx_t}"
             ),
             val_type=val_t,
+            acc_type=C_ACC_TYPES[dtype],
             idx_type=idx_t,
             functions=functions,
             vectors=tile_vectors if tiled or append_tiled else 0,

@@ -25,6 +25,11 @@ from .c import C_VALUE_TYPES, KERNEL_NAME, Generated, environment, header
 from .printer import CUDA, Printer
 
 CUDA_INDEX_TYPES = {"int32": "int", "int64": "long long"}
+#: the type reductions accumulate in (``ir.ACC``): the value type. Unlike the C target's
+#: (float32 sums in double there), most GPUs run double arithmetic at 1/32 to 1/64 of the
+#: float rate, which would make float32 SpMM several times slower; sums across a GPU
+#: mapping's threads are also split into shorter per-thread parts
+CUDA_ACC_TYPES = {"float32": "float", "float64": "double"}
 THREADS_PER_BLOCK = 256
 
 
@@ -192,6 +197,7 @@ def generate_cuda(
         .render(
             header=lines,
             val_type=val_t,
+            acc_type=CUDA_ACC_TYPES[dtype],
             idx_type=idx_t,
             name=KERNEL_NAME,
             params=[CUDA.param(p) for p in sig.params],

@@ -155,6 +155,7 @@ C = Target(
     name="c",
     types={
         ir.VAL: "sc_val_t",
+        ir.ACC: "sc_acc_t",
         ir.IDX: "sc_idx_t",
         ir.I64: "int64_t",
         ir.U64: "uint64_t",
@@ -169,6 +170,7 @@ CUDA = CudaTarget(
     name="cuda",
     types={
         ir.VAL: "sc_val_t",
+        ir.ACC: "sc_acc_t",
         ir.IDX: "sc_idx_t",
         ir.I64: "long long",
         ir.U64: "unsigned long long",
