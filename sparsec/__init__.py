@@ -6,6 +6,7 @@ k.check(A=A, x=x)        # compare with torch.einsum on dense inputs
 print(k.source)          # the generated C
 """
 
+from . import io as io  # sparsec.io.load / save after a plain `import sparsec`
 from .errors import (
     CheckError,
     CompileError,

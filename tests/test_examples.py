@@ -7,6 +7,7 @@ runs here too, as a smoke test of the harness (it asserts correctness, never spe
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -22,7 +23,10 @@ EXAMPLES = [
     ("mttkrp_tns.py", ["small.tns: 12 x 10 x 8", "ok: matches dense torch", "int sparsec_kernel("]),
     ("pruned_layer.py", ["90% sparse", "loop order o, i, t", "matches torch dense"]),
     ("formats.py", ["dcsr", "j -> i", "all four agree with scipy"]),
-    ("cuda.py", ["compiled: sm_80", "compiled: sm_90", "matches numpy", "atomicAdd(&A_vals"]),
+    (
+        "gpu_kernels.py",
+        ["compiled: sm_80", "compiled: sm_90", "matches numpy", "atomicAdd(&A_vals"],
+    ),
     (
         "schedule.py",
         ["row blocks        matches scipy", "atomic updates of y", "refused: ", "sc_search("],
@@ -47,6 +51,22 @@ def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[s
 def test_every_example_is_listed() -> None:
     scripts = {p.name for p in (ROOT / "examples").glob("*.py")}
     assert scripts == {name for name, _ in EXAMPLES}
+
+
+def test_no_example_shadows_a_module() -> None:
+    """Python puts a script's folder first on ``sys.path``, so an example named like a module
+    that sparsec, numpy, scipy or torch imports (``cuda.py``: torch's optional CUDA bindings)
+    would run in its place."""
+    stems = {p.stem for p in (ROOT / "examples").glob("*.py")}
+    assert not stems & set(sys.stdlib_module_names)
+    assert not [s for s in stems if importlib.util.find_spec(s) is not None]
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "import numpy, scipy.sparse, scipy.io, torch, sparsec, sparsec.io; "
+        "torch.cuda.is_available(); print(sorted(set(sys.argv[2:]) & set(sys.modules)))"
+    )
+    done = _run(["-c", probe, str(ROOT / "examples"), *sorted(stems)])
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(("script", "expected"), EXAMPLES, ids=[name for name, _ in EXAMPLES])

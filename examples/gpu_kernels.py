@@ -1,7 +1,7 @@
 """The CUDA path on a machine without a GPU: generate MTTKRP for the GPU, compile it with
 NVRTC for sm_80 and sm_90, and run the same source on the CPU through the emulation.
 
-    python examples/cuda.py
+    python examples/gpu_kernels.py
 """
 
 from __future__ import annotations
