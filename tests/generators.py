@@ -13,11 +13,13 @@ def random_statement(
     stop: float,
     accumulate: float = 0.0,
     divide: float = 0.05,
+    max_free: int = 2,
 ) -> tuple[str, dict[str, tuple[str, ...]]]:
     """``lhs (+)= rhs`` over tensors T0, T1, ... of order 0-3 on i, j, k, with ``+ - * /``
     (a ``/`` with probability ``divide``), literals and unary minus; every binary operation
     is written in explicit parentheses, so a sum inside a parenthesised numerator must stay
-    there. Returns the text and each tensor's index list."""
+    there. The output has at most ``max_free`` indices. Returns the text and each tensor's
+    index list."""
     tensors: dict[str, tuple[str, ...]] = {}
 
     def leaf() -> str:
@@ -41,7 +43,7 @@ def random_statement(
 
     rhs = expr(depth)
     used = sorted({i for ix in tensors.values() for i in ix})
-    free = r.sample(used, r.randint(0, min(2, len(used)))) if used else []
+    free = r.sample(used, r.randint(0, min(max_free, len(used)))) if used else []
     lhs = f"O({','.join(free)})" if free else "o"
     op = "+=" if r.random() < accumulate else "="
     return f"{lhs} {op} {rhs}", tensors

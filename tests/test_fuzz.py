@@ -72,7 +72,8 @@ REGRESSIONS: list[tuple[str, dict[str, str], dict[str, int], str, list[str] | No
 
 
 def random_case(r: random.Random) -> dict:
-    expr, tensors = random_statement(r, depth=2, stop=0.35, divide=0.12)  # 1-4 operands
+    # 1-4 operands; up to three free indices, so outputs of order 3 are reordered too
+    expr, tensors = random_statement(r, depth=2, stop=0.35, divide=0.12, max_free=3)
     formats = random_formats(r, tensors, coo=0.15)
     used = sorted({i for ix in tensors.values() for i in ix})
     free = expr[2 : expr.index(")")].split(",") if expr.startswith("O(") else []
@@ -299,5 +300,4 @@ def test_generator_covers_the_space():
         seen["warps"] += case["warps"]
         seen["from_coo"] += case["from_coo"]
         seen["pickled"] += case["pickled"]
-    # a reordered output needs two free indices, which few statements have
-    assert all(v >= (5 if key == "reordered out" else 15) for key, v in seen.items()), seen
+    assert all(v >= 15 for v in seen.values()), seen
