@@ -104,9 +104,17 @@ def parse_commands(schedule: str | Sequence[str]) -> tuple[Command, ...]:
         texts = [schedule]
     elif isinstance(schedule, Sequence) and all(isinstance(s, str) for s in schedule):
         texts = list(schedule)
+    elif isinstance(schedule, Sequence):
+        bad = next(s for s in schedule if not isinstance(s, str))
+        raise ScheduleError(
+            f"a schedule is a string or a list of strings; this list holds {bad!r} "
+            f"({type(bad).__name__}), not a command string: write e.g. schedule=['split(i,i0,i1,16)', "
+            "'parallelize(i0,CPUThread,NoRaces)'] or one string with commas between commands"
+        )
     else:
         raise ScheduleError(
-            f"a schedule is a string or a list of strings, not {type(schedule).__name__}"
+            f"a schedule is a string or a list of strings, not {type(schedule).__name__}; "
+            "write e.g. schedule='split(i,i0,i1,16), parallelize(i0,CPUThread,NoRaces)'"
         )
     commands: list[Command] = []
     for text in texts:

@@ -396,8 +396,12 @@ def test_command_parsing():
         "precompute(B(i,k,l) * D(l,j),j,jw)",
     ]
     assert parse_commands("") == ()
-    with pytest.raises(ScheduleError, match="a schedule is a string or a list"):
+    with pytest.raises(ScheduleError, match="a schedule is a string or a list") as err:
         parse_commands([1, 2])  # type: ignore[list-item]
+    # a list is what was given: the message names the element that is not a command
+    assert "holds 1 (int)" in str(err.value) and "not list" not in str(err.value)
+    with pytest.raises(ScheduleError, match="not int; write e.g. schedule="):
+        parse_commands(3)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------- random schedules
