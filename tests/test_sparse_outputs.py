@@ -321,39 +321,41 @@ def test_block_output_whose_last_row_stores_nothing(monkeypatch):
         assert out.levels[0].crd.tolist() == [0] and len(out.vals) == 4
 
 
-def test_entry_bound_hand_values():
+def _bound(expr, fmts, **inputs):
+    """`bound.entry_bound` of ``expr``'s kernel on these inputs (those named in ``fmts``
+    given dense and stored in that format)."""
     from sparsec.bound import entry_bound
 
-    def bound(expr, fmts, **inputs):
-        k = sparsec.kernel(expr, fmts)
-        values = {
-            n: (sparsec.Tensor.from_dense(v, fmts[n]) if n in fmts else v)
-            for n, v in inputs.items()
-        }
-        return entry_bound(k.spec.statement, values, k._prepare(values).dims)
+    k = sparsec.kernel(expr, fmts)
+    values = {
+        n: (sparsec.Tensor.from_dense(v, fmts[n]) if n in fmts else v) for n, v in inputs.items()
+    }
+    return entry_bound(k.spec.statement, values, k._prepare(values).dims)
 
+
+def test_entry_bound_hand_values():
     eye, ones = np.eye(4), np.ones((4, 4))
     anti = np.fliplr(np.eye(4))
     # union: the entries of both (disjoint here, so the bound is exact); intersection: the fewer
     assert (
-        bound("A(i,j) = B(i,j) + C(i,j)", {"A": "csr", "B": "csr", "C": "csr"}, B=eye, C=anti) == 8
+        _bound("A(i,j) = B(i,j) + C(i,j)", {"A": "csr", "B": "csr", "C": "csr"}, B=eye, C=anti) == 8
     )
     assert (
-        bound("A(i,j) = B(i,j) * C(i,j)", {"A": "csr", "B": "csr", "C": "csr"}, B=eye, C=ones) == 4
+        _bound("A(i,j) = B(i,j) * C(i,j)", {"A": "csr", "B": "csr", "C": "csr"}, B=eye, C=ones) == 4
     )
     # a literal is present everywhere; a dense operand too
-    assert bound("A(i,j) = B(i,j) + 2", {"A": "csr", "B": "csr"}, B=eye) == 16
-    assert bound("A(i,j) = B(i,j) * D(i,j)", {"A": "csr", "B": "csr"}, B=eye, D=ones) == 4
+    assert _bound("A(i,j) = B(i,j) + 2", {"A": "csr", "B": "csr"}, B=eye) == 16
+    assert _bound("A(i,j) = B(i,j) * D(i,j)", {"A": "csr", "B": "csr"}, B=eye, D=ones) == 4
     # SpGEMM: the products over k, sum_k (entries of column k of B) x (entries of row k of C)
     b = np.zeros((4, 4))
     b[:, 0] = 1.0  # column 0 full
     c = np.zeros((4, 4))
     c[0, :2] = 1.0  # row 0 has 2 entries
-    got = bound("A(i,j) = B(i,k) * C(k,j)", {"A": "csr", "B": "csr", "C": "csr"}, B=b, C=c)
+    got = _bound("A(i,j) = B(i,k) * C(k,j)", {"A": "csr", "B": "csr", "C": "csr"}, B=b, C=c)
     assert 8 <= got <= 9  # 4 x 2 products (plus the margin of one)
     # broadcast over an index the operand lacks: every j of a stored i
     v = np.array([1.0, 0.0, 2.0, 0.0])
-    assert bound("A(i,j) = v(i) * D(i,j)", {"A": "csr", "v": "s"}, v=v, D=ones) == 8
+    assert _bound("A(i,j) = v(i) * D(i,j)", {"A": "csr", "v": "s"}, v=v, D=ones) == 8
 
 
 @pytest.mark.parametrize(
@@ -545,20 +547,10 @@ def test_division_single_pass_bound_covers_the_exact_pattern(expr, fmts, monkeyp
 
 
 def test_entry_bound_of_divisions():
-    from sparsec.bound import entry_bound
-
-    def bound(expr, fmts, **inputs):
-        k = sparsec.kernel(expr, fmts)
-        values = {
-            n: (sparsec.Tensor.from_dense(v, fmts[n]) if n in fmts else v)
-            for n, v in inputs.items()
-        }
-        return entry_bound(k.spec.statement, values, k._prepare(values).dims)
-
     eye, c = np.eye(4), np.array([1.0, 0.0, 0.0, 2.0])
     # exact lowering: every (k, i), whatever the product's other factor stores
     assert (
-        bound(
+        _bound(
             "A(k,i) = alpha / C(k) * B(k,i)",
             {"A": "dcsr", "C": "s", "B": "csr"},
             alpha=2.0,
@@ -568,4 +560,4 @@ def test_entry_bound_of_divisions():
         == 16
     )
     # a non-zero literal divisor keeps the numerator's pattern
-    assert bound("A(k,i) = B(k,i) / 2", {"A": "dcsr", "B": "csr"}, B=eye) == 4
+    assert _bound("A(k,i) = B(k,i) / 2", {"A": "dcsr", "B": "csr"}, B=eye) == 4
