@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CompileError
-from .policy.machine import compiler_target
+from .policy.machine import compiler_target, host
 
 _char = ctypes.c_char
 _addressof = ctypes.addressof
@@ -133,8 +133,6 @@ def _target(cc: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]:
     resolved = compiler_target(cc, flags)
     if resolved:
         return resolved
-    from .policy.machine import host
-
     return ("cpu-flags", *sorted(host().flags))
 
 

@@ -292,12 +292,12 @@ def generate(
     body, banded, extra = band(body, _walks(spec, sig))
     fields = {BAND: "band", DEPTH: "depth"}
     sig = Signature((*sig.params, *(Param(n, "value", INT, fields[n]) for n in extra)))
+    llc = machine().last_level_cache  # the template's threshold and the schedule's note
     stored: tuple[str, ...] = ()
     if tiled and spec.output.is_dense:
         streaming = _stream_output(body, spec, sig, DEPTH in extra)
         if streaming is not None:
             body = streaming
-            llc = machine().last_level_cache
             stored = (f"output tiles stored non-temporally from {llc} bytes",)
     functions.append(_Function(KERNEL_NAME, comment, "\n".join(printer.stmts(body))))
     schedule = describe_schedule(
@@ -320,7 +320,7 @@ def generate(
             functions=functions,
             vectors=tile_vectors if tiled or append_tiled else 0,
             stream_sfx="ps" if dtype == "float32" else "pd",
-            stream_out_bytes=machine().last_level_cache,
+            stream_out_bytes=llc,
             params=[C.param(p) for p in sig.params],
             packed=packed,
         )
