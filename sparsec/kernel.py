@@ -309,7 +309,9 @@ class Kernel:
     # ------------------------------------------------------------- inspection
     @property
     def formats(self) -> dict[str, Format]:
-        return self.spec.formats
+        """The format of each tensor of `assignment` (what ``formats=`` rebuilds this kernel
+        from: a sparse ``+=``'s ``C_old`` is the spec's own, `TensorVar.argument`)."""
+        return {t.name: t.format for t in self.spec.tensors if t.argument == t.name}
 
     @property
     def schedule(self) -> str:
@@ -368,7 +370,7 @@ class Kernel:
         """Pickled and copied as the arguments that made it. The compiled library, the call
         fast path, the locks and the tuning caches belong to one process: the copy builds
         its own on first use (the library from the on-disk compile cache)."""
-        args = (self.expression, self.spec.formats, self.target, self._schedule_arg)
+        args = (self.expression, self.formats, self.target, self._schedule_arg)
         return (_rebuild_kernel, (*args, self.dtype, self.index_dtype))
 
     def _compile(self, dtype: str, index_dtype: str) -> _Compiled:
@@ -539,10 +541,7 @@ class Kernel:
         dtype = self.dtype or "float64"
         accesses = {a.name: a for a in self.spec.assignment.accesses()}
         inputs: dict[str, Any] = {}
-        wanted = list(self.spec.inputs) + (
-            [self.spec.output] if self.spec.statement.accumulate else []
-        )
-        for n, t in enumerate(wanted):
+        for n, t in enumerate(self._wanted):
             shape = tuple(dims[i] for i in accesses[t.name].indices)
             if t.order == 0:
                 inputs[t.argument] = float(rng.uniform(0.5, 2.0))

@@ -201,6 +201,23 @@ def test_default_formats_make_the_widest_input_sparse():
     assert k.formats["A"].is_dense and k.formats["x"].spelling == "s"
 
 
+def test_sparse_accumulate_kernel_rebuilds_from_its_formats():
+    """A sparse '+=' compiles C = C_old + (E); C_old is the spec's own tensor, so the
+    formats a copy, a pickle or schedule='auto' rebuild the kernel from leave it out."""
+    import copy
+    import pickle
+
+    expr = "C(i,j) += A(i,k) * B(k,j)"
+    k = sparsec.Kernel(expr, {"C": "csr", "A": "csr"})
+    assert set(k.formats) == {"C", "A", "B"}
+    inputs, _ = k.random_inputs()
+    want = k(**inputs).to_dense()
+    for clone in (pickle.loads(pickle.dumps(k)), copy.copy(k)):
+        assert clone.formats == k.formats
+        np.testing.assert_array_equal(clone(**inputs).to_dense(), want)
+    assert sparsec.Kernel(expr, k.formats, schedule="auto").check(**inputs).max_abs_error < 1e-12
+
+
 def test_empty_and_zero_sized_inputs():
     k = sparsec.kernel(SPMV, {"A": "csr"})
     y = k(A=np.zeros((4, 3)), x=np.ones(3))
