@@ -99,13 +99,16 @@ def make_spec(assignment: Assignment, formats: FormatsArg = None) -> Spec:
     if not out.format.is_dense:
         OutputLayout.of(out.format, output)  # raises for layouts that cannot be appended
         if assignment.accumulate:
-            return _sparse_accumulate(assignment, tensors)
+            assignment, tensors = _sparse_accumulate(assignment, tensors)
     indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
     return Spec(assignment, concretize(assignment), tensors, indices)
 
 
-def _sparse_accumulate(assignment: Assignment, tensors: tuple[TensorVar, ...]) -> Spec:
-    """``C += E`` into a sparse ``C``: ``C = C_old + (E)`` with ``C_old`` passed as ``C``."""
+def _sparse_accumulate(
+    assignment: Assignment, tensors: tuple[TensorVar, ...]
+) -> tuple[Assignment, tuple[TensorVar, ...]]:
+    """``C += E`` into a sparse ``C``: ``C = C_old + (E)`` with ``C_old`` passed as ``C``
+    (the rewritten assignment and its tensors)."""
     out = tensors[0]
     taken = {t.name for t in tensors}
     old = next(n for k in range(len(taken) + 1) if (n := f"{out.name}_old{k or ''}") not in taken)
@@ -114,8 +117,7 @@ def _sparse_accumulate(assignment: Assignment, tensors: tuple[TensorVar, ...]) -
     rhs = BinOp("+", current, assignment.rhs, assignment.rhs.span)
     rewritten = replace(assignment, rhs=rhs, accumulate=False)
     previous = TensorVar(old, out.order, out.format, False, argument=out.name)
-    indices = tuple(dict.fromkeys(i for a in rewritten.accesses() for i in a.indices))
-    return Spec(rewritten, concretize(rewritten), (out, previous, *tensors[1:]), indices)
+    return rewritten, (out, previous, *tensors[1:])
 
 
 def _formats_mapping(formats: object, orders: Mapping[str, int], output: str) -> dict[str, Any]:
