@@ -34,8 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .concrete import CExpr, Statement, Sum, Zero
-from .lattice import divides
+from .concrete import CExpr, Statement, Sum, Zero, divides
 from .notation import Access, BinOp, Literal, Neg
 
 

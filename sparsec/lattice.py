@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from .concrete import ZERO, CExpr, Sum, Zero, without
-from .concrete import divides as divides  # re-exported: lower.py asks the lattice
 from .errors import LoweringError
 from .notation import Access, BinOp, Literal, Neg
 

@@ -26,10 +26,10 @@ from typing import Any, assert_never
 from . import ir
 from .abi import Namer, Signature
 from .assemble import OUT_OF_MEMORY, Assembler
-from .concrete import ZERO, CExpr, Sum, Zero, accesses
+from .concrete import ZERO, CExpr, Sum, Zero, accesses, divides
 from .errors import LoweringError, ScheduleError
 from .formats import dense
-from .lattice import Iterator, Lattice, LatticePoint, build, divides
+from .lattice import Iterator, Lattice, LatticePoint, build
 from .notation import Access, BinOp, Literal, Neg
 from .order import Edge, edges, level_indices, loop_order, output_edges
 from .schedule import (
@@ -284,7 +284,6 @@ class Lowerer:
         # one epilogue for every output: the schedule's entry checks, then a sparse output
         # is opened, filled in loop order and closed by the assembler, a dense one zeroed
         # (unless written exactly once) and filled
-        asm = self.assembler
         opening = asm.workspace_alloc(self.workspace) if asm is not None else []
         self.zero_in_loop = (
             asm is None
@@ -492,7 +491,7 @@ class Lowerer:
             slot = self._output_slot(ctx)
             return ir.block(ir.Assign(slot, value, "+=", atomic=True))
         if not self.lane0:
-            self._one_store_per_part(set(self.gpu_units))
+            self._one_store_per_part()
         # a schedule space entered around the write repeats it unless it is a plain range
         # over output indices (a split of i: every i once)
         spaces = self.plan.spaces if self.plan is not None else {}
@@ -502,13 +501,14 @@ class Lowerer:
             ir.Assign(self._output_slot(ctx), value, self.out_op, atomic=self.atomic_writes)
         )
 
-    def _one_store_per_part(self, units: set[str], reduced: bool = False) -> None:
+    def _one_store_per_part(self, shared: set[str] | None = None, reduced: bool = False) -> None:
         """On the GPU each part of the result is stored by one thread: threads that no GPU
-        loop in ``units`` tells apart (the loops around the store, and those in the scope
-        of the accumulator it stores; "lane": a GPUThread loop in a warp) hold the same
-        value, and each would store it. ``reduced``: lane 0 alone stores a warp's sum."""
+        loop tells apart (the loops around the store, and ``shared``: those in the scope of
+        the accumulator it stores; "lane": a GPUThread loop in a warp) hold the same value,
+        and each would store it. ``reduced``: lane 0 alone stores a warp's sum."""
         if not self.gpu or self._block_size() <= 1:
             return
+        units = set(self.gpu_units) | (shared or set())
         lanes_apart = reduced or bool({"GPUThread", "lane"} & units)
         warps_apart = bool({"GPUThread", "GPUWarp", "lane"} & units)
         if lanes_apart and warps_apart:
@@ -1424,17 +1424,9 @@ class Lowerer:
             if self.assembler is None:
                 with self._private_accumulator():
                     inner = self.loops(order, expr, ctx, AccSink(acc), outermost)
-                if acc in self.warp_reduced or acc in self.partial_accs:
-                    return ir.block(
-                        ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)),
-                        inner,
-                        *self._store_shared(acc, ctx),
-                    )
-                return ir.block(
-                    ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)),
-                    inner,
-                    self._write(ctx, ir.Var(acc)),
-                )
+                shared = acc in self.warp_reduced or acc in self.partial_accs
+                store = self._store_shared(acc, ctx) if shared else [self._write(ctx, ir.Var(acc))]
+                return ir.block(ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)), inner, *store)
             # sparse output: an entry exists only if some term reached it
             reached = self.namer.fresh("reached")
             counting = self.assembler.counting
@@ -1465,7 +1457,7 @@ class Lowerer:
         adds its part atomically into the output, which is zeroed before the launch;
         otherwise lane 0 stores the whole sum."""
         reduced = acc in self.warp_reduced
-        self._one_store_per_part(self.acc_units.get(acc, set()) | set(self.gpu_units), reduced)
+        self._one_store_per_part(self.acc_units.get(acc), reduced)
         flag = "partial" if acc in self.partial_accs else "lane0"
         store = self._write_with(flag, ctx, ir.Var(acc))
         if not reduced:
@@ -1885,7 +1877,7 @@ class Lowerer:
                     stmts.append(_when(present, ir.block(ir.Assign(ir.Var(flag), ir.IntLit(1)))))
             case SegmentSink(acc=acc, at=at):
                 assert value is not None
-                self._one_store_per_part(set(self.gpu_units))
+                self._one_store_per_part()
                 self.write_sites.append(False)
                 slot = self._output_slot(ctx).index
                 restart = ir.block(
