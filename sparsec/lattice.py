@@ -20,7 +20,7 @@ Points whose expression folds to zero are dropped (``optimize``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import assert_never
 
@@ -41,6 +41,13 @@ class Iterator:
 
 
 Point = frozenset[Iterator]
+
+
+def ordered(its: Iterable[Iterator]) -> list[Iterator]:
+    """Iterators in one fixed order: by name and level, then the access's index variables
+    (``A(k,i)`` and ``A(k,j)`` both print as ``A2``). Never set order, which follows the
+    hash seed: generated code, and so the compile cache's key, must not."""
+    return sorted(its, key=lambda it: (str(it), it.access.indices))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +71,7 @@ class Lattice:
         its: set[Iterator] = set()
         for p in self.points:
             its |= p.iterators
-        return tuple(sorted(its, key=str))
+        return tuple(ordered(its))
 
     @property
     def full(self) -> bool:

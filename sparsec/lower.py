@@ -29,7 +29,7 @@ from .assemble import OUT_OF_MEMORY, Assembler
 from .concrete import ZERO, CExpr, Sum, Zero, accesses, divides
 from .errors import LoweringError, ScheduleError
 from .formats import dense
-from .lattice import Iterator, Lattice, LatticePoint, build
+from .lattice import Iterator, Lattice, LatticePoint, build, ordered
 from .notation import Access, BinOp, Literal, Neg
 from .order import Edge, edges, level_indices, loop_order, output_edges
 from .schedule import (
@@ -1358,7 +1358,7 @@ class Lowerer:
         lattice = build(expr, lambda a: self._iterator(a, var, ctx), self.exact)
         if not lattice.points:
             return ZERO
-        its = sorted(lattice.iterators, key=str)
+        its = ordered(lattice.iterators)
         if space.kind in ("dense", "fused"):
             if its:
                 a = its[0].access
@@ -1541,7 +1541,7 @@ class Lowerer:
         name = self.var_names[var]
         loops: list[ir.Stmt] = []
         for top in lattice.points:
-            its = sorted(top.iterators, key=str)
+            its = ordered(top.iterators)
             cond = ir.conj(
                 *(ir.Bin("<", ir.Var(state[it].pos), ir.Var(state[it].end)) for it in its)
             )
@@ -1584,7 +1584,7 @@ class Lowerer:
         ``p < end && crd[p] == var``; in a while loop the condition guarantees positions.
         """
         name = self.var_names[var]
-        its = live if live is not None else sorted(lattice.iterators, key=str)
+        its = live if live is not None else ordered(lattice.iterators)
         stmts: list[ir.Stmt] = list(reads or [])
         for it in its:
             s = state[it]
@@ -1602,7 +1602,7 @@ class Lowerer:
         for point in cases:
             body = self._case(var, rest, point, state, ctx, sink)
             if point.iterators:
-                cond = ir.conj(*(ir.Var(state[it].here) for it in sorted(point.iterators, key=str)))
+                cond = ir.conj(*(ir.Var(state[it].here) for it in ordered(point.iterators)))
                 branches.append((cond, body))
             else:
                 orelse = body
