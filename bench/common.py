@@ -202,7 +202,7 @@ def environment() -> dict[str, Any]:
     except Exception as err:  # record, never fail a benchmark over metadata
         env["sparsec_machine"] = f"unknown ({err})"
     try:
-        from sparsec import runtime
+        from sparsec.runtime import build as runtime
 
         tc = runtime.toolchain()
         env["sparsec_cc"] = " ".join(tc.cc)

@@ -2,7 +2,7 @@
 
     python -m bench contention [--quick] [--threads N] [--busy N ...]
 
-A default call (no ``threads=``: `sparsec.binding.default_threads`, which leaves out the
+A default call (no ``threads=``: `sparsec.runtime.binding.default_threads`, which leaves out the
 cores other work keeps busy), ``threads=1`` and ``threads=N`` (all cores) are timed in
 interleaved rounds (`measure_rounds`), first with nothing of ours competing, then with each
 ``--busy`` count of processes spinning on the cores (``multiprocessing``, spawned: default
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 import sparsec
-from sparsec.binding import configured_threads, default_threads
 from sparsec.policy.machine import LOAD_INTERVAL_S, busy, machine
+from sparsec.runtime.binding import configured_threads, default_threads
 
 from .common import Table, environment, measure_rounds, progress, settle, write_results
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 import sparsec
-from sparsec import gpu
+from sparsec.runtime import gpu
 
 from .common import Table, environment, progress, write_results
 from .core import WrongResult, pruned_csr, random_rows_csr

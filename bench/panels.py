@@ -4,9 +4,9 @@ depth blocks.
     python -m bench panels [--quick] [--threads N]
 
 For each shape, the same kernel runs in each layout that applies to it, then as the
-runtime chooses (`sparsec.kernel`'s default: `_panels_pay`, then `_bands_pay` from 1024
+runtime chooses (`sparsec.api.kernel`'s default: `_panels_pay`, then `_bands_pay` from 1024
 columns; `_depth_rows` below). From 1024 columns: whole rows (bands and panels off), in
-column bands (`sparsec.bands`, forced on) and in packed panels of 128 columns (the panel
+column bands (`sparsec.passes.bands`, forced on) and in packed panels of 128 columns (the panel
 cost model overridden). Below: whole rows and depth blocks (forced on). The table shows
 which layout the cost models chose and whether it was the fastest. Each result is checked
 against scipy first.
@@ -27,7 +27,7 @@ from sparsec.policy.machine import machine
 from .common import Table, environment, measure, progress, settle, write_results
 from .core import WrongResult, pruned_csr
 
-KERNEL = sys.modules["sparsec.kernel"]
+KERNEL = sys.modules["sparsec.api.kernel"]
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
 #: (rows, inner, sparsity, columns): around the cost models' thresholds
 SHAPES = (

@@ -7,6 +7,7 @@ print(k.source)          # the generated C
 """
 
 from . import io as io  # sparsec.io.load / save after a plain `import sparsec`
+from .api.kernel import CheckResult, Kernel, kernel
 from .errors import (
     CheckError,
     CompileError,
@@ -21,9 +22,8 @@ from .errors import (
     SparsecError,
     StorageError,
 )
-from .formats import Format, parse_format
-from .kernel import CheckResult, Kernel, kernel
-from .tensor import Tensor, as_tensor, random
+from .tensors.formats import Format, parse_format
+from .tensors.tensor import Tensor, as_tensor, random
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,7 @@ Every target's kernel takes, in this order:
    the values ``A_vals``;
 2. one ``int64`` extent per index variable (``i_dim``), in `Spec.indices` order;
 3. ``sc_threads``: the number of CPU threads parallel loops may use;
-4. on C kernels whose parallel loop runs in column bands (`sparsec.bands`) only,
+4. on C kernels whose parallel loop runs in column bands (`sparsec.passes.bands`) only,
    ``sc_band``: the register tiles per band for this call (0: whole rows);
 5. on those of them whose tiles' reduction walks one compressed level only, ``sc_depth``:
    the coordinates of that level per depth block for this call (0: one block).
@@ -30,10 +30,23 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .ir import I64, IDX, VAL
-from .spec import Spec
+from .ir.nodes import I64, IDX, VAL
+from .middle.spec import Spec
 
 INT = "int"
+
+# Kernel return statuses: the only codes a generated kernel returns, for every target. The
+# runtime turns each non-zero status into the error that names it (`runtime`'s one
+# status -> error function).
+#: success
+OK = 0
+#: a workspace (or a per-thread copy of the output) could not be allocated
+OUT_OF_MEMORY = 2
+#: the inputs break a bound the schedule relies on (its entry checks)
+BOUND_VIOLATED = 3
+#: an appended output level would pass the capacity the runtime gave it (``sc_sizes``): the
+#: runtime's bound was wrong; nothing was written out of bounds
+CAPACITY_EXCEEDED = 4
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from . import __version__
 from .errors import SparsecError
-from .formats import FORMAT_HELP
+from .tensors.formats import FORMAT_HELP
 
 FORMATS_EPILOG = f"""\
 formats (-f NAME:FORMAT, repeatable; unlisted tensors are dense, and with no -f at all
@@ -167,7 +167,7 @@ def _dims(text: str) -> dict[str, int]:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from .kernel import kernel
+    from .api.kernel import kernel
 
     if args.serial and args.schedule:
         raise SparsecError("--serial and -s/--schedule exclude each other")
@@ -195,7 +195,7 @@ def _compile(args: argparse.Namespace) -> int:
             if report.spills:
                 raise SparsecError(f"the kernel spills registers on {report.arch}")
     if args.check:
-        from . import footprint
+        from .api import footprint
 
         dims = k.extents(_dims(args.dims))
         shown = ",".join(f"{i}={n}" for i, n in dims.items())

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 import sparsec
-from sparsec.binding import configured_threads
+from sparsec.runtime.binding import configured_threads
 
 
 def _median_ms(fn, repeat: int = 15) -> float:

@@ -80,7 +80,7 @@ def test_format_errors(formats, fragment):
         (("A", "csr"), "not tuple ('A', 'csr')"),
         ([("A", "csr")], "not list [('A', 'csr')]"),
         (3, "not int 3"),
-        (sparsec.formats.parse_format("csc", 2), "formats={'A': 'csc'}"),
+        (sparsec.tensors.formats.parse_format("csc", 2), "formats={'A': 'csc'}"),
     ],
     ids=["str", "list", "tuple", "pairs", "int", "Format"],
 )

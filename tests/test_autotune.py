@@ -9,7 +9,7 @@ import pytest
 from conftest import sparse_array
 
 import sparsec
-from sparsec import autotune
+from sparsec.api import autotune
 
 SPMV = "y(i) = A(i,j) * x(j)"
 

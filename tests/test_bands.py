@@ -1,4 +1,4 @@
-"""Column bands (`sparsec.bands`): which kernels take ``sc_band``, and that any number of
+"""Column bands (`sparsec.passes.bands`): which kernels take ``sc_band``, and that any number of
 tiles per band gives the whole-row run's result bit for bit (each output element gets the
 same additions in the same order) and dense torch's, for widths below a tile, at tile and
 band boundaries and past them, on 1 to 3 threads."""
@@ -13,12 +13,12 @@ import pytest
 from conftest import MEASURED_ON, pruned_csr, sparse_array, torch_reference
 
 import sparsec
-from sparsec import ir
-from sparsec.bands import band
-from sparsec.codegen.printer import C, Printer
+from sparsec.backends.printer import C, Printer
+from sparsec.ir import nodes as ir
+from sparsec.passes.bands import band
 from sparsec.policy.machine import use
 
-KERNEL = sys.modules["sparsec.kernel"]
+KERNEL = sys.modules["sparsec.api.kernel"]
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
 

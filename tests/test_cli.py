@@ -75,7 +75,7 @@ def test_help_documents_formats():
 
 @pytest.mark.parametrize("dims", ["i=100000,j=100000", "i=70000,j=40000"])
 def test_check_refuses_what_will_not_fit_in_memory(dims, capsys, monkeypatch):
-    from sparsec import footprint
+    from sparsec.api import footprint
 
     monkeypatch.setattr(footprint, "available_bytes", lambda: 16 * 10**9)  # any machine
     args = ["compile", "C(i,j) = A(i,j) * B(i,j)", "-f", "A:csr", "--check", "--dims", dims]
@@ -89,7 +89,7 @@ def test_check_refuses_what_will_not_fit_in_memory(dims, capsys, monkeypatch):
 
 
 def test_check_refusal_comes_before_any_allocation(capsys, monkeypatch):
-    from sparsec import footprint
+    from sparsec.api import footprint
 
     monkeypatch.setattr(footprint, "available_bytes", lambda: 10**6)
     monkeypatch.setattr(sparsec.Kernel, "random_inputs", lambda *a, **k: 1 / 0)
@@ -128,7 +128,7 @@ def test_internal_errors_exit_2_without_traceback(capsys, monkeypatch):
     def broken(*args, **kwargs):
         raise IndexError("list index out of range")
 
-    monkeypatch.setattr(sys.modules["sparsec.kernel"], "kernel", broken)
+    monkeypatch.setattr(sys.modules["sparsec.api.kernel"], "kernel", broken)
     assert main(["compile", "y(i) = A(i,j) * x(j)"]) == 2
     err = capsys.readouterr().err
     assert "internal error: IndexError" in err and "report" in err and "Traceback" not in err

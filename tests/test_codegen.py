@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import sparsec
-from sparsec import ir
-from sparsec.codegen.printer import C, Printer
+from sparsec.backends.printer import C, Printer
+from sparsec.ir import nodes as ir
 
 P = Printer(C)
 a, b, c = ir.Var("a"), ir.Var("b"), ir.Var("c")

@@ -137,7 +137,7 @@ def _wait(procs: list[subprocess.Popen]) -> None:
 
 def _only_libraries(cache: Path) -> list[Path]:
     """The cache's libraries, after checking that it holds nothing else: each ``.so`` with
-    its ``.sha256`` sidecar (see `sparsec.runtime`), no temporary ``.c``/``.tmp`` files."""
+    its ``.sha256`` sidecar (see `sparsec.runtime.build`), no temporary ``.c``/``.tmp`` files."""
     entries = sorted(cache.iterdir())
     assert entries and all(e.is_file() and e.suffix in (".so", ".sha256") for e in entries), [
         e.name for e in entries

@@ -26,7 +26,7 @@ from sparsec import (
     StorageError,
     Tensor,
 )
-from sparsec.kernel import Kernel
+from sparsec.api.kernel import Kernel
 
 SPMV = "y(i) = A(i,j) * x(j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
@@ -512,7 +512,7 @@ def never_reach_c(monkeypatch):
         raise AssertionError("broken storage reached the generated C")
 
     monkeypatch.setattr(Kernel, "_run", refuse)
-    monkeypatch.setattr(sparsec.runtime, "compile_cached", refuse)
+    monkeypatch.setattr(sparsec.runtime.build, "compile_cached", refuse)
 
 
 def test_broken_table_is_large():

@@ -12,7 +12,8 @@ from conftest import case_id, sparse_array, torch_reference
 from test_kernels import CASES
 
 import sparsec
-from sparsec import ScheduleError, SparsecError, gpu
+from sparsec import ScheduleError, SparsecError
+from sparsec.runtime import gpu
 
 SPMV = "y(i) = A(i,j) * x(j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
@@ -430,8 +431,8 @@ def test_coarsening_is_for_default_mappings_with_a_shared_loop():
 
 def test_coarsening_refuses_what_it_cannot_split():
     """A loop that is coarsened, then variants with one thing the pass cannot split."""
-    from sparsec import ir
-    from sparsec.coarsen import coarsen
+    from sparsec.ir import nodes as ir
+    from sparsec.passes.coarsen import coarsen
 
     par = ir.Parallel("GPUThread", "")
     acc, j, nine = ir.Var("acc"), ir.Var("j"), ir.IntLit(9)
@@ -465,8 +466,8 @@ def test_no_atomic_updates_of_a_thread_local(fmt):
 
 
 def test_the_cuda_printer_refuses_an_atomic_on_a_local():
-    from sparsec import ir
-    from sparsec.codegen.printer import CUDA, Printer
+    from sparsec.backends.printer import CUDA, Printer
+    from sparsec.ir import nodes as ir
 
     stmt = ir.Assign(ir.Var("acc"), ir.FloatLit(1.0), "+=", atomic=True)
     with pytest.raises(AssertionError, match="atomic update of the local acc"):

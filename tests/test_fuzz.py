@@ -33,7 +33,7 @@ from test_schedule import random_schedule
 
 import sparsec
 from sparsec.errors import LoweringError, ScheduleError
-from sparsec.notation import accesses
+from sparsec.frontend.notation import accesses
 
 #: shrunk failures, kept as tests: (expression, formats, dims, target, schedule, seed)
 REGRESSIONS: list[tuple[str, dict[str, str], dict[str, int], str, list[str] | None, int]] = [
@@ -235,7 +235,7 @@ DEVICE = settings(CI, max_examples=400)
 
 def _device_case(r: random.Random) -> None:
     try:
-        sparsec.gpu.cupy_device()
+        sparsec.runtime.gpu.cupy_device()
     except sparsec.SparsecError as err:
         pytest.skip(str(err))
     case = random_case(r)

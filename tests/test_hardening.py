@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import sparsec
-from sparsec import CompileError, gpu
+from sparsec import CompileError
+from sparsec.runtime import gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG = 2**31
@@ -259,7 +260,7 @@ def test_float64_reductions_are_unchanged():
 
 # ----------------------------------------------------------------- memory of checks
 def test_check_and_random_inputs_refuse_what_will_not_fit(monkeypatch):
-    from sparsec import footprint
+    from sparsec.api import footprint
 
     k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
     inputs, _ = k.random_inputs({"i": 200, "j": 100}, density=0.1)
@@ -290,7 +291,7 @@ REFERENCE_INTERMEDIATES = [
 
 @pytest.mark.parametrize("expr,dims,elements", REFERENCE_INTERMEDIATES)
 def test_reference_footprint(expr, dims, elements):
-    from sparsec import footprint
+    from sparsec.api import footprint
 
     k = sparsec.kernel(expr)
     assert footprint._reference_elements(k.spec.assignment, dims) == elements

@@ -283,15 +283,15 @@ def test_a_sum_is_not_moved_across_a_division(expr, numpy, a_fmt):
 def test_check_evaluates_the_statement_as_written(monkeypatch):
     # The reference reads the notation, not the compiler's concrete statement: a compiler
     # that lifts the sum across the division (the bug above) is caught by check.
-    from sparsec.concrete import Statement
     from sparsec.errors import CheckError
-    from sparsec.notation import Access, BinOp
+    from sparsec.frontend.concrete import Statement
+    from sparsec.frontend.notation import Access, BinOp
 
     def lifted_across_the_division(assignment):
         a, x, w = (Access("A", ("i", "j")), Access("x", ("j",)), Access("w", ("i",)))
         return Statement(assignment.lhs, BinOp("/", BinOp("*", a, x), w), ("j",), False)
 
-    monkeypatch.setattr("sparsec.spec.concretize", lifted_across_the_division)
+    monkeypatch.setattr("sparsec.middle.spec.concretize", lifted_across_the_division)
     k = sparsec.Kernel("y(i) = (A(i,j) * x(j)) / w(i)", {"A": "csr"})
     A = sparsec.Tensor.from_dense(np.array([[1.0, 0.0], [0.0, 3.0]]), "csr")
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -418,7 +418,7 @@ def test_output_zeroing_only_where_needed(expr, formats, zeroed, assigns, rng):
 def test_dense_outputs_reach_the_kernel_poisoned_in_test_mode(rows, monkeypatch, rng):
     """With SPARSEC_POISON=1 (set by conftest) a dense output is NaN when the kernel gets
     it, on the general path and on the fast path, so an element it fails to write shows."""
-    kernel_module = sys.modules["sparsec.kernel"]
+    kernel_module = sys.modules["sparsec.api.kernel"]
     seen: list[bool] = []
     real_address = kernel_module.address
 

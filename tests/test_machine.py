@@ -19,12 +19,12 @@ import test_tile as tile_tests
 from conftest import MEASURED_ON, SIMULATED, machine_id, pruned_csr
 
 import sparsec
-from sparsec import binding
 from sparsec.errors import MachineError, SparsecError
 from sparsec.policy import machine as M
 from sparsec.policy.machine import LoadMeter, Machine, host, machine, parse, threads_for, use
+from sparsec.runtime import binding
 
-KERNEL = sys.modules["sparsec.kernel"]
+KERNEL = sys.modules["sparsec.api.kernel"]
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
 REPO = Path(__file__).resolve().parent.parent
 

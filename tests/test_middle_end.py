@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sparsec.concrete import ZERO, concretize, without
 from sparsec.errors import LoweringError
-from sparsec.formats import parse_format
-from sparsec.lattice import Iterator, build
-from sparsec.notation import Access
-from sparsec.order import loop_order
-from sparsec.parser import parse_expression
-from sparsec.spec import make_spec
+from sparsec.frontend.concrete import ZERO, concretize, without
+from sparsec.frontend.notation import Access
+from sparsec.frontend.parser import parse_expression
+from sparsec.middle.lattice import Iterator, build
+from sparsec.middle.order import loop_order
+from sparsec.middle.spec import make_spec
+from sparsec.tensors.formats import parse_format
 
 # ---------------------------------------------------------------- reductions
 PLACEMENT = [
@@ -163,7 +163,7 @@ def test_without_folds_only_structural_zeros():
 def _order(text: str, formats: dict[str, str]) -> tuple[str, ...]:
     spec = make_spec(parse_expression(text), formats)
     st = spec.statement
-    from sparsec.concrete import accesses
+    from sparsec.frontend.concrete import accesses
 
     return loop_order(st.loop_indices, [st.lhs, *accesses(st.rhs)], spec.formats)
 
@@ -242,7 +242,7 @@ def test_a_tensor_read_in_two_mode_orders_gets_advice_that_works(fmt):
 
 def test_nested_sum_that_needs_inner_index_first_is_rejected():
     spec = make_spec(parse_expression("a(i) = B(k,i) * c(k) + d(i)"), {"B": "csr"})
-    from sparsec.codegen import generate
+    from sparsec.backends import generate
 
     with pytest.raises(LoweringError, match="Store B with mode ordering 1,0"):
         generate(spec)

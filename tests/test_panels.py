@@ -15,7 +15,7 @@ from conftest import MEASURED_ON, pruned_csr, sparse_array, torch_reference
 
 import sparsec
 
-KERNEL = sys.modules["sparsec.kernel"]
+KERNEL = sys.modules["sparsec.api.kernel"]
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
 
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparsec.errors import NotationError, ParseError, SparsecError
-from sparsec.notation import Access, Assignment, BinOp, Expr, Literal, Neg
-from sparsec.parser import MAX_DEPTH, MAX_LENGTH, check, parse, parse_expression
+from sparsec.frontend.notation import Access, Assignment, BinOp, Expr, Literal, Neg
+from sparsec.frontend.parser import MAX_DEPTH, MAX_LENGTH, check, parse, parse_expression
 
 
 def acc(name: str, *indices: str) -> Access:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import sparsec
-from sparsec import runtime
 from sparsec.errors import CompileError
 from sparsec.policy.machine import compiler_target
+from sparsec.runtime import build as runtime
 
 SOURCE = "int sparsec_kernel(void) { return 7; }\n"
 
@@ -187,7 +187,7 @@ def test_serial_and_parallel_kernels_agree(rng):
 
 
 def test_address_of_writable_read_only_and_empty_arrays():
-    from sparsec.runtime import address
+    from sparsec.tensors.buffers import address
 
     a = np.arange(6.0)
     assert address(a) == a.ctypes.data
@@ -215,7 +215,7 @@ def test_repeated_kernel_requests_return_the_same_kernel(monkeypatch):
     f32 = sparsec.kernel(expr, {"A": "csr"}, dtype=np.float32)
     assert f32 is sparsec.kernel(expr, {"A": "csr"}, dtype=np.float32) and f32.dtype == "float32"
     # arguments with no frozen spelling are not memoized (the kernel is built anew)
-    from sparsec.kernel import _memo_key
+    from sparsec.api.kernel import _memo_key
 
     assert _memo_key(expr, {"A": object()}, "c", None, None, None) is None
     assert _memo_key(expr, {"A": "csr"}, "c", ["split(i,i0,i1,4)"], None, None) is not None

@@ -16,8 +16,8 @@ from conftest import case_id, sparse_array, torch_reference
 
 import sparsec
 
-# the module (``sparsec.kernel`` is the function)
-KERNEL_MODULE = sys.modules["sparsec.kernel"]
+# the module (``sparsec.api.kernel`` is the function)
+KERNEL_MODULE = sys.modules["sparsec.api.kernel"]
 I, J, K, L = 7, 6, 5, 4
 
 # (expression, formats, einsum or python reference, shapes)
@@ -324,7 +324,7 @@ def test_block_output_whose_last_row_stores_nothing(monkeypatch):
 def _bound(expr, fmts, **inputs):
     """`bound.entry_bound` of ``expr``'s kernel on these inputs (those named in ``fmts``
     given dense and stored in that format)."""
-    from sparsec.bound import entry_bound
+    from sparsec.middle.bound import entry_bound
 
     k = sparsec.kernel(expr, fmts)
     values = {

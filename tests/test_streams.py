@@ -1,4 +1,4 @@
-"""Stream prefetching (`sparsec.streams`): which loops get their crd/vals streams prefetched,
+"""Stream prefetching (`sparsec.passes.streams`): which loops get their crd/vals streams prefetched,
 and kernels that do still give torch's results exactly, for rows shorter and longer than the
 prefetch distance and rows at the very end of the arrays."""
 
@@ -9,8 +9,8 @@ import pytest
 from conftest import sparse_array, torch_reference
 
 import sparsec
-from sparsec import ir
-from sparsec.streams import DISTANCE, prefetch_streams
+from sparsec.ir import nodes as ir
+from sparsec.passes.streams import DISTANCE, prefetch_streams
 
 P = ir.Var("p")
 START = ir.Load("pos", ir.Var("i"))

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparsec.errors import DTypeError, FormatError, InputError, ShapeError, StorageError
-from sparsec.formats import Dense, Singleton, parse_format
-from sparsec.io import load, load_mtx, load_tns, save, save_mtx, save_tns
-from sparsec.tensor import LevelStorage, Tensor, as_tensor, pack, random
+from sparsec.tensors.formats import Dense, Singleton, parse_format
+from sparsec.tensors.io import load, load_mtx, load_tns, save, save_mtx, save_tns
+from sparsec.tensors.tensor import LevelStorage, Tensor, as_tensor, pack, random
 
 FORMATS = {
     1: ["dense", "d", "s", "coo", "csf"],
@@ -441,7 +441,7 @@ def test_zero_extent_tns_file(tmp_path):
 
 def test_packer_storage_goes_through_the_shared_validation(monkeypatch):
     # a packer bug becomes an error before any kernel reads the storage
-    import sparsec.packing as packing
+    import sparsec.tensors.packing as packing
 
     seen = []
     real = packing.validate_storage
@@ -768,7 +768,7 @@ def test_random_cells_take_memory_in_proportion_to_the_entries(share):
     # never one int64 per cell of the range (for a random sparse tensor: the dense size)
     import tracemalloc
 
-    from sparsec.packing import _sample_distinct
+    from sparsec.tensors.packing import _sample_distinct
 
     total = 2_000_000
     k = int(share * total)

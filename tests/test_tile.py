@@ -1,4 +1,4 @@
-"""Register tiles (`sparsec.tile`): tiled kernels give torch's results for every width of
+"""Register tiles (`sparsec.passes.tile`): tiled kernels give torch's results for every width of
 the tiled loop (no tile, whole tiles, tiles plus a remainder), both value types, and the
 pass leaves alone what it does not understand."""
 
@@ -11,9 +11,10 @@ import pytest
 from conftest import MEASURED_ON, sparse_array, torch_reference
 
 import sparsec
-from sparsec import ir, runtime
+from sparsec.ir import nodes as ir
+from sparsec.passes.tile import tile
 from sparsec.policy.machine import use
-from sparsec.tile import tile
+from sparsec.runtime import build as runtime
 
 SPMM = "Y(i,j) = W(i,k) * X(k,j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
@@ -206,7 +207,7 @@ def test_zeroing_of_another_row_is_kept(zero):
 def test_prefetch_only_rows_found_through_an_index_array():
     """``X[crd[k] * ld + j]``: the row iteration k + PREFETCH_DISTANCE gathers is
     prefetched; ``X[k * ld + j]`` is a stride the hardware predicts, left alone."""
-    from sparsec.tile import PREFETCH_DISTANCE
+    from sparsec.passes.tile import PREFETCH_DISTANCE
 
     strided = ir.Bin("*", ir.Var("k"), ir.Var("ld"))
     body, notes = tile(ir.block(_gather_region(strided)))
@@ -222,7 +223,7 @@ def test_prefetch_only_rows_found_through_an_index_array():
 
 
 def _subexpressions(e: ir.Expr) -> list[ir.Expr]:
-    from sparsec.tile import children
+    from sparsec.passes.tile import children
 
     return [e, *(s for c in children(e) for s in _subexpressions(c))]
 
@@ -286,7 +287,7 @@ def test_dense_outputs_store_their_tiles_through_the_streaming_store():
     with use(MEASURED_ON):  # the threshold is the machine's last-level cache
         k = sparsec.Kernel(SPMM, {"W": "csr"})
         src = k.generated("float32").source
-        # a call in depth blocks (`sparsec.bands`) reads its output tiles back: never streamed
+        # a call in depth blocks (`sparsec.passes.bands`) reads its output tiles back: never streamed
         flag = (
             "int64_t sc_stream_out = i_dim * j_dim >= SC_STREAM_OUT_VALUES && sc_depth == 0"
             " && sc_rows_aligned(Y_vals, j_dim);"
@@ -331,7 +332,7 @@ def test_streamed_output_tiles_equal_plain_ones(dtype, width, threads, aligned, 
     plain = sparsec.Kernel(SPMM, {"W": "csr"})(W=tensor, X=x, threads=threads)
     if aligned:
         monkeypatch.setattr(runtime, "ALIGN_FROM_BYTES", 0)
-        monkeypatch.setattr(sys.modules["sparsec.kernel"], "ALIGN_FROM_BYTES", 0)
+        monkeypatch.setattr(sys.modules["sparsec.api.kernel"], "ALIGN_FROM_BYTES", 0)
     with use(last_level_cache=64):
         k = sparsec.Kernel(SPMM, {"W": "csr"})
         assert "((int64_t)64 / (int64_t)sizeof(sc_val_t))" in k.generated(dtype).source

@@ -1,0 +1,195 @@
+"""Dense reference: evaluate a statement with torch on densified inputs, and compare.
+
+The reference reads the statement as the user wrote it, from the notation AST: each
+summed index is summed at the smallest subexpression that holds all its uses (the rule
+of docs/semantics.md), computed here on its own, never from the compiler's concrete
+statement, so a rewrite that changes the value (a sum moved across a division) shows
+up as a difference. A product whose sums close inside it is one ``torch.einsum`` (so
+MTTKRP never materialises the four-index product); other nodes broadcast by index label.
+The comparison tolerance is dtype-aware: ``|got - want| <= rtol * (|want| + max(1,
+max|want|))`` with ``rtol`` 1e-4 for float32 and 1e-9 for float64 results; NaNs must
+coincide.
+"""
+
+from __future__ import annotations
+
+import string
+from collections import Counter
+from collections.abc import Mapping
+from typing import assert_never
+
+import numpy as np
+import torch
+
+from ..errors import CheckError
+from ..frontend.concrete import divides
+from ..frontend.notation import Access, Assignment, BinOp, Expr, Literal, Neg, accesses
+
+Labelled = tuple[torch.Tensor, tuple[str, ...]]
+
+RTOL = {"float32": 1e-4, "float64": 1e-9}
+
+
+def _align(t: torch.Tensor, labels: tuple[str, ...], target: tuple[str, ...]) -> torch.Tensor:
+    """``t`` with its dims permuted to ``target`` order and size-1 dims for missing labels."""
+    perm = [labels.index(x) for x in target if x in labels]
+    t = t.permute(perm) if perm else t
+    shape = []
+    it = iter(t.shape)
+    for x in target:
+        shape.append(next(it) if x in labels else 1)
+    return t.reshape(shape)
+
+
+def _union(*label_sets: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(x for ls in label_sets for x in ls))
+
+
+def _counts(expr: Expr) -> Counter[str]:
+    return Counter(i for a in accesses(expr) for i in a.indices)
+
+
+def _factors(expr: Expr) -> tuple[list[Expr], float]:
+    """Flatten a product (through negations) into factors and a sign."""
+    match expr:
+        case BinOp(op="*", left=left, right=right):
+            fl, sl = _factors(left)
+            fr, sr = _factors(right)
+            return fl + fr, sl * sr
+        case Neg(operand=x):
+            f, s = _factors(x)
+            return f, -s
+        case _:
+            return [expr], 1.0
+
+
+class _Evaluator:
+    """The dense value of each subexpression, with the sums that close inside it done.
+
+    A summed index closes at a node when every one of its uses lies below that node; its
+    children have already summed the indices that close inside them, so whatever summed
+    label is left and closes here has its smallest enclosing subexpression here.
+
+    ``exact`` (the statement divides, so infinities arise) evaluates every node as
+    written, elementwise: einsum may factor ``Σk a(k) * c`` into ``c * Σk a(k)``, which
+    differs when ``c`` is infinite and some ``a(k)`` is zero.
+    """
+
+    def __init__(
+        self, assignment: Assignment, inputs: Mapping[str, torch.Tensor], exact: bool
+    ) -> None:
+        self.summed = frozenset(assignment.summed_indices)
+        self.totals = _counts(assignment.rhs)
+        self.inputs = inputs
+        self.exact = exact
+
+    def _closing(self, expr: Expr, labels: tuple[str, ...]) -> tuple[str, ...]:
+        here = _counts(expr)
+        return tuple(x for x in labels if x in self.summed and here[x] == self.totals[x])
+
+    def value(self, expr: Expr) -> Labelled:
+        if isinstance(expr, BinOp) and expr.op == "*" and not self.exact:
+            return self._product(expr)
+        t, labels = self._node(expr)
+        closing = self._closing(expr, labels)
+        if not closing:
+            return t, labels
+        dims = [labels.index(x) for x in closing]
+        return t.sum(dim=dims), tuple(x for x in labels if x not in closing)
+
+    def _node(self, expr: Expr) -> Labelled:
+        match expr:
+            case Access(name=name, indices=indices):
+                return self.inputs[name], indices
+            case Literal(value=v):
+                return torch.tensor(v, dtype=torch.float64), ()
+            case Neg(operand=x):
+                t, labels = self.value(x)
+                return -t, labels
+            case BinOp(op=op, left=left, right=right):
+                a, la = self.value(left)
+                b, lb = self.value(right)
+                labels = _union(la, lb)
+                a, b = _align(a, la, labels), _align(b, lb, labels)
+                match op:
+                    case "+":
+                        return a + b, labels
+                    case "-":
+                        return a - b, labels
+                    case "*":
+                        return a * b, labels
+                    case "/":
+                        return a / b, labels
+                raise AssertionError(op)
+            case _:
+                assert_never(expr)
+
+    def _product(self, expr: BinOp) -> Labelled:
+        """A product chain as one einsum, summing the indices that close inside it.
+
+        Only used when nothing divides: then every value is finite (for finite inputs)
+        and a sum that closes in a sub-product may be taken over the whole chain.
+        """
+        factors, sign = _factors(expr)
+        evaluated = [self.value(f) for f in factors]
+        labels = _union(*(ls for _, ls in evaluated))
+        closing = self._closing(expr, labels)
+        out = tuple(x for x in labels if x not in closing)
+        letters = dict(zip(labels, string.ascii_letters, strict=False))
+        spec = ",".join("".join(letters[x] for x in ls) for _, ls in evaluated)
+        spec += "->" + "".join(letters[x] for x in out)
+        operands = [t for t, _ in evaluated]
+        if sign < 0:
+            # negate a factor, not the sum: each term is computed as written (as the kernel
+            # does), so a sum of zeros keeps the sign IEEE addition gives it
+            operands[0] = -operands[0]
+        return torch.einsum(spec, *operands), out
+
+
+def reference(
+    assignment: Assignment,
+    inputs: Mapping[str, torch.Tensor],
+    dims: Mapping[str, int],
+    current: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The dense float64 value of ``assignment``'s left-hand side, as written.
+
+    ``inputs`` are dense float64 tensors in mode order; ``current`` is the output's given
+    value for ``+=``.
+    """
+    t, labels = _Evaluator(assignment, inputs, divides(assignment.rhs)).value(assignment.rhs)
+    lhs = assignment.lhs.indices
+    t = _align(t, labels, lhs)
+    t = t.expand(*(dims[i] for i in lhs)).clone() if lhs else t.clone()
+    if current is not None:
+        t = t + current
+    return t
+
+
+def compare(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> float:
+    """Max abs error of ``got`` against ``want``; raises `CheckError` beyond tolerance."""
+    got64 = np.asarray(got, dtype=np.float64)
+    want64 = np.asarray(want, dtype=np.float64)
+    if got64.shape != want64.shape:
+        raise CheckError(f"{what}: result shape {got64.shape} != reference shape {want64.shape}")
+    if got64.size == 0:
+        return 0.0
+    rtol = RTOL[dtype]
+    finite = np.isfinite(want64)
+    scale = max(1.0, float(np.max(np.abs(want64[finite]), initial=0.0)))
+    tol = rtol * (np.abs(np.where(finite, want64, 0.0)) + scale)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(got64 - want64)
+        same_special = (np.isnan(got64) & np.isnan(want64)) | (~finite & (got64 == want64))
+        bad = ~same_special & ~(diff <= tol)
+    if bad.any():
+        excess = np.where(bad, np.nan_to_num(diff / tol, nan=np.inf, posinf=np.inf), -1.0)
+        worst = np.unravel_index(int(np.argmax(excess)), got64.shape)
+        at = ",".join(map(str, worst))
+        raise CheckError(
+            f"{what}: result differs from dense torch at [{at}]: got {float(got64[worst])!r}, "
+            f"expected {float(want64[worst])!r} (tolerance {tol[worst]:.3g}); "
+            f"{int(bad.sum())} of {bad.size} elements differ"
+        )
+    ok = ~(np.isnan(diff))
+    return float(np.max(diff[ok], initial=0.0))

@@ -1,0 +1,421 @@
+"""Frontend: index-notation text -> checked `Assignment` AST.
+
+The grammar (``grammar/index_notation.lark``) is the language reference. This module
+
+* ``parse(text)``: syntax only. Builds the AST with spans ``(start, end)`` into ``text``.
+* ``check(assignment, source)``: the index-notation rules (below); returns the
+  assignment unchanged or raises.
+* ``parse_expression(text)``: both; the entry point the rest of the compiler calls.
+
+Every failure is a `ParseError` (syntax) or `NotationError` (meaning) carrying the
+source and a span, so ``str(err)`` shows the expression with a caret under the fault.
+No lark exception, `RecursionError` or other traceback escapes for any string input.
+
+Robustness limits are checked before lark runs: at most `MAX_LENGTH` characters, only
+characters of the language, balanced parentheses nested at most `MAX_DEPTH` deep. The
+AST itself may be at most `MAX_DEPTH` nodes deep, since every later stage (printer,
+lowering) walks it recursively.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from typing import assert_never
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import (
+    LarkError,
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+)
+
+from ..errors import NotationError, ParseError
+from ..resources import data_dir
+from .notation import Access, Assignment, BinOp, Expr, Literal, Neg, Span, indices_of
+
+MAX_LENGTH = 100_000
+MAX_DEPTH = 256
+
+_GRAMMAR_NAME = "index_notation.lark"
+
+_UNKNOWN_CHARACTER = re.compile(r"[^A-Za-z0-9_()+\-*/=,. \t\r\n]")
+_PARENTHESIS = re.compile(r"[()]")
+
+#: lark terminal name -> how an error message names it
+_TERMINAL_NAMES = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "PLUS_ASSIGN": "'+='",
+    "ASSIGN": "'='",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "STAR": "'*'",
+    "SLASH": "'/'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "COMMA": "','",
+    "$END": "the end of the expression",
+}
+_TERMINAL_ORDER = tuple(_TERMINAL_NAMES)
+
+#: (does this rule describe the parser's expectation?, phrase); the first match wins.
+#: Arguments: the expected terminal names and the token before the fault (None at the start).
+_EXPECTATIONS: tuple[tuple[Callable[[frozenset[str], Token | None], bool], str], ...] = (
+    (lambda expected, prev: prev is None, "the output, as in 'y(i) = ...' or 'a = ...'"),
+    (lambda expected, prev: "NUMBER" in expected, "an operand after {prev}"),
+    (lambda expected, prev: "ASSIGN" in expected, "'=' or '+=' after the left-hand side"),
+    (lambda expected, prev: expected == {"NAME"}, "an index variable after {prev}"),
+    (lambda expected, prev: "NAME" in expected, "an index variable or ')' after {prev}"),
+    (lambda expected, prev: "COMMA" in expected, "',' or ')' in the index list"),
+)
+
+
+# --- the Lark instance -------------------------------------------------------------------
+
+
+@v_args(inline=True)
+class _BuildAst(Transformer[Token, object]):
+    """Builds AST nodes from tokens during the LALR parse; nothing else.
+
+    Runs inline (as the parser's callbacks), so arbitrarily long operator chains never
+    recurse. Spans come from the tokens: a node covers its own text, including any
+    parentheses written around it.
+    """
+
+    def assignment(self, lhs: Access, op: Token, rhs: Expr) -> Assignment:
+        accumulate = op.type == "PLUS_ASSIGN"
+        return Assignment(lhs, rhs, accumulate, span=(lhs.span[0], rhs.span[1]))
+
+    def binop(self, left: Expr, op: Token, right: Expr) -> BinOp:
+        return BinOp(str(op), left, right, span=(left.span[0], right.span[1]))
+
+    def neg(self, minus: Token, operand: Expr) -> Neg:
+        return Neg(operand, span=(_start(minus), operand.span[1]))
+
+    def literal(self, number: Token) -> Literal:
+        # float() of a NUMBER never fails; it gives inf on overflow, rejected after the parse.
+        return Literal(float(number), span=_token_span(number))
+
+    def paren(self, lpar: Token, inner: Expr, rpar: Token) -> Expr:
+        return replace(inner, span=(_start(lpar), _end(rpar)))
+
+    def access(self, name: Token, *rest: Token) -> Access:
+        indices = tuple(token for token in rest if token.type == "NAME")
+        return Access(
+            str(name),
+            tuple(str(index) for index in indices),
+            span=(_start(name), _end(rest[-1] if rest else name)),
+            index_spans=tuple(_token_span(index) for index in indices),
+        )
+
+    def start(self, assignment: Assignment) -> Assignment:
+        return assignment
+
+
+@functools.cache
+def _lark() -> Lark:
+    """The grammar compiled once per process (a race may build it twice; both are equal)."""
+    path = data_dir("grammar") / _GRAMMAR_NAME
+    return Lark(
+        path.read_text(encoding="utf-8"),
+        parser="lalr",
+        lexer="contextual",
+        propagate_positions=True,
+        transformer=_BuildAst(),
+    )
+
+
+# --- public API --------------------------------------------------------------------------
+
+
+def parse(text: str) -> Assignment:
+    """Parse one index-notation statement into an `Assignment` (syntax only, no `check`).
+
+    Raises `ParseError` for malformed text and `NotationError` for a literal that is not
+    a finite double; both carry ``source=text`` and the span of the fault.
+    """
+    if not isinstance(text, str):
+        raise ParseError(f"expected the expression as a string, not {type(text).__name__}")
+    _prescan(text)
+    try:
+        assignment = _run_lark(text)
+    except RecursionError:
+        raise ParseError("expression nests too deeply", source=text, span=(0, 1)) from None
+    _check_tree(assignment, text)
+    return assignment
+
+
+def check(assignment: Assignment, source: str | None = None) -> Assignment:
+    """Apply the index-notation rules; return ``assignment`` unchanged or raise `NotationError`.
+
+    Rules, each reported at the span of the offending access or index variable:
+
+    * an index variable appears at most once in one access (no diagonals ``B(i,i)``);
+    * a name keeps one order everywhere, left-hand side included (a scalar has order 0);
+    * the output is not read on the right-hand side (neither with ``=`` nor ``+=``);
+    * every left-hand index variable appears on the right-hand side.
+    """
+    try:
+        _check_accesses(assignment, source)
+    except RecursionError:
+        raise NotationError(
+            "expression nests too deeply", source=source, span=assignment.span
+        ) from None
+    _check_free_indices(assignment, source)
+    return assignment
+
+
+def parse_expression(text: str) -> Assignment:
+    """`parse` then `check`: the frontend as the rest of the compiler uses it."""
+    return check(parse(text), text)
+
+
+# --- before lark: length, alphabet, parentheses -------------------------------------------
+
+
+def _prescan(text: str) -> None:
+    """Reject what lark should never see: huge input, foreign characters, bad nesting."""
+    if len(text) > MAX_LENGTH:
+        raise ParseError(
+            f"expression is too long: {len(text)} characters (the limit is {MAX_LENGTH})",
+            source=text,
+            span=(MAX_LENGTH, MAX_LENGTH + 1),
+        )
+    if (bad := _UNKNOWN_CHARACTER.search(text)) is not None:
+        raise ParseError(
+            f"unknown character {_show_character(bad.group())}",
+            source=text,
+            span=(bad.start(), bad.end()),
+        )
+    if not text.strip():
+        raise ParseError("empty expression", source=text, span=(0, 1))
+    open_positions: list[int] = []
+    for match in _PARENTHESIS.finditer(text):
+        pos = match.start()
+        if match.group() == "(":
+            open_positions.append(pos)
+            if len(open_positions) > MAX_DEPTH:
+                raise ParseError(
+                    f"parentheses nest too deeply (more than {MAX_DEPTH} levels)",
+                    source=text,
+                    span=(pos, pos + 1),
+                )
+        elif open_positions:
+            open_positions.pop()
+        else:
+            raise ParseError(
+                f"unbalanced parentheses: ')' at {_where(text, pos)} has no matching '('",
+                source=text,
+                span=(pos, pos + 1),
+            )
+    if open_positions:
+        pos = open_positions[-1]
+        raise ParseError(
+            f"unbalanced parentheses: '(' at {_where(text, pos)} is never closed",
+            source=text,
+            span=(pos, pos + 1),
+        )
+
+
+def _show_character(ch: str) -> str:
+    shown = repr(ch)
+    return shown if ch.isascii() else f"{shown} (U+{ord(ch):04X})"
+
+
+# --- lark and its errors -----------------------------------------------------------------
+
+
+def _run_lark(text: str) -> Assignment:
+    """Parse token by token, remembering the last tokens so errors can say 'after ...'."""
+    interactive = _lark().parse_interactive(text)
+    seen: list[Token] = []  # the last two tokens from the lexer, most recent last
+    try:
+        for token in interactive.iter_parse():
+            seen = [*seen[-1:], token]
+        result = interactive.feed_eof(seen[-1] if seen else None)
+    except UnexpectedInput as error:
+        # LALR merges states (an access on the left and on the right share one), so
+        # ``error.expected`` may list terminals that cannot follow; ask the parser instead.
+        expected = frozenset(interactive.accepts())
+        raise _syntax_error(text, error, expected, seen) from None
+    except LarkError as error:  # not expected from a fixed grammar; still no lark traceback
+        raise ParseError(f"cannot parse the expression ({error})", source=text) from None
+    assert isinstance(result, Assignment)
+    return result
+
+
+def _syntax_error(
+    text: str, error: UnexpectedInput, expected: frozenset[str], seen: list[Token]
+) -> ParseError:
+    """A `ParseError` naming what was found at the fault and what the parser accepts there."""
+    match error:
+        case UnexpectedToken(token=token) if token.type != "$END":
+            pos, span, found = _start(token), _token_span(token), _describe_token(token)
+        case UnexpectedCharacters():
+            pos = error.pos_in_stream or 0  # typed Optional; always set by the lexer
+            span, found = (pos, pos + 1), f"character {text[pos]!r}"
+        case UnexpectedToken() | UnexpectedEOF():
+            end = len(text.rstrip())
+            expectation = _expectation(expected, seen[-1] if seen else None)
+            return ParseError(
+                f"expression ends early; expected {expectation}", source=text, span=(end, end + 1)
+            )
+        case _:
+            raise AssertionError(f"unhandled lark error {type(error).__name__}")
+    prev = next((token for token in reversed(seen) if _start(token) < pos), None)
+    return ParseError(
+        f"unexpected {found}; expected {_expectation(expected, prev)}", source=text, span=span
+    )
+
+
+def _expectation(expected: frozenset[str], prev: Token | None) -> str:
+    for applies, phrase in _EXPECTATIONS:
+        if applies(expected, prev):
+            return phrase.format(prev=_describe_token(prev) if prev is not None else "")
+    names = [_TERMINAL_NAMES[t] for t in _TERMINAL_ORDER if t in expected]
+    names += sorted(t for t in expected if t not in _TERMINAL_NAMES)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _describe_token(token: Token) -> str:
+    text = _clip(str(token))
+    match token.type:
+        case "NAME":
+            return f"name '{text}'"
+        case "NUMBER":
+            return f"number {text}"
+        case "$END":
+            return _TERMINAL_NAMES["$END"]
+        case _:
+            return f"'{text}'"
+
+
+# --- after lark: depth and literal range -------------------------------------------------
+
+
+def _check_tree(assignment: Assignment, text: str) -> None:
+    """Bound the AST depth and require finite literals, without recursion."""
+    stack: list[tuple[Expr, int]] = [(assignment.rhs, 1)]
+    while stack:
+        expr, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ParseError(
+                f"expression nests too deeply (more than {MAX_DEPTH} levels of operators)",
+                source=text,
+                span=(expr.span[0], expr.span[0] + 1),
+            )
+        match expr:
+            case Access():
+                pass
+            case Literal(value=value) if not math.isfinite(value):
+                written = _clip(text[expr.span[0] : expr.span[1]])
+                raise NotationError(
+                    f"numeric literal {written} is out of range (the limit is about 1.8e308)",
+                    source=text,
+                    span=expr.span,
+                )
+            case Literal():
+                pass
+            case Neg(operand=operand):
+                stack.append((operand, depth + 1))
+            case BinOp(left=left, right=right):
+                stack.extend(((right, depth + 1), (left, depth + 1)))
+            case _:
+                assert_never(expr)
+
+
+# --- semantic rules ----------------------------------------------------------------------
+
+
+def _check_accesses(assignment: Assignment, source: str | None) -> None:
+    """Per access, in source order: repeated indices, one order per name, output not read."""
+    first_use: dict[str, Access] = {}
+    output = assignment.lhs
+    for number, access in enumerate(assignment.accesses()):
+        for position, index in enumerate(access.indices):
+            if index in access.indices[:position]:
+                raise NotationError(
+                    f"index variable '{index}' appears twice in {access}; "
+                    "an access must use distinct index variables",
+                    source=source,
+                    span=_index_span(access, position),
+                )
+        earlier = first_use.setdefault(access.name, access)
+        if earlier.order != access.order:
+            raise NotationError(
+                f"'{access.name}' is used as {_kind(access.order)} here but as "
+                f"{_kind(earlier.order)} at {_where(source, earlier.span[0])}",
+                source=source,
+                span=access.span,
+            )
+        if number > 0 and access.name == output.name:
+            advice = (
+                "'+=' already adds the right-hand side to it"
+                if assignment.accumulate
+                else f"use += to accumulate into it ({output} += <the other terms>, called "
+                f"with its current value as {output.name}=...; dense or sparse)"
+            )
+            raise NotationError(
+                f"the output '{output.name}' cannot be read on the right-hand side; {advice}",
+                source=source,
+                span=access.span,
+            )
+
+
+def _check_free_indices(assignment: Assignment, source: str | None) -> None:
+    """Every left-hand index variable must be bound by the right-hand side."""
+    used = indices_of(assignment.rhs)
+    for position, index in enumerate(assignment.lhs.indices):
+        if index not in used:
+            raise NotationError(
+                f"index variable '{index}' of the output does not appear on the right-hand side",
+                source=source,
+                span=_index_span(assignment.lhs, position),
+            )
+
+
+def _kind(order: int) -> str:
+    return "a scalar" if order == 0 else f"an order-{order} tensor"
+
+
+def _index_span(access: Access, position: int) -> Span:
+    if position < len(access.index_spans):
+        return access.index_spans[position]
+    return access.span
+
+
+# --- small helpers -----------------------------------------------------------------------
+
+
+def _where(source: str | None, pos: int) -> str:
+    """'column N' (1-based), or 'line L, column N' in multi-line text."""
+    if source is None or "\n" not in source:
+        return f"column {pos + 1}"
+    line = source.count("\n", 0, pos) + 1
+    column = pos - (source.rfind("\n", 0, pos) + 1) + 1
+    return f"line {line}, column {column}"
+
+
+def _clip(text: str, limit: int = 24) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def _start(token: Token) -> int:
+    return token.start_pos or 0
+
+
+def _end(token: Token) -> int:
+    return token.end_pos or 0
+
+
+def _token_span(token: Token) -> Span:
+    return (_start(token), _end(token))
+
+
+__all__ = ["MAX_DEPTH", "MAX_LENGTH", "check", "parse", "parse_expression"]

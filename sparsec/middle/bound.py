@@ -1,0 +1,143 @@
+"""An upper bound on the entries of a sparse output, from the inputs' metadata.
+
+The single-pass kernel of a sparse output (`codegen.c`, ``sparsec_append``) appends into
+arrays the runtime allocates before it runs; their capacity comes from here. An output
+entry exists where some lattice case of the expression ran, that is where the expression
+is structurally present, so the bound follows the expression (``N`` counts the
+coordinate tuples over an expression's free indices where it is present, ``D(S)`` is the
+product of the extents of the indices ``S``):
+
+* a tensor: its stored entries (a dense operand: all of them); a literal: 1, everywhere;
+* ``a * b`` (intersection): ``min(N(a)·D(F(b)∖F(a)), N(b)·D(F(a)∖F(b)))``;
+* ``a + b``, ``a - b`` (union): the sum of the same two terms; ``a / c`` for a non-zero
+  literal ``c``: the bound of ``a``;
+* an expression that divides by anything else is lowered exactly (`lattice.build`): an
+  absent operand is read as ``0.0`` and every combination of operands is a case, since
+  ``x / 0`` is infinite and ``inf * 0`` NaN. No operator then keeps a pattern, not even
+  ``*`` (``alpha / C(k) * B(k,i)`` has an entry wherever ``C(k)`` is absent): everything;
+* ``Σ_k`` of a product of tensors (SpGEMM, SpMSpV, TTM): ``Σ_k Π_f c_f(k)``, where
+  ``c_f(k)`` counts factor ``f``'s entries with coordinate ``k`` (a tuple of the product
+  over the summed index determines at most one output coordinate); other sums: the
+  bound of their body;
+* everything is capped by the dense size of its indices.
+
+Each rule over-counts, never under-counts; the kernel also stops (status
+`assemble.CAPACITY_EXCEEDED`) rather than write past a capacity, so a wrong bound could
+only cost the fallback to the two-phase assembly, not memory safety.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..frontend.concrete import CExpr, Statement, Sum, Zero, divides
+from ..frontend.notation import Access, BinOp, Literal, Neg
+
+
+def entry_bound(stmt: Statement, values: Mapping[str, Any], dims: Mapping[str, int]) -> int:
+    """At most how many entries the output of ``stmt`` gets for these inputs."""
+    rhs: CExpr = Sum(stmt.top_sums, stmt.rhs) if stmt.top_sums else stmt.rhs
+    out = frozenset(stmt.lhs.indices)
+    dense = _size(dims, out)
+    if divides(rhs):
+        return dense  # exact lowering: present everywhere
+    free, n = _Bound(values, dims).of(rhs)
+    return int(min(dense, n * _size(dims, out - free)))
+
+
+def _size(dims: Mapping[str, int], indices: frozenset[str]) -> int:
+    return math.prod(dims[i] for i in indices)
+
+
+class _Bound:
+    def __init__(self, values: Mapping[str, Any], dims: Mapping[str, int]) -> None:
+        self.values = values
+        self.dims = dims
+
+    def of(self, e: CExpr) -> tuple[frozenset[str], int]:
+        """(free indices of ``e``, bound on its present tuples over them)."""
+        match e:
+            case Access(name=name, indices=indices):
+                free = frozenset(indices)
+                return free, min(_stored(self.values[name]), _size(self.dims, free))
+            case Literal():
+                return frozenset(), 1
+            case Zero():
+                return frozenset(), 0
+            case Neg(operand=x):
+                return self.of(x)  # type: ignore[arg-type]
+            case BinOp(op=op, left=a, right=b):
+                fa, na = self.of(a)  # type: ignore[arg-type]
+                fb, nb = self.of(b)  # type: ignore[arg-type]
+                free = fa | fb
+                wa, wb = na * _size(self.dims, fb - fa), nb * _size(self.dims, fa - fb)
+                match op:
+                    case "*":
+                        n = min(wa, wb)
+                    case "+" | "-":
+                        n = wa + wb
+                    case "/" if isinstance(b, Literal) and b.value != 0:
+                        n = wa
+                    case _:
+                        n = _size(self.dims, free)
+                return free, min(n, _size(self.dims, free))
+            case Sum(indices=summed, body=body):
+                fb, nb = self.of(body)
+                free = fb - frozenset(summed)
+                n = min(nb, _size(self.dims, free))
+                if len(summed) == 1:
+                    n = min(n, self._contracted(summed[0], body, n))
+                return free, n
+        raise AssertionError(e)
+
+    def _contracted(self, k: str, body: CExpr, known: int) -> int:
+        """``Σ_k Π_f c_f(k)`` when ``body`` is a product of tensors and literals; else
+        ``known`` (the bound already proved)."""
+        factors = _factors(body)
+        if any(not isinstance(f, Access | Literal) for f in factors):
+            return known
+        total = np.ones(self.dims[k], dtype=np.float64)
+        for f in factors:
+            if isinstance(f, Access):
+                total *= self._counts(f, k)
+        # float64 sums: a margin above rounding, then one more for good measure
+        return math.ceil(float(total.sum()) * (1 + 1e-9)) + 1
+
+    def _counts(self, a: Access, k: str) -> np.ndarray | float:
+        """Entries of ``a`` per coordinate of index ``k`` (all of them if ``k`` is absent)."""
+        v = self.values[a.name]
+        dims = self.dims
+        if k not in a.indices:
+            return float(_stored(v))
+        if not hasattr(v, "nnz"):  # dense: every coordinate of the other modes
+            return float(_size(dims, frozenset(a.indices) - {k}))
+        mode = a.indices.index(k)
+        if a.indices.count(k) > 1:
+            return float(v.nnz)  # a diagonal: at most all entries per k
+        level = v.format.ordering.index(mode)
+        st = v.levels[level]
+        if level == v.order - 1 and st.crd is not None and len(st.crd) == v.nnz:
+            return np.bincount(st.crd, minlength=dims[k])[: dims[k]].astype(np.float64)
+        if v.order == 2 and level == 0 and v.format.levels[0].locate:
+            below = v.levels[1]
+            if below.pos is not None:  # CSR's rows, CSC's columns
+                return np.diff(below.pos).astype(np.float64)
+        coords = v._mode_coords()[mode]
+        return np.bincount(coords, minlength=dims[k])[: dims[k]].astype(np.float64)
+
+
+def _stored(v: Any) -> int:
+    """Entries a value stores: a Tensor's, or all of a dense array's (1 for a scalar)."""
+    return int(v.nnz) if hasattr(v, "nnz") else int(np.size(v))
+
+
+def _factors(e: CExpr) -> list[CExpr]:
+    if isinstance(e, BinOp) and e.op == "*":
+        return _factors(e.left) + _factors(e.right)  # type: ignore[arg-type]
+    if isinstance(e, Neg):
+        return _factors(e.operand)  # type: ignore[arg-type]
+    return [e]

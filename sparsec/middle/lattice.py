@@ -1,0 +1,176 @@
+"""Merge lattices (Kjolstad et al., OOPSLA 2017, §5).
+
+For one index variable ``v``, each operand access contributes an *iterator* when the
+level that stores ``v`` iterates positions (compressed, singleton); operands whose level
+is dense (located), or that do not use ``v`` at all, are present at every coordinate.
+
+A lattice point is the set of iterators that are present; its expression is the
+right-hand side with every other iterator's access set to zero. Lattices are built over
+the expression tree with
+
+* ``conjunction`` (``*``): every union ``p ∪ q`` of a left and a right point;
+* ``disjunction`` (``+``, ``-``): the conjunction plus both operands' points;
+* division: ``a / b`` is not zero where ``a`` is (``0/0`` is NaN), so both operands are
+  made *full* first (the empty point is added), unless ``b`` is a literal.
+
+The empty point ``∅`` means "every coordinate": a lattice containing it is iterated by a
+dense loop over ``v``'s range with sparse iterators advanced by coordinate match.
+Points whose expression folds to zero are dropped (``optimize``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import assert_never
+
+from ..errors import LoweringError
+from ..frontend.concrete import ZERO, CExpr, Sum, Zero, without
+from ..frontend.notation import Access, BinOp, Literal, Neg
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Iterator:
+    """Positions of ``access``'s storage ``level`` (the level that holds the variable)."""
+
+    access: Access
+    level: int
+
+    def __str__(self) -> str:
+        return f"{self.access.name}{self.level + 1}"
+
+
+Point = frozenset[Iterator]
+
+
+def ordered(its: Iterable[Iterator]) -> list[Iterator]:
+    """Iterators in one fixed order: by name and level, then the access's index variables
+    (``A(k,i)`` and ``A(k,j)`` both print as ``A2``). Never set order, which follows the
+    hash seed: generated code, and so the compile cache's key, must not."""
+    return sorted(its, key=lambda it: (str(it), it.access.indices))
+
+
+@dataclass(frozen=True, slots=True)
+class LatticePoint:
+    iterators: Point
+    expr: CExpr
+
+    def __str__(self) -> str:
+        its = ",".join(sorted(map(str, self.iterators))) or "∅"
+        return f"[{its}] {self.expr}"
+
+
+@dataclass(frozen=True, slots=True)
+class Lattice:
+    """Points from the top (all iterators) down; ``full`` when ``∅`` is a point."""
+
+    points: tuple[LatticePoint, ...]
+
+    @property
+    def iterators(self) -> tuple[Iterator, ...]:
+        its: set[Iterator] = set()
+        for p in self.points:
+            its |= p.iterators
+        return tuple(ordered(its))
+
+    @property
+    def full(self) -> bool:
+        return any(not p.iterators for p in self.points)
+
+    def sub_points(self, top: LatticePoint) -> tuple[LatticePoint, ...]:
+        """Points below (or equal to) ``top``: the cases of ``top``'s co-iteration loop."""
+        return tuple(p for p in self.points if p.iterators <= top.iterators)
+
+    def __str__(self) -> str:
+        return "\n".join(map(str, self.points))
+
+
+def conjunction(a: list[Point], b: list[Point]) -> list[Point]:
+    """``a ∧ b``: both operands present (multiplication)."""
+    return _dedupe([p | q for p in a for q in b])
+
+
+def disjunction(a: list[Point], b: list[Point]) -> list[Point]:
+    """``a ∨ b``: either operand present (addition, subtraction)."""
+    return _dedupe(conjunction(a, b) + a + b)
+
+
+def full(a: list[Point]) -> list[Point]:
+    """``a`` made present everywhere (adds the empty point)."""
+    return _dedupe(a + [frozenset()])
+
+
+def _dedupe(points: list[Point]) -> list[Point]:
+    return list(dict.fromkeys(points))
+
+
+def point_sets(
+    expr: CExpr, iterator_of: Callable[[Access], Iterator | None], exact: bool = False
+) -> list[Point]:
+    """The lattice points (iterator sets) of ``expr`` for one index variable.
+
+    ``exact`` (inside a divisor) makes every operand full, so every combination of present
+    iterators is its own point: there a zero's sign decides the sign of an infinity.
+    """
+    match expr:
+        case Access():
+            it = iterator_of(expr)
+            if it is None:
+                return [frozenset()]
+            return [frozenset({it}), frozenset()] if exact else [frozenset({it})]
+        case Literal():
+            return [frozenset()]
+        case Zero():
+            return [frozenset()] if exact else []
+        case Neg(operand=x):
+            return point_sets(x, iterator_of, exact)
+        case Sum(body=body):
+            return point_sets(body, iterator_of, exact)
+        case BinOp(op="*", left=left, right=right):
+            return conjunction(
+                point_sets(left, iterator_of, exact), point_sets(right, iterator_of, exact)
+            )
+        case BinOp(op="+" | "-", left=left, right=right):
+            return disjunction(
+                point_sets(left, iterator_of, exact), point_sets(right, iterator_of, exact)
+            )
+        case BinOp(op="/", left=left, right=right):
+            numerator = point_sets(left, iterator_of, exact)
+            if isinstance(right, Literal) and right.value != 0:
+                return numerator
+            return conjunction(full(numerator), point_sets(right, iterator_of, exact=True))
+        case BinOp(op=op):
+            raise AssertionError(f"unknown operator {op}")
+        case _:
+            assert_never(expr)
+
+
+def build(
+    expr: CExpr, iterator_of: Callable[[Access], Iterator | None], exact: bool = False
+) -> Lattice:
+    """The merge lattice of ``expr`` for the variable that ``iterator_of`` describes.
+
+    ``iterator_of(access)`` returns the iterator an access contributes, or ``None`` when
+    the access is present at every coordinate (dense level, or variable not used).
+    With ``exact`` (an expression that divides by a non-literal, so infinities and NaN
+    can arise), every subset of iterators is a point and nothing is folded: each case
+    computes what dense arithmetic computes, ``inf * 0`` included.
+    """
+    sets = point_sets(expr, iterator_of, exact)
+    by_access = {it.access: it for p in sets for it in p}
+    if exact and len(by_access) > MAX_EXACT_ITERATORS:
+        raise LoweringError(
+            f"this expression divides by a non-constant, which needs every combination of "
+            f"{len(by_access)} sparse operands co-iterated at one index; at most "
+            f"{MAX_EXACT_ITERATORS} are supported. Store some operands dense"
+        )
+    points = []
+    for p in sorted(sets, key=lambda s: -len(s)):
+        absent = frozenset(a for a, it in by_access.items() if it not in p)
+        simplified = without(expr, absent, fold=not exact)
+        if simplified is not ZERO:
+            points.append(LatticePoint(p, simplified))
+    return Lattice(tuple(points))
+
+
+MAX_EXACT_ITERATORS = 5

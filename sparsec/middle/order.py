@@ -1,0 +1,242 @@
+"""Iteration graph: a loop order consistent with every tensor's level order.
+
+A level that iterates positions (compressed, singleton) can only be entered once the
+positions of all levels above it are known, so its variable must come after theirs:
+these are *hard* edges. Dense levels are located and add no hard edge; their level order,
+and the output's, are *soft* edges that the greedy topological sort follows where it can
+(row-major traversal of dense operands). Ties go to first appearance.
+
+When no order exists the error names the tensor and a format that works: the same levels
+in another mode ordering when one exists (checked against every read of the tensor), or,
+for a tensor read in two mode orders (``B(i,j) * B(j,i)``), a transposed copy under a
+second name or a dense format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import LoweringError
+from ..frontend.notation import Access
+from ..tensors.formats import Format
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    before: str
+    after: str
+    tensor: str
+    #: the read of ``tensor`` that makes the edge (None for the output's assembly order)
+    access: Access | None = field(default=None, compare=False)
+
+
+def level_indices(access: Access, fmt: Format) -> tuple[str, ...]:
+    """The index variable of each storage level of ``access``."""
+    return tuple(access.indices[mode] for mode in fmt.ordering)
+
+
+def edges(
+    accesses: list[Access], formats: dict[str, Format], scope: set[str], outer: set[str]
+) -> tuple[list[Edge], list[Edge]]:
+    """Hard and soft edges among ``scope`` for loops nested inside ``outer``."""
+    hard: list[Edge] = []
+    soft: list[Edge] = []
+    for access in accesses:
+        fmt = formats[access.name]
+        levels = level_indices(access, fmt)
+        for k, var in enumerate(levels):
+            if var not in scope:
+                continue
+            for m in range(k):
+                above = levels[m]
+                if above in outer:
+                    continue
+                iterated = fmt.levels[k].position_iteration
+                if above not in scope:
+                    if iterated:
+                        raise _inner_before_outer(access, fmt, above, var, scope, outer)
+                    continue
+                if iterated:
+                    hard.append(Edge(above, var, access.name, access))
+                elif m == k - 1:
+                    soft.append(Edge(above, var, access.name, access))
+    return hard, soft
+
+
+def topological(
+    scope: tuple[str, ...], hard: list[Edge], soft: list[Edge]
+) -> tuple[str, ...] | None:
+    """Greedy order: ready variables first, fewest pending soft predecessors, then first use."""
+    placed: list[str] = []
+    left = list(scope)
+    while left:
+        ready = [v for v in left if all(e.before in placed for e in hard if e.after == v)]
+        if not ready:
+            return None
+        best = min(
+            ready,
+            key=lambda v: (
+                sum(1 for e in soft if e.after == v and e.before not in placed),
+                scope.index(v),
+            ),
+        )
+        placed.append(best)
+        left.remove(best)
+    return tuple(placed)
+
+
+def loop_order(
+    scope: tuple[str, ...],
+    accesses: list[Access],
+    formats: dict[str, Format],
+    outer: tuple[str, ...] = (),
+    extra: tuple[Edge, ...] = (),
+) -> tuple[str, ...]:
+    """Order the variables ``scope`` of one loop nest placed inside loops ``outer``.
+
+    ``extra`` are further hard edges (a sparse output's assembly order).
+    """
+    hard, soft = edges(accesses, formats, set(scope), set(outer))
+    hard += [e for e in extra if e.before in scope and e.after in scope]
+    order = topological(scope, hard, soft)
+    if order is not None:
+        return order
+    raise _conflict(scope, accesses, formats, hard, soft, outer)
+
+
+def _reordered(access: Access, fmt: Format, order: tuple[str, ...]) -> Format:
+    """``fmt``'s levels with the mode ordering that stores ``access``'s modes in loop ``order``."""
+    rank = {v: n for n, v in enumerate(order)}
+    ordering = sorted(range(access.order), key=lambda mode: rank.get(access.indices[mode], 1 << 30))
+    return Format(fmt.levels, tuple(ordering))
+
+
+def _advice(name: str, fmt: Format) -> str:
+    """How a message tells the user to store ``name`` in ``fmt`` (a preset's name if any)."""
+    ordering = ",".join(map(str, fmt.ordering))
+    return f"Store {name} with mode ordering {ordering} (format '{fmt}')"
+
+
+def output_edges(
+    lhs: Access, fmt: Format, reductions: tuple[str, ...], rows_in_order: bool = True
+) -> tuple[Edge, ...]:
+    """A sparse output is appended in order: its sparse levels' indices come before every
+    reduction index, and dense levels below them come after the last sparse one.
+
+    ``rows_in_order``: the dense levels above the first sparse one are visited in their
+    storage order too (one sequence of positions across rows); without it (rows counted
+    and filled independently, see `assemble.OutputLayout.rowwise`) they may come in any
+    order."""
+    if fmt.is_dense:
+        return ()
+    levels = level_indices(lhs, fmt)
+    sparse = [k for k, level in enumerate(fmt.levels) if level.position_iteration]
+    found: list[Edge] = []
+    if rows_in_order:
+        found += [Edge(levels[k - 1], levels[k], lhs.name) for k in range(1, sparse[0])]
+    for k in range(sparse[-1] + 1):  # dense levels above take part: pos is written per row
+        found += [Edge(levels[k], r, lhs.name) for r in reductions]
+    for k in range(sparse[-1] + 1, len(levels)):
+        found.append(Edge(levels[sparse[-1]], levels[k], lhs.name))
+    return tuple(found)
+
+
+def _describe(edges_of: list[Edge]) -> str:
+    return ", ".join(sorted({f"{e.before} before {e.after}" for e in edges_of}))
+
+
+def _conflict(
+    scope: tuple[str, ...],
+    accesses: list[Access],
+    formats: dict[str, Format],
+    hard: list[Edge],
+    soft: list[Edge],
+    outer: tuple[str, ...],
+) -> LoweringError:
+    reads = list(dict.fromkeys(accesses))
+    needs = "; ".join(
+        f"{a} ({formats[a.name]}) needs {_describe(made)}"
+        for a in reads
+        if (made := [e for e in hard if e.access == a or (e.access is None and e.tensor == a.name)])
+    )
+    head = f"no loop order fits every tensor's level order: {needs}"
+    names = list(dict.fromkeys(a.name for a in reads if any(e.tensor == a.name for e in hard)))
+    for name in reversed(names):
+        rest = [e for e in hard if e.tensor != name]
+        order = topological(scope, rest, soft)
+        if order is None:
+            continue
+        own = [a for a in reads if a.name == name]
+        for access in own:
+            fmt = _reordered(access, formats[name], outer + order)
+            if fmt == formats[name] or not _fits(scope, own, fmt, rest, soft, outer):
+                continue
+            return LoweringError(
+                f"{head}. {_advice(name, fmt)} so that loops can run in the order "
+                f"{', '.join(outer + order)}"
+            )
+    for name in names:
+        own = [a for a in reads if a.name == name]
+        if len({a.indices for a in own}) > 1:
+            taken = {a.name for a in reads}
+            advice = _two_orders(name, formats[name], own, taken)
+            return LoweringError(f"{head}. {advice}")
+    return LoweringError(head)
+
+
+def _fits(
+    scope: tuple[str, ...],
+    reads: list[Access],
+    fmt: Format,
+    rest: list[Edge],
+    soft: list[Edge],
+    outer: tuple[str, ...],
+) -> bool:
+    """Does some loop order suit every read of one tensor stored as ``fmt``, and the rest?"""
+    try:
+        mine, _ = edges(reads, {reads[0].name: fmt}, set(scope), set(outer))
+    except LoweringError:
+        return False
+    return topological(scope, rest + mine, soft) is not None
+
+
+def _two_orders(name: str, fmt: Format, reads: list[Access], taken: set[str]) -> str:
+    """Advice for a sparse tensor read in several mode orders (``B(i,j) * B(j,i)``)."""
+    first = reads[0]
+    other = next(a for a in reads if a.indices != first.indices)
+    copy = next(c for n in range(1000) if (c := f"{name}_t{n or ''}") not in taken)
+    # the copy is read in the first read's index order and holds the other read's values
+    mine = [v for v in first.indices if v in other.indices]
+    if len(set(first.indices)) < len(first.indices) or len(mine) != len(other.indices):
+        return (
+            f"{name} is read in two mode orders ({', '.join(map(str, reads))}); its levels are "
+            f"stored in one order, so no mode ordering serves both reads: store {name} dense"
+        )
+    written = f"{copy}({','.join(mine)})"
+    how = ""
+    if first.order == 2:
+        how = f" (for a matrix, {copy}=sparsec.Tensor.from_scipy({name}.to_scipy().T, '{fmt}'))"
+    return (
+        f"{name} is read in two mode orders ({', '.join(map(str, reads))}); its levels are "
+        f"stored in one order, so no mode ordering of {name} serves both reads. Pass the "
+        f"transposed copy as a second tensor: write {written} in place of {other}, give "
+        f"{copy} the format '{fmt}' and call with {written} = {other}{how}; or store {name} "
+        "dense"
+    )
+
+
+def _inner_before_outer(
+    access: Access,
+    fmt: Format,
+    above: str,
+    var: str,
+    scope: set[str],
+    outer: set[str],
+) -> LoweringError:
+    early = [v for v in access.indices if v in outer or v in scope]
+    late = [v for v in access.indices if v not in early]
+    fix = _reordered(access, fmt, tuple(early + late))
+    return LoweringError(
+        f"{access} is stored as {fmt}, which needs {above} before {var}, but {above} is "
+        f"summed in a loop nested inside the loop over {var}. {_advice(access.name, fix)}"
+    )

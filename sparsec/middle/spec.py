@@ -1,0 +1,154 @@
+"""The typed kernel description every later stage reads: statement, tensors, formats.
+
+Format defaults (the contract of `sparsec.api.kernel`): with no formats at all, the
+highest-order input (first on ties) is sparse (compressed vector, CSR, CSF) and every
+other tensor dense; when some formats are given, unlisted tensors are dense. Scalars
+(order 0) have the empty format.
+
+``C(i,j) += E`` into a sparse ``C`` is compiled as ``C(i,j) = C_old(i,j) + (E)``: the
+caller passes the current ``C`` (under the name ``C``; `TensorVar.argument`) and gets a
+new tensor whose pattern is the union of the current one and ``E``'s, as with ``=``
+into a sparse output of ``C_old + E`` (docs/semantics.md, Outputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import FormatError
+from ..frontend.concrete import Statement, concretize
+from ..frontend.notation import Access, Assignment, BinOp
+from ..tensors.formats import Format, default_sparse, dense, parse_format
+from ..tensors.layout import OutputLayout
+
+
+@dataclass(frozen=True)
+class TensorVar:
+    name: str
+    order: int
+    format: Format
+    is_output: bool
+    #: the keyword a kernel call passes this input under ("" means ``name``): the current
+    #: value of a sparse output that ``+=`` adds to is an input of its own, passed as the
+    #: output's name
+    argument: str = ""
+
+    #: the format has only dense levels (cached: checked on every kernel call)
+    is_dense: bool = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_dense", self.format.is_dense)
+        if not self.argument:
+            object.__setattr__(self, "argument", self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    assignment: Assignment
+    statement: Statement
+    #: output first, then inputs in order of first use
+    tensors: tuple[TensorVar, ...]
+    #: every index variable, left-hand side first, then first use on the right
+    indices: tuple[str, ...]
+
+    @property
+    def output(self) -> TensorVar:
+        return self.tensors[0]
+
+    @property
+    def inputs(self) -> tuple[TensorVar, ...]:
+        return self.tensors[1:]
+
+    @property
+    def formats(self) -> dict[str, Format]:
+        return {t.name: t.format for t in self.tensors}
+
+    def tensor(self, name: str) -> TensorVar:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+FormatsArg = Mapping[str, "str | Format"] | None
+
+
+def make_spec(assignment: Assignment, formats: FormatsArg = None) -> Spec:
+    orders: dict[str, int] = {}
+    for access in assignment.accesses():
+        orders.setdefault(access.name, access.order)
+    output = assignment.lhs.name
+    given = _formats_mapping(formats, orders, output)
+    if not given:
+        inputs = [n for n in orders if n != output]
+        widest = max(inputs, key=lambda n: orders[n], default=None)
+        if widest is not None and orders[widest] > 0:
+            given[widest] = default_sparse(orders[widest])
+    tensors = tuple(
+        TensorVar(
+            name,
+            order,
+            parse_format(given[name], order, name) if name in given else dense(order),
+            name == output,
+        )
+        for name, order in orders.items()
+    )
+    out = tensors[0]
+    if not out.format.is_dense:
+        OutputLayout.of(out.format, output)  # raises for layouts that cannot be appended
+        if assignment.accumulate:
+            assignment, tensors = _sparse_accumulate(assignment, tensors)
+    indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
+    return Spec(assignment, concretize(assignment), tensors, indices)
+
+
+def _sparse_accumulate(
+    assignment: Assignment, tensors: tuple[TensorVar, ...]
+) -> tuple[Assignment, tuple[TensorVar, ...]]:
+    """``C += E`` into a sparse ``C``: ``C = C_old + (E)`` with ``C_old`` passed as ``C``
+    (the rewritten assignment and its tensors)."""
+    out = tensors[0]
+    taken = {t.name for t in tensors}
+    old = next(n for k in range(len(taken) + 1) if (n := f"{out.name}_old{k or ''}") not in taken)
+    lhs = assignment.lhs
+    current = Access(old, lhs.indices, lhs.span, lhs.index_spans)
+    rhs = BinOp("+", current, assignment.rhs, assignment.rhs.span)
+    rewritten = replace(assignment, rhs=rhs, accumulate=False)
+    previous = TensorVar(old, out.order, out.format, False, argument=out.name)
+    return rewritten, (out, previous, *tensors[1:])
+
+
+def _formats_mapping(formats: object, orders: Mapping[str, int], output: str) -> dict[str, Any]:
+    """``formats`` as a dict of tensor name -> spec, or a `FormatError` that says what to write."""
+    if formats is None:
+        return {}
+    example = next((n for n in orders if n != output and orders[n] == 2), None)
+    example = example or next((n for n in orders if n != output and orders[n]), output)
+    if not isinstance(formats, Mapping):
+        if isinstance(formats, str | Format):
+            spelled = formats if isinstance(formats, str) else str(formats)
+            fix = f"formats={{{example!r}: {spelled!r}}}"
+            what = f"the format {spelled!r} alone"
+        else:
+            fix = f"formats={{{example!r}: 'csr'}}"
+            what = f"{type(formats).__name__} {formats!r}"
+        raise FormatError(
+            f"formats must be a mapping from tensor name to format, not {what}: say which "
+            f"tensor each format is for, e.g. {fix} (tensors: {', '.join(orders)})"
+        )
+    given: dict[str, Any] = {}
+    for name, spec in formats.items():
+        if not isinstance(name, str):
+            raise FormatError(
+                f"formats keys are tensor names (strings), not {type(name).__name__} {name!r}; "
+                f"e.g. formats={{{example!r}: {spec!r}}} (tensors: {', '.join(orders)})"
+            )
+        if name not in orders:
+            raise FormatError(
+                f"format given for {name!r}, which is not a tensor of this expression "
+                f"(tensors: {', '.join(orders)})"
+            )
+        given[name] = spec
+    return given

@@ -1,0 +1,127 @@
+"""Stream prefetching: read a compressed level's arrays ahead of the loop that walks them.
+
+CSR SpMV lowers to ``for i: for p in [pos[i], pos[i+1]): acc += vals[p] * x[crd[p]]``.
+Across the rows, ``crd`` and ``vals`` are read front to back: two streams, each advancing
+by a row's length per outer iteration. When the rows are short (SpMV's 10 entries), the
+inner loop is mostly ``x`` gathers that miss L2, and the hardware prefetchers left to
+themselves do not keep the streams ahead of it. This pass puts, before such a loop, a
+prefetch of each stream `DISTANCE` positions past where the loop starts: two cache lines
+per stream per outer iteration, non-temporal (the data is read once).
+
+A loop is a *stream loop* when it
+
+- runs serially inside another loop (the streams continue across its iterations),
+- nests no loop itself (its body is the per-entry work),
+- starts at a non-constant position (a ``pos`` lookup, not a dense ``0``),
+
+and its streams are the arrays its body loads at exactly the loop variable (``vals[p]``,
+``crd[p]``) and never stores to. Loops that the tile pass turned into register tiles nest
+loops and are not touched: their cost is in the gathered rows, which they prefetch
+themselves.
+
+Prefetch addresses are formed as integers (``sc_prefetch_stream`` in the C template), so a
+prefetch past an array's end forms no out-of-bounds pointer and faults on nothing. The pass
+changes no load, store or order of additions: results are bit-identical. It is C-only.
+
+Measured by timing the generated SpMV with and without the pass, interleaved with scipy in
+one process (100k x 100k, 10 random entries per row, float64, 2-core Zen VM), two runs:
+1.15-1.47x faster on 1 thread and 1.25-1.40x on 2; float32 and the banded matrix gain
+5-15 %; rows of 100 entries, neutral. Distances from 64 to 320 measured alike; one line
+per stream per row was slower than two (rows of 10 doubles span two lines); a loop that
+prefetches exactly the lines of the row ``DISTANCE`` ahead was slower still (its trip
+count of 1 or 2 mispredicts).
+"""
+
+from __future__ import annotations
+
+from typing import assert_never
+
+from ..ir import nodes as ir
+from .tile import children
+
+#: positions ahead of the loop's start that each stream is prefetched
+DISTANCE = 128
+
+
+def prefetch_streams(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
+    """``body`` with a prefetch of each stream loop's streams before the loop, and a note
+    per distinct set of streams."""
+    notes: list[str] = []
+    return _block(body, notes, inside=False), tuple(notes)
+
+
+def _block(b: ir.Block, notes: list[str], inside: bool) -> ir.Block:
+    out: list[ir.Stmt] = []
+    for s in b.body:
+        if isinstance(s, ir.For):
+            streams = _streams(s) if inside else ()
+            if streams:
+                note = f"{', '.join(streams)} prefetched {DISTANCE} positions ahead"
+                if note not in notes:
+                    notes.append(note)
+                ahead = ir.add(s.start, ir.IntLit(DISTANCE))
+                out.extend(
+                    ir.Effect(ir.Call("prefetch_stream", (ir.Var(a), ahead))) for a in streams
+                )
+        out.append(_stmt(s, notes, inside))
+    return ir.Block(tuple(out))
+
+
+def _stmt(s: ir.Stmt, notes: list[str], inside: bool) -> ir.Stmt:
+    inner = inside or isinstance(s, ir.For | ir.While)
+    return ir.map_blocks(s, lambda b: _block(b, notes, inner))
+
+
+def _streams(loop: ir.For) -> tuple[str, ...]:
+    """The arrays ``loop`` streams (sorted), or ``()`` when it is not a stream loop."""
+    if loop.parallel is not None or isinstance(loop.start, ir.IntLit):
+        return ()
+    loads: set[str] = set()
+    stores: set[str] = set()
+    if not _scan(loop.body, ir.Var(loop.var), loads, stores):
+        return ()
+    return tuple(sorted(loads - stores))
+
+
+def _scan(b: ir.Block, at: ir.Var, loads: set[str], stores: set[str]) -> bool:
+    """Collect the arrays ``b`` loads at exactly ``at`` and the arrays it stores to; False
+    when ``b`` nests a loop."""
+    for s in b.body:
+        match s:
+            case ir.For() | ir.While():
+                return False
+            case ir.Decl(init=init):
+                if init is not None:
+                    _loads(init, at, loads)
+            case ir.Assign(target=target, value=value):
+                _loads(value, at, loads)
+                if isinstance(target, ir.Load):
+                    stores.add(target.array)
+                    _loads(target.index, at, loads)
+            case ir.If(branches=branches, orelse=orelse):
+                for cond, then in branches:
+                    _loads(cond, at, loads)
+                    if not _scan(then, at, loads, stores):
+                        return False
+                if orelse is not None and not _scan(orelse, at, loads, stores):
+                    return False
+            case ir.Effect(call=call):
+                _loads(call, at, loads)
+            case ir.Block():
+                if not _scan(s, at, loads, stores):
+                    return False
+            case ir.Alloc() | ir.Pointer() | ir.Free():
+                return False
+            case ir.Comment() | ir.Return():
+                pass
+            case _:
+                assert_never(s)
+    return True
+
+
+def _loads(e: ir.Expr, at: ir.Var, found: set[str]) -> None:
+    """Add to ``found`` the arrays ``e`` loads at exactly ``at``."""
+    if isinstance(e, ir.Load) and e.index == at:
+        found.add(e.array)
+    for c in children(e):
+        _loads(c, at, found)

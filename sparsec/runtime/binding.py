@@ -1,0 +1,268 @@
+"""Binding inputs to a kernel: dtype inference, conversion into the kernel's layout, and
+the checks that run before any pointer reaches C.
+
+A scalar operand becomes a float; a dense operand a C-ordered ndarray *in level order* of
+the kernel's value dtype; a sparse operand a validated `Tensor` in the declared format
+(converted when it was passed in another one). Unsupported dtypes (float16, bfloat16,
+complex, strings) are refused rather than converted.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import DTypeError, InputError, ShapeError, SparsecError
+from ..middle.spec import TensorVar
+from ..policy import machine as policy_machine
+from ..policy.machine import LOAD_INTERVAL_S, Machine, busy, machine, threads_for
+from ..tensors.tensor import Tensor, as_tensor
+
+VALUE_DTYPES = {"float32": np.float32, "float64": np.float64}
+INDEX_DTYPES = {"int32": np.int32, "int64": np.int64}
+
+
+def configured_threads(on: Machine | None = None) -> int:
+    """The threads a default call uses on a quiet machine: ``OMP_NUM_THREADS`` (first
+    entry) if set, else every core of the machine ``on`` (`machine()` when None)."""
+    wanted = _omp_num_threads() or (on or machine()).cores
+    return min(max(1, wanted), MAX_THREADS)
+
+
+def default_threads() -> int:
+    """The threads a call without ``threads=`` uses: `configured_threads`, fewer while
+    other work keeps cores busy (`threads_for`), unless ``OMP_DYNAMIC=false`` asks for
+    the configured count always. Decided at most every `LOAD_INTERVAL_S` (the load is
+    measured no more often) or when the machine changes: a call pays a clock read."""
+    global _decided
+    due, seen, threads = _decided
+    if _clock() < due and seen == policy_machine.epoch:
+        return threads
+    seen, on = policy_machine.epoch, machine()
+    threads = configured_threads(on)
+    if threads > 1 and not _omp_dynamic_off():
+        threads = threads_for(threads, on.cores, busy(on))
+    _decided = (_clock() + LOAD_INTERVAL_S, seen, threads)
+    return threads
+
+
+_clock = time.monotonic
+#: (decided until, `policy_machine.epoch` then, the threads decided)
+_decided: tuple[float, int, int] = (0.0, -1, 1)
+
+
+@functools.cache
+def _omp_num_threads() -> int | None:
+    """``OMP_NUM_THREADS``'s first entry, read once per process."""
+    try:
+        return int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
+    except ValueError:
+        return None
+
+
+@functools.cache
+def _omp_dynamic_off() -> bool:
+    return os.environ.get("OMP_DYNAMIC", "").strip().lower() in ("false", "0", "no", "off")
+
+
+#: upper bound on ``threads=``: OpenMP teams (and per-thread workspaces) far beyond the
+#: machine only cost memory, and the C side holds the count in an ``int``
+MAX_THREADS = 1024
+
+
+def resolve_threads(threads: int | None) -> int:
+    if threads is None:
+        return use_threads(default_threads())
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise InputError(f"threads must be an integer from 1 to {MAX_THREADS}, not {threads!r}")
+    return use_threads(threads)
+
+
+# ---- OpenMP across fork
+# GNU libgomp keeps the team of its first multi-threaded parallel region for the rest of the
+# process; a child forked after that inherits the team's bookkeeping but not its threads, and
+# its first parallel region with more than one thread waits for them forever. So a call with
+# more than one thread is recorded, and a child forked after one runs kernels on one thread.
+_parallel_started = False
+_forked_after_parallel = False
+
+
+def use_threads(threads: int) -> int:
+    """The thread count a kernel call runs with: ``threads``, or 1 in a process forked after
+    a multi-threaded call (see above); records a multi-threaded call."""
+    global _parallel_started
+    if _forked_after_parallel:
+        return 1
+    if threads > 1:
+        _parallel_started = True
+    return threads
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_parallel
+    _forked_after_parallel = _forked_after_parallel or _parallel_started
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def is_torch(value: Any) -> bool:
+    return type(value).__module__.startswith("torch")
+
+
+FLOAT32, FLOAT64, INT64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
+INT32 = np.dtype(np.int32)
+_TORCH_FLOATS: dict[str, np.dtype] = {"torch.float32": FLOAT32, "torch.float64": FLOAT64}
+
+
+def _value_dtype_of(value: Any) -> np.dtype | None:
+    if isinstance(value, Tensor):
+        return value.vals.dtype
+    dt: Any = getattr(value, "dtype", None)
+    if dt is None or isinstance(dt, np.dtype):
+        return dt
+    return _TORCH_FLOATS.get(str(dt))
+
+
+def common_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
+    """float32 only when every floating input is float32; float64 otherwise (torch rule)."""
+    found = False
+    for t in wanted:
+        if t.order:
+            dt = _value_dtype_of(inputs[t.name])
+            if dt is not None and dt != FLOAT32:
+                return "float64"
+            found = found or dt is not None
+    return "float32" if found else "float64"
+
+
+def common_index_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
+    for t in wanted:
+        if t.is_dense:
+            continue
+        v = inputs[t.name]
+        if isinstance(v, Tensor):
+            if v.index_dtype == INT64:
+                return "int64"
+        elif getattr(getattr(v, "indices", None), "dtype", None) == INT64:
+            return "int64"
+    return "int32"
+
+
+def widen(value: Any) -> Any:
+    if isinstance(value, Tensor) and value.order and value.index_dtype != INT64:
+        return value.astype(index_dtype="int64")
+    return value
+
+
+def convert_input(t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any:
+    """One input in the kernel's layout: float for scalars, ndarray for dense, Tensor else."""
+    where = f"input {t.name!r}"
+    if t.order == 0:
+        return _scalar(value, where)
+    if t.is_dense:
+        return _dense(t, value, dtype, where)
+    _reject_dtype(value, where)
+    np_dtype = VALUE_DTYPES[dtype]
+    if not (
+        isinstance(value, Tensor)
+        and (value.format is t.format or value.format == t.format)
+        and value.vals.dtype == np_dtype
+        and value.order == t.order
+    ):
+        try:
+            value = as_tensor(value, t.format, name=t.name, dtype=dtype)
+        except SparsecError:
+            raise
+        except Exception as err:  # a foreign object we could not read
+            raise InputError(
+                f"{where}: cannot convert {type(value).__name__} to a sparse tensor: {err}"
+            ) from None
+    if value.order != t.order:
+        raise ShapeError(
+            f"{where} has order {value.order}, but the expression uses it with order {t.order}"
+        )
+    if index_dtype == "int64":
+        value = widen(value)
+    elif value.index_dtype != INT32:
+        # a kernel built for int32 indices: narrow, or say why it cannot hold this input
+        try:
+            value = value.astype(index_dtype="int32")
+        except DTypeError as err:
+            raise DTypeError(
+                f"{where}: the kernel was built for int32 indices, but {err}"
+            ) from None
+    return value
+
+
+def _scalar(value: Any, where: str) -> float:
+    if isinstance(value, float):
+        return value
+    if is_torch(value):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, bool) or not isinstance(value, (int, np.number, np.ndarray)):
+        raise InputError(f"{where} is a scalar operand: pass a number, not {type(value).__name__}")
+    arr = np.asarray(value)
+    if arr.ndim != 0:
+        raise ShapeError(f"{where} is a scalar operand but has shape {arr.shape}")
+    if arr.dtype.kind not in "fiu" or arr.dtype == np.float16:
+        raise DTypeError(f"{where}: {arr.dtype} values are not supported; use float32 or float64")
+    return float(arr)
+
+
+_BAD_TORCH = ("torch.float16", "torch.bfloat16", "torch.complex64", "torch.complex128")
+
+
+def _reject_dtype(value: Any, where: str) -> None:
+    """Refuse value dtypes a kernel cannot compute in (rather than silently converting)."""
+    dt = value.vals.dtype if isinstance(value, Tensor) else getattr(value, "dtype", None)
+    if dt is None or dt is FLOAT64 or dt is FLOAT32:
+        return
+    text = str(dt)
+    if text in _BAD_TORCH or (
+        isinstance(dt, np.dtype) and (dt.kind not in "fiub" or dt == np.float16)
+    ):
+        shown = text[6:] if text.startswith("torch.") else text
+        raise DTypeError(f"{where}: {shown} values are not supported; use float32 or float64")
+
+
+def _dense(t: TensorVar, value: Any, dtype: str, where: str) -> np.ndarray:
+    """A dense operand as a C-ordered array *in level order* of the kernel's value dtype."""
+    if type(value) is not np.ndarray:
+        if isinstance(value, Tensor):
+            value = value.to_dense()
+        elif is_torch(value):
+            if getattr(value, "is_cuda", False):
+                raise InputError(f"{where} is a CUDA tensor; the C target takes CPU tensors")
+            _reject_dtype(value, where)
+            value = value.detach()
+            value = (value if value.layout == _torch_strided() else value.to_dense()).cpu().numpy()
+        elif hasattr(value, "toarray") and hasattr(value, "tocoo"):
+            value = value.toarray()
+        else:
+            try:
+                value = np.asarray(value)
+            except Exception as err:
+                raise InputError(
+                    f"{where}: cannot read {type(value).__name__} as an array: {err}"
+                ) from None
+    _reject_dtype(value, where)
+    if value.ndim != t.order:
+        raise ShapeError(
+            f"{where} has {value.ndim} dimensions, but the expression uses it with order {t.order}"
+        )
+    ordering = t.format.ordering
+    if ordering != tuple(range(t.order)):
+        value = np.transpose(value, ordering)
+    return np.ascontiguousarray(value, dtype=VALUE_DTYPES[dtype])
+
+
+def _torch_strided() -> Any:
+    import torch
+
+    return torch.strided

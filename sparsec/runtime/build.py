@@ -1,0 +1,203 @@
+"""Build and load C kernels: system compiler, on-disk content-addressed cache, ctypes.
+
+The cache key is a SHA-256 of the source, the compiler's identity, the flags and the target
+the compiler resolves them to (``-march=native`` on this CPU: `policy.machine.compiler_target`),
+so a changed compiler or flag never reuses a stale library, and a cache shared by machines of
+different CPUs never loads a library built for another one. Entries are written atomically
+(compile to a temporary file in the cache directory, then ``os.replace``), so several
+processes may build the same kernel at once and every reader sees a whole file.
+
+Environment: ``SPARSEC_CC`` (default ``cc``), ``SPARSEC_CFLAGS`` (default
+``-O3 -march=native -fopenmp``; ``-shared -fPIC`` are always added), ``SPARSEC_CACHE_DIR``
+(default: the user cache directory, ``~/.cache/sparsec`` on Linux).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from ..errors import CompileError
+from ..policy.machine import compiler_target, host
+
+DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
+REQUIRED_CFLAGS = ("-shared", "-fPIC", "-std=gnu11", "-Werror=implicit-function-declaration")
+#: the CUDA emulation builds C++ (SPARSEC_CXX, SPARSEC_CXXFLAGS)
+DEFAULT_CXXFLAGS = "-O2 -fopenmp"
+REQUIRED_CXXFLAGS = ("-shared", "-fPIC", "-std=c++20")
+
+
+@dataclass(frozen=True, slots=True)
+class Toolchain:
+    cc: tuple[str, ...]
+    flags: tuple[str, ...]
+    identity: str
+    #: source file suffix: ".c", or ".cpp" for the CUDA emulation
+    suffix: str = ".c"
+    #: the target the compiler resolves ``flags`` to (`compiler_target`), so a library is
+    #: keyed by the CPU it was built for, not by the literal ``-march=native``
+    target: tuple[str, ...] = ()
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("SPARSEC_CACHE_DIR")
+    if env:
+        return Path(env)
+    try:
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("sparsec"))
+    except ImportError:  # pragma: no cover - platformdirs is a dependency
+        return Path.home() / ".cache" / "sparsec"
+
+
+@cache
+def _identity(cc: tuple[str, ...]) -> str:
+    exe = shutil.which(cc[0])
+    if exe is None:
+        raise CompileError(
+            f"C compiler {cc[0]!r} not found on PATH; install gcc or clang, or set SPARSEC_CC"
+        )
+    try:
+        out = subprocess.run(
+            [*cc, "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise CompileError(f"cannot run C compiler {cc[0]!r}: {err}") from None
+    return f"{exe}\n{out.stdout.strip()}"
+
+
+def toolchain(language: str = "c") -> Toolchain:
+    if language == "c++":
+        cxx = tuple(shlex.split(os.environ.get("SPARSEC_CXX", "c++"))) or ("c++",)
+        flags = tuple(shlex.split(os.environ.get("SPARSEC_CXXFLAGS", DEFAULT_CXXFLAGS)))
+        identity = _identity(cxx)
+        return Toolchain(cxx, flags + REQUIRED_CXXFLAGS, identity, ".cpp", _target(cxx, flags))
+    cc = tuple(shlex.split(os.environ.get("SPARSEC_CC", "cc"))) or ("cc",)
+    flags = tuple(shlex.split(os.environ.get("SPARSEC_CFLAGS", DEFAULT_CFLAGS)))
+    identity = _identity(cc)
+    return Toolchain(cc, flags + REQUIRED_CFLAGS, identity, ".c", _target(cc, flags))
+
+
+def _target(cc: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]:
+    """What ``cc`` targets under ``flags``; where the compiler cannot say, the CPU's flags
+    (then a library built with ``-march=native`` is still keyed by the CPU it ran on)."""
+    resolved = compiler_target(cc, flags)
+    if resolved:
+        return resolved
+    return ("cpu-flags", *sorted(host().flags))
+
+
+def cache_key(source: str, tc: Toolchain) -> str:
+    h = hashlib.sha256()
+    parts = (source, tc.identity, " ".join(tc.cc), " ".join(tc.flags), " ".join(tc.target))
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+_loaded: dict[str, ctypes.CDLL] = {}
+_lock = threading.Lock()
+
+
+def compile_cached(source: str, language: str = "c") -> ctypes.CDLL:
+    """The loaded shared library for ``source``, compiled at most once per cache."""
+    tc = toolchain(language)
+    key = cache_key(source, tc)
+    with _lock:
+        lib = _loaded.get(key)
+        if lib is not None:
+            return lib
+        path = cache_dir() / f"{key}.so"
+        if not _verified(path):
+            path = _build(source, tc, path)
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as err:
+            # Replaced between the check and the load: rebuild once.
+            path = _build(source, tc, path)
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError:
+                raise CompileError(f"cannot load compiled kernel {path}: {err}") from None
+        _loaded[key] = lib
+        return lib
+
+
+@cache
+def _fallback_dir() -> Path:
+    """One private build directory per process when the cache directory is unusable."""
+    return Path(tempfile.mkdtemp(prefix="sparsec-"))
+
+
+def _verified(path: Path) -> bool:
+    """Is ``path`` a whole cache entry? Its SHA-256 must match the sidecar written with it,
+    so a truncated, corrupt or foreign file is rebuilt rather than loaded."""
+    try:
+        expected = path.with_suffix(".sha256").read_text().strip()
+        return hashlib.sha256(path.read_bytes()).hexdigest() == expected
+    except OSError:
+        return False
+
+
+def _build(source: str, tc: Toolchain, dest: Path) -> Path:
+    """Compile into ``dest`` atomically (temp file + ``os.replace``), then write the hash
+    sidecar the same way; fall back to a private temp dir if the cache is unwritable."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        workdir = dest.parent
+        if not os.access(workdir, os.W_OK):
+            raise PermissionError(str(workdir))
+    except OSError:
+        workdir = _fallback_dir()
+        dest = workdir / dest.name
+    # the source's file name is compiled into the library (its symbol table names it), so
+    # it is the same in every build: processes that build one entry at once then write the
+    # same bytes, and whichever library and sidecar land last still agree
+    srcdir = tempfile.mkdtemp(prefix=".src-", dir=workdir)
+    src_path = os.path.join(srcdir, "sparsec_kernel" + tc.suffix)
+    fd, tmp_so = tempfile.mkstemp(suffix=".so.tmp", dir=workdir)
+    os.close(fd)
+    cmd = [*tc.cc, *tc.flags, src_path, "-o", tmp_so, "-lm"]
+    try:  # the source directory goes however this ends; the library unless installed
+        with open(src_path, "w") as f:
+            f.write(source)
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise CompileError(f"C compiler failed to run ({' '.join(cmd)}): {err}") from None
+        if result.returncode != 0:
+            raise CompileError(
+                f"C compiler failed (exit {result.returncode}) running {' '.join(cmd)}:\n"
+                f"{result.stderr.strip()[-4000:]}"
+            )
+        digest = hashlib.sha256(Path(tmp_so).read_bytes()).hexdigest()
+        os.replace(tmp_so, dest)
+    except BaseException:
+        _unlink(tmp_so)
+        raise
+    finally:
+        shutil.rmtree(srcdir, ignore_errors=True)
+    fd, tmp_sum = tempfile.mkstemp(suffix=".sha256.tmp", dir=workdir)
+    with os.fdopen(fd, "w") as f:
+        f.write(digest + "\n")
+    os.replace(tmp_sum, dest.with_suffix(".sha256"))
+    return dest
+
+
+def _unlink(*paths: str) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass

@@ -1,0 +1,371 @@
+"""CUDA without (and with) a GPU: compile checks, the CPU emulation, the CuPy launch.
+
+* `verify` compiles a generated ``.cu`` to CUBIN with NVRTC (the pip wheel
+  ``nvidia-cuda-nvrtc-cu12``, loaded directly with ctypes; a system ``nvcc`` when NVRTC is
+  missing) for each architecture and reads ptxas' report: registers, spills, stack, and
+  the theoretical occupancy that gives at the launch's block size.
+* `emulation_source` is the same ``.cu`` text behind a shim header (``cuda_shim.h``) plus
+  a launcher generated from the kernel's signature; the runtime builds it with a C++20
+  compiler (``target="cuda-emulated"``), so every CUDA kernel runs in ordinary tests.
+* `grid_size` evaluates the launch grid on the host from the kernel's own prelude.
+* `CupyLaunch` runs a kernel through CuPy ``RawKernel`` on a real device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CompileError, DTypeError, ShapeError, SparsecError
+from ..ir import nodes as ir
+from ..resources import data_dir
+
+ARCHS = ("sm_80", "sm_90")
+#: launches never exceed this many blocks (the loops are grid-stride, so any grid is correct)
+MAX_GRID = 1 << 20
+#: the emulation runs at most this many blocks (each block's threads run in turn)
+MAX_EMULATED_GRID = 4096
+
+
+# ------------------------------------------------------------------- NVRTC
+@functools.cache
+def nvrtc() -> ctypes.CDLL | None:
+    """NVRTC from the ``nvidia-cuda-nvrtc-cu12`` wheel, else a system libnvrtc, else None."""
+    candidates: list[str] = []
+    try:
+        import nvidia.cuda_nvrtc  # type: ignore[import-not-found]
+
+        for base in nvidia.cuda_nvrtc.__path__:
+            candidates += sorted(glob.glob(os.path.join(base, "lib", "libnvrtc.so.*")))
+    except ImportError:
+        pass
+    candidates += ["libnvrtc.so.12", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so"]
+    for path in candidates:
+        if ".alt." in path or "builtins" in path:
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PtxasInfo:
+    """ptxas' report for one kernel and architecture, with the occupancy it allows."""
+
+    arch: str
+    compiler: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    block: int
+    occupancy: float
+    log: str
+
+    @property
+    def spills(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+    def __str__(self) -> str:
+        return (
+            f"{self.arch}: {self.registers} registers, {self.spill_stores} bytes spill stores, "
+            f"{self.spill_loads} bytes spill loads, {self.stack_bytes} bytes stack; "
+            f"occupancy {self.occupancy:.0%} at {self.block} threads per block ({self.compiler})"
+        )
+
+
+def occupancy(registers: int, block: int) -> float:
+    """Theoretical occupancy on sm_80/sm_90 (64 warps, 32 blocks, 64K registers per SM;
+    registers are allocated per warp in units of 256; no shared memory)."""
+    warps = -(-block // 32)
+    per_warp = -(-max(registers, 1) * 32 // 256) * 256
+    by_registers = (65536 // per_warp) // warps
+    by_threads = 64 // warps
+    blocks = min(by_registers, by_threads, 32)
+    return blocks * warps / 64
+
+
+def verify(source: str, block: int = 256, archs: tuple[str, ...] = ARCHS) -> list[PtxasInfo]:
+    """Compile ``source`` for each architecture; a failure is a `CompileError` with the log."""
+    if nvrtc() is not None:
+        compiler = "NVRTC"
+    elif shutil.which("nvcc"):
+        compiler = "nvcc"
+    else:
+        raise CompileError(
+            "neither NVRTC nor nvcc is available to compile CUDA: install the extra "
+            "sparsec[cuda] (pip install nvidia-cuda-nvrtc-cu12) or put nvcc on PATH"
+        )
+    return [
+        _parse_ptxas(_ptxas_log(source, arch, compiler), compiler, arch, block) for arch in archs
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def _ptxas_log(source: str, arch: str, compiler: str) -> str:
+    """ptxas' log for ``source`` on ``arch``, compiled once per process and compiler.
+
+    CUDA 13's NVRTC was seen (on an H100 machine) to return an empty log when it had
+    already compiled the same code in the process (its cache is keyed on the generated code:
+    a different macro did not help); a log without ptxas' report is compiled again with an
+    unused device variable of a fresh name appended, which changes the code ptxas sees and
+    not the kernel's registers."""
+    lib = nvrtc()
+    if compiler != "NVRTC" or lib is None:
+        return _nvcc_compile(source, arch)
+    log = _nvrtc_compile(lib, source, arch)
+    if "Used " not in log:
+        nonce = f"\n__device__ int sc_verify_{uuid.uuid4().hex};\n"
+        log = _nvrtc_compile(lib, source + nonce, arch)
+    if "Used " not in log:
+        raise CompileError(f"NVRTC compiled for {arch} but gave no ptxas report:\n{log[-2000:]}")
+    return log
+
+
+def _nvrtc_compile(lib: ctypes.CDLL, source: str, arch: str) -> str:
+    prog = ctypes.c_void_p()
+    status = lib.nvrtcCreateProgram(
+        ctypes.byref(prog), source.encode(), b"sparsec_kernel.cu", 0, None, None
+    )
+    if status != 0:
+        raise CompileError(f"NVRTC could not create a program (status {status})")
+    try:
+        opts = [f"--gpu-architecture={arch}", "--ptxas-options=-v", "-std=c++17"]
+        array = (ctypes.c_char_p * len(opts))(*(o.encode() for o in opts))
+        status = lib.nvrtcCompileProgram(prog, len(opts), array)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, buf)
+        log = buf.value.decode(errors="replace")
+        if status != 0:
+            raise CompileError(f"NVRTC failed for {arch} (status {status}):\n{log[-4000:]}")
+        return log
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _nvcc_compile(source: str, arch: str) -> str:
+    with tempfile.TemporaryDirectory(prefix="sparsec-nvcc-") as tmp:
+        src = Path(tmp) / "kernel.cu"
+        src.write_text(source)
+        cmd = [
+            "nvcc",
+            "-cubin",
+            f"-arch={arch}",
+            "-Xptxas",
+            "-v",
+            "-o",
+            str(Path(tmp) / "k.cubin"),
+            str(src),
+        ]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise CompileError(f"nvcc failed to run: {err}") from None
+        if done.returncode != 0:
+            raise CompileError(f"nvcc failed for {arch}:\n{done.stderr[-4000:]}")
+        return done.stdout + done.stderr
+
+
+def _parse_ptxas(log: str, compiler: str, arch: str, block: int) -> PtxasInfo:
+    def number(pattern: str) -> int:
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else 0
+
+    registers = number(r"Used (\d+) registers")
+    return PtxasInfo(
+        arch=arch,
+        compiler=compiler,
+        registers=registers,
+        spill_stores=number(r"(\d+) bytes spill stores"),
+        spill_loads=number(r"(\d+) bytes spill loads"),
+        stack_bytes=number(r"(\d+) bytes stack frame"),
+        block=block,
+        occupancy=occupancy(registers, block),
+        log=log,
+    )
+
+
+# ---------------------------------------------------------------- emulation
+def emulation_source(generated: Any) -> str:
+    """The ``.cu`` text behind the shim, plus ``sparsec_launch(grid, block, <arguments>)``."""
+    from ..backends.printer import CUDA
+
+    shim = (data_dir("templates") / "cuda_shim.h").read_text()
+    params = ",\n    ".join(CUDA.param(p) for p in generated.signature.params)
+    names = ", ".join(p.name for p in generated.signature.params)
+    fibers = "true" if generated.launch.shuffles else "false"
+    launcher = (
+        "\n/* the emulation's launcher: every block of the grid, every thread of a block */\n"
+        'extern "C" int sparsec_launch(long long sc_grid, int sc_block,\n'
+        f"    {params}) {{\n"
+        f"  auto sc_body = [&]() {{ sparsec_kernel({names}); }};\n"
+        f"  sc_emu::launch(sc_grid, sc_block, {fibers}, sc_body);\n"
+        "  return 0;\n"
+        "}\n"
+    )
+    return f'{shim}\n#line 1 "sparsec_kernel.cu"\n{generated.source}{launcher}'
+
+
+def grid_size(launch: Any, params: dict[str, Any]) -> int | None:
+    """The trip count of the GPUBlock loop, evaluated from the kernel's prelude with the
+    call's arguments (arrays are read where the prelude loads from them); None when the
+    loop does not sit at the top of the kernel."""
+    if launch.grid is None:
+        return None
+    env = dict(params)
+    for stmt in launch.body.body:
+        match stmt:
+            case ir.Decl(name=name, init=init) if init is not None:
+                value = _eval(init, env)
+                if value is None:
+                    return None
+                env[name] = value
+            case ir.Comment():
+                continue
+            case ir.For(parallel=par, start=start, end=end) if par is not None:
+                lo, hi = _eval(start, env), _eval(end, env)
+                if lo is None or hi is None or par.unit != "GPUBlock":
+                    return None
+                return max(0, hi - lo)
+            case _:
+                return None
+    return None
+
+
+def _eval(node: ir.Expr, env: dict[str, Any]) -> int | None:
+    match node:
+        case ir.IntLit(value=v):
+            return v
+        case ir.Var(name=name):
+            value = env.get(name)
+            return int(value) if isinstance(value, int) else None
+        case ir.Load(array=array, index=index):
+            arr, at = env.get(array), _eval(index, env)
+            if arr is None or at is None or isinstance(arr, int):
+                return None
+            return int(arr[at])
+        case ir.Bin(op=op, left=left, right=right):
+            a, b = _eval(left, env), _eval(right, env)
+            if a is None or b is None:
+                return None
+            match op:
+                case "+":
+                    return a + b
+                case "-":
+                    return a - b
+                case "*":
+                    return a * b
+                case "/":
+                    return None if b == 0 else _cdiv(a, b)
+                case "%":
+                    return None if b == 0 else a - b * _cdiv(a, b)
+            return None
+        case ir.Call(fn="min", args=(x, y)):
+            a, b = _eval(x, env), _eval(y, env)
+            return None if a is None or b is None else min(a, b)
+        case ir.Call(fn="max", args=(x, y)):
+            a, b = _eval(x, env), _eval(y, env)
+            return None if a is None or b is None else max(a, b)
+    return None
+
+
+def _cdiv(a: int, b: int) -> int:
+    """C's integer division (truncates toward zero)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def launch_grid(launch: Any, params: dict[str, Any], emulated: bool) -> int:
+    grid = grid_size(launch, params)
+    cap = MAX_EMULATED_GRID if emulated else MAX_GRID
+    if grid is None:
+        return cap if not emulated else 64
+    return max(1, min(grid, cap))
+
+
+# --------------------------------------------------------------------- CuPy
+@functools.cache
+def cupy_device() -> Any:
+    """The cupy module when a CUDA device is usable, else a clear `SparsecError` (a found
+    device is remembered; an error is not)."""
+    try:
+        import cupy  # type: ignore[import-not-found]
+    except ImportError:
+        raise SparsecError(
+            "no CUDA device: target='cuda' runs through CuPy, which is not installed "
+            "(pip install 'sparsec[cuda]'); target='cuda-emulated' runs the same kernel on "
+            "the CPU"
+        ) from None
+    try:
+        available = cupy.cuda.is_available()
+    except Exception:  # a broken driver reports itself in many ways
+        available = False
+    if not available:
+        raise SparsecError(
+            "no CUDA device: CuPy finds no usable GPU; target='cuda-emulated' runs the same "
+            "kernel on the CPU"
+        )
+    return cupy
+
+
+# ------------------------------------------------------------ device inputs
+def on_device(value: Any) -> bool:
+    """Whether ``value`` is an array in GPU memory (CuPy, a CUDA torch tensor, a
+    ``cupyx.scipy.sparse`` matrix, anything with ``__cuda_array_interface__``)."""
+    module = type(value).__module__
+    if module.startswith("torch"):
+        return bool(getattr(value, "is_cuda", False))
+    if module.startswith("cupyx.scipy.sparse"):
+        return True  # a sparse matrix in GPU memory (no __cuda_array_interface__ of its own)
+    return hasattr(type(value), "__cuda_array_interface__")
+
+
+def device_sparse_to_host(value: Any) -> Any:
+    """A sparse operand given on the device (cupyx.scipy.sparse, a CUDA torch sparse
+    tensor) as its host counterpart: sparse operands are `Tensor`s, which the runtime keeps
+    on the device once copied."""
+    if type(value).__module__.startswith("torch"):
+        return value.detach().cpu()
+    getter = getattr(value, "get", None)
+    return getter() if callable(getter) else value
+
+
+def device_dense(order: int, ordering: tuple[int, ...], value: Any, dtype: Any, where: str) -> Any:
+    """A dense operand in GPU memory as a C-ordered CuPy array in level order of ``dtype``
+    (no copy when it already is one)."""
+    cp = cupy_device()
+    if type(value).__module__.startswith("torch"):
+        value = value.detach()
+        if str(value.layout) != "torch.strided":
+            value = value.to_dense()
+    array = cp.asarray(value)
+    if array.dtype.kind != "f" or array.dtype.itemsize not in (4, 8):
+        raise DTypeError(f"{where}: {array.dtype} values are not supported; use float32 or float64")
+    if array.ndim != order:
+        raise ShapeError(
+            f"{where} has {array.ndim} dimensions, but the expression uses it with order {order}"
+        )
+    if ordering != tuple(range(order)):
+        array = cp.transpose(array, ordering)
+    return cp.ascontiguousarray(array, dtype=dtype)
+
+
+def to_device(host: Any) -> Any:
+    """A host array copied to the GPU (C-ordered)."""
+    import numpy as np
+
+    return cupy_device().asarray(np.ascontiguousarray(host))

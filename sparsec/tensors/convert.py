@@ -1,0 +1,163 @@
+"""Conversions in: scipy sparse and torch (dense, COO, CSR, CSC) to `Tensor`, and `as_tensor`.
+
+csr/csc inputs whose target is the matching preset reuse indptr/indices through `from_arrays`;
+everything else goes through `pack` as COO. The conversions out (`to_scipy`, `to_torch`,
+`to_dense`) are `Tensor` methods. `as_tensor` needs the `Tensor` class at call time only, so it
+imports it locally (see `sparsec.tensors.packing` for the import order).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import FormatError, InputError, StorageError
+from .formats import Format, parse_format
+from .packing import from_arrays, from_dense, pack
+from .storage import _is_torch_tensor, _torch_numpy, _who, coerce_values, value_dtype
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+
+# ---- scipy
+
+
+def _is_scipy_sparse(obj: Any) -> bool:
+    sparse = sys.modules.get("scipy.sparse")
+    return sparse is not None and sparse.issparse(obj)
+
+
+#: scipy formats whose (indptr, indices) are exactly a preset's level-1 (pos, crd)
+_SCIPY_COMPRESSED = ("csr", "csc")
+
+
+def from_scipy(
+    matrix: Any,
+    format: str | Format | None = None,
+    *,
+    index_dtype: Any = None,
+    dtype: Any = None,
+    name: str = "",
+) -> Tensor:
+    """See `Tensor.from_scipy`. csr->csr and csc->csc reuse indptr/indices (after summing
+    duplicates and sorting indices on a copy when the matrix is not canonical)."""
+    if not _is_scipy_sparse(matrix):
+        raise InputError(f"{_who(name)}expected a scipy sparse matrix, got {type(matrix).__name__}")
+    kind = matrix.format
+    fast = kind in _SCIPY_COMPRESSED
+    default = kind if fast else "coo"
+    fmt = parse_format(default if format is None else format, len(matrix.shape), name)
+    requested = value_dtype(dtype)
+    if fast and fmt == parse_format(kind, 2):
+        if not matrix.has_canonical_format:
+            matrix = matrix.copy()
+            matrix.sum_duplicates()
+        data = coerce_values(matrix.data, requested, name)
+        storage = [None, (matrix.indptr, matrix.indices)]
+        return from_arrays(matrix.shape, fmt, storage, data, name=name, index_dtype=index_dtype)
+    coo = matrix.tocoo()
+    coords = np.stack([np.asarray(c) for c in coo.coords])
+    data = coerce_values(coo.data, requested, name)
+    return pack(coords, data, coo.shape, fmt, index_dtype, name=name)
+
+
+# ---- torch
+
+
+#: torch layout name -> (preset whose storage matches, compressed-index getter, index getter)
+_TORCH_COMPRESSED = {
+    "sparse_csr": ("csr", "crow_indices", "col_indices"),
+    "sparse_csc": ("csc", "ccol_indices", "row_indices"),
+}
+
+
+def from_torch(
+    t: Any,
+    format: str | Format | None = None,
+    *,
+    index_dtype: Any = None,
+    dtype: Any = None,
+    name: str = "",
+) -> Tensor:
+    """See `Tensor.from_torch`. Hybrid tensors (dense value dimensions) are refused."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{_who(name)}expected a torch tensor, got {type(t).__name__}")
+    layout = str(t.layout).removeprefix("torch.")
+    requested = value_dtype(dtype)
+    if layout == "strided":
+        return from_dense(t, format, index_dtype=index_dtype, dtype=dtype, name=name)
+    if t.dense_dim() > 0:
+        raise FormatError(
+            f"{_who(name)}hybrid sparse tensors (dense value dimensions) are not supported"
+        )
+    t = t.detach().cpu()
+    if layout in _TORCH_COMPRESSED:
+        preset, pos_of, crd_of = _TORCH_COMPRESSED[layout]
+        fmt = parse_format(preset if format is None else format, t.dim(), name)
+        if fmt == parse_format(preset, 2):
+            storage = [None, (getattr(t, pos_of)().numpy(), getattr(t, crd_of)().numpy())]
+            data = coerce_values(_torch_numpy(t.values(), requested, name), requested, name)
+            try:
+                return from_arrays(t.shape, fmt, storage, data, name=name, index_dtype=index_dtype)
+            except StorageError:
+                # only unsorted or duplicate indices may fall back to torch's own coalescing;
+                # a broken pos/crd would make torch read outside its arrays
+                pos_arr, crd_arr = storage[1]  # type: ignore[misc]
+                if not _compressed_structure_ok(pos_arr, crd_arr, t.shape, fmt):
+                    raise
+    else:
+        fmt = parse_format("coo" if format is None else format, t.dim(), name)
+    coo = t.to_sparse_coo().coalesce()
+    data = coerce_values(_torch_numpy(coo.values(), requested, name), requested, name)
+    return pack(coo.indices().numpy(), data, tuple(t.shape), fmt, index_dtype, name=name)
+
+
+def _compressed_structure_ok(pos: Any, crd: Any, shape: Any, fmt: Format) -> bool:
+    """pos and crd of a CSR/CSC could be read safely (order and duplicates aside)."""
+    pos, crd = np.asarray(pos), np.asarray(crd)
+    outer, inner = (shape[m] for m in fmt.ordering)
+    return bool(
+        pos.ndim == 1
+        and crd.ndim == 1
+        and len(pos) == outer + 1
+        and pos[0] == 0
+        and pos[-1] == len(crd)
+        and np.all(np.diff(pos) >= 0)
+        and (len(crd) == 0 or (crd.min() >= 0 and crd.max() < inner))
+    )
+
+
+# ---- anything
+
+
+def as_tensor(
+    obj: Any,
+    format: str | Format | None = None,
+    *,
+    name: str = "",
+    index_dtype: Any = None,
+    dtype: Any = None,
+) -> Tensor:
+    """The `Tensor` for a numpy array, scipy sparse matrix, torch tensor, Tensor, number or
+    nested list. A Tensor is converted only if its format or a requested dtype differs."""
+    from .tensor import Tensor  # local: sparsec.tensors.tensor imports this module
+
+    if isinstance(obj, Tensor):
+        converted = obj if format is None else obj.to_format(parse_format(format, obj.order, name))
+        return converted.astype(dtype, index_dtype=index_dtype)
+    kwargs: dict[str, Any] = {"index_dtype": index_dtype, "dtype": dtype, "name": name}
+    if _is_scipy_sparse(obj):
+        return from_scipy(obj, format, **kwargs)
+    if _is_torch_tensor(obj):
+        return from_torch(obj, format, **kwargs)
+    if isinstance(obj, (np.ndarray, np.generic, int, float, complex, list, tuple)):
+        return from_dense(obj, format, **kwargs)
+    raise InputError(
+        f"tensor {name!r} must be a numpy array, scipy sparse matrix, torch tensor, sparsec "
+        f"Tensor or number, not {type(obj).__name__}"
+    )

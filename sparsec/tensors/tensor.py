@@ -1,0 +1,388 @@
+"""Tensors: a shape, a format, the per-level storage arrays (pos/crd) and vals.
+
+Storage model (TACO's; the code generator relies on it). Level ``k`` stores mode
+``format.ordering[k]`` and has size ``N_k = shape[ordering[k]]``. Positions are counted
+level by level from one root position (``n_{-1} = 1``)::
+
+    dense       no arrays          p_k = p_{k-1} * N_k + i_k          n_k = n_{k-1} * N_k
+    compressed  pos, crd           children of parent p: positions pos[p] .. pos[p+1]-1,
+                                   coordinates crd[...]               n_k = pos[-1] = len(crd)
+    singleton   crd (n_{k-1})      p_k = p_{k-1}                      n_k = n_{k-1}
+
+``len(vals) == n_last``; a scalar (order 0) has no levels and one value. Everything is
+ordered: a unique compressed level has strictly increasing ``crd`` in each segment, a
+non-unique one (COO's ``u``) non-decreasing; the coordinate tuples of a non-unique level and
+its singleton chain are lexicographically sorted within a segment and strictly increasing at
+the chain's unique end.
+
+Index arrays share one dtype (int32 or int64), ``vals`` is float32 or float64, and every array
+is 1-d, C-contiguous and read-only. The public constructors (``from_*``, `pack`, `as_tensor`,
+`random`) validate exactly once, all through `validate_storage` (storage built by the packer
+as well as storage given by the user); ``Tensor(...)`` itself only runs cheap structural
+checks and takes ownership of (freezes) the arrays it is given: it is the path for storage
+already validated or valid by construction (kernel outputs).
+
+Modules, in import order: `sparsec.tensors.storage` (LevelStorage, dtypes, validation) <-
+`sparsec.tensors.packing` (pack, from_dense, from_arrays, random) <- `sparsec.tensors.convert` (scipy, torch,
+as_tensor) <- this one (the `Tensor` class). This module re-exports their public names, so
+``from sparsec.tensors.tensor import ...`` is the one import users need; the lower modules import
+`Tensor` only inside the functions that build one.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError
+from .buffers import address
+from .convert import as_tensor, from_scipy, from_torch
+from .formats import Compressed, Dense, Format, Singleton, canonical, parse_format
+from .packing import from_arrays, from_dense, pack, random
+from .storage import (
+    INDEX_DTYPES,
+    INT32_MAX,
+    INT64_MAX,
+    VALUE_DTYPES,
+    LevelStorage,
+    _cast,
+    _check_structure,
+    _position_counts,
+    check_shape,
+    choose_index_dtype,
+    coerce_values,
+    index_dtype_of,
+    validate_storage,
+    value_dtype,
+)
+
+__all__ = [
+    "INDEX_DTYPES",
+    "INT32_MAX",
+    "INT64_MAX",
+    "VALUE_DTYPES",
+    "LevelStorage",
+    "Tensor",
+    "as_tensor",
+    "check_shape",
+    "choose_index_dtype",
+    "coerce_values",
+    "from_arrays",
+    "from_dense",
+    "from_scipy",
+    "from_torch",
+    "index_dtype_of",
+    "pack",
+    "random",
+    "value_dtype",
+]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Tensor:
+    """An immutable tensor in a `Format` (see the module docstring for the storage model).
+
+    ``index_dtype`` defaults to the dtype of the index arrays, or for an all-dense tensor to
+    int32 unless the shape needs int64. Equality is identity (arrays are not compared).
+    """
+
+    shape: tuple[int, ...]
+    format: Format
+    levels: tuple[LevelStorage, ...]
+    vals: np.ndarray
+    index_dtype: np.dtype = None  # type: ignore[assignment]  # resolved in __post_init__
+    #: addresses of the (immutable) storage arrays, filled on first use by the kernel runtime
+    _addresses: dict[tuple[str, int], int] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    #: device copies of the storage arrays for ``target="cuda"``, made on first use and
+    #: kept while the tensor lives (the arrays are immutable)
+    _device: dict[tuple[str, int], Any] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", check_shape(self.shape))
+        if isinstance(self.format, Format):  # else _check_structure reports it
+            object.__setattr__(self, "format", canonical(self.format))
+        object.__setattr__(self, "levels", tuple(self.levels))
+        if self.index_dtype is None:
+            given = [a.dtype for st in self.levels for a in st.arrays() if hasattr(a, "dtype")]
+            dt = given[0] if given else choose_index_dtype(None, self.shape, ())
+            object.__setattr__(self, "index_dtype", np.dtype(dt))
+        else:
+            object.__setattr__(self, "index_dtype", np.dtype(self.index_dtype))
+        _check_structure(self.shape, self.format, self.levels, self.vals, self.index_dtype, "")
+        for array in (*(a for st in self.levels for a in st.arrays()), self.vals):
+            array.flags.writeable = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled and copied as its storage alone: the cached addresses and device copies
+        belong to the process (and the arrays) they were taken from. The copy is built by
+        the trusted constructor, which freezes its arrays (a pickle brings them back
+        writable) and fills the caches anew on first use."""
+        return (type(self), (self.shape, self.format, self.levels, self.vals, self.index_dtype))
+
+    # ---- properties
+
+    def addresses(self) -> dict[tuple[str, int], int]:
+        """``(array, level) -> address`` of each storage array (``("vals", -1)`` for values).
+
+        Computed once: the arrays are read-only and owned by this tensor, so the addresses
+        stay valid as long as it lives. Kernel calls use this instead of per-call lookups.
+        """
+        found = self._addresses
+        if found is None:
+            found = {("vals", -1): address(self.vals)}
+            for k, st in enumerate(self.levels):
+                if st.pos is not None:
+                    found[("pos", k)] = address(st.pos)
+                if st.crd is not None:
+                    found[("crd", k)] = address(st.crd)
+            object.__setattr__(self, "_addresses", found)
+        return found
+
+    def device_array(self, field_name: str, level: int, to_device: Any) -> Any:
+        """The storage array ``field_name`` (``pos``, ``crd``; ``vals`` at level -1) on the
+        GPU, copied by ``to_device`` once per tensor."""
+        found = self._device
+        if found is None:
+            found = {}
+            object.__setattr__(self, "_device", found)
+        key = (field_name, level)
+        array = found.get(key)
+        if array is None:
+            host = self.vals if field_name == "vals" else getattr(self.levels[level], field_name)
+            array = found[key] = to_device(host)
+        return array
+
+    @property
+    def order(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nnz(self) -> int:
+        """Stored values, including zeros that a dense level forces."""
+        return len(self.vals)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.vals.dtype
+
+    @property
+    def level_shape(self) -> tuple[int, ...]:
+        """``N_k`` per level: the size of the mode each level stores."""
+        return tuple(self.shape[m] for m in self.format.ordering)
+
+    def __repr__(self) -> str:
+        return (
+            f"Tensor(shape={self.shape}, format={self.format}, nnz={self.nnz}, "
+            f"dtype={self.dtype}, index_dtype={self.index_dtype})"
+        )
+
+    def validate(self, name: str = "") -> Tensor:
+        """Check every storage invariant (vectorised); raise `StorageError` naming the fault."""
+        validate_storage(self.shape, self.format, self.levels, self.vals, self.index_dtype, name)
+        return self
+
+    # ---- conversions out
+
+    def coords(self) -> tuple[np.ndarray, np.ndarray]:
+        """Stored entries: int64 coordinates ``(order, nnz)`` in mode order, and their values."""
+        return self._mode_coords(), self.vals.copy()
+
+    def to_dense(self) -> np.ndarray:
+        """A new writable numpy array in mode order with the dtype of ``vals``."""
+        if self.format.is_dense:
+            level_major = self.vals.reshape(self.level_shape)
+            return np.array(level_major.transpose(np.argsort(self.format.ordering)), order="C")
+        out = np.zeros(self.shape, dtype=self.dtype)
+        out[tuple(self._mode_coords())] = self.vals
+        return out
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if copy is False:
+            raise ValueError("a sparsec Tensor is converted to numpy, never viewed (copy=False)")
+        dense = self.to_dense()
+        return dense if dtype is None else dense.astype(dtype, copy=False)
+
+    def to_scipy(self) -> Any:
+        """A scipy sparse array: csr_array for csr, csc_array for csc, coo_array otherwise."""
+        import scipy.sparse as sp
+
+        if self.order != 2:
+            raise FormatError(
+                f"to_scipy needs an order-2 tensor (a matrix); this one has order {self.order}"
+            )
+        for preset, make in (("csr", sp.csr_array), ("csc", sp.csc_array)):
+            if self.format == parse_format(preset, 2):
+                st = self.levels[1]
+                assert st.pos is not None and st.crd is not None
+                return make((self.vals.copy(), st.crd.copy(), st.pos.copy()), shape=self.shape)
+        coords = self._mode_coords()
+        return sp.coo_array((self.vals.copy(), (coords[0], coords[1])), shape=self.shape)
+
+    def to_torch(self) -> Any:
+        """A dense torch tensor for dense formats, sparse CSR for csr, sparse COO otherwise."""
+        import torch
+
+        if self.format.is_dense:
+            return torch.from_numpy(self.to_dense())
+        values = torch.from_numpy(self.vals.copy())
+        with warnings.catch_warnings():  # "sparse CSR support is in beta"
+            warnings.simplefilter("ignore", UserWarning)
+            if self.order == 2 and self.format == parse_format("csr", 2):
+                st = self.levels[1]
+                assert st.pos is not None and st.crd is not None
+                pos, crd = torch.from_numpy(st.pos.copy()), torch.from_numpy(st.crd.copy())
+                return torch.sparse_csr_tensor(
+                    pos, crd, values, size=self.shape, check_invariants=False
+                )
+            coords = torch.from_numpy(self._mode_coords())
+            coo = torch.sparse_coo_tensor(coords, values, size=self.shape, check_invariants=False)
+            return coo.coalesce()
+
+    def to_format(self, format: str | Format) -> Tensor:
+        """This tensor in another format; the same object when the format is unchanged.
+
+        A conversion keeps the nonzero values only (plus the zeros the target's dense levels
+        force), so zeros stored by a source dense level are not carried over.
+        """
+        fmt = parse_format(format, self.order)
+        if fmt == self.format:
+            return self
+        coords = self._mode_coords()
+        keep = self.vals != 0
+        wanted = self.index_dtype if self.index_dtype == np.int64 else None
+        return pack(coords[:, keep], self.vals[keep], self.shape, fmt, wanted, self.dtype)
+
+    def astype(self, dtype: Any = None, *, index_dtype: Any = None) -> Tensor:
+        """This tensor with other value and/or index dtypes (the same object if unchanged)."""
+        vdt = value_dtype(dtype) or self.dtype
+        idt = index_dtype_of(index_dtype) or self.index_dtype
+        if vdt == self.dtype and idt == self.index_dtype:
+            return self
+        choose_index_dtype(idt, self.shape, _position_counts(self.format, self.shape, self.levels))
+        levels = tuple(
+            LevelStorage(*(None if a is None else _cast(a, idt) for a in (st.pos, st.crd)))
+            for st in self.levels
+        )
+        return Tensor(self.shape, self.format, levels, _cast(self.vals, vdt), idt)
+
+    def _mode_coords(self) -> np.ndarray:
+        out = np.empty((self.order, self.nnz), dtype=np.int64)
+        for k, crd in enumerate(_level_coords(self)):
+            out[self.format.ordering[k]] = crd
+        return out
+
+    # ---- constructors (thin wrappers, so the classmethods read as the API)
+
+    @classmethod
+    def from_dense(
+        cls,
+        array: Any,
+        format: str | Format | None = None,
+        *,
+        index_dtype: Any = None,
+        dtype: Any = None,
+        name: str = "",
+    ) -> Tensor:
+        """From a numpy array, torch dense tensor or nested list; zeros are not stored except
+        where a dense level forces them. Default format: dense."""
+        return from_dense(array, format, index_dtype=index_dtype, dtype=dtype, name=name)
+
+    @classmethod
+    def from_scipy(
+        cls,
+        matrix: Any,
+        format: str | Format | None = None,
+        *,
+        index_dtype: Any = None,
+        dtype: Any = None,
+        name: str = "",
+    ) -> Tensor:
+        """From any scipy sparse matrix/array; default format follows its type (csr, csc, coo)."""
+        return from_scipy(matrix, format, index_dtype=index_dtype, dtype=dtype, name=name)
+
+    @classmethod
+    def from_torch(
+        cls,
+        t: Any,
+        format: str | Format | None = None,
+        *,
+        index_dtype: Any = None,
+        dtype: Any = None,
+        name: str = "",
+    ) -> Tensor:
+        """From a dense, sparse COO, CSR or CSC torch tensor; default format follows layout."""
+        return from_torch(t, format, index_dtype=index_dtype, dtype=dtype, name=name)
+
+    @classmethod
+    def from_coo(
+        cls,
+        coords: Any,
+        values: Any,
+        shape: Sequence[int],
+        format: str | Format = "coo",
+        *,
+        index_dtype: Any = None,
+        dtype: Any = None,
+        name: str = "",
+    ) -> Tensor:
+        """From mode-order coordinates ``(order, nnz)`` (or one array per mode) and values;
+        duplicates are summed, explicit zeros kept."""
+        return pack(coords, values, shape, format, index_dtype, dtype, name=name)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        shape: Sequence[int],
+        format: str | Format,
+        levels: Sequence[Any],
+        vals: Any,
+        *,
+        name: str = "",
+        index_dtype: Any = None,
+        dtype: Any = None,
+    ) -> Tensor:
+        """From raw storage, validated; see `from_arrays`."""
+        return from_arrays(
+            shape, format, levels, vals, name=name, index_dtype=index_dtype, dtype=dtype
+        )
+
+
+# --------------------------------------------------------------------------- reading storage
+
+
+def _level_coords(t: Tensor) -> list[np.ndarray]:
+    """For each level k, the coordinate ``i_k`` of every position of the last level.
+
+    Walks down the levels keeping, per position of the current level, the coordinates of all
+    levels above; a dense or compressed level expands each parent position into its children.
+    """
+    coords: list[np.ndarray] = []
+    parent: np.ndarray | None
+    n = 1
+    for level, st, size in zip(t.format.levels, t.levels, t.level_shape, strict=True):
+        match level:
+            case Dense():
+                parent = np.repeat(np.arange(n, dtype=np.int64), size)
+                crd = np.tile(np.arange(size, dtype=np.int64), n)
+                n *= size
+            case Compressed():
+                assert st.pos is not None and st.crd is not None
+                parent = np.repeat(np.arange(n, dtype=np.int64), np.diff(st.pos))
+                crd, n = st.crd, len(st.crd)
+            case Singleton():
+                assert st.crd is not None
+                parent, crd = None, st.crd
+            case _:
+                raise FormatError(f"unknown level format {level!r}")
+        if parent is not None:
+            coords = [c[parent] for c in coords]
+        coords.append(crd)
+    return coords
