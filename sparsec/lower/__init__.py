@@ -1,7 +1,14 @@
 """Lowering: a concrete statement and a schedule plan to the loop IR of one kernel.
 
-Other stages import from this package, not from its modules."""
+Other stages import from this package, not from its modules. Read it module by module,
+top to bottom: `kernel` (the entry and the one epilogue), `lowerer` (the recursion),
+`coiterate` (loops over a lattice), `spaces` (the schedule's split/pos/fuse loops),
+`where` (precompute), `parallel` (races and their strategies), `output` (stores),
+`levels` (level functions on an access), `env` and `ctx` (the state), `assemble` and
+`workspace` (sparse outputs).
+"""
 
-from .lowerer import LoweredKernel, RowsOutOfOrder, lower
+from .assemble import BLOCK_SLACK, LAST_LEVEL_SLACK
+from .kernel import LoweredKernel, RowsOutOfOrder, lower
 
-__all__ = ["LoweredKernel", "RowsOutOfOrder", "lower"]
+__all__ = ["BLOCK_SLACK", "LAST_LEVEL_SLACK", "LoweredKernel", "RowsOutOfOrder", "lower"]

@@ -23,16 +23,14 @@ zeros, as in TACO.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..abi import CAPACITY_EXCEEDED, OUT_OF_MEMORY
+from ..abi import CAPACITY_EXCEEDED, Namer, Signature
 from ..frontend.notation import Access
 from ..ir import nodes as ir
 from ..middle.order import level_indices
+from ..middle.spec import TensorVar
+from ..tensors.formats import Dense, LevelFormat, LevelNames
 from ..tensors.layout import OutputLayout
-
-if TYPE_CHECKING:  # the lowerer owns an Assembler; only the type is needed here
-    from .lowerer import Lowerer
+from .workspace import Workspace, allocate
 
 #: blocks of spare ``vals`` the runtime allocates past an output's last block (see
 #: `Assembler.around`)
@@ -43,17 +41,30 @@ LAST_LEVEL_SLACK = 1
 
 
 class Assembler:
-    """Generates the output-assembly statements for one kernel (count or compute mode)."""
+    """Generates the output-assembly statements for one kernel (count or compute mode).
 
-    def __init__(self, lowerer: Lowerer, counting: bool, append: bool = False) -> None:
-        self.low = lowerer
+    It knows the output, the kernel's names (``sig``, ``namer``) and the C name of each
+    index variable (``var_names``), and nothing of the lowering that calls it."""
+
+    def __init__(
+        self,
+        out: TensorVar,
+        lhs: Access,
+        sig: Signature,
+        namer: Namer,
+        var_names: dict[str, str],
+        counting: bool,
+        append: bool = False,
+    ) -> None:
+        self.sig = sig
+        self.namer = namer
+        self.var_names = var_names
         self.counting = counting
-        self.lhs: Access = lowerer.lhs
-        out = lowerer.spec.output
+        self.lhs = lhs
         self.name = out.name
         self.layout = OutputLayout.of(out.format, out.name)
+        self.levels: tuple[LevelFormat, ...] = out.format.levels
         self.vars = level_indices(self.lhs, out.format)
-        namer, sig = lowerer.namer, lowerer.sig
         appended = (*self.layout.inner, self.layout.last)
         #: position counter per appended level (the next free position)
         self.count = {k: namer.fresh(f"p{self.name}{k + 1}") for k in appended}
@@ -64,8 +75,6 @@ class Assembler:
         self.touched = namer.fresh("stored") if self.layout.block else ""
         #: the single-pass kernel: its last level has slack, so loops check up front
         self.append = append
-        #: inside a loop whose appends were checked up front (`precheck`)
-        self.checked = False
         #: appending kernels: each appended level's capacity, read from ``sc_sizes``
         self.capacity = (
             {}
@@ -75,18 +84,21 @@ class Assembler:
         #: rows are independent: per-row counters, ``pos`` prefix-summed by the runtime
         #: (``append``: one counter across rows instead, for the single-pass kernel)
         self.rowwise = self.layout.rowwise and not append
-        # the workspace (set by `workspace_alloc` when the lowering needs one)
-        self.workspace_var = ""
-        self.w = self.seen = self.top = self.list = self.length = self.lo = self.hi = ""
-        self.words: ir.Expr = ir.IntLit(0)
-        #: per-thread workspaces: the whole allocation behind each row-local name
-        self.bases: dict[str, str] = {}
-        self.sizes_of: dict[str, ir.Expr] = {}
-        self.allocated: list[str] = []
+        #: the Gustavson workspace, once `workspace_alloc` made one, and its allocation
+        self.ws: Workspace | None = None
+        self.ws_alloc: list[ir.Stmt] = []
 
     # --------------------------------------------------------------- helpers
+    def _at(self, k: int) -> LevelNames:
+        """The kernel's names for output level ``k`` (its level functions' arguments)."""
+        return LevelNames(self._dim(k), self.pos.get(k, ""), self.crd.get(k, ""))
+
     def _store(self, array: str, index: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
         return [] if self.counting else [ir.Assign(ir.Load(array, index), value)]
+
+    def _append_coord(self, k: int, at: ir.Expr) -> list[ir.Stmt]:
+        """Level ``k``'s coordinate at its appended position ``at`` (not when counting)."""
+        return [] if self.counting else self.levels[k].append_coord(at, self._coord(k), self._at(k))
 
     def _room(self, k: int, slack: bool = False) -> list[ir.Stmt]:
         """Leave the kernel before appending past level ``k``'s capacity (``slack``: the
@@ -99,7 +111,7 @@ class Assembler:
     def precheck(self, var: str, room: ir.Expr) -> list[ir.Stmt]:
         """Before a loop that binds the output's last level and appends at most ``room``
         entries (one per iteration): a single capacity check for the whole loop, after
-        which its stores skip their own (`checked`). A check per append costs a merge
+        which its stores skip their own (``checked``). A check per append costs a merge
         about a tenth of its time. Empty when the level's entries are not appended one
         per iteration (COO's singletons, dense blocks) or are gathered from a workspace.
 
@@ -112,7 +124,7 @@ class Assembler:
             or self.level_of(var) != layout.last
             or layout.last not in self.capacity
             or not layout.one_entry_per_step
-            or self.low.workspace is not None
+            or self.ws is not None
         ):
             return []
         c = ir.Var(self.count[layout.last])
@@ -121,7 +133,7 @@ class Assembler:
 
     def _bail(self, cond: ir.Expr) -> list[ir.Stmt]:
         """Leave with CAPACITY_EXCEEDED when ``cond`` holds, freeing the workspace."""
-        frees = [ir.Free(name) for name in self.allocated]
+        frees = self.ws.free() if self.ws is not None else []
         return [ir.If(((cond, ir.block(*frees, ir.Return(CAPACITY_EXCEEDED, ir.IntLit(1)))),))]
 
     def _inc(self, k: int) -> ir.Stmt:
@@ -129,25 +141,29 @@ class Assembler:
         return ir.Assign(c, ir.Bin("+", c, ir.IntLit(1)))
 
     def _coord(self, k: int) -> ir.Expr:
-        return ir.Var(self.low.var_names[self.vars[k]])
+        return ir.Var(self.var_names[self.vars[k]])
 
     def _dim(self, k: int) -> ir.Expr:
-        return ir.Var(self.low.sig.dim(self.vars[k]))
+        return ir.Var(self.sig.dim(self.vars[k]))
 
-    def _prefix_positions(self) -> ir.Expr:
-        """Positions of the dense prefix: the parents of the first sparse level."""
+    def _extent(self, levels: range | tuple[int, ...]) -> ir.Expr:
+        """The positions of the dense ``levels`` under one parent position."""
         size: ir.Expr = ir.IntLit(1)
-        for k in range(self.layout.dense_prefix):
-            size = ir.mul(size, self._dim(k))
-        return size
-
-    def _block_size(self) -> ir.Expr:
-        size: ir.Expr = ir.IntLit(1)
-        for k in self.layout.block:
+        for k in levels:
             size = ir.mul(size, self._dim(k))
         return size
 
     # -------------------------------------------------------------- kernel
+    def opening(self) -> list[ir.Stmt]:
+        """Before the loop nest (`output.epilogue`): the counters and ``pos`` started,
+        then the workspace allocated."""
+        return [*self.prologue(), *self.ws_alloc]
+
+    def closing(self) -> list[ir.Stmt]:
+        """After the loop nest: the workspace freed, then the sizes reported (counting)
+        or ``pos`` completed."""
+        return [*self.workspace_free(), *self.epilogue()]
+
     def prologue(self) -> list[ir.Stmt]:
         if self.rowwise:
             return []  # counters live in each row; pos comes prefix-summed from the runtime
@@ -160,9 +176,9 @@ class Assembler:
         if first == 0:
             stmts += self._store(self.pos[0], ir.IntLit(0), ir.IntLit(0))
         else:
-            p = self.low.namer.fresh("p")
+            p = self.namer.fresh("p")
             zero = ir.Assign(ir.Load(self.pos[first], ir.Var(p)), ir.IntLit(0))
-            end = ir.Bin("+", self._prefix_positions(), ir.IntLit(1))
+            end = ir.Bin("+", self._extent(range(self.layout.dense_prefix)), ir.IntLit(1))
             stmts.append(ir.For(p, ir.IntLit(0), end, ir.block(zero)))
         for k in self.count:
             if k != first:
@@ -185,13 +201,14 @@ class Assembler:
                 )
             return stmts
         if first == 0:
-            return self._store(self.pos[0], ir.IntLit(1), ir.Var(self.count[0]))
+            # the root's one segment ends at the count
+            return [self.levels[0].append_edges(ir.IntLit(0), ir.Var(self.count[0]), self._at(0))]
         # parents never visited keep the count of the parent before them (prefix max)
-        p = self.low.namer.fresh("p")
+        p = self.namer.fresh("p")
         pos = self.pos[first]
         here, before = ir.Load(pos, ir.Var(p)), ir.Load(pos, ir.Bin("-", ir.Var(p), ir.IntLit(1)))
         fix = ir.If(((ir.Bin("<", here, before), ir.block(ir.Assign(here, before))),))
-        end = ir.Bin("+", self._prefix_positions(), ir.IntLit(1))
+        end = ir.Bin("+", self._extent(range(self.layout.dense_prefix)), ir.IntLit(1))
         return [ir.For(p, ir.IntLit(1), end, ir.block(fix))]
 
     # ------------------------------------------------------ around a level
@@ -214,26 +231,29 @@ class Assembler:
         after: list[ir.Stmt] = []
         if k == layout.dense_prefix - 1 and ctx_pos is not None and self.rowwise:
             # one row: count its entries into pos[p + 1], or fill them from pos[p]
-            row_count = self.count[layout.last]
-            row_pos = self.pos[layout.last]
-            row_start = ir.IntLit(0) if self.counting else ir.Load(row_pos, ctx_pos)
-            before.append(ir.Decl(ir.I64, row_count, row_start))
-            before += self._row_workspace()
+            last = layout.last
+            row_count = self.count[last]
+            row = self.levels[last]
+            row_start, _ = row.bounds((ctx_pos, ctx_pos), self._at(last))
+            before.append(ir.Decl(ir.I64, row_count, ir.IntLit(0) if self.counting else row_start))
+            before += self.ws.row_slices() if self.ws is not None else []
             if self.counting:
-                end = ir.Load(row_pos, ir.Bin("+", ctx_pos, ir.IntLit(1)))
-                after.append(ir.Assign(end, ir.Var(row_count)))
+                after.append(row.append_edges(ctx_pos, ir.Var(row_count), self._at(last)))
         elif k == layout.dense_prefix - 1 and ctx_pos is not None:
             # the dense parent of the first sparse level: record where its children end
             child = min(self.count)
-            after += self._store(
-                self.pos[child], ir.Bin("+", ctx_pos, ir.IntLit(1)), ir.Var(self.count[child])
-            )
+            if not self.counting:
+                edges = self.levels[child].append_edges(
+                    ctx_pos, ir.Var(self.count[child]), self._at(child)
+                )
+                after.append(edges)
         elif k in layout.inner:
             child = min(j for j in self.count if j > k)
-            start = self.low.namer.fresh(f"{self.count[child]}_start")
+            start = self.namer.fresh(f"{self.count[child]}_start")
             before.append(ir.Decl(ir.I64, start, ir.Var(self.count[child])))
-            body = self._room(k) + self._store(self.crd[k], ir.Var(self.count[k]), self._coord(k))
+            body = self._room(k) + self._append_coord(k, ir.Var(self.count[k]))
             body.append(self._inc(k))
+            # after the increment the counter is the parent's position + 1: pos's slot
             body += self._store(self.pos[child], ir.Var(self.count[k]), ir.Var(self.count[child]))
             cond = ir.Bin(">", ir.Var(self.count[child]), ir.Var(start))
             after.append(ir.If(((cond, ir.block(*body)),)))
@@ -244,19 +264,20 @@ class Assembler:
                 # the block at the next free position is zeroed before anything is known to
                 # be stored in it, so vals has one spare block past the last kept entry
                 before += self._room(k, slack=True)
-                p = self.low.namer.fresh("p")
-                size = self._block_size()
-                at = ir.add(ir.mul(c, size), ir.Var(p))
+                p = self.namer.fresh("p")
+                block = LevelNames(self._extent(layout.block))
+                at = Dense().locate_position(c, ir.Var(p), block)
                 zero = ir.Assign(ir.Load(self.vals, at), ir.FloatLit(0.0))
-                before.append(ir.For(p, ir.IntLit(0), size, ir.block(zero)))
-            body = self._room(k) + self._store(self.crd[k], c, self._coord(k))
+                before.append(ir.For(p, ir.IntLit(0), block.dim, ir.block(zero)))
+            body = self._room(k) + self._append_coord(k, c)
             body.append(self._inc(k))
             after.append(ir.If(((ir.Var(self.touched), ir.block(*body)),)))
         return before, after
 
     # --------------------------------------------------------------- store
-    def store(self, slot: ir.Load, value: ir.Expr | None) -> list[ir.Stmt]:
-        """One output entry at the innermost level (``value`` is None when counting)."""
+    def store(self, slot: ir.Load, value: ir.Expr | None, checked: bool) -> list[ir.Stmt]:
+        """One output entry at the innermost level (``value`` is None when counting;
+        ``checked``: the enclosing loop checked the capacity up front, `precheck`)."""
         layout = self.layout
         if layout.block:
             stmts: list[ir.Stmt] = [ir.Assign(ir.Var(self.touched), ir.IntLit(1))]
@@ -264,9 +285,9 @@ class Assembler:
                 stmts.append(ir.Assign(slot, value, "+="))
             return stmts
         c = ir.Var(self.count[layout.last])
-        stmts = [] if self.counting or self.checked else self._room(layout.last)
+        stmts = [] if self.counting or checked else self._room(layout.last)
         for k in (layout.last, *layout.tail):
-            stmts += self._store(self.crd[k], c, self._coord(k))
+            stmts += self._append_coord(k, c)
         if value is not None:
             stmts += self._store(self.vals, c, value)
         stmts.append(self._inc(layout.last))
@@ -278,141 +299,42 @@ class Assembler:
         layout = self.layout
         return layout.fmt.levels[layout.last].unique and not layout.block and not layout.tail
 
-    def workspace_alloc(self, var: str | None) -> list[ir.Stmt]:
-        """A dense row over ``var``: values, a bitmap of the coordinates reached followed by
-        its summary (``top``: one bit per bitmap word), and the list of those reached.
-
-        Counting needs neither values nor the list: it marks bits and the span reached
-        (``lo``..``hi``), then counts the marked words through the summary. Each thread's
-        bitmap and list are padded to whole cache lines plus one, so threads never share a
-        line, and the list has slack for the branch-free appends of ``sc_mark`` and
-        ``sc_sort_reached``."""
+    def workspace_alloc(self, var: str | None) -> None:
+        """The workspace over ``var`` (see `workspace`), if any, before the loop nest is
+        lowered: one per kernel, or one per thread when rows are filled in parallel (each
+        row takes its thread's slice). `opening` allocates it."""
         if var is None:
-            return []
-        namer = self.low.namer
-        self.workspace_var = var
-        self.w = namer.fresh("w")
-        self.seen = namer.fresh("w_seen")
-        self.top = namer.fresh("w_top")
-        if self.counting:
-            self.lo, self.hi = namer.fresh("w_lo"), namer.fresh("w_hi")
-        else:
-            self.list, self.length = namer.fresh("w_list"), namer.fresh("w_len")
-        size = ir.Var(self.low.sig.dim(var))
-        self.words = ir.Bin("/", ir.Bin("+", size, ir.IntLit(63)), ir.IntLit(64))
-        tops = ir.Bin("/", ir.Bin("+", size, ir.IntLit(4095)), ir.IntLit(4096))
-        strides = {self.seen: _lines(ir.Bin("+", self.words, tops))}
-        if not self.counting:
-            strides = {self.w: size, **strides, self.list: _lines(size)}
-        copies: ir.Expr = ir.IntLit(1)
-        if self.rowwise:
-            # one workspace per thread; each row takes its thread's slice (`_row_workspace`)
-            copies = ir.Var(self.low.sig.threads)
-            self.bases = {n: namer.fresh(f"{n}_all") for n in strides}
-            self.sizes_of = strides
-        stmts: list[ir.Stmt] = [ir.Comment(f"workspace: a dense row over {var} (Gustavson)")]
-        self.allocated = [self.bases[n] if self.rowwise else n for n in strides]
-        for name, array in zip(strides, self.allocated, strict=True):
-            stmts.append(ir.Alloc(self._types[name], array, ir.mul(copies, strides[name])))
-        failed: ir.Expr = ir.Unary("!", ir.Var(self.allocated[0]))
-        for name in self.allocated[1:]:
-            failed = ir.Bin("||", failed, ir.Unary("!", ir.Var(name)))
-        stmts.append(ir.Return(OUT_OF_MEMORY, failed))
-        if not self.rowwise:
-            stmts += self._row_state()
-        return stmts
+            return
+        copies = ir.Var(self.sig.threads) if self.rowwise else None
+        size = ir.Var(self.sig.dim(var))
+        self.ws, self.ws_alloc = allocate(var, size, self.namer, self.counting, copies)
 
-    @property
-    def _types(self) -> dict[str, str]:
-        return {self.w: ir.VAL, self.seen: ir.U64, self.list: ir.I64}
-
-    def _row_state(self) -> list[ir.Stmt]:
-        """The summary behind the bitmap, and the row's list length or span."""
-        stmts: list[ir.Stmt] = [ir.Pointer(ir.U64, self.top, self.seen, self.words)]
-        if self.counting:
-            size = ir.Var(self.low.sig.dim(self.workspace_var))
-            stmts += [
-                ir.Decl(ir.I64, self.lo, size),
-                ir.Decl(ir.I64, self.hi, ir.IntLit(-1)),
-            ]
-        else:
-            stmts.append(ir.Decl(ir.I64, self.length, ir.IntLit(0)))
-        return stmts
-
-    def workspace_free(self, var: str | None) -> list[ir.Stmt]:
-        if var is None:
-            return []
-        return [ir.Free(n) for n in self.allocated]
-
-    def _row_workspace(self) -> list[ir.Stmt]:
-        """In a row of a parallel loop: this thread's slice of each workspace array."""
-        if not self.bases:
-            return []
-        tid = ir.Call("thread_id", ())
-        stmts: list[ir.Stmt] = []
-        for name, base in self.bases.items():
-            stmts.append(
-                ir.Pointer(self._types[name], name, base, ir.mul(tid, self.sizes_of[name]))
-            )
-        return stmts + self._row_state()
+    def workspace_free(self) -> list[ir.Stmt]:
+        return self.ws.free() if self.ws is not None else []
 
     def scatter(self, coord: ir.Expr, value: ir.Expr | None) -> list[ir.Stmt]:
-        """``w[j] += value``, remembering ``j`` the first time it is reached.
-
-        The numeric phase appends to the list without a branch (``sc_mark``); counting only
-        sets the bits (no test, no branch) and widens the span reached."""
-        seen, top = ir.Var(self.seen), ir.Var(self.top)
-        if self.counting:
-            lo, hi = ir.Var(self.lo), ir.Var(self.hi)
-            return [
-                ir.Effect(ir.Call("mark_bits", (seen, top, coord))),
-                ir.Assign(lo, ir.Call("min", (lo, coord))),
-                ir.Assign(hi, ir.Call("max", (hi, coord))),
-            ]
-        n = ir.Var(self.length)
-        stmts: list[ir.Stmt] = [
-            ir.Assign(n, ir.Call("mark", (seen, top, ir.Var(self.list), n, coord)))
-        ]
-        if value is not None:
-            stmts.append(ir.Assign(ir.Load(self.w, coord), value, "+="))
-        return stmts
+        assert self.ws is not None
+        return self.ws.scatter(coord, value)
 
     def gather(self) -> list[ir.Stmt]:
-        """Append the workspace's coordinates in order, clearing what was touched
-        (``sc_sort_reached`` clears the bitmap and its summary as it orders the list;
-        ``sc_count_reached`` as it counts)."""
+        """Append the workspace's coordinates in order, clearing what was touched."""
+        ws = self.ws
+        assert ws is not None
         last = self.layout.last
         c = ir.Var(self.count[last])
-        seen, top = ir.Var(self.seen), ir.Var(self.top)
         if self.counting:
-            lo, hi = ir.Var(self.lo), ir.Var(self.hi)
-            reached = ir.Call("count_reached", (seen, top, lo, hi))
+            return ws.count_reached(c)
+
+        def append(coord: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
+            at = self._at(last)
             return [
-                ir.Assign(c, ir.Bin("+", c, reached)),
-                ir.Assign(lo, ir.Var(self.low.sig.dim(self.workspace_var))),
-                ir.Assign(hi, ir.IntLit(-1)),
+                *self.levels[last].append_coord(c, coord, at),
+                ir.Assign(ir.Load(self.vals, c), value),
+                self._inc(last),
             ]
-        n = ir.Var(self.length)
-        t = self.low.namer.fresh("q")
-        j = self.low.namer.fresh("j_w")
-        body = ir.block(
-            ir.Decl(ir.I64, j, ir.Load(self.list, ir.Var(t))),
-            ir.Assign(ir.Load(self.crd[last], c), ir.Var(j)),
-            ir.Assign(ir.Load(self.vals, c), ir.Load(self.w, ir.Var(j))),
-            self._inc(last),
-            ir.Assign(ir.Load(self.w, ir.Var(j)), ir.FloatLit(0.0)),
-        )
+
         room: list[ir.Stmt] = []
         if last in self.capacity:
+            n = ir.Var(ws.length)
             room = self._bail(ir.Bin(">", ir.Bin("+", c, n), ir.Var(self.capacity[last])))
-        return [
-            *room,
-            ir.Effect(ir.Call("sort_reached", (ir.Var(self.list), n, seen, top))),
-            ir.For(t, ir.IntLit(0), n, body),
-            ir.Assign(n, ir.IntLit(0)),
-        ]
-
-
-def _lines(count: ir.Expr) -> ir.Expr:
-    """``count`` 8-byte elements rounded up to whole 64-byte lines, plus one line of slack."""
-    return ir.mul(ir.Bin("/", ir.Bin("+", count, ir.IntLit(15)), ir.IntLit(8)), ir.IntLit(8))
+        return ws.gather(self.namer, append, room)

@@ -15,6 +15,11 @@ Level letters (TACO's spelling)::
 
 A spec is a preset name or letters with an optional mode ordering:
 ``"csr"``, ``"ds"``, ``"ds:1,0"`` (= ``"d1s0"``, CSC), ``"sss"``, ``"uqq"`` (COO).
+
+Each level format also carries its *level functions* (TACO's ``ModeFormatImpl``): the loop
+IR for the position bounds of level k under its parent position, coordinate access,
+locate, and append. The lowerer and the assembler call them, so each of these is written
+once; they name the kernel's arrays through a `LevelNames`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,21 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import FormatError
+from ..ir import nodes as ir
+
+
+@dataclass(frozen=True, slots=True)
+class LevelNames:
+    """The kernel's names for one level of one tensor: its ``pos`` and ``crd`` arrays
+    (empty where the level stores none) and its extent N."""
+
+    dim: ir.Expr
+    pos: str = ""
+    crd: str = ""
+
+
+#: a parent position's segment of this level: (p_{k-1}, its end); singletons use the end
+Parent = tuple[ir.Expr, ir.Expr] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +60,7 @@ class LevelFormat:
     coordinate_iteration: ClassVar[bool] = False
     #: positions are iterated over a range and coordinates read from ``crd``
     position_iteration: ClassVar[bool] = False
-    #: random access: position of coordinate i is computable in O(1)
+    #: random access: position of coordinate i is computable in O(1) (`locate_position`)
     locate: ClassVar[bool] = False
     #: the position range of this level comes from the parent's position range
     #: (singleton) rather than from a ``pos`` array indexed by the parent position
@@ -53,6 +73,39 @@ class LevelFormat:
     def __str__(self) -> str:
         return self.name if self.unique else f"{self.name}(non-unique)"
 
+    # ------------------------------------------------------- level functions
+    def bounds(self, parent: Parent, at: LevelNames) -> tuple[ir.Expr, ir.Expr]:
+        """The positions ``[begin_k, end_k)`` of this level under the parent position
+        ``parent`` (None: level 0, under the root)."""
+        raise NotImplementedError(self.name)
+
+    def range_bounds(self, lo: ir.Expr, hi: ir.Expr, at: LevelNames) -> tuple[ir.Expr, ir.Expr]:
+        """The positions of this level under the parent positions ``[lo, hi)`` (a fused
+        position space spans several parents at once)."""
+        raise NotImplementedError(self.name)
+
+    def coordinate(self, pos: ir.Expr, at: LevelNames, top: bool) -> ir.Expr:
+        """The coordinate stored at position ``pos`` (``top``: this is level 0)."""
+        raise NotImplementedError(self.name)
+
+    def parent_position(self, pos: ir.Expr, at: LevelNames) -> ir.Expr | None:
+        """The parent's position of position ``pos``, where it is computable (None: the
+        parent's ``pos`` array must be searched)."""
+        return None
+
+    def locate_position(self, parent: ir.Expr | None, coord: ir.Expr, at: LevelNames) -> ir.Expr:
+        """The position of coordinate ``coord`` under the parent position ``parent``
+        (levels with the `locate` capability only)."""
+        raise NotImplementedError(f"{self.name} levels cannot locate")
+
+    def append_coord(self, pos: ir.Expr, coord: ir.Expr, at: LevelNames) -> list[ir.Stmt]:
+        """Assembly: record coordinate ``coord`` at the appended position ``pos``."""
+        return [ir.Assign(ir.Load(at.crd, pos), coord)] if "crd" in self.arrays else []
+
+    def append_edges(self, parent: ir.Expr, end: ir.Expr, at: LevelNames) -> ir.Stmt:
+        """Assembly: the children of parent position ``parent`` end at ``end``."""
+        raise NotImplementedError(f"{self.name} levels have no edges")
+
 
 @dataclass(frozen=True, slots=True)
 class Dense(LevelFormat):
@@ -60,6 +113,23 @@ class Dense(LevelFormat):
     name: ClassVar[str] = "dense"
     coordinate_iteration: ClassVar[bool] = True
     locate: ClassVar[bool] = True
+
+    def bounds(self, parent: Parent, at: LevelNames) -> tuple[ir.Expr, ir.Expr]:
+        lo = ir.mul(parent[0], at.dim) if parent else ir.IntLit(0)
+        return lo, ir.add(lo, at.dim)
+
+    def range_bounds(self, lo: ir.Expr, hi: ir.Expr, at: LevelNames) -> tuple[ir.Expr, ir.Expr]:
+        return ir.mul(lo, at.dim), ir.mul(hi, at.dim)
+
+    def coordinate(self, pos: ir.Expr, at: LevelNames, top: bool) -> ir.Expr:
+        return pos if top else ir.Bin("%", pos, at.dim)
+
+    def parent_position(self, pos: ir.Expr, at: LevelNames) -> ir.Expr | None:
+        return ir.Bin("/", pos, at.dim)
+
+    def locate_position(self, parent: ir.Expr | None, coord: ir.Expr, at: LevelNames) -> ir.Expr:
+        """``p_k = p_{k-1} * N + i`` (``i`` itself at level 0)."""
+        return coord if parent is None else ir.add(ir.mul(parent, at.dim), coord)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +142,26 @@ class Compressed(LevelFormat):
     def spelling(self) -> str:
         return "s" if self.unique else "u"
 
+    def bounds(self, parent: Parent, at: LevelNames) -> tuple[ir.Expr, ir.Expr]:
+        """``pos[p_{k-1}] .. pos[p_{k-1} + 1]``."""
+        p = parent[0] if parent else ir.IntLit(0)
+        return ir.Load(at.pos, p), _end_slot(p, at)
+
+    def range_bounds(self, lo: ir.Expr, hi: ir.Expr, at: LevelNames) -> tuple[ir.Expr, ir.Expr]:
+        return ir.Load(at.pos, lo), ir.Load(at.pos, hi)
+
+    def coordinate(self, pos: ir.Expr, at: LevelNames, top: bool) -> ir.Expr:
+        return ir.Load(at.crd, pos)
+
+    def append_edges(self, parent: ir.Expr, end: ir.Expr, at: LevelNames) -> ir.Stmt:
+        """``pos[p_{k-1} + 1] = end`` (the slot `bounds` reads as the segment's end)."""
+        return ir.Assign(_end_slot(parent, at), end)
+
+
+def _end_slot(parent: ir.Expr, at: LevelNames) -> ir.Load:
+    """``pos[p + 1]``: where the segment of parent position ``p`` ends."""
+    return ir.Load(at.pos, ir.add(parent, ir.IntLit(1)))
+
 
 @dataclass(frozen=True, slots=True)
 class Singleton(LevelFormat):
@@ -83,6 +173,20 @@ class Singleton(LevelFormat):
     @property
     def spelling(self) -> str:
         return "q"
+
+    def bounds(self, parent: Parent, at: LevelNames) -> tuple[ir.Expr, ir.Expr]:
+        """The parent's own segment: one coordinate per parent position."""
+        assert parent is not None, "a singleton level has a parent"
+        return parent
+
+    def range_bounds(self, lo: ir.Expr, hi: ir.Expr, at: LevelNames) -> tuple[ir.Expr, ir.Expr]:
+        return lo, hi
+
+    def coordinate(self, pos: ir.Expr, at: LevelNames, top: bool) -> ir.Expr:
+        return ir.Load(at.crd, pos)
+
+    def parent_position(self, pos: ir.Expr, at: LevelNames) -> ir.Expr | None:
+        return pos
 
 
 @dataclass(frozen=True, slots=True)

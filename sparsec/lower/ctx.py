@@ -1,0 +1,124 @@
+"""What the lowering knows at one point of the loop nest (`Ctx`), and where a value goes
+(the sinks). All immutable: a loop extends its body's context with `Ctx.bind`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..frontend.notation import Access, Literal
+from ..ir import nodes as ir
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A storage level whose position is known: ``pos`` and the end of its segment."""
+
+    pos: ir.Expr
+    next: ir.Expr
+
+
+def unit(pos: ir.Expr) -> Bound:
+    """A position whose segment holds it alone (``[p, p + 1)``)."""
+    return Bound(pos, ir.Bin("+", pos, ir.IntLit(1)))
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceState:
+    """A schedule space once entered: its range, and per fused level its position range."""
+
+    lo: ir.Expr
+    extent: ir.Expr
+    #: (lo, hi) of the positions of each level of a fused position space
+    levels: tuple[tuple[ir.Expr, ir.Expr], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """What is known at a point of the loop nest (immutable; extended by `bind`)."""
+
+    coords: dict[str, ir.Expr] = field(default_factory=dict)
+    levels: dict[tuple[Access, int], Bound] = field(default_factory=dict)
+    #: variables bound by plain dense loops, which visit every coordinate exactly once
+    covered: frozenset[str] = frozenset()
+    #: values of the schedule's derived loop variables (split pieces, pos, fuse)
+    loopvars: dict[str, ir.Expr] = field(default_factory=dict)
+    #: ranges of the schedule's spaces entered so far
+    spaces: dict[str, SpaceState] = field(default_factory=dict)
+
+    def bind(
+        self,
+        coords: dict[str, ir.Expr] | None = None,
+        levels: dict[tuple[Access, int], Bound] | None = None,
+        covered: str | None = None,
+        loopvars: dict[str, ir.Expr] | None = None,
+        spaces: dict[str, SpaceState] | None = None,
+    ) -> Ctx:
+        return replace(
+            self,
+            coords={**self.coords, **(coords or {})},
+            levels={**self.levels, **(levels or {})},
+            covered=self.covered | {covered} if covered else self.covered,
+            loopvars={**self.loopvars, **(loopvars or {})},
+            spaces={**self.spaces, **(spaces or {})},
+        )
+
+    def depth(self, access: Access) -> int:
+        """Number of leading levels of ``access`` whose positions are known."""
+        k = 0
+        while (access, k) in self.levels:
+            k += 1
+        return k
+
+
+# ------------------------------------------------------------------- sinks
+@dataclass(frozen=True, slots=True)
+class OutputSink:
+    """Store into the output at the context's output position."""
+
+
+@dataclass(frozen=True, slots=True)
+class AccSink:
+    """Add into the scalar accumulator ``name`` (``""``: counting, no value)."""
+
+    name: str
+    #: set to 1 when a term is added (sparse outputs store only reached entries)
+    flag: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceSink:
+    """Scatter into a dense workspace over the output's last level (Gustavson)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DenseWsSink:
+    """Add into a precompute workspace ``array[coordinate of var]``."""
+
+    array: str
+    var: str
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentSink:
+    """Atomic stores from a serial loop, combined while they hit the same output element:
+    ``acc`` sums the run, ``at`` holds its element (-1 before the first)."""
+
+    acc: str
+    at: str
+
+
+Sink = OutputSink | AccSink | WorkspaceSink | DenseWsSink | SegmentSink
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """A dense precompute: ``ws(var) = producer`` then ``consumer`` reads ``ws``."""
+
+    at: str
+    var: str
+    producer_order: tuple[str, ...]
+    consumer_order: tuple[str, ...]
+    produce: tuple[Access | Literal, ...]
+    workspace: Access
+    base: str
+    origin: str

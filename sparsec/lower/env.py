@@ -1,0 +1,148 @@
+"""The lowering environment (MLIR's ``CodegenEnv``): the immutable inputs of one lowering,
+what it decides before the loop nest and collects while building it, and the scoped
+`Flags` of the point being lowered.
+
+Every lowering function takes the `LowerEnv` as its first argument. A loop body that runs
+under other rules (on threads, atomically, into a private copy) is lowered inside
+``with env.scope(flag=value):``, which restores the enclosing flags on the way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..abi import Namer, Signature
+from ..frontend.concrete import Sum, divides
+from ..ir import nodes as ir
+from ..middle.commands import Command
+from ..middle.plan import Plan
+from ..middle.spec import Spec
+from .assemble import Assembler
+from .ctx import Where
+
+
+@dataclass(frozen=True, slots=True)
+class Flags:
+    """The rules in force at the point being lowered, set for a loop body by `scope`."""
+
+    #: inside a CPUThread loop / a CPUVector loop
+    in_threads: bool = False
+    in_vector: bool = False
+    #: stores into the output or an accumulator are atomic (a racy loop with Atomics)
+    atomic_writes: bool = False
+    #: this thread's private copy of the output's vals (Temporary), instead of vals
+    out_redirect: str | None = None
+    #: inside the loops of a precompute workspace
+    in_where: bool = False
+    #: GPU units of the loops enclosing the point, outermost first
+    gpu_units: tuple[str, ...] = ()
+    #: the store is lane 0's (a warp's sum) / one part of a shared accumulator, atomic
+    lane0: bool = False
+    partial: bool = False
+    #: the loop's appends were capacity-checked up front (`Assembler.precheck`)
+    checked: bool = False
+    #: sparse output: per nested sum of the statement being stored, the flag its loops
+    #: set when they reach a term (see `lowerer.presence`)
+    reached_of: dict[Sum, str] = field(default_factory=dict)
+
+
+class LowerEnv:
+    """One lowering: inputs, decisions, findings, and the scoped `flags`."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        sig: Signature,
+        namer: Namer,
+        *,
+        parallel: bool = True,
+        exclusive: bool = False,
+        counting: bool = False,
+        append: bool = False,
+        commands: tuple[Command, ...] = (),
+        target: str = "c",
+    ) -> None:
+        # ------------------------------------------------------------ inputs
+        self.spec = spec
+        self.sig = sig
+        self.namer = namer
+        #: tensor formats by name (a precompute adds its workspace's)
+        self.formats = spec.formats
+        self.lhs = spec.statement.lhs
+        #: "c" (OpenMP loops) or "cuda" (GPU loops; the runtime zeroes the output)
+        self.target = target
+        self.gpu = target == "cuda"
+        #: the user's schedule (empty: the default)
+        self.commands = commands
+        #: threads may be used at all (``schedule="serial"`` turns them off)
+        self.threads_ok = parallel
+        #: the default heuristic picks the parallel loop (off when the user parallelizes)
+        self.parallel = (
+            parallel and not self.gpu and not any(c.name == "parallelize" for c in commands)
+        )
+        #: dense-exact lowering (see `lattice.build`) when the expression may make inf/NaN
+        self.exact = divides(spec.statement.rhs)
+        #: second pass: output writes are known to be exclusive (see `lower`)
+        self.exclusive = exclusive
+        self.out_op = "=" if exclusive else "+="
+        self.var_names = {i: namer.fresh(i) for i in spec.indices}
+        #: sparse output: the kernel assembles pos/crd/vals (``counting``: sizes only)
+        self.assembler = (
+            None
+            if spec.output.format.is_dense
+            else Assembler(
+                spec.output, self.lhs, sig, namer, self.var_names, counting=counting, append=append
+            )
+        )
+        # ------------------------------------------- decided before the nest
+        #: the user's schedule as a plan, once applied
+        self.plan: Plan | None = None
+        #: a dense precompute's placement
+        self.where: Where | None = None
+        #: index of the output's last level when it is scattered into a workspace
+        self.workspace: str | None = None
+        #: zero the output slice of each outermost iteration (cache-hot) instead of up front
+        self.zero_in_loop = False
+        # ------------------------------------------- found while lowering
+        #: the trip count of the GPUBlock loop (the launch's grid)
+        self.grid: ir.Expr | None = None
+        #: per-thread accumulators whose lanes a warp adds up (ParallelReduction on a lane
+        #: loop in the accumulator's scope) before lane 0 stores the warp's sum
+        self.warp_reduced: set[str] = set()
+        #: accumulators that a GPU loop with Atomics shares (its threads, warps or blocks
+        #: each hold a part), so each part is added atomically into the output
+        self.partial_accs: set[str] = set()
+        #: the GPU units of the loops in each accumulator's scope ("lane": a GPUThread loop
+        #: inside a GPUWarp loop)
+        self.acc_units: dict[str, set[str]] = {}
+        #: local arrays read like tensors (precompute workspaces): tensor name -> C name
+        self.local_vals: dict[str, str] = {}
+        #: how each parallel loop runs, in words
+        self.notes: list[str] = []
+        #: the schedule's checks at entry (`bound`) and what each promises
+        self.entry_checks: list[ir.Stmt] = []
+        self.bound_messages: list[str] = []
+        #: allocations at the start of the kernel and their release at the end
+        self.top: list[ir.Stmt] = []
+        self.bottom: list[ir.Stmt] = []
+        #: per output write site: does it write each element exactly once?
+        self.write_sites: list[bool] = []
+        self.parallel_loops: list[str] = []
+        #: the outermost loop zeroed the output's slices itself
+        self.zeroed_slices = False
+        # ------------------------------------------------------------ scoped
+        self.flags = Flags()
+
+    @contextmanager
+    def scope(self, **changes: Any) -> Iterator[Flags]:
+        """Lower what the block builds with ``changes`` to the `Flags` in force (their
+        names are `Flags`' fields); the enclosing flags come back on the way out."""
+        saved = self.flags
+        self.flags = replace(saved, **changes)
+        try:
+            yield self.flags
+        finally:
+            self.flags = saved

@@ -1,0 +1,197 @@
+"""The output: stores into it (in place for a dense output, appended by the `Assembler`
+for a sparse one), zeroing, runs of atomic stores, who stores on the GPU, and the one
+epilogue that frames every kernel's loop nest."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..errors import ScheduleError
+from ..ir import nodes as ir
+from ..middle.order import level_indices
+from ..middle.plan import Plan
+from ..tensors.formats import Dense, LevelNames
+from .ctx import Ctx, OutputSink, SegmentSink, Sink
+from .env import LowerEnv
+
+
+def output_slot(env: LowerEnv, ctx: Ctx) -> ir.Load:
+    """The output's value at the context's position (a private copy's, under Temporary)."""
+    vals = env.flags.out_redirect or env.sig.array(env.lhs.name, "vals")
+    if env.lhs.order == 0:
+        return ir.Load(vals, ir.IntLit(0))
+    return ir.Load(vals, ctx.levels[(env.lhs, env.lhs.order - 1)].pos)
+
+
+def write(env: LowerEnv, ctx: Ctx, value: ir.Expr | None) -> ir.Block:
+    """Store into the output; records whether this site writes each element once."""
+    flags = env.flags
+    if env.assembler is not None:
+        return ir.block(*env.assembler.store(output_slot(env, ctx), value, flags.checked))
+    assert value is not None
+    lhs = set(env.lhs.indices)
+    if flags.partial:
+        # every thread adds its own partial sum: several writes, each atomic
+        env.write_sites.append(False)
+        return ir.block(ir.Assign(output_slot(env, ctx), value, "+=", atomic=True))
+    if not flags.lane0:
+        one_store_per_part(env)
+    # a schedule space entered around the write repeats it unless it is a plain range
+    # over output indices (a split of i: every i once)
+    spaces = env.plan.spaces if env.plan is not None else {}
+    in_spaces = all(set(spaces[n].vars) <= lhs & ctx.covered for n in ctx.spaces)
+    env.write_sites.append(lhs <= ctx.covered and set(ctx.coords) <= lhs and in_spaces)
+    slot = output_slot(env, ctx)
+    return ir.block(ir.Assign(slot, value, env.out_op, atomic=flags.atomic_writes))
+
+
+def nothing_written(env: LowerEnv, sink: Sink) -> None:
+    """A branch that stores nothing: the output must then be zeroed up front."""
+    if isinstance(sink, OutputSink):
+        env.write_sites.append(False)
+
+
+def store_shared(env: LowerEnv, acc: str, ctx: Ctx) -> list[ir.Stmt]:
+    """Store an accumulator that GPU loops in its scope share; each loop's strategy
+    decides one step, from the innermost out. Lanes with ParallelReduction add their
+    parts up by shuffles (lane 0 keeps the warp's sum). Then, where any loop in the
+    scope has Atomics (its threads, warps or blocks each hold a part), every holder
+    adds its part atomically into the output, which is zeroed before the launch;
+    otherwise lane 0 stores the whole sum."""
+    reduced = acc in env.warp_reduced
+    one_store_per_part(env, env.acc_units.get(acc), reduced)
+    if acc in env.partial_accs:
+        with env.scope(partial=True):
+            store = write(env, ctx, ir.Var(acc))
+    else:
+        with env.scope(lane0=True):
+            store = write(env, ctx, ir.Var(acc))
+    if not reduced:
+        return [store]
+    return [
+        ir.Assign(ir.Var(acc), ir.Call("warp_sum", (ir.Var(acc),))),
+        ir.If(((ir.Bin("==", ir.Call("lane", ()), ir.IntLit(0)), store),)),
+    ]
+
+
+def one_store_per_part(
+    env: LowerEnv, shared: set[str] | None = None, reduced: bool = False
+) -> None:
+    """On the GPU each part of the result is stored by one thread: threads that no GPU
+    loop tells apart (the loops around the store, and ``shared``: those in the scope of
+    the accumulator it stores; "lane": a GPUThread loop in a warp) hold the same value,
+    and each would store it. ``reduced``: lane 0 alone stores a warp's sum."""
+    if not env.gpu or block_size(env) <= 1:
+        return
+    units = set(env.flags.gpu_units) | (shared or set())
+    lanes_apart = reduced or bool({"GPUThread", "lane"} & units)
+    warps_apart = bool({"GPUThread", "GPUWarp", "lane"} & units)
+    if lanes_apart and warps_apart:
+        return
+    who = "every lane of a warp" if warps_apart else "every thread of a block"
+    raise ScheduleError(
+        f"the store into {env.lhs.name} runs outside the GPUThread loops, so {who} "
+        "would do it; map the loops that bind "
+        f"{', '.join(env.lhs.indices) or 'the output'} to GPUThread, or a loop of the "
+        "sum inside the GPUWarp/GPUBlock loop to GPUThread with Atomics, or reduce with "
+        "ParallelReduction on a GPUThread loop inside a GPUWarp loop"
+    )
+
+
+def block_size(env: LowerEnv) -> int:
+    """Threads per block: the GPUThread loop's split factor (a warp loop's times 32)."""
+    if not env.gpu or env.plan is None:
+        return 1
+    plan = env.plan
+    warps = [v for v, p in plan.parallel.items() if p.unit == "GPUWarp"]
+    threads = [v for v, p in plan.parallel.items() if p.unit == "GPUThread"]
+    if warps:
+        return min(1024, 32 * _factor_of(plan, warps[0], 8))
+    if threads:
+        return min(1024, max(32, _factor_of(plan, threads[0], 256)))
+    return 1
+
+
+def _factor_of(plan: Plan, loop: str, default: int) -> int:
+    """The split factor of an inner split piece (the extent of its loop), else ``default``."""
+    piece = plan.pieces.get(loop)
+    if piece is not None and not piece.outer and not piece.divide:
+        return piece.factor
+    return default
+
+
+def flush_run(env: LowerEnv, run: SegmentSink) -> ir.Stmt:
+    """Store a run's sum into its element, atomically (if a run has started)."""
+    vals = env.flags.out_redirect or env.sig.array(env.lhs.name, "vals")
+    store = ir.Assign(ir.Load(vals, ir.Var(run.at)), ir.Var(run.acc), "+=", atomic=True)
+    return ir.If(((ir.Bin(">=", ir.Var(run.at), ir.IntLit(0)), ir.block(store)),))
+
+
+def output_size(env: LowerEnv, skip: int = 0) -> ir.Expr:
+    """The elements of a dense output below its first ``skip`` levels."""
+    size: ir.Expr = ir.IntLit(1)
+    for var in level_indices(env.lhs, env.spec.output.format)[skip:]:
+        size = ir.mul(size, ir.Var(env.sig.dim(var)))
+    return size
+
+
+def zero_slice(env: LowerEnv, coord: ir.Expr) -> ir.Stmt:
+    """Zero the output elements whose first-level coordinate is ``coord``."""
+    env.zeroed_slices = True
+    row = LevelNames(output_size(env, skip=1))
+    vals = env.sig.array(env.spec.output.name, "vals")
+    p = env.namer.fresh("p")
+    at = Dense().locate_position(coord, ir.Var(p), row)
+    store = ir.Assign(ir.Load(vals, at), ir.FloatLit(0.0))
+    return ir.For(p, ir.IntLit(0), row.dim, ir.block(store))
+
+
+# ---------------------------------------------------------------- epilogue
+class OutputFrame(Protocol):
+    """What opens the output before the loop nest and closes it after (a sparse output's
+    `Assembler`, or `DenseFrame`)."""
+
+    def opening(self) -> list[ir.Stmt]: ...
+
+    def closing(self) -> list[ir.Stmt]: ...
+
+
+class DenseFrame:
+    """A dense output is zeroed up front unless every element is written exactly once,
+    ``+=`` adds to the caller's values, the outermost loop zeroed its slices, or the GPU
+    runtime zeroes it before the launch; nothing closes it."""
+
+    def __init__(self, env: LowerEnv) -> None:
+        self.env = env
+
+    @property
+    def zeroed(self) -> bool:
+        env = self.env
+        return env.spec.statement.accumulate or env.exclusive or env.zeroed_slices
+
+    def opening(self) -> list[ir.Stmt]:
+        env = self.env
+        if self.zeroed or env.gpu:
+            return []
+        vals = env.sig.array(env.spec.output.name, "vals")
+        p = env.namer.fresh("p")
+        store = ir.Assign(ir.Load(vals, ir.Var(p)), ir.FloatLit(0.0))
+        par = ir.Parallel("CPUThread", "static") if env.threads_ok and env.lhs.order else None
+        return [
+            ir.block(
+                ir.Comment(f"zero the output {env.spec.output.name}"),
+                ir.For(p, ir.IntLit(0), output_size(env), ir.block(store), par),
+            )
+        ]
+
+    def closing(self) -> list[ir.Stmt]:
+        return []
+
+
+def epilogue(env: LowerEnv, frame: OutputFrame, nest: ir.Block) -> ir.Block:
+    """The kernel, for every output alike: the schedule's entry checks, the output opened,
+    the allocations of the schedule's workspaces, the loop nest, their release, and the
+    output closed (a sparse output's counts or positions completed)."""
+    opening = frame.opening()
+    closing = frame.closing()
+    return ir.block(*env.entry_checks, *opening, *env.top, nest, *env.bottom, *closing)

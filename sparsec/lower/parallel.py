@@ -1,0 +1,438 @@
+"""How a loop runs: serially, on CPU threads or vector lanes, or mapped to the GPU.
+
+`loop_setup` takes the user's `parallelize` (or the default heuristic: the outermost loop
+when its iterations write disjoint outputs), runs the race analysis (can two iterations
+write one output element?) and picks the race strategy: atomic updates, a private
+accumulator per thread (OpenMP's reduction), a private copy of the output per thread
+(`Temporary`), or on the GPU per-thread partial sums and warp shuffles. The loop's body
+is then lowered with the strategy's `Flags` in force (`inside`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import ScheduleError
+from ..ir import nodes as ir
+from ..middle.commands import GPU_UNITS
+from ..middle.plan import Parallelize
+from ..tensors.formats import Dense, LevelNames
+from .ctx import AccSink, Ctx, DenseWsSink, OutputSink, Sink, WorkspaceSink
+from .env import LowerEnv
+from .output import output_size
+
+#: the most output elements `Temporary` copies in all (threads x output size)
+MAX_COPY_ELEMENTS = 1 << 26
+
+
+@dataclass
+class LoopSetup:
+    """How one loop runs (see `loop_setup`)."""
+
+    parallel: ir.Parallel | None = None
+    unroll: int = 0
+    #: statements before the loop, at the start of its body, and after it
+    pre: list[ir.Stmt] = field(default_factory=list)
+    body_pre: list[ir.Stmt] = field(default_factory=list)
+    post: list[ir.Stmt] = field(default_factory=list)
+    #: the `Flags` its body is lowered under (`LowerEnv.scope`'s keywords)
+    flags: dict[str, Any] = field(default_factory=dict)
+
+
+def inside(env: LowerEnv, setup: LoopSetup, build: Callable[[], ir.Block]) -> ir.Block:
+    """Lower a loop body with the setup's flags in force."""
+    with env.scope(**setup.flags):
+        return ir.block(*setup.body_pre, build())
+
+
+def loop_setup(
+    env: LowerEnv,
+    loop: str,
+    distinct: frozenset[str],
+    ctx: Ctx,
+    sink: Sink,
+    kind: str,
+    trip: ir.Expr,
+    outermost: bool,
+) -> LoopSetup:
+    """How the loop over ``loop`` runs: the user's `parallelize` (race analysis and
+    strategy) or the default, and `unroll`.
+
+    ``distinct``: original variables in which any two iterations are sure to differ;
+    ``kind``: "for", or a description of why the loop is a while loop.
+    """
+    setup = LoopSetup()
+    plan = env.plan
+    if plan is not None and loop in plan.unroll:
+        if kind != "for":
+            raise ScheduleError(
+                f"unroll({loop},{plan.unroll[loop]}): the loop over {loop} is a while "
+                f"loop ({kind}); unroll applies to for loops"
+            )
+        setup.unroll = plan.unroll[loop]
+    req = plan.parallel.get(loop) if plan is not None else None
+    if req is not None and setup.unroll:
+        raise ScheduleError(
+            f"unroll({loop},{setup.unroll}): the loop over {loop} is also parallelized "
+            f"({req.origin}); unroll a loop inside it"
+        )
+    if req is None:
+        _default_setup(env, loop, distinct, sink, kind, trip, outermost, setup)
+        return setup
+    if not env.threads_ok:
+        return setup
+    if env.gpu:
+        return _gpu_setup(env, loop, req, distinct, sink, kind, trip, setup)
+    return _cpu_setup(env, loop, req, distinct, sink, kind, trip, outermost, setup)
+
+
+def _default_setup(
+    env: LowerEnv,
+    loop: str,
+    distinct: frozenset[str],
+    sink: Sink,
+    kind: str,
+    trip: ir.Expr,
+    outermost: bool,
+    setup: LoopSetup,
+) -> None:
+    # a loop the user unrolls stays serial (an OpenMP pragma must be the last before
+    # its loop, as must GCC's unroll)
+    if kind != "for" or setup.unroll:
+        return
+    if _default_parallel(env, loop, distinct, outermost):
+        decl, par = _parallel_for(env, loop, trip)
+        setup.pre.append(decl)
+        setup.parallel = par
+        setup.flags["in_threads"] = True
+    elif (
+        env.parallel
+        and outermost
+        and env.assembler is None
+        and isinstance(sink, (OutputSink, AccSink))
+    ):
+        # the iterations share output elements: each thread reduces on its own
+        setup.flags["in_threads"] = True
+        out = env.lhs.name
+        if isinstance(sink, AccSink):
+            decl, par = _parallel_for(env, loop, trip)
+            setup.pre.append(decl)
+            setup.parallel = replace(par, reduction=(sink.name,))
+            env.notes.append(f"{loop}: CPUThread, reduction(+) into {out}")
+        else:
+            _private_copies(env, loop, trip, setup)
+            env.notes.append(
+                f"{loop}: CPUThread, each thread adds into its own copy of {out}, summed after"
+            )
+
+
+def _cpu_setup(
+    env: LowerEnv,
+    loop: str,
+    req: Parallelize,
+    distinct: frozenset[str],
+    sink: Sink,
+    kind: str,
+    trip: ir.Expr,
+    outermost: bool,
+    setup: LoopSetup,
+) -> LoopSetup:
+    """A loop the user runs on CPU threads or vector lanes."""
+    cmd = req.origin
+    flags = env.flags
+    if req.unit in GPU_UNITS:
+        raise ScheduleError(
+            f"{cmd}: {req.unit} is a CUDA unit; the C target runs CPUThread and CPUVector loops"
+        )
+    if kind != "for":
+        raise ScheduleError(
+            f"{cmd}: the loop over {loop} is a while loop ({kind}); its iterations depend "
+            "on each other. Parallelize an enclosing loop, or iterate one operand's "
+            f"positions with pos({loop},...)"
+        )
+    if flags.in_vector or (flags.in_threads and req.unit == "CPUThread"):
+        raise ScheduleError(
+            f"{cmd}: it is nested inside another parallel loop; only one CPUThread loop, "
+            "with CPUVector loops inside it, is supported"
+        )
+    if flags.in_where or isinstance(sink, (WorkspaceSink, DenseWsSink)):
+        raise ScheduleError(
+            f"{cmd}: the loop runs inside a workspace (precompute) that all its iterations "
+            "share; parallelize a loop outside the workspace"
+        )
+    out = env.lhs.name
+    lhs = set(env.lhs.indices)
+    asm = env.assembler
+    if asm is not None and not isinstance(sink, AccSink):
+        if not (req.unit == "CPUThread" and asm.rowwise and outermost and loop in lhs):
+            raise ScheduleError(
+                f"{cmd}: the sparse output {out} ({env.spec.output.format}) is appended "
+                "in one sequence; only its outermost row loop can run on CPU threads, and "
+                "only when a dense level holds the rows (e.g. csr)"
+            )
+        decl, par = _parallel_for(env, loop, trip)
+        setup.pre.append(decl)
+        setup.parallel = par
+        setup.flags["in_threads"] = True
+        env.notes.append(f"{loop}: CPUThread, rows of {out} assembled independently")
+        return setup
+    target_acc = isinstance(sink, AccSink)
+    why = race(env, loop, distinct, sink)
+    setup.flags["in_threads" if req.unit == "CPUThread" else "in_vector"] = True
+    if why is None:
+        if req.unit == "CPUThread":
+            decl, par = _parallel_for(env, loop, trip)
+            setup.pre.append(decl)
+            setup.parallel = par
+        else:
+            setup.parallel = ir.Parallel("CPUVector")
+        env.notes.append(
+            f"{loop}: {req.unit}, race-free (each iteration writes its own {out} elements)"
+        )
+        return setup
+    usable = race_strategies(env, req.unit, target_acc)
+    advice = (
+        f"Use {' or '.join(usable)}"
+        if usable
+        else f"Parallelize a loop whose iterations write distinct elements of {out}"
+    )
+    match req.races:
+        case "NoRaces" | "IgnoreRaces":
+            raise ScheduleError(
+                f"{cmd}: iterations of {loop} write the same element of {out} ({why}); "
+                f"with {req.races} that would give a wrong sum. {advice}"
+            )
+        case "Atomics" if req.unit == "CPUThread" and asm is None:
+            assert isinstance(sink, (AccSink, OutputSink))
+            setup.flags["atomic_writes"] = True
+            decl, par = _parallel_for(env, loop, trip)
+            setup.pre.append(decl)
+            setup.parallel = par
+            target = sink.name if isinstance(sink, AccSink) else f"{out}"
+            env.notes.append(f"{loop}: CPUThread, atomic updates of {target}")
+        case "Temporary" | "ParallelReduction" if target_acc:
+            assert isinstance(sink, AccSink)
+            sums = (sink.name,) if sink.name else ()
+            marks = (sink.flag,) if sink.flag else ()
+            if req.unit == "CPUThread":
+                decl, par = _parallel_for(env, loop, trip)
+                setup.pre.append(decl)
+                setup.parallel = replace(par, reduction=sums, flags=marks)
+            else:
+                setup.parallel = ir.Parallel("CPUVector", reduction=sums, flags=marks)
+            env.notes.append(f"{loop}: {req.unit}, reduction(+) into a private accumulator")
+        case "Temporary" if req.unit == "CPUThread":
+            _private_copies(env, loop, trip, setup)
+            env.notes.append(
+                f"{loop}: CPUThread, each thread adds into its own copy of {out}, summed after"
+            )
+        case _:
+            raise ScheduleError(
+                f"{cmd}: {req.races} does not apply here: {_why_not(env, req.races, req.unit)}"
+                f"; the iterations of {loop} race ({why}). {advice}"
+            )
+    return setup
+
+
+def race_strategies(env: LowerEnv, unit: str, into_sum: bool) -> list[str]:
+    """The race strategies `loop_setup` carries out for a racy CPU loop of ``unit``
+    (``into_sum``: its iterations add into a scalar accumulator, not the output)."""
+    table = (
+        ("Atomics", unit == "CPUThread" and env.assembler is None),
+        ("Temporary", into_sum or unit == "CPUThread"),
+        ("ParallelReduction", into_sum),
+    )
+    return [name for name, applies in table if applies]
+
+
+def _why_not(env: LowerEnv, races: str, unit: str) -> str:
+    """Why strategy ``races`` cannot serve a racy CPU loop of ``unit`` (see
+    `race_strategies`)."""
+    out = env.lhs.name
+    if races == "Atomics" and unit != "CPUThread":
+        return f"{unit} loops make no atomic updates"
+    if races == "Atomics":
+        return f"the sparse output {out} is appended entry by entry, never updated in place"
+    return f"the loop adds straight into {out}, not into a sum of its own"
+
+
+def _gpu_setup(
+    env: LowerEnv,
+    loop: str,
+    req: Parallelize,
+    distinct: frozenset[str],
+    sink: Sink,
+    kind: str,
+    trip: ir.Expr,
+    setup: LoopSetup,
+) -> LoopSetup:
+    """A loop mapped to the GPU: nesting rules, then the same race analysis as on the
+    CPU (a thread's locals are private, so a shared accumulator is a warp reduction)."""
+    cmd = req.origin
+    unit = req.unit
+    if unit not in GPU_UNITS:
+        raise ScheduleError(
+            f"{cmd}: {unit} is a CPU unit; the CUDA target maps loops to GPUBlock, "
+            "GPUWarp and GPUThread"
+        )
+    if kind != "for":
+        raise ScheduleError(
+            f"{cmd}: the loop over {loop} is a while loop ({kind}); its iterations depend "
+            "on each other. Map an enclosing loop, or iterate one operand's positions "
+            f"with pos({loop},...)"
+        )
+    _gpu_nesting(env, cmd, unit)
+    if unit == "GPUBlock":
+        if env.grid is not None:
+            raise ScheduleError(
+                f"{cmd}: the GPUBlock loop is reached on more than one path of the loop "
+                "nest; map a loop that runs once per kernel"
+            )
+        env.grid = trip
+    units = env.flags.gpu_units
+    lane = unit == "GPUThread" and "GPUWarp" in units
+    setup.flags["gpu_units"] = (*units, unit)
+    out = env.lhs.name
+    target_acc = isinstance(sink, AccSink)
+    why = race(env, loop, distinct, sink)
+    par = ir.Parallel(unit, "lane" if lane else "")
+    if isinstance(sink, AccSink):
+        env.acc_units.setdefault(sink.name, set()).add("lane" if lane else unit)
+    if why is None:
+        setup.parallel = par
+        env.notes.append(f"{loop}: {unit}, race-free")
+        return setup
+    match req.races:
+        case "NoRaces" | "IgnoreRaces":
+            raise ScheduleError(
+                f"{cmd}: iterations of {loop} write the same element of {out} ({why}); "
+                f"with {req.races} that would give a wrong sum. Use Atomics"
+                + (" or ParallelReduction" if lane and target_acc else "")
+            )
+        case "Atomics" if not target_acc:
+            setup.flags["atomic_writes"] = True
+            setup.parallel = par
+            env.notes.append(f"{loop}: {unit}, atomicAdd into {out}")
+        case "Atomics":
+            # each thread sums its iterations privately, then adds its part atomically
+            assert isinstance(sink, AccSink)
+            env.partial_accs.add(sink.name)
+            setup.parallel = par
+            env.notes.append(f"{loop}: {unit}, per-thread partial sums, atomicAdd into {out}")
+        case "ParallelReduction" if target_acc and lane:
+            assert isinstance(sink, AccSink)
+            env.warp_reduced.add(sink.name)
+            setup.parallel = par
+            env.notes.append(f"{loop}: {unit} lanes, warp shuffle reduction, lane 0 stores")
+        case _:
+            raise ScheduleError(
+                f"{cmd}: {req.races} does not apply here ({why}); on the GPU use Atomics "
+                "for an output element that threads share, or ParallelReduction on a "
+                "GPUThread loop inside a GPUWarp loop that reduces into one element"
+            )
+    return setup
+
+
+def _gpu_nesting(env: LowerEnv, cmd: str, unit: str) -> None:
+    """GPU loops nest as the launch does: block, then warp, then thread."""
+    units = env.flags.gpu_units
+    if unit == "GPUBlock" and units:
+        raise ScheduleError(
+            f"{cmd}: a GPUBlock loop inside a {units[-1]} loop; the grid has one level, "
+            "so GPUBlock goes on the outermost GPU loop"
+        )
+    if unit == "GPUWarp" and units != ("GPUBlock",):
+        raise ScheduleError(
+            f"{cmd}: GPUWarp needs an enclosing GPUBlock loop, with no other GPU loop between them"
+        )
+    if unit == "GPUThread" and "GPUBlock" not in units:
+        raise ScheduleError(
+            f"{cmd}: GPUThread without an enclosing GPUBlock loop; parallelize an outer "
+            "loop with GPUBlock (e.g. split(i,i0,i1,256), parallelize(i0,GPUBlock,"
+            "NoRaces), parallelize(i1,GPUThread,NoRaces))"
+        )
+    if unit == "GPUThread" and "GPUThread" in units:
+        raise ScheduleError(f"{cmd}: a GPUThread loop inside another GPUThread loop")
+
+
+def race(env: LowerEnv, loop: str, distinct: frozenset[str], sink: Sink) -> str | None:
+    """Why two iterations of ``loop`` can write one output element, or None if they
+    cannot: its iterations differ in ``distinct``, and writes go to ``sink``."""
+    out = env.lhs.name
+    if isinstance(sink, AccSink):
+        return (
+            f"every index of {out} is bound outside {loop}, so all its iterations add "
+            "into one element"
+        )
+    if distinct and distinct <= set(env.lhs.indices):
+        return None
+    return (
+        f"{out} is indexed by {', '.join(env.lhs.indices) or 'nothing'}, and two "
+        f"iterations of {loop} can share those coordinates"
+    )
+
+
+def _default_parallel(env: LowerEnv, loop: str, distinct: frozenset[str], outermost: bool) -> bool:
+    """The default: the outermost loop, when its iterations write disjoint outputs."""
+    if not (env.parallel and outermost):
+        return False
+    if env.assembler is not None and not env.assembler.rowwise:
+        return False  # appending into one sequence of positions is serial
+    if env.plan is not None and env.plan.space_of(loop) is not None:
+        return bool(distinct) and distinct <= set(env.lhs.indices)
+    return loop in env.lhs.indices
+
+
+def _parallel_for(env: LowerEnv, var: str, trip: ir.Expr) -> tuple[ir.Stmt, ir.Parallel]:
+    """A dynamic schedule with about eight chunks per thread (skewed rows balance)."""
+    env.parallel_loops.append(var)
+    chunk = env.namer.fresh("chunk")
+    threads = ir.Var(env.sig.threads)
+    per = ir.Bin("*", ir.IntLit(8), threads)
+    size = ir.Bin("/", ir.Bin("+", trip, ir.Bin("-", per, ir.IntLit(1))), per)
+    decl = ir.Decl(ir.I64, chunk, ir.Call("max", (ir.IntLit(1), size)))
+    return decl, ir.Parallel("CPUThread", "dynamic", chunk)
+
+
+def _private_copies(env: LowerEnv, loop: str, trip: ir.Expr, setup: LoopSetup) -> None:
+    """`Temporary`: each thread adds into a zeroed copy of the output, summed after.
+
+    The copies exist only with several threads and at most `MAX_COPY_ELEMENTS` in all;
+    otherwise (or when calloc fails) the loop runs on one thread into the output.
+    """
+    out = env.spec.output
+    copy = LevelNames(output_size(env))
+    size = copy.dim
+    threads = ir.Var(env.sig.threads)
+    base = env.namer.fresh(f"{out.name}_copies")
+    mine = env.namer.fresh(f"{out.name}_mine")
+    vals = env.sig.array(out.name, "vals")
+    total = ir.mul(threads, size)
+    worth = ir.conj(
+        ir.Bin(">", threads, ir.IntLit(1)),
+        ir.Bin("<=", total, ir.IntLit(MAX_COPY_ELEMENTS)),
+    )
+    decl, par = _parallel_for(env, loop, trip)
+    setup.pre += [ir.Alloc(ir.VAL, base, total, worth), decl]
+    setup.parallel = replace(par, only_if=base)
+    setup.body_pre.append(
+        ir.Pointer(ir.VAL, mine, base, ir.mul(ir.Call("thread_id", ()), size), vals)
+    )
+    setup.flags["out_redirect"] = mine
+    q, t = env.namer.fresh("q"), env.namer.fresh("t")
+    # thread t's copy is one more dense level above the output: element q of copy t
+    element = Dense().locate_position(ir.Var(t), ir.Var(q), copy)
+    add = ir.Assign(ir.Load(vals, ir.Var(q)), ir.Load(base, element), "+=")
+    combine = ir.For(
+        q,
+        ir.IntLit(0),
+        size,
+        ir.block(ir.For(t, ir.IntLit(0), threads, ir.block(add))),
+        ir.Parallel("CPUThread", "static"),
+    )
+    setup.post += [
+        ir.Comment(f"sum the threads' copies of {out.name}"),
+        ir.If(((ir.Var(base), ir.block(combine, ir.Free(base))),)),
+    ]

@@ -1,0 +1,354 @@
+"""The loops of the schedule's spaces: split and divide pieces, ``pos`` (iterating one
+operand's stored positions), ``fuse`` (one loop over several variables or levels) and
+``bound`` (a promised extent).
+
+A space's loops count an offset in the space; the loop that completes it binds the
+space's original variables (or, in a position space, the operand's positions and their
+coordinates) and hands the rest of the nest to the caller's ``nest`` callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import ScheduleError
+from ..frontend.concrete import ZERO, CExpr, accesses
+from ..frontend.notation import Access
+from ..ir import nodes as ir
+from ..middle.lattice import build, ordered
+from ..middle.order import level_indices
+from ..middle.plan import Space
+from ..tensors.formats import Dense, LevelNames
+from .ctx import Ctx, OutputSink, SegmentSink, Sink, SpaceState, unit
+from .env import LowerEnv
+from .levels import iterator, locate, names
+from .output import flush_run
+from .parallel import inside, loop_setup
+
+#: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
+Nest = Callable[[tuple[str, ...], CExpr, Ctx, Sink], ir.Block]
+
+DENSE = Dense()
+
+
+def space_loop(
+    env: LowerEnv,
+    loop: str,
+    rest: tuple[str, ...],
+    expr: CExpr,
+    ctx: Ctx,
+    sink: Sink,
+    outermost: bool,
+    nest: Nest,
+) -> ir.Block:
+    """One loop of a schedule space: a split piece, or the space's own loop."""
+    plan = env.plan
+    assert plan is not None
+    sname = plan.space_of(loop)
+    assert sname is not None
+    space = plan.spaces[sname]
+    pre: list[ir.Stmt] = []
+    if sname not in ctx.spaces:
+        stmts, state = _enter_space(env, space, ctx)
+        pre += stmts
+        ctx = ctx.bind(spaces={sname: state})
+    extent = _extent(env, loop, ctx)
+    name = env.var_names[loop]
+    completes = plan.leaves(sname)[-1] == loop
+    setup = loop_setup(env, loop, _distinct(env, space), ctx, sink, "for", extent, outermost)
+    inner = ctx.bind(loopvars={loop: ir.Var(name)})
+
+    # a serial loop over fused positions advances its parents' positions as cursors; a
+    # parallel one searches them per iteration
+    cursors: dict[int, str] | None = None
+    if completes and space.kind == "fusedpos" and setup.parallel is None:
+        first = _offset(env, sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
+        init, cursors = _cursors_init(env, space, ctx.spaces[sname], first)
+        pre += init
+
+    # atomic stores from this serial loop, one output element per iteration: add up runs
+    # that hit the same element (consecutive positions of one row) and store each run once
+    flush: list[ir.Stmt] = []
+    target = sink
+    if (
+        completes
+        and not rest
+        and setup.parallel is None
+        and env.flags.atomic_writes
+        and env.assembler is None
+        and isinstance(sink, OutputSink)
+    ):
+        acc, at = env.namer.fresh("run"), env.namer.fresh("run_at")
+        pre += [ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)), ir.Decl(ir.I64, at, ir.IntLit(-1))]
+        target = SegmentSink(acc, at)
+        flush.append(flush_run(env, target))
+
+    def body() -> ir.Block:
+        if not completes:
+            return nest(rest, expr, inner, target)
+        x = _offset(env, sname, inner)
+        return _bind_space(env, space, x, inner, rest, expr, target, cursors, nest)
+
+    loop_body = inside(env, setup, body)
+    for_loop = ir.For(name, ir.IntLit(0), extent, loop_body, setup.parallel, setup.unroll)
+    return ir.block(*pre, *setup.pre, for_loop, *flush, *setup.post)
+
+
+def _distinct(env: LowerEnv, space: Space) -> frozenset[str]:
+    """Variables in which two iterations of a space's loops always differ."""
+    if space.kind in ("pos", "fusedpos"):
+        access = pos_access(env, space)
+        fmt = env.formats[access.name]
+        first = level_indices(access, fmt).index(space.vars[0])
+        unique = all(fmt.levels[first + n].unique for n in range(len(space.vars)))
+        return frozenset(space.vars) if unique else frozenset()
+    return frozenset(space.vars)
+
+
+def pos_access(env: LowerEnv, space: Space) -> Access:
+    """The access whose positions a position space iterates."""
+    found = [a for a in dict.fromkeys(accesses(env.spec.statement.rhs)) if a.name == space.tensor]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _extent(env: LowerEnv, node: str, ctx: Ctx) -> ir.Expr:
+    """The trip count of ``node``'s loop (a space or a split piece)."""
+    plan = env.plan
+    assert plan is not None
+    if node in plan.spaces:
+        return ctx.spaces[node].extent
+    piece = plan.pieces[node]
+    whole = _extent(env, piece.parent, ctx)
+    f = ir.IntLit(piece.factor)
+    chunk = ir.Bin("/", ir.Bin("+", whole, ir.IntLit(piece.factor - 1)), f)
+    if piece.outer:
+        return f if piece.divide else chunk
+    step = chunk if piece.divide else f
+    before = ir.mul(_offset(env, piece.sibling, ctx), step)
+    return ir.Call("min", (step, ir.Bin("-", whole, before)))
+
+
+def _offset(env: LowerEnv, node: str, ctx: Ctx) -> ir.Expr:
+    """``node``'s offset in its space from the bound loop variables."""
+    plan = env.plan
+    assert plan is not None
+    kids = plan.children.get(node)
+    if kids is None:
+        return ctx.loopvars[node]
+    outer, inner = kids
+    piece = plan.pieces[outer]
+    if piece.divide:
+        whole = _extent(env, node, ctx)
+        step: ir.Expr = ir.Bin(
+            "/", ir.Bin("+", whole, ir.IntLit(piece.factor - 1)), ir.IntLit(piece.factor)
+        )
+    else:
+        step = ir.IntLit(piece.factor)
+    return ir.add(ir.mul(_offset(env, outer, ctx), step), _offset(env, inner, ctx))
+
+
+def _enter_space(env: LowerEnv, space: Space, ctx: Ctx) -> tuple[list[ir.Stmt], SpaceState]:
+    """Declare the range of ``space`` where its first loop starts."""
+    stmts: list[ir.Stmt] = []
+    if space.kind == "dense":
+        (var,) = space.vars
+        if space.bound is not None and space.bound[1] == "MaxExact":
+            return [], SpaceState(ir.IntLit(0), ir.IntLit(space.bound[0]))
+        return [], SpaceState(ir.IntLit(0), ir.Var(env.sig.dim(var)))
+    if space.kind == "fused":
+        size: ir.Expr = ir.IntLit(1)
+        for var in space.vars:
+            size = ir.mul(size, ir.Var(env.sig.dim(var)))
+        return [], SpaceState(ir.IntLit(0), size)
+    access = pos_access(env, space)
+    fmt = env.formats[access.name]
+    levels = level_indices(access, fmt)
+    first = levels.index(space.vars[0])
+    if ctx.depth(access) != first:
+        above = ", ".join(levels[:first])
+        raise ScheduleError(
+            f"{space.origin}: {access}'s levels above {space.vars[0]} ({above}) must be "
+            f"bound before the loops of {space.name} start; reorder so that they enclose it"
+        )
+    ranges: list[tuple[ir.Expr, ir.Expr]] = []
+    for n in range(len(space.vars)):
+        k = first + n
+        level = fmt.levels[k]
+        if n == 0:
+            # the positions under the parent's position
+            parent = ctx.levels.get((access, k - 1)) if k > 0 else None
+            segment = (parent.pos, parent.next) if parent else None
+            lo, hi = level.bounds(segment, names(env, access, k))
+        else:
+            # the positions under the previous level's whole range
+            lo, hi = level.range_bounds(*ranges[-1], names(env, access, k))
+        lo_name = env.namer.fresh(f"p{access.name}{k + 1}_lo")
+        hi_name = env.namer.fresh(f"p{access.name}{k + 1}_hi")
+        stmts += [ir.Decl(ir.I64, lo_name, lo), ir.Decl(ir.I64, hi_name, hi)]
+        ranges.append((ir.Var(lo_name), ir.Var(hi_name)))
+    lo, hi = ranges[-1]
+    return stmts, SpaceState(lo, ir.Bin("-", hi, lo), tuple(ranges))
+
+
+def _cursors_init(
+    env: LowerEnv, space: Space, state: SpaceState, first: ir.Expr
+) -> tuple[list[ir.Stmt], dict[int, str]]:
+    """Before a serial loop over fused positions: each compressed parent level's
+    position at the loop's first child position (advanced in the loop). Walks up the
+    levels as `_bind_space` does: a child's parent position is computed where its level
+    function can (singleton: shared; dense: divided), else searched in its ``pos``."""
+    access = pos_access(env, space)
+    fmt = env.formats[access.name]
+    top = level_indices(access, fmt).index(space.vars[0])
+    last = top + len(space.vars) - 1
+    searched = {k: (n, arr) for n, k, arr in _parent_searches(env, space, access)}
+    cursors: dict[int, str] = {}
+    stmts: list[ir.Stmt] = []
+    target: ir.Expr = ir.add(state.lo, first)
+    for k in range(last - 1, top - 1, -1):
+        parent = fmt.levels[k + 1].parent_position(target, names(env, access, k + 1))
+        if parent is not None:
+            target = parent
+            continue
+        n, arr = searched[k + 1]
+        lo, hi = state.levels[n]
+        cur = env.namer.fresh(f"p{access.name}{k + 1}_at")
+        stmts.append(ir.Decl(ir.I64, cur, ir.Call("search", (ir.Var(arr), lo, hi, target))))
+        cursors[k + 1] = cur
+        target = ir.Var(cur)
+    return stmts, cursors
+
+
+def _parent_searches(env: LowerEnv, space: Space, access: Access) -> list[tuple[int, int, str]]:
+    """(index in space, 1-based level number, child pos array) for each fused level whose
+    child level is compressed: its position is found by searching the child's pos."""
+    fmt = env.formats[access.name]
+    first = level_indices(access, fmt).index(space.vars[0])
+    found = []
+    for n in range(len(space.vars) - 1):
+        k = first + n
+        child = fmt.levels[k + 1]
+        if child.position_iteration and not child.inherits_parent_range:
+            found.append((n, k + 1, env.sig.array(access.name, "pos", k + 1)))
+    return found
+
+
+def _bind_space(
+    env: LowerEnv,
+    space: Space,
+    x: ir.Expr,
+    ctx: Ctx,
+    rest: tuple[str, ...],
+    expr: CExpr,
+    sink: Sink,
+    cursors: dict[int, str] | None,
+    nest: Nest,
+) -> ir.Block:
+    """The space's offset ``x`` is known: bind its original variables and go on.
+
+    ``cursors``: for a serial loop over fused positions, the variables that follow each
+    searched parent level (else each parent is searched afresh)."""
+    stmts: list[ir.Stmt] = []
+    lhs = env.lhs
+    if space.kind in ("dense", "fused"):
+        values = _dense_coords(env, space, x)
+        for var, value in values:
+            expr = scheduled_expr(env, space, var, expr, ctx)
+            name = env.var_names[var]
+            stmts.append(ir.Decl(ir.I64, name, value))
+            ctx = ctx.bind({var: ir.Var(name)}, covered=var)
+            located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
+            stmts.append(located)
+        return ir.block(*stmts, nest(rest, expr, ctx, sink))
+    access = pos_access(env, space)
+    fmt = env.formats[access.name]
+    first = level_indices(access, fmt).index(space.vars[0])
+    state = ctx.spaces[space.name]
+    positions: dict[int, ir.Expr] = {}
+    last = first + len(space.vars) - 1
+    p_last = env.namer.fresh(f"p{access.name}{last + 1}")
+    stmts.append(ir.Decl(ir.I64, p_last, ir.add(state.lo, x)))
+    positions[last] = ir.Var(p_last)
+    searched = {k: (n, arr) for n, k, arr in _parent_searches(env, space, access)}
+    for k in range(last - 1, first - 1, -1):
+        below = positions[k + 1]
+        parent = fmt.levels[k + 1].parent_position(below, names(env, access, k + 1))
+        if parent is not None:
+            positions[k] = parent
+            continue
+        n, arr = searched[k + 1]
+        lo, hi = state.levels[n]
+        if cursors is not None:
+            cur = ir.Var(cursors[k + 1])
+            stmts.append(
+                ir.While(
+                    ir.Bin("<=", ir.Load(arr, ir.add(cur, ir.IntLit(1))), below),
+                    ir.block(ir.Assign(cur, ir.add(cur, ir.IntLit(1)))),
+                )
+            )
+            positions[k] = cur
+        else:
+            found = env.namer.fresh(f"p{access.name}{k + 1}")
+            stmts.append(ir.Decl(ir.I64, found, ir.Call("search", (ir.Var(arr), lo, hi, below))))
+            positions[k] = ir.Var(found)
+    for n, var in enumerate(space.vars):
+        k = first + n
+        expr = scheduled_expr(env, space, var, expr, ctx)
+        name = env.var_names[var]
+        pos = positions[k]
+        coord = fmt.levels[k].coordinate(pos, names(env, access, k), k == 0)
+        stmts.append(ir.Decl(ir.I64, name, coord))
+        ctx = ctx.bind({var: ir.Var(name)}, {(access, k): unit(pos)})
+        located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
+        stmts.append(located)
+    return ir.block(*stmts, nest(rest, expr, ctx, sink))
+
+
+def _dense_coords(env: LowerEnv, space: Space, x: ir.Expr) -> list[tuple[str, ir.Expr]]:
+    """The coordinates of a dense or fused space at offset ``x``, outermost first: the
+    fused variables are dense levels of one flattened space (coordinate ``x % N``, parent
+    position ``x / N``, innermost first)."""
+    values: list[tuple[str, ir.Expr]] = []
+    remaining = x
+    for var in reversed(space.vars[1:]):
+        at = LevelNames(ir.Var(env.sig.dim(var)))
+        values.append((var, DENSE.coordinate(remaining, at, top=False)))
+        parent = DENSE.parent_position(remaining, at)
+        assert parent is not None
+        remaining = parent
+    values.append((space.vars[0], remaining))
+    return values[::-1]
+
+
+def scheduled_expr(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) -> CExpr:
+    """The expression once ``var`` is bound by a schedule space: its lattice must be
+    a plain range (dense spaces) or iterate only the pos tensor (position spaces)."""
+    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.exact)
+    if not lattice.points:
+        return ZERO
+    its = ordered(lattice.iterators)
+    if space.kind in ("dense", "fused"):
+        if its:
+            a = its[0].access
+            raise ScheduleError(
+                f"{space.origin}: {var} is iterated through {a}'s "
+                f"{env.formats[a.name].levels[its[0].level].spelling!r} level, so its "
+                f"loop is not a plain range; iterate its positions with "
+                f"pos({var},{var}pos,{a.name}) and transform that"
+            )
+        return lattice.points[0].expr
+    others = [it for it in its if it.access.name != space.tensor]
+    if others:
+        raise ScheduleError(
+            f"{space.origin}: at {var}, {others[0].access} is also sparse; pos visits "
+            f"{space.tensor}'s stored positions alone, so the other operands must be dense "
+            f"at {var}"
+        )
+    if its and any(its[0] not in p.iterators for p in lattice.points):
+        raise ScheduleError(
+            f"{space.origin}: the expression needs {var} where {space.tensor} has no "
+            f"entry (a sum with a term without {space.tensor}); pos visits only "
+            f"{space.tensor}'s entries"
+        )
+    return lattice.points[0].expr

@@ -1,0 +1,182 @@
+"""The Gustavson workspace of a sparse output: a dense row over the output's last level
+that the reductions scatter into, then gathered into the row in coordinate order.
+
+The numeric kernel keeps values, a bitmap of the coordinates reached followed by its
+summary (``top``: one bit per bitmap word), and the list of those reached. Counting needs
+neither values nor the list: it marks bits and the span reached (``lo``..``hi``), then
+counts the marked words through the summary. Each thread's bitmap and list are padded to
+whole cache lines plus one, so threads never share a line, and the list has slack for the
+branch-free appends of ``sc_mark`` and ``sc_sort_reached``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..abi import OUT_OF_MEMORY, Namer
+from ..ir import nodes as ir
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """The names of one kernel's workspace arrays (``""`` where the phase has none)."""
+
+    var: str
+    counting: bool
+    #: the row's extent (the last level's dimension)
+    size: ir.Expr
+    w: str
+    seen: str
+    top: str
+    reached: str
+    length: str
+    lo: str
+    hi: str
+    words: ir.Expr
+    #: per-thread workspaces: the whole allocation behind each row-local name, and the
+    #: stride of one thread's slice
+    bases: tuple[tuple[str, str], ...]
+    strides: tuple[tuple[str, ir.Expr], ...]
+    #: what the kernel frees (and frees before leaving early)
+    allocated: tuple[str, ...]
+
+    @property
+    def _types(self) -> dict[str, str]:
+        return {self.w: ir.VAL, self.seen: ir.U64, self.reached: ir.I64}
+
+    def row_state(self) -> list[ir.Stmt]:
+        """The summary behind the bitmap, and the row's list length or span."""
+        stmts: list[ir.Stmt] = [ir.Pointer(ir.U64, self.top, self.seen, self.words)]
+        if self.counting:
+            stmts += [ir.Decl(ir.I64, self.lo, self.size), ir.Decl(ir.I64, self.hi, ir.IntLit(-1))]
+        else:
+            stmts.append(ir.Decl(ir.I64, self.length, ir.IntLit(0)))
+        return stmts
+
+    def row_slices(self) -> list[ir.Stmt]:
+        """In a row of a parallel loop: this thread's slice of each workspace array."""
+        if not self.bases:
+            return []
+        tid = ir.Call("thread_id", ())
+        stride = dict(self.strides)
+        stmts: list[ir.Stmt] = [
+            ir.Pointer(self._types[name], name, base, ir.mul(tid, stride[name]))
+            for name, base in self.bases
+        ]
+        return stmts + self.row_state()
+
+    def free(self) -> list[ir.Stmt]:
+        return [ir.Free(n) for n in self.allocated]
+
+    def scatter(self, coord: ir.Expr, value: ir.Expr | None) -> list[ir.Stmt]:
+        """``w[j] += value``, remembering ``j`` the first time it is reached.
+
+        The numeric phase appends to the list without a branch (``sc_mark``); counting only
+        sets the bits (no test, no branch) and widens the span reached."""
+        seen, top = ir.Var(self.seen), ir.Var(self.top)
+        if self.counting:
+            lo, hi = ir.Var(self.lo), ir.Var(self.hi)
+            return [
+                ir.Effect(ir.Call("mark_bits", (seen, top, coord))),
+                ir.Assign(lo, ir.Call("min", (lo, coord))),
+                ir.Assign(hi, ir.Call("max", (hi, coord))),
+            ]
+        n = ir.Var(self.length)
+        stmts: list[ir.Stmt] = [
+            ir.Assign(n, ir.Call("mark", (seen, top, ir.Var(self.reached), n, coord)))
+        ]
+        if value is not None:
+            stmts.append(ir.Assign(ir.Load(self.w, coord), value, "+="))
+        return stmts
+
+    def count_reached(self, count: ir.Var) -> list[ir.Stmt]:
+        """Counting: add the coordinates reached to ``count`` and clear them
+        (``sc_count_reached`` clears the bitmap and its summary as it counts)."""
+        seen, top = ir.Var(self.seen), ir.Var(self.top)
+        lo, hi = ir.Var(self.lo), ir.Var(self.hi)
+        reached = ir.Call("count_reached", (seen, top, lo, hi))
+        return [
+            ir.Assign(count, ir.Bin("+", count, reached)),
+            ir.Assign(lo, self.size),
+            ir.Assign(hi, ir.IntLit(-1)),
+        ]
+
+    def gather(
+        self,
+        namer: Namer,
+        append: Callable[[ir.Expr, ir.Expr], list[ir.Stmt]],
+        room: list[ir.Stmt],
+    ) -> list[ir.Stmt]:
+        """Visit the coordinates reached in order (``sc_sort_reached`` orders the list and
+        clears the bitmap and its summary as it goes): ``append(j, w[j])`` stores the
+        entry, then ``w[j]`` is cleared. ``room`` checks the capacity for the row first."""
+        n = ir.Var(self.length)
+        t = namer.fresh("q")
+        j = ir.Var(namer.fresh("j_w"))
+        body = ir.block(
+            ir.Decl(ir.I64, j.name, ir.Load(self.reached, ir.Var(t))),
+            *append(j, ir.Load(self.w, j)),
+            ir.Assign(ir.Load(self.w, j), ir.FloatLit(0.0)),
+        )
+        reached = (ir.Var(self.reached), n, ir.Var(self.seen), ir.Var(self.top))
+        return [
+            *room,
+            ir.Effect(ir.Call("sort_reached", reached)),
+            ir.For(t, ir.IntLit(0), n, body),
+            ir.Assign(n, ir.IntLit(0)),
+        ]
+
+
+def allocate(
+    var: str, size: ir.Expr, namer: Namer, counting: bool, copies: ir.Expr | None
+) -> tuple[Workspace, list[ir.Stmt]]:
+    """A workspace over ``var`` (extent ``size``) and the statements allocating it;
+    ``copies``: one per thread (each row takes its thread's slice, `row_slices`)."""
+    w = namer.fresh("w")
+    seen = namer.fresh("w_seen")
+    top = namer.fresh("w_top")
+    lo = hi = lst = length = ""
+    if counting:
+        lo, hi = namer.fresh("w_lo"), namer.fresh("w_hi")
+    else:
+        lst, length = namer.fresh("w_list"), namer.fresh("w_len")
+    words = ir.Bin("/", ir.Bin("+", size, ir.IntLit(63)), ir.IntLit(64))
+    tops = ir.Bin("/", ir.Bin("+", size, ir.IntLit(4095)), ir.IntLit(4096))
+    strides = {seen: _lines(ir.Bin("+", words, tops))}
+    if not counting:
+        strides = {w: size, **strides, lst: _lines(size)}
+    bases = {n: namer.fresh(f"{n}_all") for n in strides} if copies is not None else {}
+    allocated = tuple(bases[n] if bases else n for n in strides)
+    ws = Workspace(
+        var,
+        counting,
+        size,
+        w,
+        seen,
+        top,
+        lst,
+        length,
+        lo,
+        hi,
+        words,
+        tuple(bases.items()),
+        tuple(strides.items()),
+        allocated,
+    )
+    stmts: list[ir.Stmt] = [ir.Comment(f"workspace: a dense row over {var} (Gustavson)")]
+    each = copies if copies is not None else ir.IntLit(1)
+    for name, array in zip(strides, allocated, strict=True):
+        stmts.append(ir.Alloc(ws._types[name], array, ir.mul(each, strides[name])))
+    failed: ir.Expr = ir.Unary("!", ir.Var(allocated[0]))
+    for name in allocated[1:]:
+        failed = ir.Bin("||", failed, ir.Unary("!", ir.Var(name)))
+    stmts.append(ir.Return(OUT_OF_MEMORY, failed))
+    if copies is None:
+        stmts += ws.row_state()
+    return ws, stmts
+
+
+def _lines(count: ir.Expr) -> ir.Expr:
+    """``count`` 8-byte elements rounded up to whole 64-byte lines, plus one line of slack."""
+    return ir.mul(ir.Bin("/", ir.Bin("+", count, ir.IntLit(15)), ir.IntLit(8)), ir.IntLit(8))

@@ -1,0 +1,200 @@
+"""Lowering, stage by stage: the level functions of the level formats, the environment's
+scoped flags, the co-iteration emitter on a table of lattices, and the race analysis."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparsec.abi import Namer, signature
+from sparsec.frontend.parser import parse_expression
+from sparsec.ir import nodes as ir
+from sparsec.lower.coiterate import coiterate
+from sparsec.lower.ctx import AccSink, Ctx, OutputSink
+from sparsec.lower.env import Flags, LowerEnv
+from sparsec.lower.levels import iterator
+from sparsec.lower.parallel import race, race_strategies
+from sparsec.middle.lattice import build
+from sparsec.middle.spec import make_spec
+from sparsec.tensors.formats import Compressed, Dense, LevelNames, Singleton
+
+P, Q, I, N = ir.Var("p"), ir.Var("q"), ir.Var("i"), ir.Var("N")
+AT = LevelNames(N, "B2_pos", "B2_crd")
+
+
+def load(array: str, index: ir.Expr) -> ir.Load:
+    return ir.Load(array, index)
+
+
+def plus1(e: ir.Expr) -> ir.Expr:
+    return ir.Bin("+", e, ir.IntLit(1))
+
+
+# ------------------------------------------------------------ level functions
+@pytest.mark.parametrize(
+    "level, parent, want",
+    [
+        (Dense(), None, (ir.IntLit(0), N)),
+        (Dense(), (P, plus1(P)), (ir.Bin("*", P, N), ir.Bin("+", ir.Bin("*", P, N), N))),
+        (Compressed(), None, (load("B2_pos", ir.IntLit(0)), load("B2_pos", ir.IntLit(1)))),
+        (Compressed(), (P, plus1(P)), (load("B2_pos", P), load("B2_pos", plus1(P)))),
+        # a singleton shares its parent's segment, whatever its end
+        (Singleton(), (P, Q), (P, Q)),
+    ],
+)
+def test_bounds_under_a_parent(level, parent, want):
+    assert level.bounds(parent, AT) == want
+
+
+@pytest.mark.parametrize(
+    "level, want",
+    [
+        (Dense(), (ir.Bin("*", P, N), ir.Bin("*", Q, N))),
+        (Compressed(), (load("B2_pos", P), load("B2_pos", Q))),
+        (Singleton(), (P, Q)),
+    ],
+)
+def test_bounds_under_a_range_of_parents(level, want):
+    assert level.range_bounds(P, Q, AT) == want
+
+
+@pytest.mark.parametrize(
+    "level, top, coord, parent",
+    [
+        (Dense(), True, P, ir.Bin("/", P, N)),
+        (Dense(), False, ir.Bin("%", P, N), ir.Bin("/", P, N)),
+        (Compressed(), False, load("B2_crd", P), None),  # the parent is searched in pos
+        (Singleton(), False, load("B2_crd", P), P),
+    ],
+)
+def test_coordinate_and_parent_position(level, top, coord, parent):
+    assert level.coordinate(P, AT, top) == coord
+    assert level.parent_position(P, AT) == parent
+
+
+def test_dense_locate_is_the_inverse_of_coordinate_and_parent():
+    dense = Dense()
+    assert dense.locate_position(None, I, AT) == I
+    assert dense.locate_position(P, I, AT) == ir.Bin("+", ir.Bin("*", P, N), I)
+    for level in (Compressed(), Singleton()):
+        assert not level.locate
+        with pytest.raises(NotImplementedError):
+            level.locate_position(P, I, AT)
+
+
+def test_append():
+    assert Compressed().append_coord(Q, I, AT) == [ir.Assign(load("B2_crd", Q), I)]
+    assert Singleton().append_coord(Q, I, AT) == [ir.Assign(load("B2_crd", Q), I)]
+    assert Dense().append_coord(Q, I, AT) == []  # a dense level stores no coordinate
+    # the edges are written where `bounds` reads the segment's end
+    edges = Compressed().append_edges(P, Q, AT)
+    assert edges == ir.Assign(Compressed().bounds((P, P), AT)[1], Q)
+    assert Compressed().append_edges(ir.IntLit(0), Q, AT).target == load("B2_pos", ir.IntLit(1))
+
+
+# --------------------------------------------------------------- environment
+def _env(expr: str, formats: dict[str, str], **options) -> LowerEnv:
+    spec = make_spec(parse_expression(expr), formats)
+    namer = Namer()
+    return LowerEnv(spec, signature(spec, namer), namer, **options)
+
+
+def test_scope_sets_and_restores_flags():
+    env = _env("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    assert env.flags == Flags()
+    with env.scope(in_threads=True):
+        assert env.flags.in_threads
+        with env.scope(atomic_writes=True, gpu_units=("GPUBlock",)):
+            assert env.flags.in_threads and env.flags.atomic_writes
+            assert env.flags.gpu_units == ("GPUBlock",)
+        assert env.flags.in_threads and not env.flags.atomic_writes
+    assert env.flags == Flags()
+    with pytest.raises(RuntimeError), env.scope(in_vector=True):
+        raise RuntimeError
+    assert not env.flags.in_vector  # restored on the way out of an error too
+    with pytest.raises(TypeError), env.scope(no_such_flag=True):
+        pass
+
+
+# ------------------------------------------------- co-iteration on lattices
+def _shape(block: ir.Block) -> list[str]:
+    """The loops of ``block`` and the cases the body callback marked, in order."""
+    out: list[str] = []
+    for s in block.body:
+        match s:
+            case ir.For():
+                out.append("for")
+                out += [f"  {x}" for x in _shape(s.body)]
+            case ir.While():
+                out.append("while")
+                out += [f"  {x}" for x in _shape(s.body)]
+            case ir.If():
+                for _, b in s.branches:
+                    out += _shape(b)
+                if s.orelse is not None:
+                    out += _shape(s.orelse)
+            case ir.Comment():
+                out.append(s.text)
+    return out
+
+
+@pytest.mark.parametrize(
+    "expr, formats, want",
+    [
+        # a dense lattice: one for loop over 0..N
+        ("y(i) = x(i) * z(i)", {}, ["for", "  x(i) * z(i)"]),
+        # one iterator: a position loop
+        ("y(i) = a(i) * x(i)", {"a": "s"}, ["for", "  a(i) * x(i)"]),
+        # an intersection: one while loop, one case
+        ("y(i) = a(i) * b(i)", {"a": "s", "b": "s"}, ["while", "  a(i) * b(i)"]),
+        # a union: a while loop per lattice point, each with its sub-points' cases
+        (
+            "y(i) = a(i) + b(i)",
+            {"a": "s", "b": "s"},
+            ["while", "  a(i) + b(i)", "  a(i)", "  b(i)", "while", "  a(i)", "while", "  b(i)"],
+        ),
+        # a full lattice with a sparse iterator: a dense loop co-iterating it
+        ("y(i) = a(i) + x(i)", {"a": "s"}, ["for", "  a(i) + x(i)", "  x(i)"]),
+    ],
+)
+def test_coiterate_on_a_lattice(expr, formats, want):
+    env = _env(expr, formats, parallel=False)
+    rhs = env.spec.statement.rhs
+    lattice = build(rhs, lambda a: iterator(env, a, "i", Ctx()), env.exact)
+
+    def body(case, ctx):
+        assert "i" in ctx.coords  # the variable is bound inside
+        return ir.block(ir.Comment(str(case)))
+
+    got = coiterate(env, "i", lattice, Ctx(), OutputSink(), True, body)
+    assert _shape(got) == want
+
+
+# ------------------------------------------------------------- race analysis
+@pytest.mark.parametrize(
+    "loop, distinct, sink, races",
+    [
+        ("i", frozenset({"i"}), OutputSink(), False),  # each i writes its own y(i)
+        ("j", frozenset({"j"}), OutputSink(), True),  # every j adds into y(i)
+        ("j", frozenset(), OutputSink(), True),  # iterations not known apart
+        ("j", frozenset({"j"}), AccSink("acc"), True),  # all add into one accumulator
+    ],
+)
+def test_race(loop, distinct, sink, races):
+    env = _env("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    assert (race(env, loop, distinct, sink) is not None) == races
+
+
+@pytest.mark.parametrize(
+    "out, unit, into_sum, want",
+    [
+        ("dense", "CPUThread", False, ["Atomics", "Temporary"]),
+        ("dense", "CPUThread", True, ["Atomics", "Temporary", "ParallelReduction"]),
+        ("dense", "CPUVector", False, []),
+        ("dense", "CPUVector", True, ["Temporary", "ParallelReduction"]),
+        # a sparse output is appended, never updated in place: no atomics
+        ("csr", "CPUThread", False, ["Temporary"]),
+    ],
+)
+def test_race_strategies(out, unit, into_sum, want):
+    env = _env("C(i,j) = A(i,j) * B(i,j)", {"A": "csr", "B": "csr", "C": out})
+    assert race_strategies(env, unit, into_sum) == want
