@@ -768,7 +768,7 @@ def test_random_cells_take_memory_in_proportion_to_the_entries(share):
     # never one int64 per cell of the range (for a random sparse tensor: the dense size)
     import tracemalloc
 
-    from sparsec.tensors.packing import _sample_distinct
+    from sparsec.tensors.random import _sample_distinct
 
     total = 2_000_000
     k = int(share * total)

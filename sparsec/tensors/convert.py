@@ -1,26 +1,30 @@
-"""Conversions in: scipy sparse and torch (dense, COO, CSR, CSC) to `Tensor`, and `as_tensor`.
+"""Conversions in: scipy sparse and torch (dense, COO, CSR, CSC) to tensor storage.
 
 csr/csc inputs whose target is the matching preset reuse indptr/indices through `from_arrays`;
-everything else goes through `pack` as COO. The conversions out (`to_scipy`, `to_torch`,
-`to_dense`) are `Tensor` methods. `as_tensor` needs the `Tensor` class at call time only, so it
-imports it locally (see `sparsec.tensors.packing` for the import order).
+everything else goes through `pack` as COO. Like the packers, these return `StorageParts`:
+`sparsec.tensors.tensor` wraps them in a `Tensor` under the same names and adds `as_tensor`
+(which passes a `Tensor` through and hands anything else to `storage_of`). The conversions out
+(`to_scipy`, `to_torch`, `to_dense`) are `Tensor` methods.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import FormatError, InputError, StorageError
 from .formats import Format, parse_format
 from .packing import from_arrays, from_dense, pack
-from .storage import _is_torch_tensor, _torch_numpy, _who, coerce_values, value_dtype
-
-if TYPE_CHECKING:
-    from .tensor import Tensor
-
+from .storage import (
+    StorageParts,
+    _is_torch_tensor,
+    _torch_numpy,
+    _who,
+    coerce_values,
+    value_dtype,
+)
 
 # ---- scipy
 
@@ -41,9 +45,11 @@ def from_scipy(
     index_dtype: Any = None,
     dtype: Any = None,
     name: str = "",
-) -> Tensor:
-    """See `Tensor.from_scipy`. csr->csr and csc->csc reuse indptr/indices (after summing
-    duplicates and sorting indices on a copy when the matrix is not canonical)."""
+) -> StorageParts:
+    """From any scipy sparse matrix/array; default format follows its type (csr, csc, coo).
+
+    csr->csr and csc->csc reuse indptr/indices (after summing duplicates and sorting indices
+    on a copy when the matrix is not canonical)."""
     if not _is_scipy_sparse(matrix):
         raise InputError(f"{_who(name)}expected a scipy sparse matrix, got {type(matrix).__name__}")
     kind = matrix.format
@@ -81,8 +87,9 @@ def from_torch(
     index_dtype: Any = None,
     dtype: Any = None,
     name: str = "",
-) -> Tensor:
-    """See `Tensor.from_torch`. Hybrid tensors (dense value dimensions) are refused."""
+) -> StorageParts:
+    """From a dense, sparse COO, CSR or CSC torch tensor; default format follows layout.
+    Hybrid tensors (dense value dimensions) are refused."""
     import torch
 
     if not isinstance(t, torch.Tensor):
@@ -135,28 +142,15 @@ def _compressed_structure_ok(pos: Any, crd: Any, shape: Any, fmt: Format) -> boo
 # ---- anything
 
 
-def as_tensor(
-    obj: Any,
-    format: str | Format | None = None,
-    *,
-    name: str = "",
-    index_dtype: Any = None,
-    dtype: Any = None,
-) -> Tensor:
-    """The `Tensor` for a numpy array, scipy sparse matrix, torch tensor, Tensor, number or
-    nested list. A Tensor is converted only if its format or a requested dtype differs."""
-    from .tensor import Tensor  # local: sparsec.tensors.tensor imports this module
-
-    if isinstance(obj, Tensor):
-        converted = obj if format is None else obj.to_format(parse_format(format, obj.order, name))
-        return converted.astype(dtype, index_dtype=index_dtype)
-    kwargs: dict[str, Any] = {"index_dtype": index_dtype, "dtype": dtype, "name": name}
+def storage_of(obj: Any, format: str | Format | None, name: str, **options: Any) -> StorageParts:
+    """The storage of a numpy array, scipy sparse matrix, torch tensor, number or nested list
+    (``options``: index_dtype, dtype): `as_tensor` for anything not a `Tensor` already."""
     if _is_scipy_sparse(obj):
-        return from_scipy(obj, format, **kwargs)
+        return from_scipy(obj, format, name=name, **options)
     if _is_torch_tensor(obj):
-        return from_torch(obj, format, **kwargs)
+        return from_torch(obj, format, name=name, **options)
     if isinstance(obj, (np.ndarray, np.generic, int, float, complex, list, tuple)):
-        return from_dense(obj, format, **kwargs)
+        return from_dense(obj, format, name=name, **options)
     raise InputError(
         f"tensor {name!r} must be a numpy array, scipy sparse matrix, torch tensor, sparsec "
         f"Tensor or number, not {type(obj).__name__}"

@@ -1,14 +1,14 @@
-"""Packing: mode-order COO entries, dense arrays or raw level arrays -> a validated `Tensor`.
+"""Packing: mode-order COO entries, dense arrays or raw level arrays -> validated storage.
 
 `pack` sorts the entries into level order, sums duplicates and assembles pos/crd level by
-level (`_assemble`); `from_dense` and `random` go through it, `from_arrays` copies storage
-given level by level. Both end in `validate_storage`, the one check every built tensor passes
-(a packer bug or a shape the format cannot hold is an error, never storage a kernel would
-read out of bounds).
+level (`_assemble`); `from_dense` (and `sparsec.tensors.random`) go through it, `from_arrays`
+copies storage given level by level. Both end in `validate_storage`, the one check every
+built tensor passes (a packer bug or a shape the format cannot hold is an error, never
+storage a kernel would read out of bounds).
 
-Import order: `storage` <- `packing` <- `convert` <- `tensor`. `Tensor` lives in `tensor`,
-which re-exports these constructors, so the functions that build one import it locally (by
-call time the module is fully loaded); annotations use it only under ``TYPE_CHECKING``.
+Every constructor here returns `StorageParts`; `sparsec.tensors.tensor` wraps them in a
+`Tensor` under the same names (imports flow one way: `storage` <- `packing` <- `convert` <-
+`tensor`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import DTypeError, FormatError, InputError, ShapeError, StorageError
-from .formats import Compressed, Dense, Format, LevelFormat, Singleton, default_sparse, parse_format
+from .formats import Compressed, Dense, Format, LevelFormat, Singleton, parse_format
 from .storage import (
     INT64_MAX,
     LevelStorage,
+    StorageParts,
     _at_level,
     _is_torch_tensor,
     _position_counts,
@@ -37,10 +38,6 @@ from .storage import (
     validate_storage,
     value_dtype,
 )
-
-if TYPE_CHECKING:
-    from .tensor import Tensor
-
 
 # --------------------------------------------------------------------------- packing
 
@@ -117,18 +114,16 @@ def _assemble(
     name: str,
     *,
     presorted: bool = False,
-) -> Tensor:
+) -> StorageParts:
     """Build the levels from level-order int64 coordinates (in range) and coerced values.
 
     ``p`` holds, per entry, its position at the current level; ``n`` the level's position count.
     Unless ``presorted`` (sorted, no duplicate tuples) the entries are sorted and summed first.
     """
-    from .tensor import Tensor  # local: sparsec.tensors.tensor imports this module
-
     level_shape = [shape[m] for m in fmt.ordering]
     if fmt.order == 0:
         vals = np.array([values.sum()], dtype=values.dtype)
-        return Tensor(shape, fmt, (), vals, choose_index_dtype(index_dtype, (), (), name))
+        return StorageParts(shape, fmt, (), vals, choose_index_dtype(index_dtype, (), (), name))
     if not presorted:
         coords, values = _sort_and_sum(coords, values, level_shape)
     p, n = np.zeros(len(values), dtype=np.int64), 1
@@ -179,7 +174,7 @@ def _assemble(
         for st in storages
     )
     validate_storage(shape, fmt, levels, vals, idt, name)  # the same check as from_arrays
-    return Tensor(shape, fmt, levels, vals, idt)
+    return StorageParts(shape, fmt, levels, vals, idt)
 
 
 def _coords_array(coords: Any, order: int, nnz: int, name: str) -> np.ndarray:
@@ -216,7 +211,7 @@ def pack(
     dtype: Any = None,
     *,
     name: str = "",
-) -> Tensor:
+) -> StorageParts:
     """Assemble a tensor from mode-order COO entries.
 
     ``coords`` is ``(order, nnz)`` (or one array per mode). Entries are permuted to level order,
@@ -255,10 +250,9 @@ def from_dense(
     index_dtype: Any = None,
     dtype: Any = None,
     name: str = "",
-) -> Tensor:
-    """See `Tensor.from_dense`."""
-    from .tensor import Tensor  # local: sparsec.tensors.tensor imports this module
-
+) -> StorageParts:
+    """From a numpy array, torch dense tensor or nested list; zeros are not stored except
+    where a dense level forces them. Default format: dense."""
     requested = value_dtype(dtype)
     if _is_torch_tensor(array):
         array = _torch_numpy(array, requested, name)
@@ -278,7 +272,7 @@ def from_dense(
         vals = np.array(level_major, order="C").reshape(-1)
         levels = tuple(LevelStorage() for _ in fmt.levels)
         validate_storage(shape, fmt, levels, vals, idt, name)
-        return Tensor(shape, fmt, levels, vals, idt)
+        return StorageParts(shape, fmt, levels, vals, idt)
     nonzero = np.nonzero(level_major)  # sorted in level order already
     coords = [c.astype(np.int64, copy=False) for c in nonzero]
     return _assemble(coords, level_major[nonzero], shape, fmt, idt, name, presorted=True)
@@ -317,7 +311,7 @@ def from_arrays(
     name: str = "",
     index_dtype: Any = None,
     dtype: Any = None,
-) -> Tensor:
+) -> StorageParts:
     """A tensor from raw storage, copied and validated.
 
     ``levels`` holds one entry per storage level: ``None`` for dense, ``(pos, crd)`` (or a dict
@@ -326,16 +320,13 @@ def from_arrays(
     int32 unless the shape, position counts or stored values need int64); float or bool index
     arrays raise `DTypeError`. Integer or bool ``vals`` become float64.
     """
-    from .tensor import Tensor  # local: sparsec.tensors.tensor imports this module
-
     try:
-        return _from_arrays(Tensor, shape, format, levels, vals, name, index_dtype, dtype)
+        return _from_arrays(shape, format, levels, vals, name, index_dtype, dtype)
     except (TypeError, ValueError) as err:  # ragged or non-array storage, never a traceback
         raise StorageError(f"{_who(name)}malformed storage arrays: {err}") from None
 
 
 def _from_arrays(
-    Tensor: Any,  # noqa: N803 - the class, passed in to avoid an import cycle
     shape: Sequence[int],
     format: str | Format,
     levels: Sequence[Any],
@@ -343,7 +334,7 @@ def _from_arrays(
     name: str,
     index_dtype: Any,
     dtype: Any,
-) -> Tensor:
+) -> StorageParts:
     shape = check_shape(shape, name)
     fmt = parse_format(format, len(shape), name)
     if not isinstance(levels, (list, tuple)):
@@ -397,126 +388,4 @@ def _from_arrays(
     ]
     values = np.array(values, order="C")
     validate_storage(shape, fmt, storages, values, idt, name)
-    return Tensor(shape, fmt, tuple(storages), values, idt)
-
-
-# --------------------------------------------------------------------------- random
-
-
-def _skip(reduced: np.ndarray, excluded: np.ndarray) -> np.ndarray:
-    """Map 0..N-|E|-1 onto the coordinates 0..N-1 not in the sorted set ``excluded``."""
-    shifted = excluded - np.arange(len(excluded))
-    return reduced + np.searchsorted(shifted, reduced, side="right")
-
-
-def _sample_cells(rng: np.random.Generator, dims: Sequence[int], k: int) -> np.ndarray:
-    """``k`` distinct cells of a ``dims`` grid, uniformly, as coordinates ``(len(dims), k)``."""
-    if not dims:
-        return np.zeros((0, k), dtype=np.int64)
-    total = math.prod(dims)
-    if total <= INT64_MAX:
-        flat = _sample_distinct(rng, total, k)
-        return np.array(np.unravel_index(flat, dims), dtype=np.int64).reshape(len(dims), k)
-    # a grid too large for flat indices: draw coordinate tuples and keep the distinct ones
-    found = np.zeros((len(dims), 0), dtype=np.int64)
-    while found.shape[1] < k:
-        extra = np.stack([rng.integers(0, d, size=k) for d in dims])
-        found = np.unique(np.concatenate([found, extra], axis=1), axis=1)
-    return found[:, np.sort(rng.permutation(found.shape[1])[:k])]
-
-
-def _sample_distinct(rng: np.random.Generator, total: int, k: int) -> np.ndarray:
-    """``k`` distinct sorted integers from ``range(total)``, every k-subset equally likely,
-    in memory proportional to ``k`` (never one int64 per value of the range: for a random
-    sparse tensor, that is the size of the dense tensor).
-
-    Values are drawn with replacement until ``k`` distinct ones are found, then a random
-    ``k`` of them kept (the set of distinct draws is a uniform subset of its size, by
-    symmetry). The draws are marked in a bitmap of the range when it is no larger than
-    the result (``total <= 8k``), else sorted and deduplicated. Beyond half the range the
-    sample is the range without a sample of the ``total - k`` values left out, so a fresh
-    draw is always new with probability at least one half.
-    """
-    if k == 0:
-        return np.zeros(0, dtype=np.int64)
-    if 2 * k > total:
-        keep = np.ones(total, dtype=bool)
-        keep[_sample_distinct(rng, total, total - k)] = False
-        return np.flatnonzero(keep)
-
-    def more(found: int) -> np.ndarray:
-        # a draw is new with probability (total - found) / total: ask for that many more
-        # (and a tenth), so one or two rounds suffice
-        wanted = (k - found) * total / (total - found)
-        return rng.integers(0, total, size=int(1.1 * wanted) + 16)
-
-    if total <= 8 * k:
-        mask, count = np.zeros(total, dtype=bool), 0
-        while count < k:
-            mask[more(count)] = True
-            count = int(np.count_nonzero(mask))
-        found = np.flatnonzero(mask)
-    else:
-        found = np.zeros(0, dtype=np.int64)
-        while len(found) < k:
-            found = np.sort(np.concatenate([found, more(len(found))]))
-            found = found[np.concatenate(([True], found[1:] != found[:-1]))]
-    if len(found) > k:  # drop a uniform sample of the surplus (a few percent)
-        found = np.delete(found, rng.choice(len(found), size=len(found) - k, replace=False))
-    return found
-
-
-def random(
-    shape: Sequence[int],
-    density: float,
-    format: str | Format | None = None,
-    *,
-    seed: int | None = 0,
-    dtype: Any = "float64",
-    index_dtype: Any = None,
-    integer: bool = False,
-    empty_fraction: float = 0.2,
-) -> Tensor:
-    """A reproducible random tensor with exactly ``round(density * size)`` nonzeros.
-
-    Values are uniform in [-1, 1) without exact zeros, or nonzero integers in [-4, 4]. When a
-    mode 0 has more than 2 coordinates, ``empty_fraction`` of them (at least one, at most
-    2**20) hold no entries, and likewise one coordinate of mode 1 (an empty column), so kernels
-    see empty segments -- as long as the nonzeros still fit in the remaining cells (density 1
-    gives a full tensor). Default format: `default_sparse`.
-    """
-    shape = check_shape(shape)
-    if not 0 <= density <= 1:
-        raise InputError(f"density must be in [0, 1], got {density}")
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0
-    ):
-        raise InputError(f"seed must be None or a non-negative integer, not {seed!r}")
-    rng = np.random.default_rng(seed)
-    fmt = parse_format(default_sparse(len(shape)) if format is None else format, len(shape))
-    vdt = value_dtype(dtype) or np.dtype(np.float64)
-    nnz = round(density * math.prod(shape))
-    wanted = [0] * len(shape)  # empty coordinates per mode: a fraction of mode 0, one of mode 1
-    if empty_fraction > 0 and len(shape) >= 1 and shape[0] > 2:
-        wanted[0] = min(max(1, round(empty_fraction * shape[0])), shape[0] - 1, 2**20)
-    if empty_fraction > 0 and len(shape) >= 2 and shape[1] > 2:
-        wanted[1] = 1
-    for empties in (wanted, [min(e, 1) for e in wanted], [0] * len(shape)):
-        if nnz <= math.prod(d - e for d, e in zip(shape, empties, strict=True)):
-            break  # fewer empty slices when the nonzeros would not fit
-    excluded = [
-        np.sort(rng.choice(d, size=e, replace=False)) if e else np.zeros(0, dtype=np.int64)
-        for d, e in zip(shape, empties, strict=True)
-    ]
-    reduced = _sample_cells(rng, [d - e for d, e in zip(shape, empties, strict=True)], nnz)
-    coords = (
-        np.stack([_skip(r, ex) for r, ex in zip(reduced, excluded, strict=True)])
-        if shape
-        else reduced
-    )
-    if integer:
-        values = (rng.integers(1, 5, size=nnz) * rng.choice([-1, 1], size=nnz)).astype(vdt)
-    else:
-        values = rng.uniform(-1.0, 1.0, size=nnz).astype(vdt)
-        values[values == 0] = 0.5
-    return pack(coords, values, shape, fmt, index_dtype)
+    return StorageParts(shape, fmt, tuple(storages), values, idt)

@@ -1,12 +1,13 @@
 """Level storage, dtypes and validation: the leaf of the tensor modules (imports no Tensor).
 
-Holds `LevelStorage` (one level's pos/crd arrays), the dtype and shape helpers every
+Holds `LevelStorage` (one level's pos/crd arrays), `StorageParts` (everything a `Tensor` is
+built from: what the packers and converters return), the dtype and shape helpers every
 constructor shares (`value_dtype`, `index_dtype_of`, `choose_index_dtype`, `coerce_values`,
-`check_shape`) and the storage invariants of the model in `sparsec.tensors.tensor`: `_check_structure`
-(cheap, O(order)) and `_check_contents` (vectorised, O(nnz)), which `validate_storage` runs
-together -- the one validation every constructor's storage passes, however it was built.
-Everything here works on raw arrays, so `tensor`, `packing` and `convert` can all import it
-without a cycle.
+`check_shape`) and the storage invariants of the model in `sparsec.tensors.tensor`:
+`_check_structure` (cheap, O(order)) and `_check_contents` (vectorised, O(nnz)), which
+`validate_storage` runs together -- the one validation every constructor's storage passes,
+however it was built. Everything here works on raw arrays, so `packing`, `random`, `convert`
+and `tensor` all import it without a cycle.
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ class LevelStorage:
         return tuple(a for a in (self.pos, self.crd) if a is not None)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class StorageParts:
+    """A validated tensor's storage, not yet owned by a `Tensor`: what `packing`, `random`
+    and `convert` return, so that only `sparsec.tensors.tensor` builds (and freezes) one.
+    The fields are `Tensor`'s constructor arguments, in its order."""
+
+    shape: tuple[int, ...]
+    format: Format
+    levels: tuple[LevelStorage, ...]
+    vals: np.ndarray
+    index_dtype: np.dtype
+
+
 # --------------------------------------------------------------------------- dtypes and shapes
 
 
@@ -63,24 +77,26 @@ def _numpy_dtype(spec: Any) -> np.dtype:
         raise DTypeError(f"{spec} is not a supported dtype") from None
 
 
-def value_dtype(spec: Any) -> np.dtype | None:
-    """float32/float64 from a name, numpy or torch dtype; ``None`` stays ``None``."""
+def _supported_dtype(spec: Any, allowed: tuple[np.dtype, ...], role: str) -> np.dtype | None:
+    """``spec`` as one of the ``allowed`` dtypes (from a name, numpy or torch dtype), or
+    `DTypeError` naming the ``role``; ``None`` stays ``None``."""
     if spec is None:
         return None
     dt = _numpy_dtype(spec)
-    if dt not in VALUE_DTYPES:
-        raise DTypeError(f"value dtype {dt} is not supported; {_SUPPORTED}")
+    if dt not in allowed:
+        names = " or ".join(a.name for a in allowed)
+        raise DTypeError(f"{role} dtype {dt} is not supported; use {names}")
     return dt
+
+
+def value_dtype(spec: Any) -> np.dtype | None:
+    """float32/float64 from a name, numpy or torch dtype; ``None`` stays ``None``."""
+    return _supported_dtype(spec, VALUE_DTYPES, "value")
 
 
 def index_dtype_of(spec: Any) -> np.dtype | None:
     """int32/int64 from a name, numpy or torch dtype; ``None`` stays ``None``."""
-    if spec is None:
-        return None
-    dt = _numpy_dtype(spec)
-    if dt not in INDEX_DTYPES:
-        raise DTypeError(f"index dtype {dt} is not supported; use int32 or int64")
-    return dt
+    return _supported_dtype(spec, INDEX_DTYPES, "index")
 
 
 def choose_index_dtype(

@@ -22,33 +22,37 @@ as well as storage given by the user); ``Tensor(...)`` itself only runs cheap st
 checks and takes ownership of (freezes) the arrays it is given: it is the path for storage
 already validated or valid by construction (kernel outputs).
 
-Modules, in import order: `sparsec.tensors.storage` (LevelStorage, dtypes, validation) <-
-`sparsec.tensors.packing` (pack, from_dense, from_arrays, random) <- `sparsec.tensors.convert` (scipy, torch,
-as_tensor) <- this one (the `Tensor` class). This module re-exports their public names, so
-``from sparsec.tensors.tensor import ...`` is the one import users need; the lower modules import
-`Tensor` only inside the functions that build one.
+Modules, in import order: `sparsec.tensors.storage` (LevelStorage, StorageParts, dtypes,
+validation) <- `sparsec.tensors.packing` (pack, from_dense, from_arrays) <-
+`sparsec.tensors.random` <- `sparsec.tensors.convert` (scipy, torch) <- this one. The lower
+modules return validated `StorageParts` and never see a `Tensor`; this module alone builds
+one, under the same constructor names (`_builds_tensor`), and adds `as_tensor`. It re-exports
+the public names, so ``from sparsec.tensors.tensor import ...`` is the one import users need.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import update_wrapper
+from typing import Any, ParamSpec
 
 import numpy as np
 
 from ..errors import FormatError
+from . import convert, packing
 from .buffers import address
-from .convert import as_tensor, from_scipy, from_torch
 from .formats import Compressed, Dense, Format, Singleton, canonical, parse_format
-from .packing import from_arrays, from_dense, pack, random
+from .random import random as _random_storage
 from .storage import (
     INDEX_DTYPES,
     INT32_MAX,
     INT64_MAX,
     VALUE_DTYPES,
     LevelStorage,
+    StorageParts,
     _cast,
     _check_structure,
     _position_counts,
@@ -66,6 +70,7 @@ __all__ = [
     "INT64_MAX",
     "VALUE_DTYPES",
     "LevelStorage",
+    "StorageParts",
     "Tensor",
     "as_tensor",
     "check_shape",
@@ -80,6 +85,26 @@ __all__ = [
     "random",
     "value_dtype",
 ]
+
+_P = ParamSpec("_P")
+
+
+def _own(parts: StorageParts) -> Tensor:
+    """The `Tensor` taking ownership of (freezing) storage its producer has validated."""
+    return Tensor(parts.shape, parts.format, parts.levels, parts.vals, parts.index_dtype)
+
+
+def _builds_tensor(make_storage: Callable[_P, StorageParts]) -> Callable[_P, Tensor]:
+    """The `Tensor` constructor for a function returning validated `StorageParts`: the same
+    parameters, name and docstring, the parts owned by a new `Tensor`."""
+
+    def build(*args: _P.args, **kwargs: _P.kwargs) -> Tensor:
+        return _own(make_storage(*args, **kwargs))
+
+    update_wrapper(build, make_storage, assigned=("__name__", "__qualname__", "__doc__"))
+    signature = inspect.signature(make_storage).replace(return_annotation="Tensor")
+    build.__signature__ = signature  # type: ignore[attr-defined]  # help() shows a Tensor
+    return build
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -279,47 +304,12 @@ class Tensor:
             out[self.format.ordering[k]] = crd
         return out
 
-    # ---- constructors (thin wrappers, so the classmethods read as the API)
+    # ---- constructors: the storage builders of `packing` and `convert`, owned by a Tensor
 
-    @classmethod
-    def from_dense(
-        cls,
-        array: Any,
-        format: str | Format | None = None,
-        *,
-        index_dtype: Any = None,
-        dtype: Any = None,
-        name: str = "",
-    ) -> Tensor:
-        """From a numpy array, torch dense tensor or nested list; zeros are not stored except
-        where a dense level forces them. Default format: dense."""
-        return from_dense(array, format, index_dtype=index_dtype, dtype=dtype, name=name)
-
-    @classmethod
-    def from_scipy(
-        cls,
-        matrix: Any,
-        format: str | Format | None = None,
-        *,
-        index_dtype: Any = None,
-        dtype: Any = None,
-        name: str = "",
-    ) -> Tensor:
-        """From any scipy sparse matrix/array; default format follows its type (csr, csc, coo)."""
-        return from_scipy(matrix, format, index_dtype=index_dtype, dtype=dtype, name=name)
-
-    @classmethod
-    def from_torch(
-        cls,
-        t: Any,
-        format: str | Format | None = None,
-        *,
-        index_dtype: Any = None,
-        dtype: Any = None,
-        name: str = "",
-    ) -> Tensor:
-        """From a dense, sparse COO, CSR or CSC torch tensor; default format follows layout."""
-        return from_torch(t, format, index_dtype=index_dtype, dtype=dtype, name=name)
+    from_dense = staticmethod(_builds_tensor(packing.from_dense))
+    from_arrays = staticmethod(_builds_tensor(packing.from_arrays))
+    from_scipy = staticmethod(_builds_tensor(convert.from_scipy))
+    from_torch = staticmethod(_builds_tensor(convert.from_torch))
 
     @classmethod
     def from_coo(
@@ -337,22 +327,29 @@ class Tensor:
         duplicates are summed, explicit zeros kept."""
         return pack(coords, values, shape, format, index_dtype, dtype, name=name)
 
-    @classmethod
-    def from_arrays(
-        cls,
-        shape: Sequence[int],
-        format: str | Format,
-        levels: Sequence[Any],
-        vals: Any,
-        *,
-        name: str = "",
-        index_dtype: Any = None,
-        dtype: Any = None,
-    ) -> Tensor:
-        """From raw storage, validated; see `from_arrays`."""
-        return from_arrays(
-            shape, format, levels, vals, name=name, index_dtype=index_dtype, dtype=dtype
-        )
+
+pack = _builds_tensor(packing.pack)
+random = _builds_tensor(_random_storage)
+from_dense = Tensor.from_dense
+from_arrays = Tensor.from_arrays
+from_scipy = Tensor.from_scipy
+from_torch = Tensor.from_torch
+
+
+def as_tensor(
+    obj: Any,
+    format: str | Format | None = None,
+    *,
+    name: str = "",
+    index_dtype: Any = None,
+    dtype: Any = None,
+) -> Tensor:
+    """The `Tensor` for a numpy array, scipy sparse matrix, torch tensor, Tensor, number or
+    nested list. A Tensor is converted only if its format or a requested dtype differs."""
+    if isinstance(obj, Tensor):
+        converted = obj if format is None else obj.to_format(parse_format(format, obj.order, name))
+        return converted.astype(dtype, index_dtype=index_dtype)
+    return _own(convert.storage_of(obj, format, name, index_dtype=index_dtype, dtype=dtype))
 
 
 # --------------------------------------------------------------------------- reading storage
