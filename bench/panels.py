@@ -4,8 +4,8 @@ depth blocks.
     python -m bench panels [--quick] [--threads N]
 
 For each shape, the same kernel runs in each layout that applies to it, then as the
-runtime chooses (`sparsec.api.kernel`'s default: `_panels_pay`, then `_bands_pay` from 1024
-columns; `_depth_rows` below). From 1024 columns: whole rows (bands and panels off), in
+runtime chooses (`sparsec.policy.costs`: `panels_pay`, then `bands_pay` from 1024
+columns; `depth_rows` below). From 1024 columns: whole rows (bands and panels off), in
 column bands (`sparsec.passes.bands`, forced on) and in packed panels of 128 columns (the panel
 cost model overridden). Below: whole rows and depth blocks (forced on). The table shows
 which layout the cost models chose and whether it was the fastest. Each result is checked
@@ -27,7 +27,7 @@ from sparsec.policy.machine import machine
 from .common import Table, environment, measure, progress, settle, write_results
 from .core import WrongResult, pruned_csr
 
-KERNEL = sys.modules["sparsec.api.kernel"]
+COSTS = sys.modules["sparsec.policy.costs"]
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
 #: (rows, inner, sparsity, columns): around the cost models' thresholds
 SHAPES = (
@@ -70,18 +70,18 @@ def _layout(mode: str) -> Any:
     panels = ("PANEL_MIN_BYTES", "PANEL_MIN_REUSE", "PANEL_MIN_REUSE_BEYOND_CACHE")
     bands = ("BAND_MIN_BYTES", "BAND_MIN_REUSE")
     depth = ("DEPTH_MIN_BYTES", "DEPTH_MIN_OVER_OUTPUT", "DEPTH_MIN_REUSE", "DEPTH_MIN_ENTRIES")
-    saved = {n: getattr(KERNEL, n) for n in (*panels, *bands, *depth)}
+    saved = {n: getattr(COSTS, n) for n in (*panels, *bands, *depth)}
     forced = {n: _ALWAYS if mode == "panels" else _NEVER for n in panels}
     forced |= {n: _ALWAYS if mode == "bands" else _NEVER for n in bands}
     forced |= {n: _ALWAYS if mode == "depth" else _NEVER for n in depth}
     try:
         if mode != "chosen":
             for n, v in forced.items():
-                setattr(KERNEL, n, v)
+                setattr(COSTS, n, v)
         yield
     finally:
         for n, v in saved.items():
-            setattr(KERNEL, n, v)
+            setattr(COSTS, n, v)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         x = rng.standard_normal((inner, columns)).astype(np.float32)
         tensor = sparsec.as_tensor(w, "csr")
         want = w @ x
-        layouts = WIDE if columns >= KERNEL.PANEL_MIN_COLUMNS else NARROW
+        layouts = WIDE if columns >= COSTS.PANEL_MIN_COLUMNS else NARROW
         times = {}
         for mode in (*layouts, "chosen"):
             k = sparsec.Kernel(SPMM, {"W": "csr"})
@@ -114,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         values, out_elements = {"W": tensor, "X": x}, rows * columns
         k = sparsec.Kernel(SPMM, {"W": "csr"})
         dims = {"i": rows, "j": columns, "k": inner}
-        if KERNEL._panels_pay(columns, ("X",), values, out_elements):
+        if COSTS.panels_pay(columns, ("X",), values, out_elements):
             chose = "panels"
-        elif k._band_tiles(dims, values):
+        elif k.columns.band_tiles(dims, values):
             chose = "bands"
-        elif k._depth_rows(dims, values):
+        elif k.columns.depth_rows(dims, values):
             chose = "depth"
         else:
             chose = "whole"

@@ -7,7 +7,8 @@ print(k.source)          # the generated C
 """
 
 from . import io as io  # sparsec.io.load / save after a plain `import sparsec`
-from .api.kernel import CheckResult, Kernel, kernel
+from .api.check import CheckResult
+from .api.kernel import Kernel, kernel
 from .errors import (
     CheckError,
     CompileError,

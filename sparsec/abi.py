@@ -36,8 +36,8 @@ from .middle.spec import Spec
 INT = "int"
 
 # Kernel return statuses: the only codes a generated kernel returns, for every target. The
-# runtime turns each non-zero status into the error that names it (`runtime`'s one
-# status -> error function).
+# runtime turns each non-zero status into the error that names it (the one status -> error
+# function, `sparsec.runtime.loaded.status_error`).
 #: success
 OK = 0
 #: a workspace (or a per-thread copy of the output) could not be allocated
@@ -47,6 +47,13 @@ BOUND_VIOLATED = 3
 #: an appended output level would pass the capacity the runtime gave it (``sc_sizes``): the
 #: runtime's bound was wrong; nothing was written out of bounds
 CAPACITY_EXCEEDED = 4
+#: every status a kernel may return, by name
+STATUSES = {
+    "OK": OK,
+    "OUT_OF_MEMORY": OUT_OF_MEMORY,
+    "BOUND_VIOLATED": BOUND_VIOLATED,
+    "CAPACITY_EXCEEDED": CAPACITY_EXCEEDED,
+}
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -18,7 +18,7 @@ from sparsec.ir import nodes as ir
 from sparsec.passes.bands import band
 from sparsec.policy.machine import use
 
-KERNEL = sys.modules["sparsec.api.kernel"]
+COSTS = sys.modules["sparsec.policy.costs"]
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
 
@@ -32,7 +32,7 @@ def bands_of(monkeypatch):
     """Run every call with ``n`` tiles per band (0: whole rows)."""
 
     def force(n: int) -> None:
-        monkeypatch.setattr(KERNEL.Kernel, "_band_tiles", lambda self, dims, values: n)
+        monkeypatch.setattr(COSTS.Columns, "band_tiles", lambda self, dims, values: n)
 
     return force
 
@@ -184,7 +184,7 @@ def test_banded_accumulation_and_mttkrp_match_torch(tiles, bands_of, rng):
 def test_when_bands_pay():
     """The cost model, on the shapes it was measured on (float32, 2 threads, 2048 columns
     unless stated; times whole -> banded)."""
-    pay = KERNEL._bands_pay
+    pay = COSTS.bands_pay
 
     def case(rows, inner, density, columns=2048):
         x = np.empty((inner, columns), np.float32)
@@ -204,10 +204,12 @@ def test_bands_are_asked_for_only_with_a_panel_index():
     k = sparsec.Kernel(SPMM, {"W": "csr"})
     x = np.zeros((1536, 2048), np.float32)
     w = pruned_csr(384, 1536, 0.02)
-    assert k._band_tiles({"i": 384, "j": 2048, "k": 1536}, {"W": w, "X": x}) == KERNEL.BAND_TILES
-    assert k._band_tiles({"i": 384, "j": 512, "k": 1536}, {"W": w, "X": x[:, :512]}) == 0
+    assert (
+        k.columns.band_tiles({"i": 384, "j": 2048, "k": 1536}, {"W": w, "X": x}) == COSTS.BAND_TILES
+    )
+    assert k.columns.band_tiles({"i": 384, "j": 512, "k": 1536}, {"W": w, "X": x[:, :512]}) == 0
     acc = sparsec.Kernel("C(i,j) += W(i,k) * X(k,j)", {"W": "csr"})
-    assert acc._band_tiles({"i": 384, "j": 2048, "k": 1536}, {"W": w, "X": x}) == 0
+    assert acc.columns.band_tiles({"i": 384, "j": 2048, "k": 1536}, {"W": w, "X": x}) == 0
 
 
 # --------------------------------------------------------------------------- depth blocks
@@ -218,7 +220,7 @@ def depth_of(monkeypatch):
     """Run every call in depth blocks of ``n`` coordinates (0: one block)."""
 
     def force(n: int) -> None:
-        monkeypatch.setattr(KERNEL.Kernel, "_depth_rows", lambda self, dims, values: n)
+        monkeypatch.setattr(COSTS.Columns, "depth_rows", lambda self, dims, values: n)
 
     return force
 
@@ -371,14 +373,14 @@ def test_when_depth_blocks_pay():
     coordinates)."""
 
     def rows_for(*args):
-        return KERNEL._depth_rows(*args, on=MEASURED_ON)
+        return COSTS.depth_rows(*args, on=MEASURED_ON)
 
     def case(rows, inner, density, columns=512, dtype=np.float32):
         x = np.empty((inner, columns), dtype)
         w = pruned_csr(rows, inner, density, dtype)
         return columns, ("X",), {"W": w, "X": x}, rows * columns
 
-    block = int(MEASURED_ON.core_cache * KERNEL.DEPTH_BLOCK_FRACTION) // (512 * 4)
+    block = int(MEASURED_ON.core_cache * COSTS.DEPTH_BLOCK_FRACTION) // (512 * 4)
     assert block == 512
     assert rows_for(*case(768, 3072, 0.3)) == block  # 41.7 -> 22.8 ms
     assert rows_for(*case(768, 3072, 0.2)) == block  # 24.9 -> 16.2 ms
@@ -401,5 +403,5 @@ def test_depth_blocks_are_asked_for_only_below_the_panel_columns():
     narrow = np.zeros((3072, 512), np.float32)
     wide = np.zeros((3072, 2048), np.float32)
     with use(MEASURED_ON):
-        assert k._depth_rows({"i": 768, "j": 512, "k": 3072}, {"W": w, "X": narrow}) > 0
-        assert k._depth_rows({"i": 768, "j": 2048, "k": 3072}, {"W": w, "X": wide}) == 0
+        assert k.columns.depth_rows({"i": 768, "j": 512, "k": 3072}, {"W": w, "X": narrow}) > 0
+        assert k.columns.depth_rows({"i": 768, "j": 2048, "k": 3072}, {"W": w, "X": wide}) == 0

@@ -24,7 +24,9 @@ from sparsec.policy import machine as M
 from sparsec.policy.machine import LoadMeter, Machine, host, machine, parse, threads_for, use
 from sparsec.runtime import binding
 
-KERNEL = sys.modules["sparsec.api.kernel"]
+COSTS = sys.modules["sparsec.policy.costs"]
+#: the modules whose calls resolve a call's threads: the general path and the fast path
+CALL_PATHS = (sys.modules["sparsec.runtime.executable"], sys.modules["sparsec.runtime.fastpath"])
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -153,19 +155,19 @@ def test_decisions_follow_the_simulated_machine(simulated_machine):
     size."""
     m = simulated_machine
     deep = _spmm_case(768, 3072, 0.2, 512)  # X: 6 MB of 2 KB rows, 1 GB gathered
-    rows = max(KERNEL.DEPTH_MIN_ROWS, int(m.core_cache * KERNEL.DEPTH_BLOCK_FRACTION) // 2048)
-    assert KERNEL._depth_rows(*deep) == KERNEL._depth_rows(*deep, on=m) == rows
+    rows = max(COSTS.DEPTH_MIN_ROWS, int(m.core_cache * COSTS.DEPTH_BLOCK_FRACTION) // 2048)
+    assert COSTS.depth_rows(*deep) == COSTS.depth_rows(*deep, on=m) == rows
     # from 12 MB of X: beyond an 8 MB cache (10 bytes gathered per byte moved suffice),
     # within a 32 MB one (48 needed); this case gathers about 15 per byte moved
     wide = _spmm_case(768, 1536, 0.1, 2048)
-    assert KERNEL._panels_pay(*wide) == (m.last_level_cache < 12 << 20)
+    assert COSTS.panels_pay(*wide) == (m.last_level_cache < 12 << 20)
     for case in (_spmm_case(384, 1536, 0.02, 2048), _spmm_case(3072, 768, 0.02, 2048)):
-        here = KERNEL._bands_pay(*case)
+        here = COSTS.bands_pay(*case)
         with use(MEASURED_ON):
-            assert KERNEL._bands_pay(*case) == here  # weighs no fact of the machine
+            assert COSTS.bands_pay(*case) == here  # weighs no fact of the machine
     other = dataclasses.replace(m, vector_bytes=96 - m.vector_bytes)
-    assert KERNEL._depth_rows(*deep, on=other) == rows
-    assert KERNEL._panels_pay(*wide, on=other) == KERNEL._panels_pay(*wide)
+    assert COSTS.depth_rows(*deep, on=other) == rows
+    assert COSTS.panels_pay(*wide, on=other) == COSTS.panels_pay(*wide)
     source = sparsec.Kernel(SPMM, {"W": "csr"}).generated("float32").source
     assert f"((int64_t){m.last_level_cache} / (int64_t)sizeof(sc_val_t))" in source
     assert binding.configured_threads() == (binding._omp_num_threads() or m.cores)
@@ -173,9 +175,7 @@ def test_decisions_follow_the_simulated_machine(simulated_machine):
 
 def test_depth_blocks_scale_with_the_core_cache():
     deep = _spmm_case(768, 3072, 0.2, 512)
-    by_l2 = {
-        m.core_cache: KERNEL._depth_rows(*deep, on=m) for m in SIMULATED if m.vector_bytes == 32
-    }
+    by_l2 = {m.core_cache: COSTS.depth_rows(*deep, on=m) for m in SIMULATED if m.vector_bytes == 32}
     assert by_l2 == {256 << 10: 256, 512 << 10: 512, 1 << 20: 1024, 2 << 20: 2048}
 
 
@@ -250,13 +250,14 @@ def test_a_default_call_on_a_busy_machine_runs_one_thread(monkeypatch):
     x = np.arange(40.0)
     want = a.to_scipy() @ x
     seen: list[int] = []
-    real = KERNEL.resolve_threads
+    real = binding.resolve_threads
 
     def spy(threads):
         seen.append(real(threads))
         return seen[-1]
 
-    monkeypatch.setattr(KERNEL, "resolve_threads", spy)
+    for module in CALL_PATHS:
+        monkeypatch.setattr(module, "resolve_threads", spy)
     for load, threads in ((1.0, 1), (0.0, 2), (1.0, 1)):
         seen.clear()
         with use(MEASURED_ON, cores=2, busy=load):

@@ -15,22 +15,23 @@ from conftest import MEASURED_ON, pruned_csr, sparse_array, torch_reference
 
 import sparsec
 
-KERNEL = sys.modules["sparsec.api.kernel"]
+COSTS = sys.modules["sparsec.policy.costs"]
+EXECUTABLE = sys.modules["sparsec.runtime.executable"]
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
 
 
 @pytest.fixture
 def small_panels(monkeypatch):
-    monkeypatch.setattr(KERNEL, "PANEL_COLUMNS", 8)
-    monkeypatch.setattr(KERNEL, "PANEL_MIN_COLUMNS", 16)
-    monkeypatch.setattr(KERNEL, "PANEL_MIN_BYTES", 0)
-    monkeypatch.setattr(KERNEL, "PANEL_MIN_REUSE", 0)
-    monkeypatch.setattr(KERNEL, "PANEL_MIN_REUSE_BEYOND_CACHE", 0)
+    monkeypatch.setattr(COSTS, "PANEL_COLUMNS", 8)
+    monkeypatch.setattr(COSTS, "PANEL_MIN_COLUMNS", 16)
+    monkeypatch.setattr(COSTS, "PANEL_MIN_BYTES", 0)
+    monkeypatch.setattr(COSTS, "PANEL_MIN_REUSE", 0)
+    monkeypatch.setattr(COSTS, "PANEL_MIN_REUSE_BEYOND_CACHE", 0)
 
 
 def _whole(expr, fmts, inputs, threads, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(KERNEL, "PANEL_MIN_BYTES", 1 << 62)
+        m.setattr(COSTS, "PANEL_MIN_BYTES", 1 << 62)
         return sparsec.Kernel(expr, fmts)(**inputs, threads=threads)
 
 
@@ -43,7 +44,7 @@ def test_spmm_in_panels_equals_the_whole_run(width, dtype, threads, small_panels
     w[5] = 0  # an empty row
     x = rng.standard_normal((29, width)).astype(dtype)
     k = sparsec.Kernel(SPMM, {"W": "csr"})
-    assert k._panel_index == "j" and k._panel_carriers == ("X",)
+    assert k.columns.index == "j" and k.columns.carriers == ("X",)
     tensor = sparsec.as_tensor(w, "csr")
     got = k(W=tensor, X=x, threads=threads)
     again = k(W=tensor, X=x, threads=threads)  # a repeated call (the fast path refuses it)
@@ -62,23 +63,23 @@ def test_panels_are_shared_among_workers(threads, workers, inner, small_panels, 
     kernels on threads // workers threads; the result is the whole run's, bit for bit."""
     pools, runs = [], []
 
-    class Recording(KERNEL.ThreadPoolExecutor):
+    class Recording(EXECUTABLE.ThreadPoolExecutor):
         def __init__(self, n, **kw):
             pools.append(n)
             super().__init__(n, **kw)
 
-    real_run = KERNEL.Kernel._run
+    real_run = EXECUTABLE.Executable.run
 
-    def run(self, compiled, prepared, threads):
+    def run(self, prepared, threads):
         runs.append((prepared.dims["j"], threads))
-        return real_run(self, compiled, prepared, threads)
+        return real_run(self, prepared, threads)
 
     rng = np.random.default_rng(7)
     w = sparse_array((23, 19), rng, 0.3)
     x = rng.standard_normal((19, 40))
     whole = _whole(SPMM, {"W": "csr"}, {"W": w, "X": x}, threads, monkeypatch)
-    monkeypatch.setattr(KERNEL, "ThreadPoolExecutor", Recording)
-    monkeypatch.setattr(KERNEL.Kernel, "_run", run)
+    monkeypatch.setattr(EXECUTABLE, "ThreadPoolExecutor", Recording)
+    monkeypatch.setattr(EXECUTABLE.Executable, "run", run)
     got = sparsec.Kernel(SPMM, {"W": "csr"})(W=w, X=x, threads=threads)
     np.testing.assert_array_equal(got, whole)
     assert pools == [workers]
@@ -91,7 +92,7 @@ def test_two_carriers_and_mttkrp(small_panels, monkeypatch):
     w = sparse_array((20, 15), rng, 0.4)
     x, z = rng.standard_normal((15, 50)), rng.standard_normal((15, 50))
     k = sparsec.Kernel(expr, {"W": "csr"})
-    assert k._panel_carriers == ("X", "Z")
+    assert k.columns.carriers == ("X", "Z")
     inputs = {"W": sparsec.as_tensor(w, "csr"), "X": x, "Z": z}
     np.testing.assert_array_equal(k(**inputs), _whole(expr, {"W": "csr"}, inputs, 2, monkeypatch))
 
@@ -99,7 +100,7 @@ def test_two_carriers_and_mttkrp(small_panels, monkeypatch):
     b = sparse_array((9, 8, 7), rng, 0.3)
     d, c = rng.standard_normal((7, 33)), rng.standard_normal((8, 33))
     k = sparsec.Kernel(mttkrp, {"B": "csf"})
-    assert k._panel_index == "j" and k._panel_carriers == ("D", "C")
+    assert k.columns.index == "j" and k.columns.carriers == ("D", "C")
     got = k(B=sparsec.as_tensor(b, "csf"), D=d, C=c)
     want = torch_reference("ikl,lj,kj->ij", {"B": b, "D": d, "C": c})
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -118,7 +119,7 @@ def test_two_carriers_and_mttkrp(small_panels, monkeypatch):
     ],
 )
 def test_where_panels_do_not_apply(expr, fmts):
-    assert sparsec.Kernel(expr, fmts)._panel_index is None
+    assert sparsec.Kernel(expr, fmts).columns.index is None
 
 
 def test_when_panels_pay():
@@ -126,7 +127,7 @@ def test_when_panels_pay():
     last-level cache)."""
 
     def pay(*args):
-        return KERNEL._panels_pay(*args, on=MEASURED_ON)
+        return COSTS.panels_pay(*args, on=MEASURED_ON)
 
     def case(rows, inner, density, columns):
         x = np.empty((inner, columns), np.float32)

@@ -16,8 +16,8 @@ from conftest import case_id, sparse_array, torch_reference
 
 import sparsec
 
-# the module (``sparsec.api.kernel`` is the function)
-KERNEL_MODULE = sys.modules["sparsec.api.kernel"]
+COSTS = sys.modules["sparsec.policy.costs"]
+SPARSE_OUT = sys.modules["sparsec.runtime.sparse_out"]
 I, J, K, L = 7, 6, 5, 4
 
 # (expression, formats, einsum or python reference, shapes)
@@ -177,7 +177,7 @@ def test_sparse_output_matches_torch(case, dtype, index_dtype, rng, monkeypatch)
     # one pass into bounded arrays (one thread) and two phases (counted exactly) build
     # the same storage
     single = k(**given, threads=1)
-    monkeypatch.setattr(KERNEL_MODULE, "SINGLE_PASS_ENTRIES", -1)
+    monkeypatch.setattr(COSTS, "SINGLE_PASS_ENTRIES", -1)
     for got in (single, k(**given, threads=1)):
         got.validate("out")
         _same_storage(got, out)
@@ -314,8 +314,8 @@ def test_block_output_whose_last_row_stores_nothing(monkeypatch):
     b[0, 1], c[0, 1] = 2.0, 3.0
     b[2, 0], c[2, 3] = 1.0, 5.0
     k = sparsec.kernel("A(i,j) = B(i,j) * C(i,j)", {"A": "sd", "B": "ss", "C": "ss"})
-    for limit in (KERNEL_MODULE.SINGLE_PASS_ENTRIES, -1):  # one pass, then two phases
-        monkeypatch.setattr(KERNEL_MODULE, "SINGLE_PASS_ENTRIES", limit)
+    for limit in (COSTS.SINGLE_PASS_ENTRIES, -1):  # one pass, then two phases
+        monkeypatch.setattr(COSTS, "SINGLE_PASS_ENTRIES", limit)
         out = k(B=b, C=c).validate()
         np.testing.assert_array_equal(np.asarray(out), b * c)
         assert out.levels[0].crd.tolist() == [0] and len(out.vals) == 4
@@ -330,7 +330,7 @@ def _bound(expr, fmts, **inputs):
     values = {
         n: (sparsec.Tensor.from_dense(v, fmts[n]) if n in fmts else v) for n, v in inputs.items()
     }
-    return entry_bound(k.spec.statement, values, k._prepare(values).dims)
+    return entry_bound(k.spec.statement, values, k.binder.prepare(values).dims)
 
 
 def test_entry_bound_hand_values():
@@ -374,10 +374,10 @@ def test_too_small_a_bound_stops_the_kernel(expr, fmts, monkeypatch, rng):
     c = sparsec.Tensor.from_dense(sparse_array((20 if "k" in expr else 30, 20), rng), fmts["C"])
     k = sparsec.kernel(expr, fmts)
     want = k(B=b, C=c, threads=1)
-    monkeypatch.setattr(KERNEL_MODULE, "entry_bound", lambda *a: 3)
+    monkeypatch.setattr(SPARSE_OUT, "entry_bound", lambda *a: 3)
     with pytest.raises(sparsec.SparsecError, match="capacity bound 3 was too small"):
         k(B=b, C=c, threads=1)
-    monkeypatch.setattr(k, "_poison", False)
+    monkeypatch.setattr(k.executable("float64", "int32"), "poison", False)
     _same_storage(k(B=b, C=c, threads=1).validate(), want)
 
 
@@ -389,7 +389,7 @@ def test_bound_is_checked_for_a_sparse_output(fmt, threads, single_pass, monkeyp
     """A `bound` on a reduction loop is checked by a sparse output's kernels (the count,
     the fill and the single pass) as by a dense output's: ShapeError, never wrong values."""
     if not single_pass:
-        monkeypatch.setattr(KERNEL_MODULE, "SINGLE_PASS_ENTRIES", -1)
+        monkeypatch.setattr(COSTS, "SINGLE_PASS_ENTRIES", -1)
     expr = "A(i,j) = B(i,j) * C(i,k) * D(k,j)"
     for schedule, good, bad, message in (
         ("bound(k,kb,4,MaxExact)", 4, 6, "exactly 4"),
@@ -511,7 +511,7 @@ def test_a_nested_sum_is_present_only_where_it_has_a_term(
     as present wherever its operand's level is dense (every row of a csr B stored, as
     explicit zeros), while the same sum at the top stored only the rows it reached."""
     if not single_pass:
-        monkeypatch.setattr(KERNEL_MODULE, "SINGLE_PASS_ENTRIES", -1)
+        monkeypatch.setattr(COSTS, "SINGLE_PASS_ENTRIES", -1)
     k = sparsec.kernel(expr, fmts)
     out = k(**inputs, threads=threads).validate()
     assert [None if level.crd is None else level.crd.tolist() for level in out.levels] == crd
@@ -537,7 +537,7 @@ def test_division_single_pass_bound_covers_the_exact_pattern(expr, fmts, monkeyp
     def no_two_phases(*args, **kwargs):
         raise AssertionError("the single pass fell back to the two phases")
 
-    monkeypatch.setattr(KERNEL_MODULE.Kernel, "_run_two_phase", no_two_phases)
+    monkeypatch.setattr(SPARSE_OUT, "two_phase", no_two_phases)
     k = sparsec.kernel(expr, fmts)
     for seed, density in enumerate((0.0, 0.4, 1.0)):
         inputs, dims = k.random_inputs({"k": 5, "i": 4}, seed=seed, density=density)

@@ -1,12 +1,9 @@
-"""``schedule="auto"``: time a few candidate schedules on the call's own inputs and keep the
-fastest, remembered on disk.
+"""``schedule="auto"``: time the candidate schedules (`sparsec.policy.tuning`) on the call's
+own inputs and keep the fastest, remembered on disk.
 
-Candidates (each kept only if it is legal for the expression and formats): the default; the
-outermost loop split into blocks of 16 and of 128 rows on threads; the default's parallel
-loop with the innermost loop vectorised (``CPUVector``); and position-space parallelism
-over the leading sparse operand's nonzeros (``fuse`` + ``pos`` + ``split``, with Atomics or
-per-thread Temporary copies), which balances skewed rows. Every candidate's result is
-compared with the default's before it is timed; the median of `REPEATS` calls decides.
+`tune` times `Executable`s, one per legal candidate, each built by the caller's ``build``:
+every candidate's result is compared with the default's before it is timed; the median of
+`REPEATS` runs decides.
 
 The winner is cached in ``<cache dir>/autotune.json`` under a key of the expression, the
 formats, the value and index dtypes, the thread count and a sparsity signature of the
@@ -24,18 +21,17 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..errors import ScheduleError
-from ..middle.schedule import name_supply
+from ..middle.spec import Spec
 from ..runtime.build import cache_dir
+from ..runtime.executable import Executable
+from ..runtime.inputs import Prepared
 from ..tensors.tensor import Tensor
-
-if TYPE_CHECKING:
-    from .kernel import Kernel
 
 REPEATS = 5
 #: a candidate whose first timed call is this many times slower than the best so far is
@@ -44,37 +40,16 @@ SKIP_FACTOR = 4
 _lock = threading.Lock()
 
 
-def candidates(kernel: Kernel) -> list[str | None]:
-    """Schedules worth timing for ``kernel``'s expression and formats (None: default)."""
-    spec = kernel.spec
-    order = kernel.generated().loop_order
-    found: list[str | None] = [None]
-    if not order:
-        return found
-    v, last = order[0], order[-1]
-    fresh = name_supply(set(spec.indices) | {t.name for t in spec.tensors})
-
-    outer, inner = fresh(f"{v}_blk"), fresh(f"{v}_in")
-    for block in (16, 128):
-        found.append(f"split({v},{outer},{inner},{block}), parallelize({outer},CPUThread,NoRaces)")
-    if len(order) > 1:
-        found.append(f"parallelize({v},CPUThread,NoRaces), parallelize({last},CPUVector,NoRaces)")
-        w = order[1]
-        sparse = next((t for t in spec.inputs if not t.format.is_dense), None)
-        if sparse is not None:  # the leading sparse operand's nonzeros, in chunks
-            f, fp, c, rest = fresh("fused"), fresh("fpos"), fresh("chunk"), fresh("fpos1")
-            for races in ("Atomics", "Temporary"):
-                found.append(
-                    f"fuse({v},{w},{f}), pos({f},{fp},{sparse.name}), split({fp},{c},{rest},2048), "
-                    f"parallelize({c},CPUThread,{races})"
-                )
-    return found
-
-
 def key(
-    kernel: Kernel, inputs: Mapping[str, Any], dtype: str, index_dtype: str, threads: int
+    statement: object,
+    spec: Spec,
+    inputs: Mapping[str, Any],
+    dtype: str,
+    index_dtype: str,
+    threads: int,
 ) -> str:
-    """The cache key: expression, formats, dtypes, threads and the inputs' sparsity signature."""
+    """The cache key: the statement (as written), the formats, dtypes, threads and the
+    inputs' sparsity signature."""
     signature = []
     for name in sorted(inputs):
         v = inputs[name]
@@ -85,8 +60,8 @@ def key(
             signature.append([name, list(np.shape(v))])
     text = json.dumps(
         [
-            str(kernel.assignment),
-            {t.name: str(t.format) for t in kernel.spec.tensors},
+            str(statement),
+            {t.name: str(t.format) for t in spec.tensors},
             dtype,
             index_dtype,
             threads,
@@ -132,47 +107,43 @@ def record(entry: str, result: dict[str, Any]) -> None:
             pass
 
 
-def tune(kernel: Kernel, inputs: Mapping[str, Any], threads: int | None) -> dict[str, Any]:
-    """Time every legal candidate on ``inputs``; returns the winner and all medians."""
-    from .kernel import Kernel
-
+def tune(
+    build: Callable[[str | None], Executable],
+    schedules: Sequence[str | None],
+    prepared: Prepared,
+    threads: int | None,
+) -> dict[str, Any]:
+    """Time the executable ``build(schedule)`` of every legal schedule (an illegal one
+    raises `ScheduleError`) on ``prepared``; returns the winner and all medians."""
     reference = None
     timings: dict[str, float] = {}
-    for schedule in candidates(kernel):
+    for schedule in schedules:
         label = schedule or "default"
         try:
-            variant = Kernel(
-                kernel.expression,
-                kernel.formats,
-                schedule=schedule,
-                dtype=kernel.dtype,
-                index_dtype=kernel.index_dtype,
-            )
+            executable = build(schedule)
         except ScheduleError:
             continue
-        got = _dense(variant(**inputs, threads=threads))  # compiles, and warms up
+        got = _dense(executable.run(prepared, threads))  # compiles, and warms up
         if reference is None:
             reference = got
         elif not np.allclose(got, reference, rtol=1e-4, atol=1e-6, equal_nan=True):
             continue  # never choose a schedule that disagrees with the default
-        samples = [_time(variant, inputs, threads)]
+        samples = [_time(executable, prepared, threads)]
         fastest = min(timings.values(), default=math.inf)
         if samples[0] * 1e3 < SKIP_FACTOR * fastest:  # hopeless candidates get one timing
-            samples += [_time(variant, inputs, threads) for _ in range(REPEATS - 1)]
+            samples += [_time(executable, prepared, threads) for _ in range(REPEATS - 1)]
         timings[label] = statistics.median(samples) * 1e3
     winner = min(timings, key=timings.__getitem__)
     return {"schedule": None if winner == "default" else winner, "medians_ms": timings}
 
 
-def _time(kernel: Kernel, inputs: Mapping[str, Any], threads: int | None) -> float:
+def _time(executable: Executable, prepared: Prepared, threads: int | None) -> float:
     start = time.perf_counter()
-    kernel(**inputs, threads=threads)
+    executable.run(prepared, threads)
     return time.perf_counter() - start
 
 
 def _dense(value: Any) -> np.ndarray:
     if isinstance(value, Tensor):
         return value.to_dense()
-    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
-        return value.numpy()
     return np.asarray(value)

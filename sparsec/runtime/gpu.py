@@ -8,7 +8,8 @@
   a launcher generated from the kernel's signature; the runtime builds it with a C++20
   compiler (``target="cuda-emulated"``), so every CUDA kernel runs in ordinary tests.
 * `grid_size` evaluates the launch grid on the host from the kernel's own prelude.
-* `CupyLaunch` runs a kernel through CuPy ``RawKernel`` on a real device.
+* `stage` puts a call's arguments in GPU memory and returns a CuPy ``RawKernel`` launch
+  over them; `emulate` runs the emulation's launcher.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ from typing import Any
 from ..errors import CompileError, DTypeError, ShapeError, SparsecError
 from ..ir import nodes as ir
 from ..resources import data_dir
+from ..tensors.tensor import Tensor
+from .args import HOST, Form, Slot, Source, arguments, named
 
 ARCHS = ("sm_80", "sm_90")
 #: launches never exceed this many blocks (the loops are grid-stride, so any grid is correct)
@@ -369,3 +373,76 @@ def to_device(host: Any) -> Any:
     import numpy as np
 
     return cupy_device().asarray(np.ascontiguousarray(host))
+
+
+# ------------------------------------------------------------------ launches
+def _device_form(dtype: str) -> Form:
+    """CuPy arrays (a `Tensor`'s copied once per tensor and kept; host arrays per call;
+    device arrays where they are) and scalars typed as the kernel declares them."""
+    import numpy as np
+
+    value = np.dtype(dtype).type
+    typed = {"val": value, "int": np.int32, "i64": np.int64}
+
+    def tensor(t: Tensor, field_name: str, level: int) -> Any:
+        return t.device_array(field_name, level, to_device)
+
+    def array(a: Any) -> Any:
+        return a if on_device(a) else to_device(a)
+
+    return Form(tensor, array, array, lambda p, v: typed[p.type](v))
+
+
+def _host_grid(
+    generated: Any, slots: tuple[Slot, ...], values: Mapping[str, Any], dims: Any, out: Any
+) -> dict[str, Any]:
+    """Each parameter's value by name, arrays as they are: what `grid_size` reads."""
+    host = arguments(slots, values, dims, {("vals", -1): out}, 1, form=HOST)
+    return named(slots, host)
+
+
+def emulate(
+    fn: Any,
+    generated: Any,
+    slots: tuple[Slot, ...],
+    values: Mapping[str, Any],
+    dims: Mapping[str, int],
+    out: Any,
+) -> None:
+    """Run the CUDA emulation's launcher (`emulation_source`) into the host array ``out``."""
+    from .args import ADDRESSES
+
+    grid = launch_grid(generated.launch, _host_grid(generated, slots, values, dims, out), True)
+    args = arguments(slots, values, dims, {("vals", -1): out}, 1, form=ADDRESSES)
+    fn(grid, generated.launch.block, *args)
+
+
+def stage(
+    raw: Any,
+    generated: Any,
+    slots: tuple[Slot, ...],
+    values: Mapping[str, Any],
+    dims: Mapping[str, int],
+    out: Any,
+) -> tuple[Callable[[], None], Any]:
+    """The arguments in GPU memory, and a launch of the CuPy ``RawKernel`` ``raw`` over
+    them (no copies); returns ``(launch, the output's device array)``."""
+    grid = launch_grid(generated.launch, _host_grid(generated, slots, values, dims, out), False)
+    form = _device_form(generated.dtype)
+    staged = tuple(arguments(slots, values, dims, {("vals", -1): out}, 1, form=form))
+    out_dev = next(
+        a
+        for slot, a in zip(slots, staged, strict=True)
+        if slot.source is Source.OUTPUT and slot.param.field == "vals"
+    )
+    block = generated.launch.block
+
+    def launch() -> None:
+        raw((grid,), (block,), staged)
+
+    return launch, out_dev
+
+
+def raw_kernel(source: str) -> Any:
+    """The CuPy ``RawKernel`` of a generated ``.cu`` (compiled by CuPy at its first launch)."""
+    return cupy_device().RawKernel(source, "sparsec_kernel", options=("-std=c++17",))

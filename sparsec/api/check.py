@@ -1,0 +1,145 @@
+"""Checking a kernel against dense torch: `Kernel.check`'s verdict (`verdict`), and the
+inputs `Kernel.random_inputs` draws for it (`extents`, `random_inputs`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, SparsecError
+from ..frontend.notation import Assignment
+from ..middle.spec import Spec, TensorVar
+from ..runtime import gpu
+from ..runtime.inputs import Prepared
+from ..tensors.tensor import Tensor
+from . import footprint
+
+DEFAULT_EXTENTS = (23, 19, 17, 13, 11, 7)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """Outcome of `Kernel.check`: the largest absolute error against dense torch."""
+
+    max_abs_error: float
+    dtype: str
+
+    def __str__(self) -> str:
+        return f"ok: matches dense torch (max abs error {self.max_abs_error:.3g}, {self.dtype})"
+
+
+def require_torch() -> None:
+    """`Kernel.check` compares with torch: say how to install it where it is missing."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise SparsecError(
+            "Kernel.check compares with torch, which is not installed; install a CPU "
+            "build with `pip install torch==2.13.0` (or the extra sparsec[torch])"
+        ) from None
+
+
+def verdict(
+    assignment: Assignment,
+    spec: Spec,
+    wanted: tuple[TensorVar, ...],
+    prepared: Prepared,
+    got: Any,
+) -> CheckResult:
+    """Compare a kernel's result ``got`` on ``prepared`` inputs with ``torch.einsum`` on
+    the densified inputs (`sparsec.api.reference`); a mismatch is a `CheckError`."""
+    import torch
+
+    from .reference import compare, reference
+
+    if prepared.device and np.ndim(got):
+        got = gpu.cupy_device().asnumpy(got)  # compared on the host
+    dense = {}
+    for t in wanted:
+        v = prepared.values[t.name]
+        if gpu.on_device(v):
+            v = gpu.cupy_device().asnumpy(v)  # in level order, like a host value
+        if isinstance(v, Tensor):
+            v = v.to_dense()
+        elif t.order and t.format.ordering != tuple(range(t.order)):
+            v = np.transpose(v, np.argsort(t.format.ordering))  # back to mode order
+        dense[t.argument] = torch.from_numpy(np.array(v, dtype=np.float64))
+    current = dense.pop(spec.output.name, None)
+    want = reference(assignment, dense, prepared.dims, current).numpy()
+    if isinstance(got, Tensor):
+        got.validate(spec.output.name)  # the assembled storage keeps every invariant
+    err = compare(np.asarray(got), want, prepared.dtype, f"kernel {assignment}")
+    return CheckResult(err, prepared.dtype)
+
+
+def extents(
+    assignment: Assignment, spec: Spec, dims: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Every index's extent for `random_inputs`: ``dims`` where given, distinct small
+    defaults elsewhere (so shape mix-ups show), equal where a tensor used twice needs it."""
+    dims = dict(dims or {})
+    given = set(dims)
+    unknown = [i for i in dims if i not in spec.indices]
+    if unknown:
+        raise InputError(
+            f"--dims names {', '.join(unknown)}, not an index of {assignment} "
+            f"(indices: {', '.join(spec.indices)})"
+        )
+    for n, index in enumerate(spec.indices):
+        dims.setdefault(index, DEFAULT_EXTENTS[n % len(DEFAULT_EXTENTS)])
+    # a tensor used with different index lists needs equal extents mode by mode
+    for a in spec.assignment.accesses():
+        first = next(b for b in spec.assignment.accesses() if b.name == a.name)
+        for mine, theirs in zip(a.indices, first.indices, strict=True):
+            if dims[mine] != dims[theirs]:
+                if mine in given:
+                    raise InputError(
+                        f"{a.name} is used as {first} and {a}, so {theirs} and {mine} "
+                        f"need equal extents, not {dims[theirs]} and {dims[mine]}"
+                    )
+                dims[mine] = dims[theirs]
+    return {i: dims[i] for i in spec.indices}
+
+
+def random_inputs(
+    assignment: Assignment,
+    spec: Spec,
+    wanted: tuple[TensorVar, ...],
+    dims: Mapping[str, int] | None,
+    seed: int,
+    density: float,
+    dtype: str | None,
+    index_dtype: str | None,
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """`Kernel.random_inputs`: random values for the tensors ``wanted``, and the extents."""
+    from ..tensors.tensor import random
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InputError(f"seed must be a non-negative integer, not {seed!r}")
+    if not 0 <= density <= 1:
+        raise InputError(f"density must be in [0, 1], got {density}")
+    dims = extents(assignment, spec, dims)
+    shown = ",".join(f"{i}={n}" for i, n in dims.items())
+    parts = footprint.check_parts(spec, dims, density=density, check=False)
+    footprint.ensure_fits(parts, f"random inputs for {assignment} ({shown})")
+    rng = np.random.default_rng(seed)
+    dtype = dtype or "float64"
+    accesses = {a.name: a for a in spec.assignment.accesses()}
+    inputs: dict[str, Any] = {}
+    for n, t in enumerate(wanted):
+        shape = tuple(dims[i] for i in accesses[t.name].indices)
+        if t.order == 0:
+            inputs[t.argument] = float(rng.uniform(0.5, 2.0))
+        elif t.is_dense:
+            arr = np.where(rng.random(shape) < max(density, 0.5), rng.uniform(-1, 1, shape), 0.0)
+            if shape[0] > 2:
+                arr[rng.integers(shape[0])] = 0.0
+            inputs[t.argument] = arr.astype(dtype)
+        else:
+            inputs[t.argument] = random(
+                shape, density, t.format, seed=seed + n, dtype=dtype, index_dtype=index_dtype
+            )
+    return inputs, dims

@@ -1,0 +1,245 @@
+"""The runtime's cost models: how a call of a dense-output kernel runs, from its extents,
+its inputs and the host's facts (`sparsec.policy.machine`).
+
+A kernel whose dense output's last index ``j`` is free, the last mode of every dense operand
+it indexes and of no sparse operand, and whose dense operands along ``j`` are gathered again
+and again (``C(i,j) = W(i,k) * X(k,j)``: every stored ``W(i,k)`` reads row ``k`` of ``X``)
+may run a call in one of four layouts:
+
+- whole: each row of the sparse operand gathers its rows of the dense operands;
+- column panels (`panels_pay`): the call in panels of `PANEL_COLUMNS` columns, each
+  carrier's panel packed contiguous, so the gathers hit cache;
+- column bands (`bands_pay`, `sparsec.passes.bands`): the kernel's register tiles a band at
+  a time, its slice of the dense operands kept in cache across all rows;
+- depth blocks (`depth_rows`): under `PANEL_MIN_COLUMNS` columns, the reduction's
+  coordinates a block at a time, that block of the dense operands kept in the core's cache.
+
+`Columns` is that analysis for one kernel (`Columns.of`) and its per-call decisions. The
+constants are measured; docs/decisions.md holds the logs. `SINGLE_PASS_ENTRIES` bounds the
+memory of a sparse output's single pass (`sparsec.runtime.sparse_out`).
+
+Every threshold is read from this module at each decision, so a test or a bench that sets
+one (``monkeypatch.setattr(costs, "PANEL_MIN_BYTES", 0)``) steers every call, the runtime's
+fast path included.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..middle.spec import Spec
+from ..tensors.tensor import Tensor
+from .machine import Machine, machine
+
+#: the single pass allocates for its bound (plus one extent of the last level) up front:
+#: past this many entries the two phases run instead, so a loose bound or a huge extent
+#: never costs more memory than this
+SINGLE_PASS_ENTRIES = 1 << 24
+#: column panels (`Columns.width`): columns per panel; a call runs in panels when the panel
+#: index has at least PANEL_MIN_COLUMNS and the dense operands along it hold more than
+#: PANEL_MIN_BYTES (measured on pruned-BERT SpMM, 2 cores with 8 MB of L3: 768x3072 at
+#: 80 % x 2048 columns 171 -> 79 ms; at 512 columns panels were as often slower as faster)
+#: and `panels_pay`'s cost model expects the gathers saved to repay the copies (measured,
+#: 2 threads, the copies shared between two workers: beyond the 8 MB cache panels won at
+#: 10-27 bytes gathered per byte moved and lost at 5-9 (one exception: 1.34x at 7.7 with a
+#: 24 MB X); within it they won from about 51 and lost at 17-27)
+PANEL_COLUMNS = 128
+PANEL_MIN_COLUMNS = 1024
+PANEL_MIN_BYTES = 4 << 20
+PANEL_MIN_REUSE = 48
+PANEL_MIN_REUSE_BEYOND_CACHE = 10
+#: column bands (`sparsec.passes.bands`, `bands_pay`), for calls that do not run in panels:
+#: register tiles per band (4 tiles of 8 AVX2 vectors: 1 KB of each row), the dense
+#: operands' size beyond which bands may pay, and the bytes gathered per output byte they
+#: need. Measured on pruned-BERT SpMM, float32, 2048 columns, 2 threads, 2-core Zen 1 VM
+#: with 8 MB of L3 (A/B of the same kernel banded and whole): bands won 1.1-1.6x at 31-77
+#: gathered bytes per output byte with X of 6-12 MB, lost 1.5x at 15 (3072x768 at 98 %:
+#: the output, 25 MB, dominates) and at 7.6; with X of 3 MB or 512 columns they were
+#: neutral
+BAND_TILES = 4
+BAND_MIN_BYTES = 4 << 20
+BAND_MIN_REUSE = 24
+#: depth blocks (`sparsec.passes.bands`, `depth_rows`), for calls under PANEL_MIN_COLUMNS
+#: columns: the dense operands' size beyond which they may pay and their least size
+#: relative to the output's (each block loads and stores the output), the bytes gathered
+#: per byte of them they need, the stored entries per row and block they need (each
+#: block searches every row), the share of the core's cache a block of them fills, and
+#: the fewest coordinates per block (measured: see docs/decisions.md, "Depth blocks")
+DEPTH_MIN_BYTES = 4 << 20
+DEPTH_MIN_OVER_OUTPUT = 1
+DEPTH_MIN_REUSE = 8
+DEPTH_MIN_ENTRIES = 4
+DEPTH_BLOCK_FRACTION = 2.0
+DEPTH_MIN_ROWS = 16
+
+
+def column_traffic(
+    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any]
+) -> tuple[int, int, int]:
+    """What the panel and band cost models weigh: the bytes of the dense operands along the
+    panel index, the bytes gathered from them (stored sparse entries x columns x value
+    size), and the value size."""
+    carried = [values[n] for n in carriers]
+    size = carried[0].itemsize
+    gathered = sum(v.nnz for v in values.values() if isinstance(v, Tensor)) * columns * size
+    return sum(a.nbytes for a in carried), gathered, size
+
+
+def panels_pay(
+    columns: int,
+    carriers: tuple[str, ...],
+    values: Mapping[str, Any],
+    out_elements: int,
+    on: Machine | None = None,
+) -> bool:
+    """Whether a call with ``columns`` along the panel index runs in packed panels on the
+    machine ``on`` (the current `machine()` when None).
+
+    A cost model: panels move the dense operands along j and the output once more (packing
+    ``X``, placing each output panel: ``X + 2 Y`` bytes) to keep the gathers (stored sparse
+    entries x columns x value size) in cache. Whole, those gathers come from memory once the
+    operands outgrow the last-level cache, and mostly from cache (with conflict misses at
+    power-of-two strides) below it; so panels need PANEL_MIN_REUSE_BEYOND_CACHE bytes
+    gathered per byte moved in the first case and PANEL_MIN_REUSE in the second."""
+    if columns < PANEL_MIN_COLUMNS:
+        return False
+    carried_bytes, gathered, size = column_traffic(columns, carriers, values)
+    if carried_bytes <= PANEL_MIN_BYTES:
+        return False
+    moved = carried_bytes + 2 * out_elements * size
+    beyond = carried_bytes > (on or machine()).last_level_cache
+    return gathered >= (PANEL_MIN_REUSE_BEYOND_CACHE if beyond else PANEL_MIN_REUSE) * moved
+
+
+def bands_pay(
+    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], out_elements: int
+) -> bool:
+    """Whether a call that does not run in packed panels runs its tiles in column bands
+    (`sparsec.passes.bands`).
+
+    A band keeps its slice of the dense operands in cache across all the rows that gather
+    it, where whole rows gather from memory once those operands outgrow the caches; it
+    costs the output's locality (each row is written a band at a time, in strided pieces).
+    So bands need dense operands beyond BAND_MIN_BYTES and BAND_MIN_REUSE bytes gathered
+    per byte of output."""
+    if columns < PANEL_MIN_COLUMNS:
+        return False
+    carried_bytes, gathered, size = column_traffic(columns, carriers, values)
+    if carried_bytes <= BAND_MIN_BYTES:
+        return False
+    return gathered >= BAND_MIN_REUSE * out_elements * size
+
+
+def depth_rows(
+    columns: int,
+    carriers: tuple[str, ...],
+    values: Mapping[str, Any],
+    out_elements: int,
+    on: Machine | None = None,
+) -> int:
+    """Coordinates per depth block for a call that runs neither in panels nor in bands on
+    the machine ``on`` (the current `machine()` when None), or 0 for one block
+    (`sparsec.passes.bands`).
+
+    Rows whole, each row of the sparse operand gathers its rows of the dense operands from
+    the shared cache once those outgrow the core's own; a depth block keeps
+    DEPTH_BLOCK_FRACTION of the core's cache of them live across all rows, and costs a
+    load and a store of the output and a search in each row per block. So depth blocks
+    need dense operands beyond DEPTH_MIN_BYTES and DEPTH_MIN_OVER_OUTPUT times the
+    output's size, DEPTH_MIN_REUSE bytes gathered per byte of them, and DEPTH_MIN_ENTRIES
+    stored entries per row and block on average."""
+    carried_bytes, gathered, size = column_traffic(columns, carriers, values)
+    if carried_bytes <= DEPTH_MIN_BYTES:
+        return 0
+    if carried_bytes < DEPTH_MIN_OVER_OUTPUT * out_elements * size:
+        return 0
+    if gathered < DEPTH_MIN_REUSE * carried_bytes:
+        return 0
+    row_bytes = columns * size  # of a dense operand, per coordinate of the reduction
+    block_bytes = int((on or machine()).core_cache * DEPTH_BLOCK_FRACTION)
+    depth = max(DEPTH_MIN_ROWS, block_bytes // row_bytes)
+    blocks = -(-carried_bytes // (depth * row_bytes))
+    entries, rows = gathered // row_bytes, out_elements // max(columns, 1)
+    if entries < DEPTH_MIN_ENTRIES * rows * blocks:
+        return 0
+    return depth
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """The column layouts open to one kernel's calls, and the choice for each call.
+
+    ``index`` is the panel index ``j`` (None: every call runs whole), ``carriers`` the dense
+    operands indexed by it, ``out_indices`` the output's indices in level order (its
+    elements are their extents' product)."""
+
+    index: str | None
+    carriers: tuple[str, ...]
+    out_indices: tuple[str, ...]
+
+    @staticmethod
+    def of(spec: Spec, target: str) -> Columns:
+        """(j, the dense inputs indexed by j) when the output's columns can be computed in
+        independent panels: j is the dense output's last index, not summed, and the last
+        mode of every (dense, identity-ordered) operand it indexes; no sparse operand uses
+        it; and some such operand is also indexed by a summed index (SpMM's X(k,j)), so it
+        is read again and again. Else no index: C kernels only."""
+        out, lhs = spec.output, spec.statement.lhs
+        out_indices = tuple(lhs.indices[m] for m in out.format.ordering)
+        none = Columns(None, (), out_indices)
+        if target != "c" or not out.is_dense or spec.statement.accumulate:
+            return none
+        if out.order < 2 or out.format.ordering != tuple(range(out.order)):
+            return none
+        j = lhs.indices[-1]
+        if lhs.indices.count(j) != 1:
+            return none
+        if all(t.is_dense for t in spec.inputs):
+            return none  # dense operands only: nothing is gathered, nothing to keep cached
+        carriers: dict[str, None] = {}
+        gathered = False
+        for a in spec.assignment.accesses():
+            if a is lhs or j not in a.indices:
+                continue
+            t = spec.tensor(a.name)
+            identity = t.format.ordering == tuple(range(t.order))
+            if not (t.is_dense and identity and a.indices[-1] == j and a.indices.count(j) == 1):
+                return none
+            carriers[a.name] = None
+            gathered = gathered or not set(a.indices) <= set(lhs.indices)
+        # a panel pays when a carrier is read again and again (indexed by a summed index)
+        return Columns(j, tuple(carriers), out_indices) if gathered else none
+
+    def _out_elements(self, dims: Mapping[str, int]) -> int:
+        return math.prod(dims[i] for i in self.out_indices)
+
+    def width(self, dims: Mapping[str, int], values: Mapping[str, Any]) -> int:
+        """Columns per panel for a call with these extents and inputs, or 0 to run whole:
+        panels pay when the dense operands along j exceed the caches (each row of the
+        sparse operand then streams them from memory; a packed panel stays in cache and has
+        no power-of-two stride)."""
+        j = self.index
+        if j is None:
+            return 0
+        pays = panels_pay(dims[j], self.carriers, values, self._out_elements(dims))
+        return PANEL_COLUMNS if pays else 0
+
+    def band_tiles(self, dims: Mapping[str, int], values: Mapping[str, Any]) -> int:
+        """Register tiles per column band for a call with these extents and inputs, or 0 to
+        run each row whole (only kernels that take ``sc_band`` ask)."""
+        j = self.index
+        if j is None or dims[j] < PANEL_MIN_COLUMNS:
+            return 0
+        pays = bands_pay(dims[j], self.carriers, values, self._out_elements(dims))
+        return BAND_TILES if pays else 0
+
+    def depth_rows(self, dims: Mapping[str, int], values: Mapping[str, Any]) -> int:
+        """Coordinates of the reduction per depth block for a call with these extents and
+        inputs, or 0 for one block (only kernels that take ``sc_depth`` ask)."""
+        j = self.index
+        if j is None or dims[j] >= PANEL_MIN_COLUMNS:
+            return 0
+        return depth_rows(dims[j], self.carriers, values, self._out_elements(dims))

@@ -1,0 +1,205 @@
+"""An `Executable`: one compiled kernel for one (value dtype, index dtype) pair, and how a
+call runs it.
+
+`Executable.run` dispatches a call whose inputs are bound (`sparsec.runtime.inputs`):
+
+- a sparse output: allocated and filled by `sparsec.runtime.sparse_out` (one pass or two
+  phases);
+- a dense output whose call pays to run in column panels (`sparsec.policy.costs.Columns`):
+  each panel packed and run on its own, the panels shared among workers;
+- a dense output otherwise: allocated here (aligned, zeroed or copied as the kernel needs)
+  and the kernel run once, on the CPU (C, or the CUDA emulation) or on the GPU (CuPy).
+
+It knows the kernel's `Spec`, its `Generated` code and the policy's column analysis; never
+the `Kernel` that made it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..backends import Generated
+from ..middle.spec import Spec
+from ..policy.costs import Columns
+from ..tensors.buffers import aligned_empty
+from . import gpu, sparse_out
+from .args import arguments, slots
+from .binding import VALUE_DTYPES, resolve_threads
+from .inputs import Prepared
+from .loaded import Loaded, load, status_error
+from .sparse_out import SparseOutput
+
+
+class Executable:
+    """One kernel for one dtype pair. ``poison`` (``SPARSEC_POISON=1``, the tests) fills
+    fresh outputs with NaN before each call, so an element the kernel fails to write shows."""
+
+    __slots__ = (
+        "loaded",
+        "slots",
+        "target",
+        "output",
+        "accumulate",
+        "columns",
+        "out_identity",
+        "sparse",
+        "poison",
+        "_raw",
+        "_lock",
+    )
+
+    def __init__(self, spec: Spec, loaded: Loaded, target: str, columns: Columns, poison: bool):
+        self.loaded = loaded
+        #: the ABI's parameters and where each one's value comes from
+        self.slots = slots(loaded.generated.signature)
+        #: "c", "cuda" or "cuda-emulated"
+        self.target = target
+        self.output = spec.output
+        #: '+=' into a dense output: the kernel adds into a copy of its current value
+        self.accumulate = spec.statement.accumulate
+        #: the column layouts open to the calls, and the output's indices in level order
+        self.columns = columns
+        self.out_identity = spec.output.format.ordering == tuple(range(spec.output.order))
+        self.sparse = None if spec.output.is_dense else SparseOutput(spec, loaded, self.slots)
+        self.poison = poison
+        self._raw: Any = None  # target="cuda": CuPy's RawKernel, made at the first launch
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def build(
+        spec: Spec, generated: Generated, target: str, columns: Columns, poison: bool
+    ) -> Executable:
+        """Compile (through the on-disk cache) and load ``generated`` for ``target``."""
+        loaded = load(generated, target, sparse_output=not spec.output.is_dense)
+        return Executable(spec, loaded, target, columns, poison)
+
+    @property
+    def generated(self) -> Generated:
+        return self.loaded.generated
+
+    def run(self, prepared: Prepared, threads: int | None) -> Any:
+        """The kernel's result for bound inputs: a `Tensor` (sparse output), an array in
+        the output's mode order, or a scalar."""
+        if self.sparse is not None:
+            return sparse_out.run(self.sparse, prepared, threads, self.poison)
+        width = self.columns.width(prepared.dims, prepared.values)
+        if width:
+            return self.run_panels(prepared, threads, width)
+        return self.run_whole(prepared, threads)
+
+    def _level_shape(self, prepared: Prepared) -> tuple[int, ...]:
+        return tuple(prepared.dims[i] for i in self.columns.out_indices)
+
+    def run_panels(self, prepared: Prepared, threads: int | None, width: int) -> np.ndarray:
+        """The dense output in panels of ``width`` columns of j: each carrier's panel is
+        packed contiguous, the kernel runs on it, and its output panel is copied into
+        place. With several threads the panels are shared among that many workers, each
+        packing, running (on its share of the threads) and placing its own, so the copies
+        run in parallel too. Every output element gets the same additions in the same
+        order, whichever worker computes it."""
+        j = self.columns.index
+        assert j is not None
+        n = prepared.dims[j]
+        out = np.empty(self._level_shape(prepared), dtype=VALUE_DTYPES[prepared.dtype])
+        starts = range(0, n, width)
+        total = resolve_threads(threads)
+        workers = min(total, len(starts))
+
+        def panel(start: int) -> None:
+            cols = min(width, n - start)
+            values = dict(prepared.values)
+            for name in self.columns.carriers:
+                values[name] = np.ascontiguousarray(values[name][..., start : start + cols])
+            part = replace(prepared, values=values, dims={**prepared.dims, j: cols})
+            out[..., start : start + cols] = self.run(part, total // workers)
+
+        if workers == 1:
+            for start in starts:
+                panel(start)
+        else:
+            # numpy's copies and the kernel both release the GIL; list() re-raises
+            with ThreadPoolExecutor(workers, thread_name_prefix="sparsec-panel") as pool:
+                list(pool.map(panel, starts))
+        return out
+
+    def run_whole(self, prepared: Prepared, threads: int | None) -> Any:
+        """A dense output in one run of the kernel."""
+        gen = self.loaded.generated
+        np_dtype = VALUE_DTYPES[prepared.dtype]
+        level_shape = self._level_shape(prepared)
+        size = math.prod(level_shape)
+        # the output lives where the inputs do: in GPU memory when any input does
+        xp: Any = gpu.cupy_device() if prepared.device else np
+        if self.accumulate:
+            # the current value, already in level order: the kernel adds into a copy
+            current = prepared.values[self.output.name]
+            out = xp.array(current, dtype=np_dtype, order="C").reshape(-1)
+        elif gen.launch is not None and gen.launch.zero_before:
+            out = xp.zeros(size, dtype=np_dtype)  # CUDA kernels only add
+        else:
+            out = aligned_empty(size, np.dtype(np_dtype)) if xp is np else xp.empty(size, np_dtype)
+            if self.poison:
+                out.fill(np.nan)  # test mode: an element the kernel fails to write shows
+        if gen.target == "cuda":
+            out = self._launch_gpu(prepared, out)
+        else:
+            values, dims = prepared.values, prepared.dims
+            args = arguments(
+                self.slots,
+                values,
+                dims,
+                {("vals", -1): out},
+                resolve_threads(threads),
+                self.columns.band_tiles(dims, values),
+                self.columns.depth_rows(dims, values),
+            )
+            status = self.loaded.fn(*args)
+            if status != 0:
+                raise status_error(status, gen)
+        if self.output.order == 0:
+            return np_dtype(float(out[0]) if prepared.device else out[0])
+        if self.out_identity:
+            return out.reshape(level_shape)
+        return out.reshape(level_shape).transpose(tuple(np.argsort(self.output.format.ordering)))
+
+    def _launch_gpu(self, prepared: Prepared, out: Any) -> Any:
+        """A CUDA kernel into ``out``: on the CPU through the emulation, or on the device
+        through CuPy (a host ``out`` comes back as a copy; a device one is filled)."""
+        if self.target == "cuda":
+            launch, out_dev = self._stage(prepared, out)
+            launch()
+            return out_dev if prepared.device else gpu.cupy_device().asnumpy(out_dev)
+        gen = self.loaded.generated
+        gpu.emulate(self.loaded.fn, gen, self.slots, prepared.values, prepared.dims, out)
+        return out
+
+    def _stage(self, prepared: Prepared, out: Any) -> tuple[Callable[[], None], Any]:
+        """The arguments in GPU memory and a launch over them (`gpu.stage`)."""
+        gen = self.loaded.generated
+        with self._lock:
+            if self._raw is None:
+                self._raw = gpu.raw_kernel(gen.source)
+        return gpu.stage(self._raw, gen, self.slots, prepared.values, prepared.dims, out)
+
+    def device_launch(self, prepared: Prepared) -> tuple[Callable[[], None], Any]:
+        """``(launch, out)`` for timing on a GPU: the inputs staged once; ``launch()`` runs
+        the kernel on them into the flat device array ``out``, zeroing it first when the
+        kernel only adds into it (atomics), so every launch computes the whole result."""
+        size = math.prod(self._level_shape(prepared))
+        out = gpu.cupy_device().zeros(size, dtype=VALUE_DTYPES[prepared.dtype])
+        kernel_only, out_dev = self._stage(prepared, out)
+        if not self.loaded.generated.launch.zero_before:
+            return kernel_only, out_dev
+
+        def launch() -> None:
+            out_dev.fill(0)
+            kernel_only()
+
+        return launch, out_dev

@@ -1,0 +1,207 @@
+"""A call's inputs bound to a kernel's tensors: names, dtypes, layouts and extents checked
+before any pointer reaches a kernel (`Binder.prepare`), and the result handed back in the
+caller's kind of array (`Prepared.wrap`).
+
+Every input is validated: names (missing / extra), types, orders, dtypes, agreement of every
+index variable's extent, and, for sparse inputs, the storage invariants (done once, when the
+`Tensor` is built; Tensors are immutable). The conversions themselves are
+`sparsec.runtime.binding`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import DTypeError, InputError, ShapeError
+from ..middle.spec import Spec, TensorVar
+from ..tensors.tensor import Tensor
+from . import gpu
+from .binding import (
+    INT64,
+    VALUE_DTYPES,
+    common_dtype,
+    common_index_dtype,
+    convert_input,
+    is_torch,
+    widen,
+)
+
+
+def dtype_name(dt: Any, table: Mapping[str, Any], what: str) -> str | None:
+    """The name in ``table`` of a dtype given as a name, numpy dtype or type, or torch dtype."""
+    if dt is None:
+        return None
+    use = f"use {' or '.join(repr(n) for n in table)}"
+    if isinstance(dt, str):
+        try:
+            name = np.dtype(dt).name  # 'f8', 'double', 'float' -> float64
+        except TypeError:
+            name = dt
+    elif type(dt).__module__ == "torch" and str(dt).startswith("torch."):
+        name = str(dt).removeprefix("torch.")  # torch.float32 -> float32
+    else:
+        try:
+            name = np.dtype(dt).name
+        except (TypeError, ValueError):
+            raise DTypeError(f"{what} {dt!r} is not a dtype; {use}") from None
+    if name not in table:
+        raise DTypeError(f"{what} {name!r} is not supported; {use}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Inputs in kernel layout: floats (scalars), C-ordered ndarrays (dense), Tensors."""
+
+    values: dict[str, Any]
+    dims: dict[str, int]
+    dtype: str
+    index_dtype: str
+    use_torch: bool
+    #: some input is in GPU memory (target="cuda"): the output stays there too
+    device: bool = False
+
+    def wrap(self, out: Any) -> Any:
+        """A kernel's result as the caller's kind of array (torch in, torch out)."""
+        if isinstance(out, Tensor):
+            return out  # a sparse output is a sparsec.Tensor (to_torch()/to_scipy() convert)
+        if self.device and np.ndim(out):
+            out = gpu.cupy_device().ascontiguousarray(out)
+            if self.use_torch:
+                import torch
+
+                return torch.as_tensor(out, device="cuda")
+            return out
+        if self.use_torch:
+            import torch
+
+            return (
+                torch.from_numpy(np.ascontiguousarray(out)) if np.ndim(out) else torch.tensor(out)
+            )
+        return np.ascontiguousarray(out) if np.ndim(out) else out
+
+
+class Binder:
+    """The inputs one kernel takes and how their shapes bind its index variables.
+
+    ``dtype`` and ``index_dtype`` are the kernel's fixed dtypes (None: inferred per call);
+    ``statement`` names the kernel in errors (as written: a sparse '+=' is compiled as
+    ``C = C_old + ...``)."""
+
+    __slots__ = (
+        "wanted",
+        "names",
+        "modes",
+        "target",
+        "dtype",
+        "index_dtype",
+        "statement",
+        "_renamed",
+    )
+
+    def __init__(
+        self,
+        spec: Spec,
+        target: str,
+        dtype: str | None,
+        index_dtype: str | None,
+        statement: str,
+    ) -> None:
+        #: the tensors a call passes: the inputs, and a sparse '+='s current output
+        self.wanted: tuple[TensorVar, ...] = spec.inputs + (
+            (spec.output,) if spec.statement.accumulate else ()
+        )
+        #: the keywords a call passes (a sparse output's current value for '+=' comes as
+        #: the output's name, `TensorVar.argument`)
+        self.names = frozenset(t.argument for t in self.wanted)
+        self._renamed = any(t.argument != t.name for t in self.wanted)
+        wanted = {t.name: t for t in self.wanted}
+        #: (tensor, axis of the converted value, index) for every access of every input (a
+        #: tensor used twice, as in A(k,i)*A(k,j), ties both index lists to its shape);
+        #: dense values are kept in level order
+        self.modes = tuple(
+            dict.fromkeys(
+                (a.name, t.format.level_of_mode(mode) if t.is_dense else mode, index)
+                for a in spec.assignment.accesses()
+                if (t := wanted.get(a.name)) is not None
+                and (a is not spec.assignment.lhs or a.name in self.names)
+                for mode, index in enumerate(a.indices)
+            )
+        )
+        self.target = target
+        self.dtype = dtype
+        self.index_dtype = index_dtype
+        self.statement = statement
+
+    def name_error(self, inputs: Mapping[str, Any]) -> InputError:
+        names = [t.argument for t in self.wanted]
+        missing = [n for n in names if n not in inputs]
+        extra = [n for n in inputs if n not in names]
+        parts = []
+        if missing:
+            parts.append(f"missing input{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}")
+        if extra:
+            parts.append(f"unexpected input{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}")
+        takes = ", ".join(names) or "no inputs"
+        return InputError(f"{'; '.join(parts)}; kernel {self.statement} takes {takes}")
+
+    def prepare(self, inputs: Mapping[str, Any]) -> Prepared:
+        """Validate and convert the inputs; cheap when they already fit (the hot path)."""
+        if inputs.keys() != self.names:
+            raise self.name_error(inputs)
+        if self._renamed:
+            inputs = {t.name: inputs[t.argument] for t in self.wanted}
+        dtype = self.dtype or common_dtype(self.wanted, inputs)
+        index_dtype = self.index_dtype or common_index_dtype(self.wanted, inputs)
+        values = {}
+        device = False
+        for t in self.wanted:
+            value = inputs[t.name]
+            if gpu.on_device(value):
+                values[t.name] = self._device_input(t, value, dtype, index_dtype)
+                device = True
+            else:
+                values[t.name] = convert_input(t, value, dtype, index_dtype)
+        if self.index_dtype is None and index_dtype == "int32":
+            # A large input may have forced int64: bring every sparse input to one width.
+            if any(isinstance(v, Tensor) and v.index_dtype == INT64 for v in values.values()):
+                index_dtype = "int64"
+                values = {n: widen(v) for n, v in values.items()}
+        dims = self.dims(values)
+        use_torch = any(is_torch(v) for v in inputs.values())
+        return Prepared(values, dims, dtype, index_dtype, use_torch, device)
+
+    def _device_input(self, t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any:
+        """An input in GPU memory: dense operands stay there (a CuPy array in level order),
+        sparse ones become `Tensor`s (whose arrays the runtime then keeps on the device)."""
+        where = f"input {t.name!r}"
+        if self.target != "cuda":
+            raise InputError(
+                f"{where} is in GPU memory, but this kernel's target is {self.target!r}: pass "
+                "a host array (CuPy: .get(), torch: .cpu()) or build it with target='cuda'"
+            )
+        if t.order == 0:
+            return convert_input(t, float(value), dtype, index_dtype)
+        if t.is_dense:
+            return gpu.device_dense(t.order, t.format.ordering, value, VALUE_DTYPES[dtype], where)
+        return convert_input(t, gpu.device_sparse_to_host(value), dtype, index_dtype)
+
+    def dims(self, values: Mapping[str, Any]) -> dict[str, int]:
+        """Each index variable's extent, from the inputs' shapes (which must agree)."""
+        dims: dict[str, int] = {}
+        seen: dict[str, str] = {}
+        for name, mode, index in self.modes:
+            size = int(values[name].shape[mode])
+            known = dims.get(index)
+            if known is None:
+                dims[index], seen[index] = size, f"{name} (mode {mode})"
+            elif known != size:
+                raise ShapeError(
+                    f"index {index} has extent {known} in {seen[index]} but {size} in "
+                    f"{name} (mode {mode}); shapes must agree wherever an index is shared"
+                )
+        return dims

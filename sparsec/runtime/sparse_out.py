@@ -1,0 +1,215 @@
+"""Running a kernel whose output is sparse: the output's levels are allocated here and the
+kernel fills them (TACO's assemble / compute split).
+
+Two ways (`run` picks):
+
+- one pass (`single_pass`): the kernel appends into arrays of a capacity proven from the
+  inputs (`sparsec.middle.bound.entry_bound`), then the arrays are cut to the sizes it
+  reached. It stops with CAPACITY_EXCEEDED rather than write past a capacity, and the two
+  phases run instead. Taken when the kernel appends serially anyway or runs on one thread,
+  and the capacity stays under `sparsec.policy.costs.SINGLE_PASS_ENTRIES`;
+- two phases (`two_phase`): the symbolic phase (``sparsec_assemble``) counts each output
+  level's positions (a rowwise layout: each row's, then prefix-summed into its pos), the
+  levels are allocated exactly, and the compute phase fills them (rows in parallel).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import abi
+from ..errors import DTypeError, SparsecError
+from ..lower.assemble import BLOCK_SLACK, LAST_LEVEL_SLACK
+from ..middle.bound import entry_bound
+from ..middle.spec import Spec
+from ..policy import costs
+from ..tensors.formats import Singleton
+from ..tensors.layout import OutputLayout
+from ..tensors.tensor import LevelStorage, Tensor
+from .args import Slot, arguments
+from .binding import INDEX_DTYPES, VALUE_DTYPES, resolve_threads
+from .inputs import Prepared
+from .loaded import Loaded, status_error
+
+_INT32_MAX = 2**31 - 1
+#: an output's arrays by (field, level): ("pos", k), ("crd", k), ("vals", -1), ("sizes", -1)
+Arrays = dict[tuple[str, int], np.ndarray]
+
+
+class SparseOutput:
+    """One sparse-output kernel for one dtype pair: its entry points and its output's
+    levels."""
+
+    __slots__ = ("loaded", "slots", "output", "statement", "out_indices", "layout")
+
+    def __init__(self, spec: Spec, loaded: Loaded, slots: tuple[Slot, ...]) -> None:
+        self.loaded = loaded
+        self.slots = slots
+        self.output = spec.output
+        self.statement = spec.statement
+        #: the output's indices in level order
+        self.out_indices = tuple(spec.statement.lhs.indices[m] for m in spec.output.format.ordering)
+        self.layout = OutputLayout.of(spec.output.format, spec.output.name)
+
+    def shape(self, prepared: Prepared) -> tuple[int, ...]:
+        return tuple(prepared.dims[i] for i in self.statement.lhs.indices)
+
+    def extent(self, prepared: Prepared, level: int) -> int:
+        return prepared.dims[self.out_indices[level]]
+
+    def block_slack(self, prepared: Prepared) -> int:
+        """Spare values past the last dense block below the output's last sparse level."""
+        blocks = self.layout.block
+        if not blocks:
+            return 0
+        return BLOCK_SLACK * math.prod(self.extent(prepared, k) for k in blocks)
+
+    def call(self, fn: Any, prepared: Prepared, outputs: Arrays, threads: int) -> int:
+        return fn(*arguments(self.slots, prepared.values, prepared.dims, outputs, threads))
+
+    def check(self, status: int) -> None:
+        """A sparse output's kernel status read as a dense output's is (a broken `bound`
+        is a ShapeError here too)."""
+        if status != 0:
+            raise status_error(status, self.loaded.generated)
+
+
+def run(out: SparseOutput, prepared: Prepared, threads: int | None, poison: bool) -> Tensor:
+    """One pass into arrays of a proven capacity when the kernel appends serially anyway
+    or runs on one thread; else two: count each output level's positions, allocate
+    exactly, then fill (rows in parallel). ``poison`` (tests) fills fresh arrays with NaN
+    and -1 and makes a capacity bound found too small an error."""
+    nthreads = resolve_threads(threads)
+    if out.loaded.append is not None and (nthreads == 1 or not out.layout.rowwise):
+        bound = entry_bound(out.statement, prepared.values, prepared.dims)
+        if bound <= costs.SINGLE_PASS_ENTRIES:
+            done = single_pass(out, prepared, bound, poison)
+            if done is not None:
+                return done
+    return two_phase(out, prepared, nthreads, poison)
+
+
+def single_pass(out: SparseOutput, prepared: Prepared, bound: int, poison: bool) -> Tensor | None:
+    """Append into capacities from `entry_bound` (each unique level: at most its parents
+    times its extent, and at most ``bound``), then cut the arrays to the sizes the kernel
+    reached. None when an index would not fit the kernel's index type."""
+    out_t = out.output
+    sizes = np.zeros(max(1, out_t.order), dtype=np.int64)
+    parents = 1
+    for k, level in enumerate(out_t.format.levels):
+        size = out.extent(prepared, k)
+        if level.locate:
+            parents *= size
+        elif isinstance(level, Singleton):
+            sizes[k] = parents  # one coordinate per parent position
+        elif level.unique:
+            parents = sizes[k] = min(parents * size, bound)
+            if k == out.layout.last and out.layout.one_entry_per_step:
+                # room for the up-front checks of the last level's loops
+                parents = sizes[k] = parents + LAST_LEVEL_SLACK * size
+        else:  # COO's first level: one position per entry, repeated coordinates
+            parents = sizes[k] = bound
+    if parents > costs.SINGLE_PASS_ENTRIES:
+        return None  # a loose bound, or a huge extent as slack: count exactly instead
+    largest = max(parents, *prepared.dims.values(), 0)
+    if prepared.index_dtype == "int32" and largest > _INT32_MAX:
+        return None  # the two phases count exactly, and say so if it does not fit
+    arrays, levels, vals = allocate(out, prepared, sizes, {("sizes", -1): sizes}, poison)
+    status = out.call(out.loaded.append, prepared, arrays, 1)
+    if status == abi.CAPACITY_EXCEEDED:
+        if poison:  # the tests: a bound that was too small is a bug to see
+            raise SparsecError(f"internal: the capacity bound {bound} was too small")
+        return None
+    out.check(status)
+    # the sizes reached, level by level, from the pos arrays the kernel wrote
+    parents = 1
+    cut: list[LevelStorage] = []
+    for k, (level, st) in enumerate(zip(out_t.format.levels, levels, strict=True)):
+        pos = crd = None
+        if level.locate:
+            parents *= out.extent(prepared, k)
+        elif st.pos is not None:
+            pos = _cut(st.pos, parents + 1)
+            parents = int(pos[parents])
+        if st.crd is not None:
+            crd = _cut(st.crd, parents)
+        cut.append(LevelStorage(pos, crd))
+    index_dtype = np.dtype(INDEX_DTYPES[prepared.index_dtype])
+    return Tensor(out.shape(prepared), out_t.format, tuple(cut), _cut(vals, parents), index_dtype)
+
+
+def two_phase(out: SparseOutput, prepared: Prepared, nthreads: int, poison: bool) -> Tensor:
+    """Count, allocate exactly, fill."""
+    out_t, layout = out.output, out.layout
+    sizes = np.zeros(max(1, out_t.order), dtype=np.int64)
+    index_dtype = INDEX_DTYPES[prepared.index_dtype]
+    counted: Arrays = {("sizes", -1): sizes}
+    if layout.rowwise:
+        # each row counts its entries into pos[p + 1]; the prefix sum makes them offsets
+        rows = math.prod(out.extent(prepared, k) for k in range(layout.last))
+        counted[("pos", layout.last)] = np.zeros(rows + 1, dtype=index_dtype)
+    out.check(out.call(out.loaded.assemble, prepared, counted, nthreads))
+    arrays: Arrays = {("sizes", -1): sizes}
+    if layout.rowwise:
+        row_pos = counted[("pos", layout.last)]
+        total = int(row_pos.sum(dtype=np.int64))
+        if prepared.index_dtype == "int32" and total > _INT32_MAX:
+            raise DTypeError(
+                f"output {out_t.name!r} has {total} entries, more than int32 "
+                f"indices hold; use index_dtype='int64'"
+            )
+        np.cumsum(row_pos, out=row_pos)  # in place: the total fits the index dtype
+        sizes[layout.last] = total
+        arrays[("pos", layout.last)] = row_pos
+    arrays, levels, vals = allocate(out, prepared, sizes, arrays, poison)
+    out.check(out.call(out.loaded.fn, prepared, arrays, nthreads))
+    used = len(vals) - out.block_slack(prepared)
+    return Tensor(
+        out.shape(prepared), out_t.format, tuple(levels), vals[:used], np.dtype(index_dtype)
+    )
+
+
+def allocate(
+    out: SparseOutput, prepared: Prepared, sizes: np.ndarray, arrays: Arrays, poison: bool
+) -> tuple[Arrays, list[LevelStorage], np.ndarray]:
+    """The output's arrays for ``sizes[k]`` positions at each sparse level ``k`` (the
+    given ``arrays``, such as a prefix-summed rowwise pos, are kept)."""
+    out_t = out.output
+    index_dtype = INDEX_DTYPES[prepared.index_dtype]
+    levels = []
+    parents = 1
+    for k, level in enumerate(out_t.format.levels):
+        size = out.extent(prepared, k)
+        count = parents * size if level.locate else int(sizes[k])
+        if prepared.index_dtype == "int32" and max(count, size, parents) > _INT32_MAX:
+            raise DTypeError(
+                f"output {out_t.name!r} needs {max(count, size, parents)} positions at "
+                f"level {k + 1}, more than int32 indices hold; use index_dtype='int64'"
+            )
+        pos: np.ndarray | None = None
+        crd: np.ndarray | None = None
+        if "pos" in level.arrays:
+            if ("pos", k) not in arrays:  # a rowwise pos already holds the offsets
+                arrays[("pos", k)] = np.empty(parents + 1, dtype=index_dtype)
+            pos = arrays[("pos", k)]
+        if "crd" in level.arrays:
+            crd = arrays[("crd", k)] = np.empty(count, dtype=index_dtype)
+        levels.append(LevelStorage(pos, crd))
+        parents = count
+    slack = out.block_slack(prepared)
+    vals = arrays[("vals", -1)] = np.empty(parents + slack, dtype=VALUE_DTYPES[prepared.dtype])
+    if poison:
+        vals.fill(np.nan)
+        for key, arr in arrays.items():
+            if key[0] == "crd" or (key[0] == "pos" and not out.layout.rowwise):
+                arr.fill(-1)
+    return arrays, levels, vals
+
+
+def _cut(array: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` elements: a view when they are most of ``array``, else a copy (so a
+    loose capacity does not stay allocated behind a small result)."""
+    return array[:n] if 2 * n >= len(array) else array[:n].copy()
