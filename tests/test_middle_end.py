@@ -242,7 +242,7 @@ def test_a_tensor_read_in_two_mode_orders_gets_advice_that_works(fmt):
 
 def test_nested_sum_that_needs_inner_index_first_is_rejected():
     spec = make_spec(parse_expression("a(i) = B(k,i) * c(k) + d(i)"), {"B": "csr"})
-    from sparsec.backends import generate
+    from sparsec.pipeline import generate
 
     with pytest.raises(LoweringError, match="Store B with mode ordering 1,0"):
         generate(spec)

@@ -1,5 +1,6 @@
-"""Code generation: loop IR → target source (C now; CUDA shares the printer)."""
+"""Code generation's last step: finished loop IR printed as target source (C, CUDA), one
+printer over a target table. `sparsec.pipeline` decides what is printed."""
 
-from .c import Generated, generate
+from .generated import Generated, Launch
 
-__all__ = ["Generated", "generate"]
+__all__ = ["Generated", "Launch"]

@@ -1,0 +1,50 @@
+"""What code generation hands the runtime: the source, its ABI, and how to launch it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..abi import Signature
+from ..ir import nodes as ir
+from ..middle.commands import Command
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """How the runtime launches a CUDA kernel."""
+
+    #: the trip count of the GPUBlock loop, as loop IR over the kernel's arguments and the
+    #: declarations before that loop (``body``); None: not known before the launch
+    grid: ir.Expr | None
+    block: int
+    #: the output must be zeroed before the launch
+    zero_before: bool
+    #: the lowered body (for evaluating ``grid`` on the host)
+    body: ir.Block
+    #: lanes of a warp exchange values (``__shfl_down_sync``): the emulation needs fibers
+    shuffles: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    source: str
+    signature: Signature
+    loop_order: tuple[str, ...]
+    schedule: str
+    dtype: str
+    index_dtype: str
+    #: what each `bound` of the schedule promises (kernel status BOUND_VIOLATED)
+    bounds: tuple[str, ...] = ()
+    #: "c" or "cuda"
+    target: str = "c"
+    #: CUDA: grid, block and zeroing (a `Launch`)
+    launch: Any = None
+    #: the schedule's commands that were applied (CUDA: the default's, when chosen)
+    commands: tuple[Command, ...] = ()
+    #: sparse output: the function that fills the output in one serial pass, given arrays
+    #: of a proven capacity ("": none; the two phases run)
+    append: str = ""
+    #: whether the C source also defines ``sparsec_kernel_packed`` (its arguments in one
+    #: int64 array; none where a parameter is a scalar value)
+    packed: bool = False

@@ -1,0 +1,327 @@
+"""The compiler's pipeline: spec + schedule policy -> lower -> passes -> printer -> `Generated`.
+
+One function per target. Each lowers the kernel once per schedule it considers (the
+user's commands, or the default: on CUDA each of `policy.schedules.gpu_candidates` in turn
+until one lowers), runs the target's ordered pass list over the loop IR, and hands the
+finished bodies to the target's printer (`backends.c`, `backends.cuda`), which decides
+nothing. A sparse output's C source holds up to three functions, each its own lowering:
+the symbolic phase (counts), the numeric phase, and a single pass that appends in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .abi import INT, Namer, Param, Signature, signature
+from .backends import Generated, Launch
+from .backends.c import (
+    APPEND_NAME,
+    ASSEMBLE_NAME,
+    KERNEL_NAME,
+    STREAM_OUT,
+    STREAM_OUT_VALUES,
+    Function,
+    print_c,
+)
+from .backends.cuda import print_cuda
+from .errors import ScheduleError
+from .ir import nodes as ir
+from .ir.visit import map_blocks
+from .lower import LoweredKernel, RowsOutOfOrder, lower
+from .middle.commands import Command
+from .middle.spec import Spec
+from .passes.bands import BAND, DEPTH, Walks, band
+from .passes.coarsen import BLOCK as COARSE_BLOCK
+from .passes.coarsen import coarsen
+from .passes.streams import prefetch_streams
+from .passes.tile import VECTORS as TILE_VECTORS
+from .passes.tile import tile
+from .policy.machine import machine
+from .policy.schedules import describe_cpu, describe_gpu, gpu_candidates, natural_order
+from .tensors.layout import OutputLayout
+
+# ------------------------------------------------------------------------ passes
+
+
+@dataclass(frozen=True, slots=True)
+class Passed:
+    """A kernel body after some passes: the notes each pass made (by pass name; a pass
+    that changed nothing has none) and the parameters the passes added (`BAND`, `DEPTH`)."""
+
+    body: ir.Block
+    notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    params: tuple[str, ...] = ()
+
+    def after(self, name: str, body: ir.Block, notes: tuple[str, ...]) -> Passed:
+        return replace(self, body=body, notes={**self.notes, name: notes})
+
+    def of(self, name: str) -> tuple[str, ...]:
+        return self.notes.get(name, ())
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """What a pass may read besides the body: the statement, the kernel's ABI and the
+    last-level cache's size (read once per kernel: the template's threshold and the
+    schedule's note must agree)."""
+
+    spec: Spec
+    sig: Signature
+    #: C only (the GPU passes read no cache size)
+    llc: int = 0
+
+
+#: a pass: IR -> IR, with what it did (see `Passed`)
+Pass = Callable[[Passed, Unit], Passed]
+
+
+def _streams(p: Passed, unit: Unit) -> Passed:
+    return p.after("streams", *prefetch_streams(p.body))
+
+
+def _tile(p: Passed, unit: Unit) -> Passed:
+    return p.after("tile", *tile(p.body))
+
+
+def _bands(p: Passed, unit: Unit) -> Passed:
+    body, notes, params = band(p.body, _walks(unit.spec, unit.sig))
+    return replace(p.after("bands", body, notes), params=params)
+
+
+def _stream_output(p: Passed, unit: Unit) -> Passed:
+    """A dense output's register tiles stored non-temporally when the output is at least
+    the last-level cache (it would be evicted before anything reads it again): the flag is
+    decided once from the extents, and the kernel ends with a store fence. Unchanged when
+    nothing was tiled or no tile stores into the output. A call in depth blocks (the kernel
+    takes `DEPTH`) reads its output tiles back, so it never streams them."""
+    spec, sig = unit.spec, unit.sig
+    if not (p.of("tile") and spec.output.is_dense):
+        return p
+    size: ir.Expr = ir.IntLit(1)
+    for index in spec.statement.lhs.indices:
+        size = ir.mul(size, ir.Var(sig.dim(index)))
+    big: ir.Expr = ir.Bin(">=", size, STREAM_OUT_VALUES)
+    if DEPTH in p.params:
+        big = ir.conj(big, ir.Bin("==", ir.Var(DEPTH), ir.IntLit(0)))
+    out = sig.array(spec.output.name, "vals")
+    stored = ir.Block(tuple(_stores_out(s, out) for s in p.body.body))
+    if stored == p.body:
+        return p  # the tiles store elsewhere (a workspace), e.g. for a scalar output
+    # a tile runs along the output's last level with stride 1 from a multiple of that
+    # level's extent: when the array and that extent are whole vectors, every tile vector
+    # is aligned, as a non-temporal store needs
+    last = spec.statement.lhs.indices[spec.output.format.ordering[-1]]
+    aligned = ir.Call("rows_aligned", (ir.Var(out), ir.Var(sig.dim(last))))
+    flag = ir.Decl(ir.I64, STREAM_OUT, ir.conj(big, aligned))
+    body = ir.block(flag, stored, ir.Effect(ir.Call("store_fence", ())))
+    note = f"output tiles stored non-temporally from {unit.llc} bytes"
+    return p.after("stream_output", body, (note,))
+
+
+def _stores_out(s: ir.Stmt, out: str) -> ir.Stmt:
+    """``s`` with each register tile's store into array ``out`` (the tile pass's
+    ``vstore``) made an output store that may bypass the cache (``vstore_out``); tiles
+    stored into a workspace, which is read again, keep the plain store."""
+    if isinstance(s, ir.Effect) and s.call.fn == "vstore":
+        at = s.call.args[0]
+        if isinstance(at, ir.Bin) and at.op == "+" and at.left == ir.Var(out):
+            return ir.Effect(ir.Call("vstore_out", (*s.call.args, ir.Var(STREAM_OUT))))
+        return s
+    return map_blocks(s, lambda b: ir.Block(tuple(_stores_out(x, out) for x in b.body)))
+
+
+def _walks(spec: Spec, sig: Signature) -> Walks:
+    """Each compressed input level's ``crd`` array -> (its ``pos`` array, the level's
+    extent), for depth blocks; a level whose tensor is read at more than one index there
+    is left out (its extent is not one index's)."""
+    found: dict[str, tuple[str, ir.Expr]] = {}
+    for p in sig.params:
+        if p.field != "crd" or p.tensor is None or p.tensor == spec.output.name:
+            continue
+        t = spec.tensor(p.tensor)
+        mode = t.format.ordering[p.level]
+        indices = {a.indices[mode] for a in spec.assignment.accesses() if a.name == t.name}
+        try:
+            pos = sig.array(t.name, "pos", p.level)
+        except KeyError:
+            continue  # a singleton level: no segments
+        if len(indices) == 1:
+            found[p.name] = (pos, ir.Var(sig.dim(indices.pop())))
+    return found
+
+
+def _coarsen(p: Passed, unit: Unit) -> Passed:
+    return p.after("coarsen", *coarsen(p.body))
+
+
+#: the C kernel's passes, in order. Streams first: a loop that the tile pass will tile
+#: nests the tiled loop, so it is no stream loop, and a stream loop's prefetches never sit
+#: inside a region to be tiled. Column bands reorder the tiled parallel loop; the output
+#: tiles are streamed last, once their loops are final
+C_PASSES: tuple[Pass, ...] = (_streams, _tile, _bands, _stream_output)
+#: a sparse output's single-pass append function: serial, so no bands
+C_APPEND_PASSES: tuple[Pass, ...] = (_streams, _tile)
+#: a default GPU mapping's passes (an explicit schedule is printed as written)
+CUDA_PASSES: tuple[Pass, ...] = (_coarsen,)
+
+
+def run_passes(passes: tuple[Pass, ...], body: ir.Block, unit: Unit) -> Passed:
+    """``body`` through ``passes`` in order."""
+    done = Passed(body)
+    for step in passes:
+        done = step(done, unit)
+    return done
+
+
+# ---------------------------------------------------------------------- targets
+
+
+def _names(spec: Spec) -> Callable[[], tuple[Signature, Namer]]:
+    """A fresh ABI signature and name supply for each lowering of ``spec``."""
+
+    def make_names() -> tuple[Signature, Namer]:
+        namer = Namer()
+        return signature(spec, namer), namer
+
+    return make_names
+
+
+def _record(
+    lowered: LoweredKernel,
+    sig: Signature,
+    schedule: str,
+    dtype: str,
+    index_dtype: str,
+    **rest: Any,
+) -> Generated:
+    """What is known of a kernel before it is printed (the printer adds the source)."""
+    return Generated(
+        "", sig, lowered.loop_order, schedule, dtype, index_dtype, lowered.bounds, **rest
+    )
+
+
+def generate(
+    spec: Spec,
+    *,
+    dtype: str = "float64",
+    index_dtype: str = "int32",
+    parallel: bool = True,
+    commands: tuple[Command, ...] = (),
+) -> Generated:
+    """C source for ``spec`` under ``commands`` (empty: the CPU default): ``sparsec_kernel``
+    and, for a sparse output, also ``sparsec_assemble``, which only counts the output's
+    positions into ``sc_sizes``, and where it applies ``sparsec_append``."""
+    make_names = _names(spec)
+    lowered, sig = lower(spec, make_names, parallel=parallel, commands=commands)
+    unit = Unit(spec, sig, machine().last_level_cache)
+    functions = []
+    # whether the append function was tiled: the template's vector helpers serve it too
+    append_tiled: tuple[str, ...] = ()
+    comment = append = ""
+    if not spec.output.format.is_dense:
+        counted, _ = lower(spec, make_names, parallel=parallel, counting=True, commands=commands)
+        functions.append(
+            Function(
+                ASSEMBLE_NAME,
+                "symbolic phase: count the positions of every output level into sc_sizes",
+                counted.body,
+            )
+        )
+        comment = "numeric phase: append coordinates and values into the allocated arrays"
+        single = None
+        if not commands:
+            try:
+                single, _ = lower(spec, make_names, parallel=False, append=True)
+            except RowsOutOfOrder:
+                pass  # rows visited out of storage order: counted and filled, two phases
+        if single is not None:
+            appended = run_passes(C_APPEND_PASSES, single.body, unit)
+            append_tiled = appended.of("tile")
+            functions.append(
+                Function(
+                    APPEND_NAME,
+                    "single pass for one thread: append in order into arrays of a capacity "
+                    "the runtime proved (plus a row of slack); the final sizes are in pos",
+                    appended.body,
+                )
+            )
+            append = APPEND_NAME
+        elif not OutputLayout.of(spec.output.format, spec.output.name).rowwise:
+            append = KERNEL_NAME  # a serial kernel appends into any arrays large enough
+        # else a user schedule's rows fill in parallel, or rows come out of storage
+        # order: the two phases only
+    done = run_passes(C_PASSES, lowered.body, unit)
+    fields = {BAND: "band", DEPTH: "depth"}
+    sig = Signature((*sig.params, *(Param(n, "value", INT, fields[n]) for n in done.params)))
+    functions.append(Function(KERNEL_NAME, comment, done.body))
+    schedule = describe_cpu(
+        spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
+    )
+    tiled, streamed = done.of("tile"), done.of("streams")
+    if tiled or streamed:
+        notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed)
+        schedule += f"; {'; '.join(notes)}"
+    gen = _record(lowered, sig, schedule, dtype, index_dtype, append=append)
+    vectors = TILE_VECTORS if tiled or append_tiled else 0
+    return print_c(spec, gen, functions, vectors=vectors, stream_out_bytes=unit.llc)
+
+
+def _gpu_default(
+    spec: Spec, make_names: Callable[[], tuple[Signature, Namer]]
+) -> tuple[LoweredKernel, Signature, tuple[Command, ...]]:
+    """The first of the default GPU mappings that lowers, each lowered once; the mappings
+    are decided from the spec and its natural loop order, with no lowering of their own."""
+    order = natural_order(spec)
+    reasons: list[str] = []
+    for candidate in gpu_candidates(spec, order):
+        try:
+            lowered, sig = lower(spec, make_names, commands=candidate, target="cuda")
+        except ScheduleError as err:
+            reasons.append(str(err))
+            continue
+        return lowered, sig, candidate
+    why = f" (tried thread-per-row over {order[0]}: {reasons[-1]})" if reasons else ""
+    raise ScheduleError(
+        f"no GPU mapping for {spec.assignment} with these formats{why}; give a "
+        "schedule with GPUBlock/GPUThread loops, or use target='c'"
+    )
+
+
+def generate_cuda(
+    spec: Spec,
+    *,
+    dtype: str = "float64",
+    index_dtype: str = "int32",
+    commands: tuple[Command, ...] = (),
+) -> Generated:
+    """The CUDA source of ``spec``'s kernel under ``commands`` (or the default GPU mapping,
+    then `CUDA_PASSES`)."""
+    if not spec.output.format.is_dense:
+        raise ScheduleError(
+            f"the output {spec.output.name} is sparse ({spec.output.format}); sparse outputs "
+            "have no GPU mapping yet: use target='c', or a dense output"
+        )
+    make_names = _names(spec)
+    if commands:
+        lowered, sig = lower(spec, make_names, commands=commands, target="cuda")
+        chosen = commands
+    else:
+        lowered, sig, chosen = _gpu_default(spec, make_names)
+        done = run_passes(CUDA_PASSES, lowered.body, Unit(spec, sig))
+        if done.of("coarsen"):
+            lowered = replace(
+                lowered,
+                body=done.body,
+                block=COARSE_BLOCK,
+                notes=(*lowered.notes, *done.of("coarsen")),
+            )
+    launch = Launch(
+        lowered.grid, lowered.block, lowered.zero_before, lowered.body, lowered.shuffles
+    )
+    schedule = describe_gpu(chosen, not commands, lowered.notes)
+    gen = _record(
+        lowered, sig, schedule, dtype, index_dtype, target="cuda", launch=launch, commands=chosen
+    )
+    return print_cuda(spec, gen)

@@ -1,0 +1,167 @@
+"""Default schedules: what sparsec decides when the user names no schedule, as explicit
+commands, and how the schedule that ran is told in words.
+
+The GPU default is a list of candidate mappings, best first, each a tuple of `Command`s
+(TACO's scheduling language) decided from the spec and its concordant loop order alone;
+the pipeline lowers each candidate once and keeps the first that the lowerer accepts. The
+CPU default is still decided inside the lowerer (the outermost loop over an output index
+runs on CPU threads); `describe_cpu` tells what it chose.
+"""
+
+from __future__ import annotations
+
+from ..frontend.concrete import accesses
+from ..middle.commands import Command, name_supply
+from ..middle.order import level_indices, loop_order, output_edges
+from ..middle.spec import Spec
+
+#: threads per block of the thread-per-row and nonzero mappings
+THREADS_PER_BLOCK = 256
+#: nonzeros per thread of the nonzero mapping (TACO's GPU MTTKRP)
+NONZEROS_PER_THREAD = 8
+
+
+def natural_order(spec: Spec) -> tuple[str, ...]:
+    """The loop order before any schedule: the iteration graph's topological order, every
+    operand's levels visited in storage order (concordant), with a sparse output's
+    assembly edges. For a dense output this is the order the lowerer starts from."""
+    stmt = spec.statement
+    everything = [stmt.lhs, *accesses(stmt.rhs)]
+    extra = output_edges(stmt.lhs, spec.output.format, stmt.top_sums, rows_in_order=True)
+    return loop_order(stmt.loop_indices, everything, spec.formats, extra=extra)
+
+
+def _cmd(name: str, *args: object) -> Command:
+    return Command(name, tuple(str(a) for a in args))
+
+
+def gpu_candidates(spec: Spec, order: tuple[str, ...]) -> list[tuple[Command, ...]]:
+    """Candidate GPU mappings of loop ``order``, best first.
+
+    A sparse operand of order three or more whose levels are the outermost loops is
+    iterated over its nonzeros (TACO's GPU MTTKRP: fuse its levels, ``pos``, 8 nonzeros per
+    thread and 256 threads per block, atomics where the output is shared), since its slices
+    are too uneven for a thread each. Next, when the outermost and innermost loops both
+    index the output and the innermost is dense in every operand (SpMM's ``i`` and ``j``):
+    an output row per block and its columns across the block's threads, the innermost loop
+    moved second, so a warp's loads and stores are contiguous. Otherwise, thread-per-row
+    over the outermost loop: a plain range, or a sparse operand's positions; with atomics
+    when that loop's iterations share output elements.
+    """
+    if not order:
+        return []
+    v = order[0]
+    fresh = name_supply(set(spec.indices) | {t.name for t in spec.tensors})
+
+    candidates: list[tuple[Command, ...]] = []
+    for access in dict.fromkeys(accesses(spec.statement.rhs)):
+        fmt = spec.tensor(access.name).format
+        levels = level_indices(access, fmt)
+        if fmt.is_dense or len(levels) < 3 or tuple(order[: len(levels)]) != levels:
+            continue
+        commands, fused = [], levels[0]
+        for var in levels[1:]:
+            joint = fresh("f")
+            commands.append(_cmd("fuse", fused, var, joint))
+            fused = joint
+        fp, b, rest, t, n = (
+            fresh("fpos"),
+            fresh("block"),
+            fresh("fpos1"),
+            fresh("thread"),
+            fresh("nz"),
+        )
+        commands += [
+            _cmd("pos", fused, fp, access.name),
+            _cmd("split", fp, b, rest, NONZEROS_PER_THREAD * THREADS_PER_BLOCK),
+            _cmd("split", rest, t, n, NONZEROS_PER_THREAD),
+            _cmd("parallelize", b, "GPUBlock", "Atomics"),
+            _cmd("parallelize", t, "GPUThread", "Atomics"),
+        ]
+        candidates.append(tuple(commands))
+        break
+    last = order[-1]
+    sparse_inputs = [tv.name for tv in spec.inputs if not tv.format.is_dense]
+    out_indices = set(spec.statement.lhs.indices)
+    if (
+        len(order) >= 2
+        and {v, last} <= out_indices
+        and not any(last in _indices_of(spec, name) for name in sparse_inputs)
+    ):
+        # an output row per block, its dense columns across the block's threads: the
+        # threads of a warp read and write consecutive elements (coalesced)
+        rows = [_cmd("reorder", v, last, *order[1:-1])] if len(order) > 2 else []
+        rows += [_cmd("parallelize", v, "GPUBlock", "NoRaces")]
+        rows += [_cmd("parallelize", last, "GPUThread", "NoRaces")]
+        candidates.append(tuple(rows))
+    b, t, p = fresh(f"{v}_block"), fresh(f"{v}_thread"), fresh(f"{v}_pos")
+    sparse = [
+        tv.name for tv in spec.inputs if not tv.format.is_dense and v in _indices_of(spec, tv.name)
+    ]
+    for races in ("NoRaces", "Atomics"):
+        tail = (
+            _cmd("parallelize", b, "GPUBlock", races),
+            _cmd("parallelize", t, "GPUThread", races),
+        )
+        candidates.append((_cmd("split", v, b, t, THREADS_PER_BLOCK), *tail))
+        for name in sparse:
+            candidates.append(
+                (_cmd("pos", v, p, name), _cmd("split", p, b, t, THREADS_PER_BLOCK), *tail)
+            )
+    return candidates
+
+
+def _indices_of(spec: Spec, tensor: str) -> set[str]:
+    return {i for a in accesses(spec.statement.rhs) if a.name == tensor for i in a.indices}
+
+
+def _spelled(commands: tuple[Command, ...]) -> str:
+    return ", ".join(str(c) for c in commands)
+
+
+def describe_gpu(commands: tuple[Command, ...], default: bool, notes: tuple[str, ...]) -> str:
+    """The GPU mapping that ran, in words: the user's or the default's commands, then the
+    lowerer's and the passes' notes."""
+    description = ("default: " if default else "user: ") + _spelled(commands)
+    return f"{description}; {'; '.join(notes)}" if notes else description
+
+
+def describe_cpu(
+    spec: Spec,
+    parallel: bool,
+    loops: tuple[str, ...],
+    order: tuple[str, ...],
+    commands: tuple[Command, ...] = (),
+    notes: tuple[str, ...] = (),
+) -> str:
+    """The CPU schedule that ran, in words (header comment and `Kernel.schedule`):
+    ``loops`` are the loops the lowerer ran on CPU threads, ``notes`` how each runs."""
+    if commands:
+        user = _spelled(commands)
+        if not parallel:
+            return f"user: {user}; serial (requested)"
+        if notes:
+            return f"user: {user}; parallel: {'; '.join(notes)}"
+        if loops:
+            return (
+                f"user: {user}; default parallel loop {', '.join(loops)} (OpenMP dynamic, "
+                "~8 chunks per thread)"
+            )
+        return f"user: {user}; serial (no loop parallelized)"
+    if not parallel:
+        return "serial (requested)"
+    if not spec.output.format.is_dense and not loops:
+        return "default: serial (a sparse output is appended in one sequence)"
+    if loops:
+        how = f" ({'; '.join(notes)})" if notes else ""
+        return (
+            f"default: loop {', '.join(loops)} runs on CPU threads "
+            f"(OpenMP dynamic, ~8 chunks per thread){how}; inner loops serial"
+        )
+    first = order[0] if order else None
+    why = (
+        f"the outermost loop ({first}) is not a plain loop over an output index"
+        if first
+        else "there are no loops"
+    )
+    return f"default: serial, since {why}"
