@@ -139,7 +139,8 @@ class LowerEnv:
     @contextmanager
     def scope(self, **changes: Any) -> Iterator[Flags]:
         """Lower what the block builds with ``changes`` to the `Flags` in force (their
-        names are `Flags`' fields); the enclosing flags come back on the way out."""
+        names are `Flags`' fields, checked by `dataclasses.replace`); the enclosing flags
+        come back on the way out."""
         saved = self.flags
         self.flags = replace(saved, **changes)
         try:

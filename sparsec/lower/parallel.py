@@ -37,7 +37,9 @@ class LoopSetup:
     pre: list[ir.Stmt] = field(default_factory=list)
     body_pre: list[ir.Stmt] = field(default_factory=list)
     post: list[ir.Stmt] = field(default_factory=list)
-    #: the `Flags` its body is lowered under (`LowerEnv.scope`'s keywords)
+    #: the changes to the `Flags` its body is lowered under (`LowerEnv.scope`): changes,
+    #: not a snapshot, since the body may be lowered inside a scope opened after the
+    #: setup (`coiterate.capacity_checked`)
     flags: dict[str, Any] = field(default_factory=dict)
 
 
