@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from sparsec.abi import Namer, signature
+from sparsec.abi import BOUND_VIOLATED, Namer, signature
 from sparsec.frontend.parser import parse_expression
 from sparsec.ir import nodes as ir
+from sparsec.lower import lower
 from sparsec.lower.coiterate import coiterate
 from sparsec.lower.ctx import AccSink, Ctx, OutputSink
 from sparsec.lower.env import Flags, LowerEnv
 from sparsec.lower.levels import iterator
 from sparsec.lower.parallel import race, race_strategies
+from sparsec.middle.commands import parse_commands
 from sparsec.middle.lattice import build
 from sparsec.middle.spec import make_spec
 from sparsec.tensors.formats import Compressed, Dense, LevelNames, Singleton
@@ -198,3 +200,38 @@ def test_race(loop, distinct, sink, races):
 def test_race_strategies(out, unit, into_sum, want):
     env = _env("C(i,j) = A(i,j) * B(i,j)", {"A": "csr", "B": "csr", "C": out})
     assert race_strategies(env, unit, into_sum) == want
+
+
+# ------------------------------------------------------------------ epilogue
+@pytest.mark.parametrize(
+    "expr, formats, schedule, counting",
+    [
+        ("y(i) = A(i,j) * x(j)", {"A": "csr"}, "bound(i,ib,8,MaxExact)", False),
+        (
+            "A(i,j) = B(i,j) * C(i,k) * D(k,j)",
+            {"A": "csr", "B": "csr"},
+            "bound(k,kb,8,MaxExact)",
+            False,
+        ),
+        (
+            "A(i,j) = B(i,j) * C(i,k) * D(k,j)",
+            {"A": "csr", "B": "csr"},
+            "bound(k,kb,8,MaxExact)",
+            True,
+        ),
+    ],
+)
+def test_one_epilogue_checks_bounds_first(expr, formats, schedule, counting):
+    """Dense and sparse outputs (both phases) share the epilogue: the schedule's entry
+    checks come before anything the output opens."""
+    spec = make_spec(parse_expression(expr), formats)
+
+    def names():
+        namer = Namer()
+        return signature(spec, namer), namer
+
+    options = {"counting": counting} if counting else {}
+    lowered, _ = lower(spec, names, commands=parse_commands(schedule), **options)
+    first = lowered.body.body[0]
+    assert isinstance(first, ir.Return) and first.status == BOUND_VIOLATED
+    assert lowered.bounds
