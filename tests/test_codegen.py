@@ -133,3 +133,136 @@ def test_generated_source_does_not_follow_the_hash_seed():
         ).stdout
         seen.add(out)
     assert len(seen) == 1, seen
+
+
+# ------------------------------------------------------------ the target table
+CUDA_LOOPS = [
+    # (parallel unit, schedule, start, expected loop head)
+    (None, "static", "0", "for (long long i = 0; i < n; i++) {"),
+    (
+        "GPUBlock",
+        "static",
+        "0",
+        "for (long long i = (long long)blockIdx.x; i < n; i += (long long)gridDim.x) {",
+    ),
+    (
+        "GPUThread",
+        "static",
+        "s",
+        "for (long long i = s + (long long)threadIdx.x; i < n; i += (long long)blockDim.x) {",
+    ),
+    (
+        "GPUThread",
+        "lane",
+        "0",
+        "for (long long i = (long long)(threadIdx.x & 31); i < n; i += 32) {",
+    ),
+]
+
+
+@pytest.mark.parametrize("unit,schedule,start,head", CUDA_LOOPS)
+def test_cuda_loops_are_strided_over_their_gpu_unit(unit, schedule, start, head):
+    from sparsec.backends.printer import CUDA
+
+    par = ir.Parallel(unit, schedule) if unit else None
+    assert CUDA.loop_head("i", start, "n", par, 0, "t") == [head]
+
+
+def test_targets_differ_by_their_table_only():
+    """One printer: the same loop IR prints per target from the table's entries (unroll
+    pragma, atomics, types); a unit a target cannot run is refused by name."""
+    from sparsec.backends.printer import CUDA
+
+    loop = ir.For("i", ir.IntLit(0), ir.Var("n"), ir.block(), unroll=4)
+    assert Printer(C).stmts(loop, 0)[0] == "#pragma GCC unroll 4"
+    assert Printer(CUDA).stmts(loop, 0)[0] == "#pragma unroll 4"
+    store = ir.Assign(ir.Load("y", ir.Var("i")), ir.Var("t"), "+=", atomic=True)
+    assert Printer(CUDA).stmts(store, 0) == ["atomicAdd(&y[i], t);"]
+    assert C.types[ir.I64] == "int64_t" and CUDA.types[ir.I64] == "long long"
+    with pytest.raises(ValueError, match="target c cannot run GPUBlock loops"):
+        C.loop_head("i", "0", "n", ir.Parallel("GPUBlock"), 0, "t")
+    with pytest.raises(ValueError, match="target cuda cannot run CPUThread loops"):
+        CUDA.loop_head("i", "0", "n", ir.Parallel("CPUThread"), 0, "t")
+    with pytest.raises(ValueError, match="no atomic"):
+        CUDA.atomic("y[i]", "*=", "t")
+
+
+# ---------------------------------------------------------- default GPU mappings
+GPU_DEFAULTS = [
+    # (expression, formats, the first candidate, the one that lowers)
+    (
+        "y(i) = A(i,j) * x(j)",
+        {"A": "csr"},
+        "split(i,i_block,i_thread,256), parallelize(i_block,GPUBlock,NoRaces), "
+        "parallelize(i_thread,GPUThread,NoRaces)",
+        0,
+    ),
+    (
+        "C(i,j) = A(i,k) * B(k,j)",
+        {"A": "csr"},
+        "reorder(i,j,k), parallelize(i,GPUBlock,NoRaces), parallelize(j,GPUThread,NoRaces)",
+        0,
+    ),
+    (
+        "A(i,j) = B(i,k,l) * C(k,j) * D(l,j)",
+        {"B": "csf"},
+        "fuse(i,k,f), fuse(f,l,f2), pos(f2,fpos,B), split(fpos,block,fpos1,2048), "
+        "split(fpos1,thread,nz,8), parallelize(block,GPUBlock,Atomics), "
+        "parallelize(thread,GPUThread,Atomics)",
+        0,
+    ),
+    # A csr read transposed: the rows of j share outputs, so NoRaces is refused
+    (
+        "y(i) = A(j,i) * x(j)",
+        {"A": "csr"},
+        "split(j,j_block,j_thread,256), parallelize(j_block,GPUBlock,NoRaces), "
+        "parallelize(j_thread,GPUThread,NoRaces)",
+        2,
+    ),
+]
+
+
+@pytest.mark.parametrize("expr,formats,first,chosen", GPU_DEFAULTS)
+def test_gpu_default_lowers_each_candidate_once(expr, formats, first, chosen, monkeypatch):
+    """The default GPU mapping is decided from the spec and its natural loop order as
+    explicit commands; the pipeline lowers candidates in turn, each once, and lowers
+    nothing else (no throw-away kernel to learn the loop order)."""
+    from sparsec import pipeline
+    from sparsec.frontend.parser import parse_expression
+    from sparsec.middle.spec import make_spec
+    from sparsec.policy.schedules import gpu_candidates, natural_order
+
+    spec = make_spec(parse_expression(expr), formats)
+    candidates = gpu_candidates(spec, natural_order(spec))
+    assert ", ".join(map(str, candidates[0])) == first
+    lowered: list[tuple] = []
+    real = pipeline.lower
+
+    def counting(spec, make_names, **options):
+        lowered.append(options.get("commands"))
+        return real(spec, make_names, **options)
+
+    monkeypatch.setattr(pipeline, "lower", counting)
+    gen = pipeline.generate_cuda(spec)
+    assert lowered == candidates[: chosen + 1]
+    assert gen.commands == candidates[chosen]
+    assert gen.schedule.startswith("default: " + ", ".join(map(str, gen.commands)))
+
+
+def test_pass_lists_run_in_order():
+    """Each target's passes in one ordered list: the C kernel's notes come from them."""
+    from sparsec import pipeline
+
+    assert [p.__name__ for p in pipeline.C_PASSES] == [
+        "_streams",
+        "_tile",
+        "_bands",
+        "_stream_output",
+    ]
+    assert pipeline.C_APPEND_PASSES == pipeline.C_PASSES[:2]
+    assert [p.__name__ for p in pipeline.CUDA_PASSES] == ["_coarsen"]
+    # the schedule's words: the lowerer's, then the tile, band and output-stream notes
+    schedule = sparsec.kernel("Y(i,j) = W(i,k) * X(k,j)", {"W": "csr"}).schedule
+    tiles = schedule.index("j in register tiles")
+    assert tiles < schedule.index("column bands") < schedule.index("stored non-temporally")
+    assert schedule.index("inner loops serial") < tiles
