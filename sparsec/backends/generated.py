@@ -28,10 +28,16 @@ class Launch:
 
 @dataclass(frozen=True, slots=True)
 class Generated:
+    """One kernel's source and what the runtime needs to build and call it."""
+
     source: str
+    #: the ABI: every parameter, in order (`sparsec.abi`)
     signature: Signature
+    #: the loops, outermost first, by index variable
     loop_order: tuple[str, ...]
+    #: the schedule that ran, in words (the header's and `Kernel.schedule`)
     schedule: str
+    #: the value dtype ("float32", "float64") and the index dtype ("int32", "int64")
     dtype: str
     index_dtype: str
     #: what each `bound` of the schedule promises (kernel status BOUND_VIOLATED)
