@@ -13,7 +13,7 @@ from test_kernels import CASES
 
 import sparsec
 from sparsec import ScheduleError, SparsecError
-from sparsec.runtime import gpu
+from sparsec.runtime import gpu, nvrtc
 
 SPMV = "y(i) = A(i,j) * x(j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
@@ -40,7 +40,7 @@ MTTKRP_SCHEDULES = {
 }
 
 needs_compiler = pytest.mark.skipif(
-    gpu.nvrtc() is None and __import__("shutil").which("nvcc") is None,
+    nvrtc.nvrtc() is None and __import__("shutil").which("nvcc") is None,
     reason="neither NVRTC (pip install nvidia-cuda-nvrtc-cu12) nor nvcc is available",
 )
 
@@ -588,15 +588,15 @@ def test_grid_is_evaluated_on_the_host():
 
 
 def test_occupancy_model():
-    assert gpu.occupancy(32, 256) == 1.0
-    assert gpu.occupancy(64, 256) == 0.5
-    assert gpu.occupancy(255, 256) == 0.125
+    assert nvrtc.occupancy(32, 256) == 1.0
+    assert nvrtc.occupancy(64, 256) == 0.5
+    assert nvrtc.occupancy(255, 256) == 0.125
 
 
 def test_cli_cuda_verify_and_check(capsys):
     from sparsec.cli import main
 
-    if gpu.nvrtc() is None and __import__("shutil").which("nvcc") is None:
+    if nvrtc.nvrtc() is None and __import__("shutil").which("nvcc") is None:
         pytest.skip("no CUDA compiler")
     args = ["compile", MTTKRP, "--target", "cuda", "--verify", "--check", "--print-source"]
     assert main(args) == 0

@@ -14,7 +14,7 @@ import pytest
 
 import sparsec
 from sparsec import CompileError
-from sparsec.runtime import gpu
+from sparsec.runtime import nvrtc
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG = 2**31
@@ -113,17 +113,17 @@ def test_forced_int32_kernel_refuses_huge_inputs():
 
 # -------------------------------------------------------------- toolchain faults
 def test_missing_cuda_compiler_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(gpu, "nvrtc", lambda: None)
-    monkeypatch.setattr(gpu.shutil, "which", lambda name: None)
+    monkeypatch.setattr(nvrtc, "nvrtc", lambda: None)
+    monkeypatch.setattr(nvrtc.shutil, "which", lambda name: None)
     k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, target="cuda")
     with pytest.raises(CompileError, match="neither NVRTC nor nvcc"):
         k.verify()
 
 
-@pytest.mark.skipif(gpu.nvrtc() is None, reason="NVRTC is not installed")
+@pytest.mark.skipif(nvrtc.nvrtc() is None, reason="NVRTC is not installed")
 def test_nvrtc_reports_a_compile_error():
     with pytest.raises(CompileError, match="NVRTC failed for sm_80"):
-        gpu.verify('extern "C" __global__ void k() { undeclared = 1; }')
+        nvrtc.verify('extern "C" __global__ void k() { undeclared = 1; }')
 
 
 def test_missing_cxx_compiler_for_the_emulation(monkeypatch, tmp_path):
@@ -134,19 +134,19 @@ def test_missing_cxx_compiler_for_the_emulation(monkeypatch, tmp_path):
         k(A=np.eye(3), x=np.ones(3))
 
 
-@pytest.mark.skipif(gpu.nvrtc() is None, reason="NVRTC is not installed")
+@pytest.mark.skipif(nvrtc.nvrtc() is None, reason="NVRTC is not installed")
 def test_an_empty_nvrtc_log_is_compiled_again(monkeypatch):
     """CUDA 13's NVRTC returns an empty log for code it compiled before in the process;
     verify() compiles it again with a fresh unused variable rather than report 0 registers."""
-    real, calls = gpu._nvrtc_compile, []
+    real, calls = nvrtc._nvrtc_compile, []
 
     def first_empty(lib, source, arch):
         calls.append(source)
         return "" if len(calls) == 1 else real(lib, source, arch)
 
-    monkeypatch.setattr(gpu, "_nvrtc_compile", first_empty)
+    monkeypatch.setattr(nvrtc, "_nvrtc_compile", first_empty)
     source = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] += 1.0f; } // empty-log test'
-    (report,) = gpu.verify(source, archs=("sm_90",))
+    (report,) = nvrtc.verify(source, archs=("sm_90",))
     assert report.registers > 0 and report.log
     assert calls[0] == source and calls[1].startswith(source)
     assert "__device__ int sc_verify_" in calls[1]

@@ -28,7 +28,7 @@ from ..pipeline import generate, generate_cuda
 from ..policy import tuning
 from ..policy.costs import Columns
 from ..policy.machine import machine
-from ..runtime import fastpath, gpu
+from ..runtime import fastpath, nvrtc
 from ..runtime.binding import INDEX_DTYPES, VALUE_DTYPES, resolve_threads
 from ..runtime.executable import Executable
 from ..runtime.fastpath import FastPath
@@ -151,13 +151,13 @@ class Kernel:
         except SparsecError as err:
             raise err.with_source(self.expression) from None
 
-    def verify(self) -> list[gpu.PtxasInfo]:
+    def verify(self) -> list[nvrtc.PtxasInfo]:
         """CUDA targets: compile the kernel with NVRTC (or nvcc) for sm_80 and sm_90 and
         return ptxas' report (registers, spills, occupancy); needs no GPU."""
         if self.target == "c":
             raise SparsecError("verify() compiles CUDA; this kernel's target is 'c'")
         gen = self.generated()
-        return gpu.verify(gen.source, gen.launch.block)
+        return nvrtc.verify(gen.source, gen.launch.block)
 
     @property
     def source(self) -> str:
