@@ -12,7 +12,7 @@ from conftest import sparse_array, torch_reference
 import sparsec
 from sparsec import ScheduleError
 from sparsec.frontend.notation import accesses
-from sparsec.middle.schedule import parse_commands
+from sparsec.middle.commands import parse_commands
 
 SPMV = "y(i) = A(i,j) * x(j)"
 SPMM = "C(i,k) = A(i,j) * B(j,k)"
@@ -569,9 +569,9 @@ def test_default_parallel_reduction(expr, formats, ref, shapes, how):
 
 def test_private_copies_fall_back_to_one_thread(monkeypatch):
     """Past the copy budget (threads x output size), the loop runs serially into the output."""
-    import sparsec.lower.lowerer
+    import sparsec.lower.parallel
 
-    monkeypatch.setattr(sparsec.lower.lowerer, "MAX_COPY_ELEMENTS", 8)
+    monkeypatch.setattr(sparsec.lower.parallel, "MAX_COPY_ELEMENTS", 8)
     # a new Kernel: sparsec.kernel() may hand back one generated under the real budget
     k = sparsec.Kernel("y(j) = A(i,j) * x(i)", {"A": "csr"})
     assert "<= 8 ?" in k.source

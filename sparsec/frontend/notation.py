@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import Any, assert_never
 
 Span = tuple[int, int]
 NO_SPAN: Span = (0, 0)
@@ -142,6 +142,35 @@ def accesses(expr: Expr) -> Iterator[Access]:
             yield from accesses(right)
         case _:
             assert_never(expr)
+
+
+def factors(expr: Any) -> list[Any]:
+    """The factors of a product (accesses and literals, a negation as a factor ``-1``), or
+    [] if ``expr`` is not one (a sum, or a concrete expression's nested sum)."""
+    match expr:
+        case BinOp(op="*", left=left, right=right):
+            a, b = factors(left), factors(right)
+            return a + b if a and b else []
+        case Access() | Literal():
+            return [expr]
+        case Neg(operand=x):
+            inner = factors(x)
+            return [Literal(-1.0), *inner] if inner else []
+        case _:
+            return []
+
+
+def factor_chain(expr: Any) -> list[Any]:
+    """A product chain's factors through negations, left to right (``-a * (b * c)``: a, b,
+    c); anything else is its own one factor. Unlike `factors`, drops signs and keeps any
+    factor (a sum, or a concrete expression's nested sum)."""
+    match expr:
+        case BinOp(op="*", left=left, right=right):
+            return factor_chain(left) + factor_chain(right)
+        case Neg(operand=x):
+            return factor_chain(x)
+        case _:
+            return [expr]
 
 
 def indices_of(expr: Expr) -> frozenset[str]:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..frontend.concrete import CExpr, Statement, Sum, Zero, divides
-from ..frontend.notation import Access, BinOp, Literal, Neg
+from ..frontend.notation import Access, BinOp, Literal, Neg, factor_chain
 
 
 def entry_bound(stmt: Statement, values: Mapping[str, Any], dims: Mapping[str, int]) -> int:
@@ -97,7 +97,7 @@ class _Bound:
     def _contracted(self, k: str, body: CExpr, known: int) -> int:
         """``Σ_k Π_f c_f(k)`` when ``body`` is a product of tensors and literals; else
         ``known`` (the bound already proved)."""
-        factors = _factors(body)
+        factors = factor_chain(body)
         if any(not isinstance(f, Access | Literal) for f in factors):
             return known
         total = np.ones(self.dims[k], dtype=np.float64)
@@ -133,11 +133,3 @@ class _Bound:
 def _stored(v: Any) -> int:
     """Entries a value stores: a Tensor's, or all of a dense array's (1 for a scalar)."""
     return int(v.nnz) if hasattr(v, "nnz") else int(np.size(v))
-
-
-def _factors(e: CExpr) -> list[CExpr]:
-    if isinstance(e, BinOp) and e.op == "*":
-        return _factors(e.left) + _factors(e.right)  # type: ignore[arg-type]
-    if isinstance(e, Neg):
-        return _factors(e.operand)  # type: ignore[arg-type]
-    return [e]

@@ -14,11 +14,13 @@ second name or a dense format.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import LoweringError
+from ..errors import LoweringError, ScheduleError
 from ..frontend.notation import Access
 from ..tensors.formats import Format
+from .plan import Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,3 +242,45 @@ def _inner_before_outer(
         f"{access} is stored as {fmt}, which needs {above} before {var}, but {above} is "
         f"summed in a loop nested inside the loop over {var}. {_advice(access.name, fix)}"
     )
+
+
+def check_order(plan: Plan, hard: Sequence[Edge], describe: dict[str, str]) -> None:
+    """Every hard edge (``before`` bound before ``after``'s loops start) still holds.
+
+    ``hard`` are edges over original variables; ``describe`` maps a tensor
+    name to its format in words, for the message.
+    """
+    bound_at: dict[str, int] = {}
+    entered_at: dict[str, int] = {}
+    space_of: dict[str, str] = {}
+    for n, loop in enumerate(plan.order):
+        space = plan.space_of(loop)
+        for v in plan.binds(loop):
+            bound_at[v] = n
+        if space is None:
+            entered_at[loop] = n
+        else:
+            for v in plan.spaces[space].vars:
+                entered_at.setdefault(v, n)
+                space_of[v] = space
+    for edge in hard:
+        if edge.before not in bound_at or edge.after not in entered_at:
+            continue
+        same = space_of.get(edge.before)
+        found = f"the loop order is {', '.join(plan.order)}"
+        if same is not None and same == space_of.get(edge.after):
+            # a fused space (a range, or the positions of the pos tensor's levels) binds its
+            # variables in the order they were fused: every tensor's levels must agree with
+            # that order, not only the pos tensor's (checked by pos)
+            joint = plan.spaces[same]
+            if joint.vars.index(edge.before) < joint.vars.index(edge.after):
+                continue
+            found = f"{same} ({joint.origin}) binds {', '.join(joint.vars)} in that order"
+        elif bound_at[edge.before] < entered_at[edge.after]:
+            continue
+        raise ScheduleError(
+            f"schedule {plan.describe()}: {edge.tensor} ({describe.get(edge.tensor, '')}) "
+            f"is iterated level by level, so {edge.before} must be bound before the loop "
+            f"over {edge.after} starts, but {found}. Keep {edge.before} outside "
+            f"{edge.after}, or store {edge.tensor} with another mode ordering"
+        )

@@ -1,21 +1,4 @@
-"""The scheduling language: TACO's commands (Senanayake et al., OOPSLA 2020) over sparsec's
-loop nest, parsed, validated and turned into a `Plan` the lowerer follows.
-
-A schedule is a list of commands (or one string of commands separated by commas):
-
-    reorder(i, j, ...)            permute these loops among the slots they occupy
-    split(i, i0, i1, F)           i = i0*F + i1, with i1 < F           (F > 0)
-    divide(i, i0, i1, F)          i0 < F pieces of ceil(N/F)           (F > 0)
-    pos(i, ip, A)                 iterate A's stored positions of i's level
-    fuse(i, j, f)                 one loop f over the (i, j) pairs (i directly encloses j)
-    precompute(expr, i, iw)       compute expr into a dense workspace over i
-    unroll(i, F)                  ask the C compiler to unroll i's loop F times
-    bound(i, ib, B, kind)         i's extent is B (MaxExact) or at most B (MaxConstraint)
-    parallelize(i, unit, races)   units CPUThread, CPUVector (GPUBlock, GPUWarp, GPUThread on
-                                  CUDA); races NoRaces, IgnoreRaces, Atomics, Temporary,
-                                  ParallelReduction
-    assemble(T, Append|Insert)    how the sparse output T is built
-    mergeby(i, TwoFinger|Gallop)  how i's intersection advances the lagging iterators
+"""A schedule's commands applied to one loop nest: an immutable `Plan` the lowerer follows.
 
 Loop-transforming commands apply in order to the default loop order; the new variables
 keep their provenance (`Space`, `Piece`): every derived loop belongs to one *space*, an
@@ -23,143 +6,31 @@ integer range whose offset binds original index variables (a dense range, a tens
 positions, or a fused product), and split pieces partition that offset. This is TACO's
 provenance graph, specialised to the relations sparsec supports.
 
-What the plan cannot know (whether a loop turns out dense, a merge, or racy) is checked by
-the lowerer, which raises `ScheduleError` naming the command.
+`make_plan` checks what the loop nest decides (the loops exist, new names are new, pos
+walks one access's consecutive levels, split halves stay nested); `order.check_order` checks
+the plan against the iteration graph's hard edges. What the plan cannot know (whether a
+loop turns out dense, a merge, or racy) is checked by the lowerer, which raises
+`ScheduleError` naming the command.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import ScheduleError
-from ..frontend.notation import Access, BinOp, Literal, Neg
-from ..frontend.parser import parse
-
-CPU_UNITS = ("CPUThread", "CPUVector")
-GPU_UNITS = ("GPUBlock", "GPUWarp", "GPUThread")
-UNITS = CPU_UNITS + GPU_UNITS
-RACES = ("NoRaces", "IgnoreRaces", "Atomics", "Temporary", "ParallelReduction")
-BOUND_KINDS = ("MaxExact", "MaxConstraint")
-MERGES = ("TwoFinger", "Gallop")
-ASSEMBLIES = ("Append", "Insert")
-
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MAX_COMMANDS = 64
-MAX_FACTOR = 1 << 20
-
-
-# ------------------------------------------------------------------- commands
-@dataclass(frozen=True, slots=True)
-class Command:
-    """One parsed command: its name, arguments (as text) and its normalised spelling."""
-
-    name: str
-    args: tuple[str, ...]
-
-    def __str__(self) -> str:
-        return f"{self.name}({','.join(self.args)})"
-
-
-_ARITY = {
-    "reorder": None,
-    "split": 4,
-    "divide": 4,
-    "pos": 3,
-    "fuse": 3,
-    "precompute": 3,
-    "unroll": 2,
-    "bound": 4,
-    "parallelize": 3,
-    "assemble": 2,
-    "mergeby": 2,
-}
-
-
-def _split_top(text: str, where: str) -> list[tuple[str, int]]:
-    """Split at commas outside parentheses; each part with its offset in ``text``."""
-    parts: list[tuple[str, int]] = []
-    depth, start = 0, 0
-    for n, ch in enumerate(text):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth < 0:
-                raise ScheduleError(f"unbalanced ')' in {where} {text!r}")
-        elif ch == "," and depth == 0:
-            parts.append((text[start:n], start))
-            start = n + 1
-    if depth != 0:
-        raise ScheduleError(f"unbalanced '(' in {where} {text!r}")
-    parts.append((text[start:], start))
-    return parts
-
-
-def parse_commands(schedule: str | Sequence[str]) -> tuple[Command, ...]:
-    """Commands from one string (commas between commands) or a list of strings."""
-    if isinstance(schedule, str):
-        texts = [schedule]
-    elif isinstance(schedule, Sequence) and all(isinstance(s, str) for s in schedule):
-        texts = list(schedule)
-    elif isinstance(schedule, Sequence):
-        bad = next(s for s in schedule if not isinstance(s, str))
-        raise ScheduleError(
-            f"a schedule is a string or a list of strings; this list holds {bad!r} "
-            f"({type(bad).__name__}), not a command string: write e.g. schedule=['split(i,i0,i1,16)', "
-            "'parallelize(i0,CPUThread,NoRaces)'] or one string with commas between commands"
-        )
-    else:
-        raise ScheduleError(
-            f"a schedule is a string or a list of strings, not {type(schedule).__name__}; "
-            "write e.g. schedule='split(i,i0,i1,16), parallelize(i0,CPUThread,NoRaces)'"
-        )
-    commands: list[Command] = []
-    for text in texts:
-        if len(text) > 10_000:
-            raise ScheduleError(f"schedule text is too long ({len(text)} characters)")
-        for part, _ in _split_top(text, "schedule"):
-            if not part.strip():
-                if len(texts) == 1 and not text.strip():
-                    continue
-                raise ScheduleError(f"empty command in schedule {text!r}")
-            commands.append(_command(part.strip()))
-    if len(commands) > MAX_COMMANDS:
-        raise ScheduleError(f"a schedule has at most {MAX_COMMANDS} commands")
-    return tuple(commands)
-
-
-def _command(text: str) -> Command:
-    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)", text, re.S)
-    if m is None:
-        raise ScheduleError(
-            f"cannot read schedule command {text!r}: expected name(arguments), e.g. "
-            "split(i,i0,i1,16)"
-        )
-    name, inner = m.group(1), m.group(2)
-    if name not in _ARITY:
-        raise ScheduleError(
-            f"unknown schedule command {name!r} in {text!r}; commands: {', '.join(_ARITY)}"
-        )
-    args = tuple(a.strip() for a, _ in _split_top(inner, f"{name}(...)"))
-    if args == ("",):
-        args = ()
-    want = _ARITY[name]
-    if want is not None and len(args) != want:
-        raise ScheduleError(f"{name} takes {want} arguments, got {len(args)} in {text!r}")
-    if want is None and len(args) < 2:
-        raise ScheduleError(f"{name} needs at least two index variables, got {text!r}")
-    for n, a in enumerate(args):
-        if not a:
-            raise ScheduleError(f"argument {n + 1} of {text!r} is empty")
-        if name == "precompute" and n == 0:
-            continue
-        if not _IDENT.match(a) and not re.fullmatch(r"[+-]?[0-9]+", a):
-            raise ScheduleError(f"argument {a!r} of {text!r} is not a name or an integer")
-    spelled = (" ".join(args[0].split()), *args[1:]) if name == "precompute" else args
-    return Command(name, tuple(spelled))
+from .commands import (
+    ASSEMBLIES,
+    BOUND_KINDS,
+    MERGES,
+    RACES,
+    UNITS,
+    Command,
+    parse_factor,
+    precompute_expr,
+)
 
 
 # ----------------------------------------------------------------- provenance
@@ -211,25 +82,15 @@ class Precompute:
     origin: str
 
 
-@dataclass
-class Plan:
-    """The schedule, resolved against one loop nest."""
+class _Provenance:
+    """Queries over the provenance graph, shared by a `Plan` and the draft it is built from."""
 
-    commands: tuple[Command, ...]
-    order: list[str]
-    spaces: dict[str, Space] = field(default_factory=dict)
-    pieces: dict[str, Piece] = field(default_factory=dict)
+    __slots__ = ()
+    order: Sequence[str]
+    spaces: Mapping[str, Space]
+    pieces: Mapping[str, Piece]
     #: split children of a space or piece: (outer, inner)
-    children: dict[str, tuple[str, str]] = field(default_factory=dict)
-    parallel: dict[str, Parallelize] = field(default_factory=dict)
-    unroll: dict[str, int] = field(default_factory=dict)
-    mergeby: dict[str, str] = field(default_factory=dict)
-    assemble: dict[str, str] = field(default_factory=dict)
-    precompute: list[Precompute] = field(default_factory=list)
-
-    @property
-    def transforms_loops(self) -> bool:
-        return bool(self.spaces or self.precompute)
+    children: Mapping[str, tuple[str, str]]
 
     def space_of(self, var: str) -> str | None:
         """The space a loop variable belongs to (itself, or through split pieces)."""
@@ -244,6 +105,32 @@ class Plan:
         if kids is None:
             return [var]
         return self.leaves(kids[0]) + self.leaves(kids[1])
+
+    def origin(self, var: str) -> str:
+        """The command that derived loop ``var``, for messages."""
+        if var in self.pieces:
+            return f"from {self.pieces[var].origin}"
+        return f"from {self.spaces[var].origin}"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan(_Provenance):
+    """The schedule, resolved against one loop nest."""
+
+    commands: tuple[Command, ...]
+    order: tuple[str, ...]
+    spaces: Mapping[str, Space]
+    pieces: Mapping[str, Piece]
+    children: Mapping[str, tuple[str, str]]
+    parallel: Mapping[str, Parallelize]
+    unroll: Mapping[str, int]
+    mergeby: Mapping[str, str]
+    assemble: Mapping[str, str]
+    precompute: tuple[Precompute, ...]
+
+    @property
+    def transforms_loops(self) -> bool:
+        return bool(self.spaces or self.precompute)
 
     def binds(self, loop: str) -> tuple[str, ...]:
         """Original index variables whose value is known once ``loop``'s iteration starts
@@ -263,16 +150,35 @@ class Plan:
         return ", ".join(str(c) for c in self.commands)
 
 
-def _factor(text: str, command: Command) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ScheduleError(f"{command}: the factor {text!r} is not an integer") from None
-    if value <= 0:
-        raise ScheduleError(f"{command}: the factor must be positive, got {value}")
-    if value > MAX_FACTOR:
-        raise ScheduleError(f"{command}: the factor {value} is larger than {MAX_FACTOR}")
-    return value
+@dataclass
+class _Draft(_Provenance):
+    """A `Plan` while `make_plan` applies the commands one by one."""
+
+    commands: tuple[Command, ...]
+    order: list[str]
+    spaces: dict[str, Space] = field(default_factory=dict)
+    pieces: dict[str, Piece] = field(default_factory=dict)
+    children: dict[str, tuple[str, str]] = field(default_factory=dict)
+    parallel: dict[str, Parallelize] = field(default_factory=dict)
+    unroll: dict[str, int] = field(default_factory=dict)
+    mergeby: dict[str, str] = field(default_factory=dict)
+    assemble: dict[str, str] = field(default_factory=dict)
+    precompute: list[Precompute] = field(default_factory=list)
+
+    def freeze(self) -> Plan:
+        ro = MappingProxyType
+        return Plan(
+            self.commands,
+            tuple(self.order),
+            ro(self.spaces),
+            ro(self.pieces),
+            ro(self.children),
+            ro(self.parallel),
+            ro(self.unroll),
+            ro(self.mergeby),
+            ro(self.assemble),
+            tuple(self.precompute),
+        )
 
 
 def make_plan(
@@ -291,7 +197,7 @@ def make_plan(
     sum (their loops are not in ``order``); ``tensors``: name → order; ``tensor_levels``:
     for each input, the index variable of each storage level, per access.
     """
-    plan = Plan(commands, list(order))
+    plan = _Draft(commands, list(order))
     taken = set(indices) | set(tensors)
 
     def known_loop(var: str, command: Command) -> None:
@@ -332,7 +238,7 @@ def make_plan(
             case "split" | "divide":
                 var, outer, inner = a[0], a[1], a[2]
                 known_loop(var, command)
-                factor = _factor(a[3], command)
+                factor = parse_factor(a[3], command)
                 new_name(outer, command)
                 new_name(inner, command)
                 space = plan.space_of(var)
@@ -363,7 +269,7 @@ def make_plan(
                     )
                 if var in plan.pieces or (var in plan.spaces and plan.spaces[var].kind != "fused"):
                     raise ScheduleError(
-                        f"{command}: {var} is already derived ({_origin(plan, var)}); pos "
+                        f"{command}: {var} is already derived ({plan.origin(var)}); pos "
                         "applies to an original index variable or to a fuse of them"
                     )
                 covered = plan.spaces[var].vars if var in plan.spaces else (var,)
@@ -386,7 +292,7 @@ def make_plan(
                 for v in (outer, inner):
                     if v in plan.pieces or (v in plan.spaces and plan.spaces[v].kind != "fused"):
                         raise ScheduleError(
-                            f"{command}: {v} is already derived ({_origin(plan, v)}); fuse "
+                            f"{command}: {v} is already derived ({plan.origin(v)}); fuse "
                             "applies to original index variables or earlier fuses"
                         )
                     parts += plan.spaces.pop(v).vars if v in plan.spaces else [v]
@@ -401,7 +307,7 @@ def make_plan(
                         f"{command}: {var} is already derived; bound applies to an original "
                         "index variable"
                     )
-                size = _factor(a[2], command)
+                size = parse_factor(a[2], command)
                 if a[3] not in BOUND_KINDS:
                     raise ScheduleError(
                         f"{command}: bound kind {a[3]!r} is not supported; use "
@@ -420,10 +326,10 @@ def make_plan(
                     )
                 new_name(wvar, command)
                 plan.precompute.append(
-                    Precompute(_precompute_expr(expr_text, command), var, wvar, str(command))
+                    Precompute(precompute_expr(expr_text, command), var, wvar, str(command))
                 )
             case "unroll":
-                plan.unroll[a[0]] = _factor(a[1], command)
+                plan.unroll[a[0]] = parse_factor(a[1], command)
             case "parallelize":
                 var, unit, races = a
                 if unit not in UNITS:
@@ -476,14 +382,9 @@ def make_plan(
             )
     if len(plan.precompute) > 1:
         raise ScheduleError("one precompute per kernel is supported")
-    _check_splits(plan)
-    return plan
-
-
-def _origin(plan: Plan, var: str) -> str:
-    if var in plan.pieces:
-        return f"from {plan.pieces[var].origin}"
-    return f"from {plan.spaces[var].origin}"
+    done = plan.freeze()
+    _check_splits(done)
+    return done
 
 
 def _check_pos_levels(
@@ -519,86 +420,3 @@ def _check_splits(plan: Plan) -> None:
                 f"{', '.join(plan.order)}"
             )
         del parent
-
-
-def _precompute_expr(text: str, command: Command) -> Any:
-    from ..errors import SparsecError
-
-    try:
-        expr = parse(f"sc_ws = {text}").rhs
-    except SparsecError as err:
-        raise ScheduleError(f"{command}: cannot read the expression {text!r}: {err}") from None
-    if not factors(expr):
-        raise ScheduleError(f"{command}: {text!r} is not a product of tensor accesses")
-    return expr
-
-
-def factors(expr: Any) -> list[Any]:
-    """The factors of a product (accesses and literals), or [] if ``expr`` is not one."""
-    match expr:
-        case BinOp(op="*", left=left, right=right):
-            a, b = factors(left), factors(right)
-            return a + b if a and b else []
-        case Access() | Literal():
-            return [expr]
-        case Neg(operand=x):
-            inner = factors(x)
-            return [Literal(-1.0), *inner] if inner else []
-        case _:
-            return []
-
-
-def name_supply(taken: set[str]) -> Callable[[str], str]:
-    """Fresh names for the variables of a generated schedule: ``base``, ``base2``, ...,
-    never one in ``taken`` (the expression's tensors and indices) or handed out before."""
-
-    def fresh(base: str) -> str:
-        name, n = base, 2
-        while name in taken:
-            name, n = f"{base}{n}", n + 1
-        taken.add(name)
-        return name
-
-    return fresh
-
-
-def check_order(plan: Plan, hard: Sequence[Any], describe: dict[str, str]) -> None:
-    """Every hard edge (``before`` bound before ``after``'s loops start) still holds.
-
-    ``hard`` are `order.Edge` values over original variables; ``describe`` maps a tensor
-    name to its format in words, for the message.
-    """
-    bound_at: dict[str, int] = {}
-    entered_at: dict[str, int] = {}
-    space_of: dict[str, str] = {}
-    for n, loop in enumerate(plan.order):
-        space = plan.space_of(loop)
-        for v in plan.binds(loop):
-            bound_at[v] = n
-        if space is None:
-            entered_at[loop] = n
-        else:
-            for v in plan.spaces[space].vars:
-                entered_at.setdefault(v, n)
-                space_of[v] = space
-    for edge in hard:
-        if edge.before not in bound_at or edge.after not in entered_at:
-            continue
-        same = space_of.get(edge.before)
-        found = f"the loop order is {', '.join(plan.order)}"
-        if same is not None and same == space_of.get(edge.after):
-            # a fused space (a range, or the positions of the pos tensor's levels) binds its
-            # variables in the order they were fused: every tensor's levels must agree with
-            # that order, not only the pos tensor's (checked by pos)
-            joint = plan.spaces[same]
-            if joint.vars.index(edge.before) < joint.vars.index(edge.after):
-                continue
-            found = f"{same} ({joint.origin}) binds {', '.join(joint.vars)} in that order"
-        elif bound_at[edge.before] < entered_at[edge.after]:
-            continue
-        raise ScheduleError(
-            f"schedule {plan.describe()}: {edge.tensor} ({describe.get(edge.tensor, '')}) "
-            f"is iterated level by level, so {edge.before} must be bound before the loop "
-            f"over {edge.after} starts, but {found}. Keep {edge.before} outside "
-            f"{edge.after}, or store {edge.tensor} with another mode ordering"
-        )

@@ -1,0 +1,196 @@
+"""The scheduling language's text: TACO's commands (Senanayake et al., OOPSLA 2020), read into
+`Command` values. What the commands mean for a loop nest is `plan`'s business.
+
+A schedule is a list of commands (or one string of commands separated by commas):
+
+    reorder(i, j, ...)            permute these loops among the slots they occupy
+    split(i, i0, i1, F)           i = i0*F + i1, with i1 < F           (F > 0)
+    divide(i, i0, i1, F)          i0 < F pieces of ceil(N/F)           (F > 0)
+    pos(i, ip, A)                 iterate A's stored positions of i's level
+    fuse(i, j, f)                 one loop f over the (i, j) pairs (i directly encloses j)
+    precompute(expr, i, iw)       compute expr into a dense workspace over i
+    unroll(i, F)                  ask the C compiler to unroll i's loop F times
+    bound(i, ib, B, kind)         i's extent is B (MaxExact) or at most B (MaxConstraint)
+    parallelize(i, unit, races)   units CPUThread, CPUVector (GPUBlock, GPUWarp, GPUThread on
+                                  CUDA); races NoRaces, IgnoreRaces, Atomics, Temporary,
+                                  ParallelReduction
+    assemble(T, Append|Insert)    how the sparse output T is built
+    mergeby(i, TwoFinger|Gallop)  how i's intersection advances the lagging iterators
+
+Reading checks only the text: a known command name, its arity, names or integers for its
+arguments (``precompute``'s first is an expression) and the sizes below; whether a name is
+a loop of the kernel is checked against the loop nest by `plan.make_plan`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ScheduleError, SparsecError
+from ..frontend.notation import factors
+from ..frontend.parser import parse
+
+CPU_UNITS = ("CPUThread", "CPUVector")
+GPU_UNITS = ("GPUBlock", "GPUWarp", "GPUThread")
+UNITS = CPU_UNITS + GPU_UNITS
+RACES = ("NoRaces", "IgnoreRaces", "Atomics", "Temporary", "ParallelReduction")
+BOUND_KINDS = ("MaxExact", "MaxConstraint")
+MERGES = ("TwoFinger", "Gallop")
+ASSEMBLIES = ("Append", "Insert")
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_COMMANDS = 64
+MAX_FACTOR = 1 << 20
+
+
+# ------------------------------------------------------------------- commands
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One parsed command: its name, arguments (as text) and its normalised spelling."""
+
+    name: str
+    args: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.name}({','.join(self.args)})"
+
+
+_ARITY = {
+    "reorder": None,
+    "split": 4,
+    "divide": 4,
+    "pos": 3,
+    "fuse": 3,
+    "precompute": 3,
+    "unroll": 2,
+    "bound": 4,
+    "parallelize": 3,
+    "assemble": 2,
+    "mergeby": 2,
+}
+
+
+def _split_top(text: str, where: str) -> list[tuple[str, int]]:
+    """Split at commas outside parentheses; each part with its offset in ``text``."""
+    parts: list[tuple[str, int]] = []
+    depth, start = 0, 0
+    for n, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                raise ScheduleError(f"unbalanced ')' in {where} {text!r}")
+        elif ch == "," and depth == 0:
+            parts.append((text[start:n], start))
+            start = n + 1
+    if depth != 0:
+        raise ScheduleError(f"unbalanced '(' in {where} {text!r}")
+    parts.append((text[start:], start))
+    return parts
+
+
+def parse_commands(schedule: str | Sequence[str]) -> tuple[Command, ...]:
+    """Commands from one string (commas between commands) or a list of strings."""
+    if isinstance(schedule, str):
+        texts = [schedule]
+    elif isinstance(schedule, Sequence) and all(isinstance(s, str) for s in schedule):
+        texts = list(schedule)
+    elif isinstance(schedule, Sequence):
+        bad = next(s for s in schedule if not isinstance(s, str))
+        raise ScheduleError(
+            f"a schedule is a string or a list of strings; this list holds {bad!r} "
+            f"({type(bad).__name__}), not a command string: write e.g. schedule=['split(i,i0,i1,16)', "
+            "'parallelize(i0,CPUThread,NoRaces)'] or one string with commas between commands"
+        )
+    else:
+        raise ScheduleError(
+            f"a schedule is a string or a list of strings, not {type(schedule).__name__}; "
+            "write e.g. schedule='split(i,i0,i1,16), parallelize(i0,CPUThread,NoRaces)'"
+        )
+    commands: list[Command] = []
+    for text in texts:
+        if len(text) > 10_000:
+            raise ScheduleError(f"schedule text is too long ({len(text)} characters)")
+        for part, _ in _split_top(text, "schedule"):
+            if not part.strip():
+                if len(texts) == 1 and not text.strip():
+                    continue
+                raise ScheduleError(f"empty command in schedule {text!r}")
+            commands.append(_command(part.strip()))
+    if len(commands) > MAX_COMMANDS:
+        raise ScheduleError(f"a schedule has at most {MAX_COMMANDS} commands")
+    return tuple(commands)
+
+
+def _command(text: str) -> Command:
+    m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)", text, re.S)
+    if m is None:
+        raise ScheduleError(
+            f"cannot read schedule command {text!r}: expected name(arguments), e.g. "
+            "split(i,i0,i1,16)"
+        )
+    name, inner = m.group(1), m.group(2)
+    if name not in _ARITY:
+        raise ScheduleError(
+            f"unknown schedule command {name!r} in {text!r}; commands: {', '.join(_ARITY)}"
+        )
+    args = tuple(a.strip() for a, _ in _split_top(inner, f"{name}(...)"))
+    if args == ("",):
+        args = ()
+    want = _ARITY[name]
+    if want is not None and len(args) != want:
+        raise ScheduleError(f"{name} takes {want} arguments, got {len(args)} in {text!r}")
+    if want is None and len(args) < 2:
+        raise ScheduleError(f"{name} needs at least two index variables, got {text!r}")
+    for n, a in enumerate(args):
+        if not a:
+            raise ScheduleError(f"argument {n + 1} of {text!r} is empty")
+        if name == "precompute" and n == 0:
+            continue
+        if not _IDENT.match(a) and not re.fullmatch(r"[+-]?[0-9]+", a):
+            raise ScheduleError(f"argument {a!r} of {text!r} is not a name or an integer")
+    spelled = (" ".join(args[0].split()), *args[1:]) if name == "precompute" else args
+    return Command(name, tuple(spelled))
+
+
+def parse_factor(text: str, command: Command) -> int:
+    """A command's integer argument (a split factor, an unroll count, a bound): positive
+    and at most `MAX_FACTOR`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ScheduleError(f"{command}: the factor {text!r} is not an integer") from None
+    if value <= 0:
+        raise ScheduleError(f"{command}: the factor must be positive, got {value}")
+    if value > MAX_FACTOR:
+        raise ScheduleError(f"{command}: the factor {value} is larger than {MAX_FACTOR}")
+    return value
+
+
+def name_supply(taken: set[str]) -> Callable[[str], str]:
+    """Fresh names for the variables of a generated schedule: ``base``, ``base2``, ...,
+    never one in ``taken`` (the expression's tensors and indices) or handed out before."""
+
+    def fresh(base: str) -> str:
+        name, n = base, 2
+        while name in taken:
+            name, n = f"{base}{n}", n + 1
+        taken.add(name)
+        return name
+
+    return fresh
+
+
+def precompute_expr(text: str, command: Command) -> Any:
+    """The expression of ``precompute(expr, ...)``: a product of tensor accesses."""
+    try:
+        expr = parse(f"sc_ws = {text}").rhs
+    except SparsecError as err:
+        raise ScheduleError(f"{command}: cannot read the expression {text!r}: {err}") from None
+    if not factors(expr):
+        raise ScheduleError(f"{command}: {text!r} is not a product of tensor accesses")
+    return expr
