@@ -14,7 +14,7 @@ import sparsec
 from sparsec.ir import nodes as ir
 from sparsec.passes.tile import tile
 from sparsec.policy.machine import use
-from sparsec.runtime import build as runtime
+from sparsec.tensors import buffers as runtime
 
 SPMM = "Y(i,j) = W(i,k) * X(k,j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
@@ -223,7 +223,7 @@ def test_prefetch_only_rows_found_through_an_index_array():
 
 
 def _subexpressions(e: ir.Expr) -> list[ir.Expr]:
-    from sparsec.passes.tile import children
+    from sparsec.ir.visit import children
 
     return [e, *(s for c in children(e) for s in _subexpressions(c))]
 
@@ -332,7 +332,7 @@ def test_streamed_output_tiles_equal_plain_ones(dtype, width, threads, aligned, 
     plain = sparsec.Kernel(SPMM, {"W": "csr"})(W=tensor, X=x, threads=threads)
     if aligned:
         monkeypatch.setattr(runtime, "ALIGN_FROM_BYTES", 0)
-        monkeypatch.setattr(sys.modules["sparsec.api.kernel"], "ALIGN_FROM_BYTES", 0)
+        monkeypatch.setattr(sys.modules["sparsec.runtime.fastpath"], "ALIGN_FROM_BYTES", 0)
     with use(last_level_cache=64):
         k = sparsec.Kernel(SPMM, {"W": "csr"})
         assert "((int64_t)64 / (int64_t)sizeof(sc_val_t))" in k.generated(dtype).source

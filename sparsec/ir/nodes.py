@@ -9,8 +9,7 @@ target's spelling. Loops carry an optional `Parallel` annotation and stores an
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 VAL = "val"
 #: a reduction's accumulator: at least as wide as VAL (float32 sums in double on the C target)
@@ -242,17 +241,3 @@ def mul(a: Expr, b: Expr) -> Expr:
     if isinstance(a, IntLit) and a.value == 1:
         return b
     return Bin("*", a, b)
-
-
-def map_blocks(s: Stmt, fn: Callable[[Block], Block]) -> Stmt:
-    """``s`` with ``fn`` applied to each block it holds directly (a loop's body, an if's
-    branches; a block is itself); other statements unchanged. Passes recurse through it."""
-    match s:
-        case For() | While():
-            return replace(s, body=fn(s.body))
-        case If():
-            orelse = fn(s.orelse) if s.orelse is not None else None
-            return replace(s, branches=tuple((c, fn(b)) for c, b in s.branches), orelse=orelse)
-        case Block():
-            return fn(s)
-    return s

@@ -42,7 +42,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from ..ir import nodes as ir
-from .tile import bindings, children, free_vars, substitute
+from ..ir.visit import (
+    bindings,
+    exprs,
+    free_vars,
+    map_blocks,
+    map_children,
+    statements,
+    subexpressions,
+    substitute,
+)
+from .tile import zero_store
 
 #: the kernel parameter that holds the tiles per band for a call (0: whole rows)
 BAND = "sc_band"
@@ -185,7 +195,7 @@ def _walk(tiles: ir.For, row_decls: list[ir.Decl], walks: Walks) -> _Walk | None
     prefetching) are all over the positions of one compressed level's segment and hold
     no loop themselves."""
     loops = [s for s in tiles.body.body if isinstance(s, ir.For)]
-    if not loops or any(isinstance(x, ir.For) for lp in loops for x in _stmts(lp.body)):
+    if not loops or any(isinstance(x, ir.For) for lp in loops for x in statements(lp.body)):
         return None
     var = loops[0].var
     start, end = loops[0].start, loops[-1].end
@@ -240,7 +250,7 @@ class _Depth:
                 return lo
             if e == walk.end:
                 return hi
-            return _map_expr(e, swap)
+            return map_children(e, swap)
 
         try:
             new_tiles = _deepen_tiles(tiles, walk, swap, initial)
@@ -330,7 +340,7 @@ def _deepen_rest(
     """The leftover columns over the block's positions: loops that zero the output run
     in the first block only; any other write must add."""
     match s:
-        case ir.For() if _zeroes(s):
+        case ir.For() if zero_store(s) is not None:
             return ir.If(((initial, ir.Block((s,))),))
         case ir.For(var=var) if var == walk.var:
             s = replace(s, start=swap(s.start), end=swap(s.end))
@@ -342,74 +352,16 @@ def _deepen_rest(
             pass
         case _:
             raise _Refuse
-    return ir.map_blocks(
+    return map_blocks(
         s, lambda blk: ir.Block(tuple(_deepen_rest(x, walk, swap, initial) for x in blk.body))
     )
 
 
-def _zeroes(loop: ir.For) -> bool:
-    """``for p: out[...] = 0``"""
-    (store,) = loop.body.body if len(loop.body.body) == 1 else (None,)
-    return (
-        isinstance(store, ir.Assign)
-        and isinstance(store.target, ir.Load)
-        and store.op == "="
-        and not store.atomic
-        and store.value == ir.FloatLit(0.0)
-    )
-
-
-def _stmts(b: ir.Block) -> list[ir.Stmt]:
-    """Every statement in ``b``, nested ones included."""
-    out: list[ir.Stmt] = []
-
-    def visit(inner: ir.Block) -> ir.Block:
-        out.extend(_stmts(inner))
-        return inner
-
-    for s in b.body:
-        out.append(s)
-        ir.map_blocks(s, visit)
-    return out
-
-
-def _exprs(s: ir.Stmt) -> list[ir.Expr]:
-    """The expressions ``s`` holds directly (not those of statements nested in it)."""
-    match s:
-        case ir.Decl(init=init):
-            return [init] if init is not None else []
-        case ir.Assign(target=target, value=value):
-            return [target, value]
-        case ir.For(start=start, end=end):
-            return [start, end]
-        case ir.If(branches=branches):
-            return [c for c, _ in branches]
-        case ir.Effect(call=call):
-            return [call]
-    return []
-
-
 def _mentions(stmts: tuple[ir.Stmt, ...], targets: tuple[ir.Expr, ...]) -> bool:
     """Whether any of ``targets`` occurs in the statements (nested ones included)."""
-
-    def within(e: ir.Expr) -> bool:
-        return e in targets or any(within(c) for c in children(e))
-
-    everything = _stmts(ir.Block(stmts))
-    return any(within(e) for s in everything for e in _exprs(s))
-
-
-def _map_expr(e: ir.Expr, fn: Callable[[ir.Expr], ir.Expr]) -> ir.Expr:
-    """``e`` with ``fn`` applied to each direct subexpression."""
-    match e:
-        case ir.Load(array=a, index=i):
-            return ir.Load(a, fn(i))
-        case ir.Bin(op=op, left=a, right=b):
-            return ir.Bin(op, fn(a), fn(b))
-        case ir.Unary(op=op, operand=x):
-            return ir.Unary(op, fn(x))
-        case ir.Call(fn=name, args=args):
-            return ir.Call(name, tuple(fn(a) for a in args))
-        case ir.Select(cond=c, then=a, other=b):
-            return ir.Select(fn(c), fn(a), fn(b))
-    return e
+    return any(
+        x in targets
+        for s in statements(ir.Block(stmts))
+        for e in exprs(s)
+        for x in subexpressions(e)
+    )

@@ -22,7 +22,7 @@ from dataclasses import replace
 from itertools import count
 
 from ..ir import nodes as ir
-from .tile import children, free_vars, substitute
+from ..ir.visit import exprs, free_vars, map_blocks, subexpressions, substitute
 
 #: columns per thread in the first sweeps (measured on an H100: 4 beat 1, 2 and 8 on
 #: pruned-BERT SpMM), then 2 for what is left (768 = 512 + 256 columns), then 1
@@ -64,7 +64,7 @@ def _stmt(s: ir.Stmt, notes: list[str], ids: count[int], outer: frozenset[str]) 
             notes.append(f"{s.var}: {per} columns per thread ({BLOCK} threads per block)")
             return done
     inner = outer | {s.var} if isinstance(s, ir.For) else outer
-    return ir.map_blocks(s, lambda b: _block(b, notes, ids, inner))
+    return map_blocks(s, lambda b: _block(b, notes, ids, inner))
 
 
 # ------------------------------------------------------------------ analysis
@@ -93,22 +93,18 @@ def _walk(b: ir.Block) -> list[ir.Stmt] | None:
 
 
 def _reads(s: ir.Stmt) -> set[str]:
+    """The variables ``s`` reads (an assigned variable is written, not read)."""
     match s:
-        case ir.Decl(init=init):
-            return set() if init is None else free_vars(init)
-        case ir.Assign(target=ir.Load(index=index), value=value):
-            return free_vars(index) | free_vars(value)
-        case ir.Assign(value=value):
+        case ir.Assign(target=ir.Var(), value=value):
             return free_vars(value)
-        case ir.For(start=start, end=end):
-            return free_vars(start) | free_vars(end)
+        case ir.Decl() | ir.Assign() | ir.For():
+            return set().union(*(free_vars(e) for e in exprs(s)))
     return set()
 
 
 def _calls(e: ir.Expr) -> set[str]:
     """The helpers ``e`` calls."""
-    own = {e.fn} if isinstance(e, ir.Call) else set()
-    return own.union(*(_calls(c) for c in children(e)))
+    return {x.fn for x in subexpressions(e) if isinstance(x, ir.Call)}
 
 
 def _per_column(stmts: list[ir.Stmt], j: str) -> set[str] | None:

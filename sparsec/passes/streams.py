@@ -37,7 +37,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from ..ir import nodes as ir
-from .tile import children
+from ..ir.visit import map_blocks, subexpressions
 
 #: positions ahead of the loop's start that each stream is prefetched
 DISTANCE = 128
@@ -69,7 +69,7 @@ def _block(b: ir.Block, notes: list[str], inside: bool) -> ir.Block:
 
 def _stmt(s: ir.Stmt, notes: list[str], inside: bool) -> ir.Stmt:
     inner = inside or isinstance(s, ir.For | ir.While)
-    return ir.map_blocks(s, lambda b: _block(b, notes, inner))
+    return map_blocks(s, lambda b: _block(b, notes, inner))
 
 
 def _streams(loop: ir.For) -> tuple[str, ...]:
@@ -121,7 +121,4 @@ def _scan(b: ir.Block, at: ir.Var, loads: set[str], stores: set[str]) -> bool:
 
 def _loads(e: ir.Expr, at: ir.Var, found: set[str]) -> None:
     """Add to ``found`` the arrays ``e`` loads at exactly ``at``."""
-    if isinstance(e, ir.Load) and e.index == at:
-        found.add(e.array)
-    for c in children(e):
-        _loads(c, at, found)
+    found.update(x.array for x in subexpressions(e) if isinstance(x, ir.Load) and x.index == at)

@@ -8,25 +8,14 @@ tiles of `VECTORS` vectors of ``j``: each tile's output elements live in registe
 whole region (``sc_acc0 .. sc_acc7``) and are stored once after it. The columns left over
 (fewer than a tile) run through the original nest.
 
-Two more things make a tile cheaper, both measured on pruned-BERT SpMM (`bench bert`):
+Two more things make a tile cheaper, measured on pruned-BERT SpMM (`bench bert`):
 
 - *Zero-started tiles.* When the statement just before the region (with only local
   declarations between) zeroes exactly the output row the tiles cover, the accumulators
   start at zero and the zeroing shrinks to the columns left over: no store and reload of
   the row.
-- *Prefetched gathers.* When a vector load's row is found through an index array that the
-  region's innermost loop walks (SpMM's ``X[W_crd[p], j]``), the loop is split: up to
-  `PREFETCH_DISTANCE` iterations before its end, each iteration prefetches the tile of the
-  row that iteration ``p + PREFETCH_DISTANCE`` will load (one cache line, mid-tile, which
-  measured faster than one per line); the last iterations run without. Hardware prefetchers
-  cannot predict these rows; strided loads are left to them.
-- *Prefetched across segments.* When the innermost loop walks segments ``pos[q] ..
-  pos[q + 1]`` of the loop around it (MTTKRP's l fibers in its k fibers, about one entry
-  each on random tensors, where the split loop above never prefetches), the segments of the
-  region make one run of positions: the innermost loop prefetches ``PREFETCH_DISTANCE``
-  positions on in that run, into the next segments, and the loop around it prefetches the
-  rows that its own iteration that far on gathers (MTTKRP's ``C[k, :]``), each index
-  clamped to its range's last. MTTKRP (2000³, 1M entries, rank 32) measured 1.3–1.5x faster.
+- *Prefetched gathers* (`gathers.py`): rows that a vector load finds through an index
+  array the region walks are prefetched ahead of the loop that gathers them.
 
 Each output element still receives the same additions in the same order, so results do
 not change. The pass is C-only (the CUDA printer never sees it) and conservative: it
@@ -38,11 +27,12 @@ them; loads in the body are either invariant in j (broadcast) or at ``base + j``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from itertools import count
 
 from ..ir import nodes as ir
+from ..ir.visit import arrays, bindings, free_vars, map_blocks, substitute
+from .gathers import PREFETCH_DISTANCE, Gathers
 
 #: accumulators per tile: 8 AVX2 registers of the 16, leaving room for loads and the
 #: broadcast factor; FMA latency × issue width is also about 8 on current x86 cores
@@ -52,37 +42,6 @@ VECTORS = 8
 VLEN = ir.Var("SC_VLEN")
 TILE = ir.Var("SC_TILE")
 _OPS = frozenset("+-*/")
-#: iterations ahead that a gathered row is prefetched: enough to hide an L2 miss at a few
-#: cycles per vector FMA (2 to 12 measured alike on Zen; 6 is in the middle)
-PREFETCH_DISTANCE = 6
-
-
-def children(e: ir.Expr) -> tuple[ir.Expr, ...]:
-    """The subexpressions ``e`` reads directly."""
-    match e:
-        case ir.Load(index=index):
-            return (index,)
-        case ir.Bin(left=a, right=b):
-            return (a, b)
-        case ir.Unary(operand=x):
-            return (x,)
-        case ir.Call(args=args):
-            return args
-        case ir.Select(cond=c, then=a, other=b):
-            return (c, a, b)
-    return ()
-
-
-def free_vars(e: ir.Expr) -> set[str]:
-    """The variables ``e`` reads."""
-    own = {e.name} if isinstance(e, ir.Var) else set()
-    return own.union(*(free_vars(c) for c in children(e)))
-
-
-def arrays(e: ir.Expr) -> set[str]:
-    """The arrays ``e`` loads from."""
-    own = {e.array} if isinstance(e, ir.Load) else set()
-    return own.union(*(arrays(c) for c in children(e)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +101,15 @@ def _zeroes_row(s: ir.Stmt) -> tuple[str, ir.Expr] | None:
     """``(array, index)`` when ``s`` is ``for p in [0, end): array[index] = 0``."""
     if not isinstance(s, ir.For) or s.parallel is not None or s.start != ir.IntLit(0):
         return None
-    if len(s.body.body) != 1:
+    target = zero_store(s)
+    return None if target is None else (target.array, target.index)
+
+
+def zero_store(loop: ir.For) -> ir.Load | None:
+    """The location ``loop``'s one statement zeroes (``out[index] = 0``, not atomic)."""
+    if len(loop.body.body) != 1:
         return None
-    store = s.body.body[0]
+    store = loop.body.body[0]
     if (
         isinstance(store, ir.Assign)
         and store.op == "="
@@ -152,7 +117,7 @@ def _zeroes_row(s: ir.Stmt) -> tuple[str, ir.Expr] | None:
         and isinstance(store.target, ir.Load)
         and store.value == ir.FloatLit(0.0)
     ):
-        return store.target.array, store.target.index
+        return store.target
     return None
 
 
@@ -174,7 +139,7 @@ def _stmt(
                             note += f" (gathered rows prefetched {PREFETCH_DISTANCE} ahead{where})"
                         notes.append(note)
                         return tiled
-    return ir.map_blocks(s, lambda b: _block(b, notes, ids))
+    return map_blocks(s, lambda b: _block(b, notes, ids))
 
 
 def _nest(root: ir.For) -> _Nest | None:
@@ -297,83 +262,6 @@ class _Tiler:
         self.zeroing = before.loop
         return True
 
-    def prefetches(
-        self, loop: ir.For, ahead: ir.Expr, inner: frozenset[str] = frozenset()
-    ) -> list[ir.Stmt]:
-        """Prefetches, for ``loop`` (one of the region's), of the rows that iteration
-        ``ahead`` gathers: one per distinct vector load of the tile whose row comes through
-        an index array that ``loop`` walks. A load that also needs a name of ``inner``
-        (the loops inside ``loop``, and what they declare) is theirs to prefetch."""
-        env = bindings(loop.body.body)
-        out: list[ir.Stmt] = []
-        seen: set[ir.Expr] = set()
-        middle = self._lane(VECTORS // 2)
-        for at in self.gathers:
-            at = substitute(at, env)
-            if at in seen or not _gathers(at, loop.var) or free_vars(at) & inner:
-                continue
-            # names the loop declares were substituted; anything else from the region
-            # (outer loops' variables and locals) is unchanged across this loop
-            seen.add(at)
-            moved = substitute(at, {loop.var: ahead})
-            out.append(ir.Effect(ir.Call("prefetch", (ir.add(moved, middle),))))
-        return out
-
-    def segments(self) -> tuple[ir.For, ir.Expr] | None:
-        """``(parent, last)`` when the region's innermost loop walks, in each iteration
-        ``q`` of the loop around it (``parent``), the segment ``pos[q] .. pos[q + 1]`` of one
-        position array (MTTKRP's l fibers inside its k fibers), and the parent's bounds are
-        fixed in the region: the segments of its iterations then make one run of positions,
-        whose last is ``last`` (an expression of names from outside the region)."""
-        if len(self.nest.loops) < 2:
-            return None
-        parent, loop = self.nest.loops[-2], self.nest.loops[-1]
-        if (free_vars(parent.start) | free_vars(parent.end)) & self.inside:
-            return None
-        env = bindings(parent.body.body)
-        start, end = substitute(loop.start, env), substitute(loop.end, env)
-        q = ir.Var(parent.var)
-        if not isinstance(start, ir.Load) or start.index != q:
-            return None
-        if end != ir.Load(start.array, ir.add(q, ir.IntLit(1))):
-            return None
-        # pos[parent's end] is read only where the parent runs (it is then its last segment's
-        # end); an empty parent gives 0, never read
-        last = ir.Bin("-", ir.Load(start.array, parent.end), ir.IntLit(1))
-        return parent, ir.Select(ir.Bin("<", parent.start, parent.end), last, ir.IntLit(0))
-
-    def _across(self, region: ir.For, parent: ir.For, last: ir.Expr) -> ir.Stmt | None:
-        """``region`` with its two innermost loops prefetching ahead across segments: the
-        innermost loop the rows ``PREFETCH_DISTANCE`` positions on in the parent's run of
-        positions (into the next segments: MTTKRP's l fibers hold about one entry each), and
-        the parent the rows its own iteration that far on gathers (MTTKRP's ``C[k, :]``),
-        each index clamped to its range's last. None when neither has a load to prefetch."""
-        loop = self.nest.loops[-1]
-        end = f"sc_pfend{self.uid}"
-        distance = ir.IntLit(PREFETCH_DISTANCE)
-        ahead = ir.Call("min", (ir.add(ir.Var(loop.var), distance), ir.Var(end)))
-        own = self.prefetches(loop, ahead)
-        # the parent's prefetches open its body, before its declarations: a row that needs
-        # a name declared there (one the substitution kept) or inside is not theirs
-        inner = {loop.var} | {d.name for d in loop.body.body if isinstance(d, ir.Decl)}
-        inner |= {d.name for d in parent.body.body if isinstance(d, ir.Decl)}
-        parent_last = ir.Bin("-", parent.end, ir.IntLit(1))
-        parent_ahead = ir.Call("min", (ir.add(ir.Var(parent.var), distance), parent_last))
-        theirs = self.prefetches(parent, parent_ahead, frozenset(inner))
-        if not own and not theirs:
-            return None
-
-        def walk(s: ir.For) -> ir.For:
-            body = s.body.body
-            if s.var == loop.var:
-                return replace(s, body=_after_declarations(s.body, own))
-            inside = [walk(x) if isinstance(x, ir.For) else x for x in body]
-            if s.var == parent.var:
-                return replace(s, body=ir.block(*theirs, *inside))
-            return replace(s, body=ir.Block(tuple(inside)))
-
-        return ir.block(ir.Decl(ir.I64, end, last), walk(region))
-
     def vector(self, e: ir.Expr, lane: int) -> ir.Expr:
         """The value expression over vector ``lane`` of the tile."""
         match e:
@@ -428,16 +316,21 @@ class _Tiler:
 
         inner = ir.block(*(ir.Assign(ir.Var(a), s, "+=") for a, s in zip(acc, sums, strict=True)))
         walked = self._replace_inner(nest.loops[0], inner)
-        segments = self.segments()
-        across = None if segments is None else self._across(walked, *segments)
+        gathers = Gathers(
+            nest.loops,
+            tuple(self.gathers),
+            self._lane(VECTORS // 2),
+            frozenset(self.inside),
+            self.uid,
+        )
+        segments = gathers.segments()
+        across = None if segments is None else gathers.across(walked, *segments)
         if across is not None:
             region, self.prefetched = across, "across segments"
         else:
-            last = nest.loops[-1]
-            distance = ir.IntLit(PREFETCH_DISTANCE)
-            prefetch = self.prefetches(last, ir.Bin("+", ir.Var(last.var), distance))
+            prefetch = gathers.within()
             self.prefetched = "within segments" if prefetch else ""
-            region = self._split(walked, prefetch)
+            region = gathers.split(walked, prefetch)
         tiles = ir.Var(f"sc_tiles{self.uid}")
         t = f"sc_t{self.uid}"
         tile_loop = ir.For(
@@ -466,30 +359,6 @@ class _Tiler:
             ir.If(((ir.Bin("<", rest, end), ir.block(zeroing, remainder)),)),
         )
 
-    def _split(self, region: ir.For, prefetch: list[ir.Stmt]) -> ir.Stmt:
-        """``region`` with its innermost loop split in two when there is something to
-        prefetch: iterations with ``PREFETCH_DISTANCE`` more to come prefetch, the last
-        ones do not. (The prefetched row's index is loaded only where it is in range.)"""
-        if not prefetch:
-            return region
-        target = self.nest.loops[-1].var
-        split = f"sc_pf{self.uid}"
-
-        def walk(loop: ir.For) -> ir.Stmt:
-            if loop.var == target:
-                ahead = ir.Bin("-", loop.end, ir.IntLit(PREFETCH_DISTANCE))
-                return ir.block(
-                    ir.Decl(ir.I64, split, ir.Call("max", (loop.start, ahead))),
-                    replace(loop, end=ir.Var(split), body=_after_declarations(loop.body, prefetch)),
-                    replace(loop, start=ir.Var(split)),
-                )
-            body: list[ir.Stmt] = []
-            for s in loop.body.body:
-                body.extend(ir.block(walk(s)).body if isinstance(s, ir.For) else (s,))
-            return replace(loop, body=ir.Block(tuple(body)))
-
-        return walk(region)
-
     def _replace_inner(
         self, loop: ir.For, body: ir.Block | None, start: ir.Expr | None = None
     ) -> ir.For:
@@ -509,45 +378,3 @@ class _Tiler:
                 s = self._replace_inner(s, body, start)
             stmts.append(s)
         return replace(loop, body=ir.Block(tuple(stmts)))
-
-
-def _after_declarations(body: ir.Block, stmts: list[ir.Stmt]) -> ir.Block:
-    """``body`` with ``stmts`` after its declarations (and comments), before the rest."""
-    decls = [s for s in body.body if isinstance(s, ir.Decl | ir.Comment)]
-    rest = [s for s in body.body if not isinstance(s, ir.Decl | ir.Comment)]
-    return ir.block(*decls, *stmts, *rest)
-
-
-def bindings(stmts: Iterable[ir.Stmt]) -> dict[str, ir.Expr]:
-    """What each initialised declaration among ``stmts`` stands for, in terms of the
-    names declared before them (earlier declarations substituted into later ones)."""
-    env: dict[str, ir.Expr] = {}
-    for d in stmts:
-        if isinstance(d, ir.Decl) and d.init is not None:
-            env[d.name] = substitute(d.init, env)
-    return env
-
-
-def substitute(e: ir.Expr, env: Mapping[str, ir.Expr]) -> ir.Expr:
-    """``e`` with the variables named in ``env`` replaced by their expressions."""
-    match e:
-        case ir.Var(name=name) if name in env:
-            return env[name]
-        case ir.Load(array=a, index=i):
-            return ir.Load(a, substitute(i, env))
-        case ir.Bin(op=op, left=a, right=b):
-            return ir.Bin(op, substitute(a, env), substitute(b, env))
-        case ir.Unary(op=op, operand=x):
-            return ir.Unary(op, substitute(x, env))
-        case ir.Call(fn=fn, args=args):
-            return ir.Call(fn, tuple(substitute(a, env) for a in args))
-        case ir.Select(cond=c, then=a, other=b):
-            return ir.Select(substitute(c, env), substitute(a, env), substitute(b, env))
-    return e
-
-
-def _gathers(e: ir.Expr, var: str) -> bool:
-    """Whether ``e`` loads from an array at an index that depends on ``var``."""
-    if isinstance(e, ir.Load) and var in free_vars(e.index):
-        return True
-    return any(_gathers(c, var) for c in children(e))
