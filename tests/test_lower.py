@@ -13,11 +13,11 @@ from sparsec.lower.coiterate import coiterate
 from sparsec.lower.ctx import AccSink, Ctx, OutputSink
 from sparsec.lower.env import Flags, LowerEnv
 from sparsec.lower.levels import iterator
-from sparsec.lower.parallel import race, race_strategies
+from sparsec.lower.races import race, race_strategies
 from sparsec.middle.commands import parse_commands
 from sparsec.middle.lattice import build
 from sparsec.middle.spec import make_spec
-from sparsec.tensors.formats import Compressed, Dense, LevelNames, Singleton
+from sparsec.tensors.formats import Compressed, Dense, LevelNames, Singleton, dense_extent
 
 P, Q, I, N = ir.Var("p"), ir.Var("q"), ir.Var("i"), ir.Var("N")
 AT = LevelNames(N, "B2_pos", "B2_crd")
@@ -81,6 +81,13 @@ def test_dense_locate_is_the_inverse_of_coordinate_and_parent():
         assert not level.locate
         with pytest.raises(NotImplementedError):
             level.locate_position(P, I, AT)
+
+
+def test_dense_extent():
+    M = ir.Var("M")
+    assert dense_extent([]) == ir.IntLit(1)
+    assert dense_extent([N]) == N
+    assert dense_extent([N, M]) == ir.Bin("*", N, M)
 
 
 def test_append():

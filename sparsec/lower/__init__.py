@@ -3,7 +3,8 @@
 Other stages import from this package, not from its modules. Read it module by module,
 top to bottom: `kernel` (the entry and the one epilogue), `lowerer` (the recursion),
 `coiterate` (loops over a lattice), `spaces` (the schedule's split/pos/fuse loops),
-`where` (precompute), `parallel` (races and their strategies), `output` (stores),
+`where` (precompute), `parallel` (how a loop runs: CPU threads and vectors, private
+copies), `gpu` (GPU loops), `races` (the race analysis), `output` (stores),
 `levels` (level functions on an access), `env` and `ctx` (the state), `assemble` and
 `workspace` (sparse outputs).
 """

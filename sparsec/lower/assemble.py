@@ -28,7 +28,7 @@ from ..frontend.notation import Access
 from ..ir import nodes as ir
 from ..middle.order import level_indices
 from ..middle.spec import TensorVar
-from ..tensors.formats import Dense, LevelFormat, LevelNames
+from ..tensors.formats import Dense, LevelFormat, LevelNames, dense_extent
 from ..tensors.layout import OutputLayout
 from .workspace import Workspace, allocate
 
@@ -148,10 +148,7 @@ class Assembler:
 
     def _extent(self, levels: range | tuple[int, ...]) -> ir.Expr:
         """The positions of the dense ``levels`` under one parent position."""
-        size: ir.Expr = ir.IntLit(1)
-        for k in levels:
-            size = ir.mul(size, self._dim(k))
-        return size
+        return dense_extent(self._dim(k) for k in levels)
 
     # -------------------------------------------------------------- kernel
     def opening(self) -> list[ir.Stmt]:

@@ -89,14 +89,14 @@ def coiterate(
     if len(iterators) == 1 and len(lattice.points) == 1:
         return _position_loop(env, var, lattice.points[0], ctx, sink, outermost, body)
 
-    names_ = ", ".join(sorted({str(it.access) for it in iterators}))
+    merged = ", ".join(sorted({str(it.access) for it in iterators}))
     loop_setup(
-        env, var, frozenset({var}), ctx, sink, f"it co-iterates {names_}", ir.IntLit(0), False
+        env, var, frozenset({var}), ctx, sink, f"it co-iterates {merged}", ir.IntLit(0), False
     )
     gallop = env.plan is not None and env.plan.mergeby.get(var) == "Gallop"
     if gallop and (lattice.full or len(lattice.points) != 1):
         raise ScheduleError(
-            f"mergeby({var},Gallop): the loop over {var} merges {names_} as a union "
+            f"mergeby({var},Gallop): the loop over {var} merges {merged} as a union "
             "(some terms need only one of them); galloping skips ahead in an "
             "intersection only"
         )

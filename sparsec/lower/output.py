@@ -10,7 +10,7 @@ from ..errors import ScheduleError
 from ..ir import nodes as ir
 from ..middle.order import level_indices
 from ..middle.plan import Plan
-from ..tensors.formats import Dense, LevelNames
+from ..tensors.formats import Dense, LevelNames, dense_extent
 from .ctx import Ctx, OutputSink, SegmentSink, Sink
 from .env import LowerEnv
 
@@ -129,10 +129,8 @@ def flush_run(env: LowerEnv, run: SegmentSink) -> ir.Stmt:
 
 def output_size(env: LowerEnv, skip: int = 0) -> ir.Expr:
     """The elements of a dense output below its first ``skip`` levels."""
-    size: ir.Expr = ir.IntLit(1)
-    for var in level_indices(env.lhs, env.spec.output.format)[skip:]:
-        size = ir.mul(size, ir.Var(env.sig.dim(var)))
-    return size
+    levels = level_indices(env.lhs, env.spec.output.format)[skip:]
+    return dense_extent(ir.Var(env.sig.dim(var)) for var in levels)
 
 
 def zero_slice(env: LowerEnv, coord: ir.Expr) -> ir.Stmt:

@@ -4,15 +4,14 @@
 when its iterations write disjoint outputs), runs the race analysis (can two iterations
 write one output element?) and picks the race strategy: atomic updates, a private
 accumulator per thread (OpenMP's reduction), a private copy of the output per thread
-(`Temporary`), or on the GPU per-thread partial sums and warp shuffles. The loop's body
-is then lowered with the strategy's `Flags` in force (`inside`).
+(`Temporary`), or on the GPU (`gpu`) per-thread partial sums and warp shuffles. The
+loop's body is then lowered with the strategy's `Flags` in force (`inside`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 from ..errors import ScheduleError
 from ..ir import nodes as ir
@@ -21,26 +20,12 @@ from ..middle.plan import Parallelize
 from ..tensors.formats import Dense, LevelNames
 from .ctx import AccSink, Ctx, DenseWsSink, OutputSink, Sink, WorkspaceSink
 from .env import LowerEnv
+from .gpu import gpu_setup
 from .output import output_size
+from .races import LoopSetup, race, race_strategies, why_not
 
 #: the most output elements `Temporary` copies in all (threads x output size)
 MAX_COPY_ELEMENTS = 1 << 26
-
-
-@dataclass
-class LoopSetup:
-    """How one loop runs (see `loop_setup`)."""
-
-    parallel: ir.Parallel | None = None
-    unroll: int = 0
-    #: statements before the loop, at the start of its body, and after it
-    pre: list[ir.Stmt] = field(default_factory=list)
-    body_pre: list[ir.Stmt] = field(default_factory=list)
-    post: list[ir.Stmt] = field(default_factory=list)
-    #: the changes to the `Flags` its body is lowered under (`LowerEnv.scope`): changes,
-    #: not a snapshot, since the body may be lowered inside a scope opened after the
-    #: setup (`coiterate.capacity_checked`)
-    flags: dict[str, Any] = field(default_factory=dict)
 
 
 def inside(env: LowerEnv, setup: LoopSetup, build: Callable[[], ir.Block]) -> ir.Block:
@@ -86,7 +71,7 @@ def loop_setup(
     if not env.threads_ok:
         return setup
     if env.gpu:
-        return _gpu_setup(env, loop, req, distinct, sink, kind, trip, setup)
+        return gpu_setup(env, loop, req, distinct, sink, kind, trip, setup)
     return _cpu_setup(env, loop, req, distinct, sink, kind, trip, outermost, setup)
 
 
@@ -232,148 +217,10 @@ def _cpu_setup(
             )
         case _:
             raise ScheduleError(
-                f"{cmd}: {req.races} does not apply here: {_why_not(env, req.races, req.unit)}"
+                f"{cmd}: {req.races} does not apply here: {why_not(env, req.races, req.unit)}"
                 f"; the iterations of {loop} race ({why}). {advice}"
             )
     return setup
-
-
-def race_strategies(env: LowerEnv, unit: str, into_sum: bool) -> list[str]:
-    """The race strategies `loop_setup` carries out for a racy CPU loop of ``unit``
-    (``into_sum``: its iterations add into a scalar accumulator, not the output)."""
-    table = (
-        ("Atomics", unit == "CPUThread" and env.assembler is None),
-        ("Temporary", into_sum or unit == "CPUThread"),
-        ("ParallelReduction", into_sum),
-    )
-    return [name for name, applies in table if applies]
-
-
-def _why_not(env: LowerEnv, races: str, unit: str) -> str:
-    """Why strategy ``races`` cannot serve a racy CPU loop of ``unit`` (see
-    `race_strategies`)."""
-    out = env.lhs.name
-    if races == "Atomics" and unit != "CPUThread":
-        return f"{unit} loops make no atomic updates"
-    if races == "Atomics":
-        return f"the sparse output {out} is appended entry by entry, never updated in place"
-    return f"the loop adds straight into {out}, not into a sum of its own"
-
-
-def _gpu_setup(
-    env: LowerEnv,
-    loop: str,
-    req: Parallelize,
-    distinct: frozenset[str],
-    sink: Sink,
-    kind: str,
-    trip: ir.Expr,
-    setup: LoopSetup,
-) -> LoopSetup:
-    """A loop mapped to the GPU: nesting rules, then the same race analysis as on the
-    CPU (a thread's locals are private, so a shared accumulator is a warp reduction)."""
-    cmd = req.origin
-    unit = req.unit
-    if unit not in GPU_UNITS:
-        raise ScheduleError(
-            f"{cmd}: {unit} is a CPU unit; the CUDA target maps loops to GPUBlock, "
-            "GPUWarp and GPUThread"
-        )
-    if kind != "for":
-        raise ScheduleError(
-            f"{cmd}: the loop over {loop} is a while loop ({kind}); its iterations depend "
-            "on each other. Map an enclosing loop, or iterate one operand's positions "
-            f"with pos({loop},...)"
-        )
-    _gpu_nesting(env, cmd, unit)
-    if unit == "GPUBlock":
-        if env.grid is not None:
-            raise ScheduleError(
-                f"{cmd}: the GPUBlock loop is reached on more than one path of the loop "
-                "nest; map a loop that runs once per kernel"
-            )
-        env.grid = trip
-    units = env.flags.gpu_units
-    lane = unit == "GPUThread" and "GPUWarp" in units
-    setup.flags["gpu_units"] = (*units, unit)
-    out = env.lhs.name
-    target_acc = isinstance(sink, AccSink)
-    why = race(env, loop, distinct, sink)
-    par = ir.Parallel(unit, "lane" if lane else "")
-    if isinstance(sink, AccSink):
-        env.acc_units.setdefault(sink.name, set()).add("lane" if lane else unit)
-    if why is None:
-        setup.parallel = par
-        env.notes.append(f"{loop}: {unit}, race-free")
-        return setup
-    match req.races:
-        case "NoRaces" | "IgnoreRaces":
-            raise ScheduleError(
-                f"{cmd}: iterations of {loop} write the same element of {out} ({why}); "
-                f"with {req.races} that would give a wrong sum. Use Atomics"
-                + (" or ParallelReduction" if lane and target_acc else "")
-            )
-        case "Atomics" if not target_acc:
-            setup.flags["atomic_writes"] = True
-            setup.parallel = par
-            env.notes.append(f"{loop}: {unit}, atomicAdd into {out}")
-        case "Atomics":
-            # each thread sums its iterations privately, then adds its part atomically
-            assert isinstance(sink, AccSink)
-            env.partial_accs.add(sink.name)
-            setup.parallel = par
-            env.notes.append(f"{loop}: {unit}, per-thread partial sums, atomicAdd into {out}")
-        case "ParallelReduction" if target_acc and lane:
-            assert isinstance(sink, AccSink)
-            env.warp_reduced.add(sink.name)
-            setup.parallel = par
-            env.notes.append(f"{loop}: {unit} lanes, warp shuffle reduction, lane 0 stores")
-        case _:
-            raise ScheduleError(
-                f"{cmd}: {req.races} does not apply here ({why}); on the GPU use Atomics "
-                "for an output element that threads share, or ParallelReduction on a "
-                "GPUThread loop inside a GPUWarp loop that reduces into one element"
-            )
-    return setup
-
-
-def _gpu_nesting(env: LowerEnv, cmd: str, unit: str) -> None:
-    """GPU loops nest as the launch does: block, then warp, then thread."""
-    units = env.flags.gpu_units
-    if unit == "GPUBlock" and units:
-        raise ScheduleError(
-            f"{cmd}: a GPUBlock loop inside a {units[-1]} loop; the grid has one level, "
-            "so GPUBlock goes on the outermost GPU loop"
-        )
-    if unit == "GPUWarp" and units != ("GPUBlock",):
-        raise ScheduleError(
-            f"{cmd}: GPUWarp needs an enclosing GPUBlock loop, with no other GPU loop between them"
-        )
-    if unit == "GPUThread" and "GPUBlock" not in units:
-        raise ScheduleError(
-            f"{cmd}: GPUThread without an enclosing GPUBlock loop; parallelize an outer "
-            "loop with GPUBlock (e.g. split(i,i0,i1,256), parallelize(i0,GPUBlock,"
-            "NoRaces), parallelize(i1,GPUThread,NoRaces))"
-        )
-    if unit == "GPUThread" and "GPUThread" in units:
-        raise ScheduleError(f"{cmd}: a GPUThread loop inside another GPUThread loop")
-
-
-def race(env: LowerEnv, loop: str, distinct: frozenset[str], sink: Sink) -> str | None:
-    """Why two iterations of ``loop`` can write one output element, or None if they
-    cannot: its iterations differ in ``distinct``, and writes go to ``sink``."""
-    out = env.lhs.name
-    if isinstance(sink, AccSink):
-        return (
-            f"every index of {out} is bound outside {loop}, so all its iterations add "
-            "into one element"
-        )
-    if distinct and distinct <= set(env.lhs.indices):
-        return None
-    return (
-        f"{out} is indexed by {', '.join(env.lhs.indices) or 'nothing'}, and two "
-        f"iterations of {loop} can share those coordinates"
-    )
 
 
 def _default_parallel(env: LowerEnv, loop: str, distinct: frozenset[str], outermost: bool) -> bool:

@@ -18,7 +18,7 @@ from ..ir import nodes as ir
 from ..middle.lattice import build, ordered
 from ..middle.order import level_indices
 from ..middle.plan import Space
-from ..tensors.formats import Dense, LevelNames
+from ..tensors.formats import Dense, LevelNames, dense_extent
 from .ctx import Ctx, OutputSink, SegmentSink, Sink, SpaceState, unit
 from .env import LowerEnv
 from .levels import iterator, locate, names
@@ -157,9 +157,7 @@ def _enter_space(env: LowerEnv, space: Space, ctx: Ctx) -> tuple[list[ir.Stmt], 
             return [], SpaceState(ir.IntLit(0), ir.IntLit(space.bound[0]))
         return [], SpaceState(ir.IntLit(0), ir.Var(env.sig.dim(var)))
     if space.kind == "fused":
-        size: ir.Expr = ir.IntLit(1)
-        for var in space.vars:
-            size = ir.mul(size, ir.Var(env.sig.dim(var)))
+        size = dense_extent(ir.Var(env.sig.dim(var)) for var in space.vars)
         return [], SpaceState(ir.IntLit(0), size)
     access = pos_access(env, space)
     fmt = env.formats[access.name]

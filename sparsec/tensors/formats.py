@@ -25,6 +25,7 @@ once; they name the kernel's arrays through a `LevelNames`.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -130,6 +131,15 @@ class Dense(LevelFormat):
     def locate_position(self, parent: ir.Expr | None, coord: ir.Expr, at: LevelNames) -> ir.Expr:
         """``p_k = p_{k-1} * N + i`` (``i`` itself at level 0)."""
         return coord if parent is None else ir.add(ir.mul(parent, at.dim), coord)
+
+
+def dense_extent(dims: Iterable[ir.Expr]) -> ir.Expr:
+    """The positions of consecutive dense levels of extents ``dims`` under one parent
+    position (the product of the extents: each locates ``p_k = p_{k-1} * N_k + i_k``)."""
+    size: ir.Expr = ir.IntLit(1)
+    for dim in dims:
+        size = ir.mul(size, dim)
+    return size
 
 
 @dataclass(frozen=True, slots=True)
