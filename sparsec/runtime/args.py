@@ -45,15 +45,14 @@ class Source(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """One ABI parameter and where its value comes from."""
+    """One ABI parameter, where its value comes from, and what it is looked up by."""
 
     param: Param
     source: Source
-
-    @property
-    def key(self) -> tuple[str, int]:
-        """(field, level): the array's key in an output's arrays and in `Tensor.addresses`."""
-        return (self.param.field, self.param.level)
+    #: (field, level): an array's key in an output's arrays and in `Tensor.addresses`
+    key: tuple[str, int]
+    #: the input (INPUT, SCALAR) or the index variable (DIM) it reads; "" for the others
+    of: str
 
 
 _BY_FIELD = {
@@ -74,32 +73,31 @@ def slots(signature: Signature) -> tuple[Slot, ...]:
         source = _BY_FIELD.get(p.field)
         if source is None:  # pos, crd, vals
             source = Source.OUTPUT if p.tensor == out_name else Source.INPUT
-        found.append(Slot(p, source))
+        of = p.index if source is Source.DIM else p.tensor
+        found.append(Slot(p, source, (p.field, p.level), of or ""))
     return tuple(found)
 
 
 @dataclass(frozen=True, slots=True)
 class Form:
-    """How one caller passes arrays and scalars: ``tensor(t, field, level)`` for an input
-    `Tensor`'s array, ``array(a)`` for a dense input, ``output(a)`` for an output array (None
-    where the call has none, as the count phase's vals), ``scalar(param, v)`` for a value."""
+    """How one caller passes arrays and scalars: ``tensor(t, key)`` for an input `Tensor`'s
+    array ``key`` (field, level), ``array(a)`` for a dense input, ``output(a)`` for an output
+    array (None where the call has none, as the count phase's vals), ``scalar(param, v)``
+    for a value (None: as it is)."""
 
-    tensor: Callable[[Tensor, str, int], Any]
+    tensor: Callable[[Tensor, tuple[str, int]], Any]
     array: Callable[[Any], Any]
     output: Callable[[Any], Any]
-    scalar: Callable[[Param, Any], Any]
+    scalar: Callable[[Param, Any], Any] | None = None
 
 
-def _keep(_param: Param, value: Any) -> Any:
-    return value
-
-
-def _tensor_array(t: Tensor, field: str, level: int) -> Any:
+def _tensor_array(t: Tensor, key: tuple[str, int]) -> Any:
+    field, level = key
     return t.vals if field == "vals" else getattr(t.levels[level], field)
 
 
-def _tensor_address(t: Tensor, field: str, level: int) -> int:
-    return t.addresses()[(field, level)]
+def _tensor_address(t: Tensor, key: tuple[str, int]) -> int:
+    return t.addresses()[key]
 
 
 def _address(array: Any) -> int:
@@ -110,10 +108,14 @@ def _output_address(array: Any) -> int | None:
     return None if array is None else address(array)
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
 #: ctypes: every array by address (a `Tensor`'s addresses are computed once per tensor)
-ADDRESSES = Form(_tensor_address, _address, _output_address, _keep)
+ADDRESSES = Form(_tensor_address, _address, _output_address)
 #: the arrays themselves (numpy, or whatever the caller's output is)
-HOST = Form(_tensor_array, lambda a: a, lambda a: a, _keep)
+HOST = Form(_tensor_array, _same, _same)
 
 
 def arguments(
@@ -131,26 +133,29 @@ def arguments(
     the output's arrays, ``band`` and ``depth`` the column layout's knobs (on kernels that
     take them)."""
     found: list[Any] = []
+    tensor, array, scalar = form.tensor, form.array, form.scalar
     for slot in slots:
-        p = slot.param
-        match slot.source:
+        match slot.source:  # the commonest sources first: this runs per call
+            case Source.INPUT:
+                v = values[slot.of]
+                found.append(tensor(v, slot.key) if isinstance(v, Tensor) else array(v))
+                continue
+            case Source.DIM:
+                v = dims[slot.of]
             case Source.OUTPUT:
                 found.append(form.output(outputs.get(slot.key)))
-            case Source.INPUT:
-                v = values[p.tensor]  # type: ignore[index]
-                found.append(form.tensor(v, *slot.key) if isinstance(v, Tensor) else form.array(v))
+                continue
             case Source.SCALAR:
-                found.append(form.scalar(p, values[p.tensor]))  # type: ignore[index]
-            case Source.DIM:
-                found.append(form.scalar(p, dims[p.index]))  # type: ignore[index]
+                v = values[slot.of]
             case Source.THREADS:
-                found.append(form.scalar(p, threads))
+                v = threads
             case Source.BAND:
-                found.append(form.scalar(p, band))
+                v = band
             case Source.DEPTH:
-                found.append(form.scalar(p, depth))
+                v = depth
             case other:
                 assert_never(other)
+        found.append(v if scalar is None else scalar(slot.param, v))
     return found
 
 

@@ -126,7 +126,7 @@ def _source(
                 lines.append(f"{extent[index]} = s{n}[{axis}]")
     slots = executable.slots
     sources = {slot.source for slot in slots}
-    needed = {slot.param.index for slot in slots if slot.source is Source.DIM}
+    needed = {slot.of for slot in slots if slot.source is Source.DIM}
     columns = executable.columns
     if not needed <= set(extent) or not set(columns.out_indices) <= set(extent):
         return None  # an extent no input gives
@@ -170,10 +170,9 @@ def _source(
         lines.append("out.fill(np.nan)  # test mode: an element the kernel fails to write shows")
     args = []
     for n, slot in enumerate(slots):
-        p = slot.param
         match slot.source:
             case Source.DIM:
-                args.append(extent[p.index])  # type: ignore[index]
+                args.append(extent[slot.of])
             case Source.THREADS:
                 args.append("th")
             case Source.BAND | Source.DEPTH:
@@ -181,10 +180,10 @@ def _source(
             case Source.OUTPUT:
                 args.append("address(out)")
             case Source.SCALAR:
-                args.append(local[p.tensor])  # type: ignore[index]
+                args.append(local[slot.of])
             case Source.INPUT:
-                m = local[p.tensor].removeprefix("v")  # type: ignore[index]
-                if dense[p.tensor]:  # type: ignore[index]
+                m = local[slot.of].removeprefix("v")
+                if dense[slot.of]:
                     args.append(f"x{m}")
                 else:
                     constants[f"K{n}"] = slot.key

@@ -211,8 +211,8 @@ def _device_form(dtype: str) -> Form:
     value = np.dtype(dtype).type
     typed = {"val": value, "int": np.int32, "i64": np.int64}
 
-    def tensor(t: Tensor, field_name: str, level: int) -> Any:
-        return t.device_array(field_name, level, to_device)
+    def tensor(t: Tensor, key: tuple[str, int]) -> Any:
+        return t.device_array(*key, to_device)
 
     def array(a: Any) -> Any:
         return a if on_device(a) else to_device(a)
