@@ -22,7 +22,7 @@ from dataclasses import replace
 from itertools import count
 
 from ..ir import nodes as ir
-from ..ir.visit import exprs, free_vars, map_blocks, subexpressions, substitute
+from ..ir.visit import exprs, free_vars, map_blocks, statements, subexpressions, substitute
 
 #: columns per thread in the first sweeps (measured on an H100: 4 beat 1, 2 and 8 on
 #: pruned-BERT SpMM), then 2 for what is left (768 = 512 + 256 columns), then 1
@@ -69,27 +69,17 @@ def _stmt(s: ir.Stmt, notes: list[str], ids: count[int], outer: frozenset[str]) 
 
 # ------------------------------------------------------------------ analysis
 def _walk(b: ir.Block) -> list[ir.Stmt] | None:
-    """Every statement of ``b`` (loop bodies included), or None if one is not understood."""
-    found: list[ir.Stmt] = []
-    for s in b.body:
-        match s:
-            case ir.Decl() | ir.Comment():
-                found.append(s)
-            case ir.Assign(atomic=False):
-                found.append(s)
-            case ir.For(parallel=None, body=body):
-                inner = _walk(body)
-                if inner is None:
-                    return None
-                found += [s, *inner]
-            case ir.Block():
-                inner = _walk(s)
-                if inner is None:
-                    return None
-                found += inner
-            case _:
-                return None
-    return found
+    """Every statement of ``b`` (loop bodies included, blocks flattened), or None if one is
+    not understood: only locals, plain assignments and serial loops are."""
+    found: list[ir.Stmt] = [s for s in statements(b) if not isinstance(s, ir.Block)]
+    return found if all(_understood(s) for s in found) else None
+
+
+def _understood(s: ir.Stmt) -> bool:
+    match s:
+        case ir.Decl() | ir.Comment() | ir.Assign(atomic=False) | ir.For(parallel=None):
+            return True
+    return False
 
 
 def _reads(s: ir.Stmt) -> set[str]:

@@ -34,10 +34,8 @@ count of 1 or 2 mispredicts).
 
 from __future__ import annotations
 
-from typing import assert_never
-
 from ..ir import nodes as ir
-from ..ir.visit import map_blocks, subexpressions
+from ..ir.visit import exprs, map_blocks, statements, subexpressions
 
 #: positions ahead of the loop's start that each stream is prefetched
 DISTANCE = 128
@@ -72,53 +70,30 @@ def _stmt(s: ir.Stmt, notes: list[str], inside: bool) -> ir.Stmt:
     return map_blocks(s, lambda b: _block(b, notes, inner))
 
 
+#: what a stream loop's body may not hold: a loop (the body is the per-entry work) or
+#: workspace memory
+_REFUSED = (ir.For, ir.While, ir.Alloc, ir.Pointer, ir.Free)
+
+
 def _streams(loop: ir.For) -> tuple[str, ...]:
-    """The arrays ``loop`` streams (sorted), or ``()`` when it is not a stream loop."""
+    """The arrays ``loop`` streams (sorted): those its body loads at exactly the loop
+    variable and never stores to; ``()`` when it is not a stream loop. (A store's own
+    location counts as a load here, and its array as stored.)"""
     if loop.parallel is not None or isinstance(loop.start, ir.IntLit):
         return ()
-    loads: set[str] = set()
-    stores: set[str] = set()
-    if not _scan(loop.body, ir.Var(loop.var), loads, stores):
+    body = list(statements(loop.body))
+    if any(isinstance(s, _REFUSED) for s in body):
         return ()
+    at = ir.Var(loop.var)
+    stores = {
+        s.target.array for s in body if isinstance(s, ir.Assign) and isinstance(s.target, ir.Load)
+    }
+    loads = {
+        x.array
+        for s in body
+        if not isinstance(s, ir.Return)  # a status check is no stream
+        for e in exprs(s)
+        for x in subexpressions(e)
+        if isinstance(x, ir.Load) and x.index == at
+    }
     return tuple(sorted(loads - stores))
-
-
-def _scan(b: ir.Block, at: ir.Var, loads: set[str], stores: set[str]) -> bool:
-    """Collect the arrays ``b`` loads at exactly ``at`` and the arrays it stores to; False
-    when ``b`` nests a loop."""
-    for s in b.body:
-        match s:
-            case ir.For() | ir.While():
-                return False
-            case ir.Decl(init=init):
-                if init is not None:
-                    _loads(init, at, loads)
-            case ir.Assign(target=target, value=value):
-                _loads(value, at, loads)
-                if isinstance(target, ir.Load):
-                    stores.add(target.array)
-                    _loads(target.index, at, loads)
-            case ir.If(branches=branches, orelse=orelse):
-                for cond, then in branches:
-                    _loads(cond, at, loads)
-                    if not _scan(then, at, loads, stores):
-                        return False
-                if orelse is not None and not _scan(orelse, at, loads, stores):
-                    return False
-            case ir.Effect(call=call):
-                _loads(call, at, loads)
-            case ir.Block():
-                if not _scan(s, at, loads, stores):
-                    return False
-            case ir.Alloc() | ir.Pointer() | ir.Free():
-                return False
-            case ir.Comment() | ir.Return():
-                pass
-            case _:
-                assert_never(s)
-    return True
-
-
-def _loads(e: ir.Expr, at: ir.Var, found: set[str]) -> None:
-    """Add to ``found`` the arrays ``e`` loads at exactly ``at``."""
-    found.update(x.array for x in subexpressions(e) if isinstance(x, ir.Load) and x.index == at)
