@@ -26,7 +26,7 @@ from .backends.c import (
     print_c,
 )
 from .backends.cuda import print_cuda
-from .errors import ScheduleError
+from .errors import ScheduleError, SparsecError
 from .ir import nodes as ir
 from .ir.visit import map_blocks
 from .lower import LoweredKernel, RowsOutOfOrder, lower
@@ -272,16 +272,25 @@ def _gpu_default(
     spec: Spec, make_names: Callable[[], tuple[Signature, Namer]]
 ) -> tuple[LoweredKernel, Signature, tuple[Command, ...]]:
     """The first of the default GPU mappings that lowers, each lowered once; the mappings
-    are decided from the spec and its natural loop order, with no lowering of their own."""
+    are decided from the spec and its natural loop order, with no lowering of their own.
+
+    Only where no mapping lowers is the kernel lowered without one (the CPU default): an
+    expression that cannot be lowered at all (a nested sum's loop order, say) reports
+    that, not the mapping's failure."""
     order = natural_order(spec)
     reasons: list[str] = []
-    for candidate in gpu_candidates(spec, order):
-        try:
-            lowered, sig = lower(spec, make_names, commands=candidate, target="cuda")
-        except ScheduleError as err:
-            reasons.append(str(err))
-            continue
-        return lowered, sig, candidate
+    try:
+        for candidate in gpu_candidates(spec, order):
+            try:
+                lowered, sig = lower(spec, make_names, commands=candidate, target="cuda")
+            except ScheduleError as err:
+                reasons.append(str(err))
+                continue
+            return lowered, sig, candidate
+    except SparsecError:
+        lower(spec, make_names)
+        raise
+    lower(spec, make_names)
     why = f" (tried thread-per-row over {order[0]}: {reasons[-1]})" if reasons else ""
     raise ScheduleError(
         f"no GPU mapping for {spec.assignment} with these formats{why}; give a "

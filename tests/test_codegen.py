@@ -266,3 +266,15 @@ def test_pass_lists_run_in_order():
     tiles = schedule.index("j in register tiles")
     assert tiles < schedule.index("column bands") < schedule.index("stored non-temporally")
     assert schedule.index("inner loops serial") < tiles
+
+
+def test_gpu_default_reports_the_kernels_own_error_first():
+    """Where no mapping lowers, the kernel is lowered once without one: an expression that
+    cannot be lowered at all (here a nested sum's loop order) says so, not that no GPU
+    mapping fits."""
+    with pytest.raises(sparsec.LoweringError, match="i is summed in a loop nested inside"):
+        sparsec.Kernel(
+            "O(k) = ((T0(i,j) + T1(j,k)) + T2(k))",
+            {"T0": "ds:0,1", "T1": "dd:1,0", "T2": "s:0"},
+            target="cuda-emulated",
+        )
