@@ -9,6 +9,7 @@ from sparsec.abi import BOUND_VIOLATED, Namer, signature
 from sparsec.frontend.parser import parse_expression
 from sparsec.ir import nodes as ir
 from sparsec.lower import lower
+from sparsec.lower.assemble import Assembler
 from sparsec.lower.coiterate import coiterate
 from sparsec.lower.ctx import AccSink, Ctx, OutputSink
 from sparsec.lower.env import Flags, LowerEnv
@@ -242,3 +243,27 @@ def test_one_epilogue_checks_bounds_first(expr, formats, schedule, counting):
     first = lowered.body.body[0]
     assert isinstance(first, ir.Return) and first.status == BOUND_VIOLATED
     assert lowered.bounds
+
+
+# ----------------------------------------------------------------- assembler
+def test_assembler_stands_alone():
+    """The assembler needs the output and the kernel's names, not a lowering: a csr
+    output appends coordinate and value at its counter, and a row starts at pos[p]."""
+    spec = make_spec(
+        parse_expression("C(i,j) = A(i,j) * B(i,j)"), {"A": "csr", "B": "csr", "C": "csr"}
+    )
+    namer = Namer()
+    sig = signature(spec, namer)
+    var_names = {i: namer.fresh(i) for i in spec.indices}
+    asm = Assembler(spec.output, spec.statement.lhs, sig, namer, var_names, counting=False)
+    count = ir.Var(asm.count[1])
+    crd, vals, pos = sig.array("C", "crd", 1), sig.array("C", "vals"), sig.array("C", "pos", 1)
+    stored = asm.store(ir.Load(vals, count), ir.FloatLit(2.0), checked=True)
+    assert stored == [
+        ir.Assign(ir.Load(crd, count), ir.Var(var_names["j"])),
+        ir.Assign(ir.Load(vals, count), ir.FloatLit(2.0)),
+        ir.Assign(count, ir.Bin("+", count, ir.IntLit(1))),
+    ]
+    before, after = asm.around(0, P)  # the row's dense level, rows filled independently
+    assert before == [ir.Decl(ir.I64, count.name, ir.Load(pos, P))]
+    assert after == []
