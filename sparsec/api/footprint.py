@@ -18,7 +18,16 @@ from collections import Counter
 from collections.abc import Mapping
 
 from ..errors import InputError
-from ..frontend.notation import Access, Assignment, BinOp, Expr, Literal, Neg, accesses
+from ..frontend.notation import (
+    Access,
+    Assignment,
+    BinOp,
+    Expr,
+    Literal,
+    Neg,
+    accesses,
+    factor_chain,
+)
 from ..middle.spec import Spec
 
 #: share of the available memory an estimate may use (the rest: the interpreter, torch,
@@ -81,7 +90,7 @@ def _reference_elements(assignment: Assignment, dims: Mapping[str, int]) -> int:
                 labels = value(x)
                 size(labels)
             case BinOp(op="*") if not exact:
-                parts = [value(f) for f in _factors(expr)]
+                parts = [value(f) for f in factor_chain(expr)]
                 every = tuple(dict.fromkeys(x for p in parts for x in p))
                 closing = set(every) - set(closed(expr, every))
                 labels = ()
@@ -106,17 +115,6 @@ def _nodes(expr: Expr) -> list[Expr]:
             return [expr, *_nodes(x)]
         case BinOp(left=left, right=right):
             return [expr, *_nodes(left), *_nodes(right)]
-        case _:
-            return [expr]
-
-
-def _factors(expr: Expr) -> list[Expr]:
-    """A product chain's factors (through negations), left to right."""
-    match expr:
-        case BinOp(op="*", left=left, right=right):
-            return _factors(left) + _factors(right)
-        case Neg(operand=x):
-            return _factors(x)
         case _:
             return [expr]
 

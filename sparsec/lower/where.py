@@ -15,7 +15,7 @@ from ..errors import LoweringError, ScheduleError
 from ..frontend.concrete import CExpr
 from ..frontend.notation import Access, BinOp, Literal, factors
 from ..ir import nodes as ir
-from ..middle.plan import Plan, Precompute
+from ..middle.plan import Precompute
 from ..tensors.formats import dense
 from .ctx import Ctx, DenseWsSink, Sink, Where
 from .env import LowerEnv
@@ -56,7 +56,7 @@ def plan_where(env: LowerEnv, pre: Precompute, order: tuple[str, ...]) -> Where:
     for loop in order[at:]:
         if plan.space_of(loop) is not None:
             raise ScheduleError(
-                f"{pre.origin}: the loop {loop} ({_origin_of(plan, loop)}) runs inside the "
+                f"{pre.origin}: the loop {loop} ({plan.origin(loop)}) runs inside the "
                 "workspace; the loops inside a precompute cannot be split, pos-iterated "
                 "or fused"
             )
@@ -130,9 +130,3 @@ def _product(parts: list[Access | Literal] | tuple[Access | Literal, ...]) -> CE
     for p in parts[1:]:
         expr = BinOp("*", expr, p, (0, 0))  # type: ignore[arg-type]
     return expr
-
-
-def _origin_of(plan: Plan, loop: str) -> str:
-    if loop in plan.pieces:
-        return f"from {plan.pieces[loop].origin}"
-    return f"from {plan.spaces[loop].origin}"
