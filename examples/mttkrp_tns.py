@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import sparsec
-from sparsec.tensors.io import load_tns
+from sparsec.io import load_tns
 
 path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "data" / "small.tns"
 rank = int(sys.argv[2]) if len(sys.argv) > 2 else 8

@@ -10,7 +10,7 @@ import numpy as np
 import scipy.io
 
 import sparsec
-from sparsec.tensors.io import load_mtx
+from sparsec.io import load_mtx
 
 path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "data" / "small.mtx"
 

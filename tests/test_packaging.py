@@ -27,7 +27,7 @@ def test_wheel_ships_grammar_and_templates(tmp_path):
 
 
 def test_io_is_reachable_from_a_plain_import():
-    # README: tensors load with `sparsec.tensors.io.load` after `import sparsec`
+    # README: tensors load with `sparsec.io.load` after `import sparsec`
     out = subprocess.run(
         [sys.executable, "-c", "import sparsec; print(sparsec.io.load.__name__)"],
         capture_output=True,

@@ -188,11 +188,8 @@ C = Target(
     atomic_lines=("#pragma omp atomic", "{target} {op} {value};"),
     openmp=True,
     template="kernel.c.j2",
-    # float32 sums in double. Measured on a 1e7-element float32 dot product (gcc -O3
-    # -march=native, one thread): relative error 1.2e-2 summing in float, 5e-6 in blocks
-    # of 256, 1.9e-8 in double; 12.6 ms in float and in double alike (the scalar sum waits
-    # on each add's latency either way; the conversion is off that chain), 14-16 ms in
-    # blocks (a branch per term)
+    # float32 sums in double: as fast as summing in float (the conversion is off the add
+    # chain) and exact far longer (docs/decisions.md, "float32 sums accumulate in double")
     acc_types={"float32": "double", "float64": "double"},
     index_types={"int32": "int32_t", "int64": "int64_t"},
 )

@@ -1,6 +1,6 @@
 """The typed kernel description every later stage reads: statement, tensors, formats.
 
-Format defaults (the contract of `sparsec.api.kernel`): with no formats at all, the
+Format defaults (the contract of `sparsec.kernel`): with no formats at all, the
 highest-order input (first on ties) is sparse (compressed vector, CSR, CSF) and every
 other tensor dense; when some formats are given, unlisted tensors are dense. Scalars
 (order 0) have the empty format.

@@ -14,7 +14,7 @@ band the rows are shared out as before (OpenMP dynamic, the same chunks), and ea
 races. The columns left over after the last whole tile run with the last band.
 
 How many tiles make a band is the kernel's ``sc_band`` argument, chosen per call by the
-runtime's cost model (`sparsec.api.kernel._bands_pay`): ``0`` runs each row whole in one band,
+runtime's cost model (`sparsec.policy.costs.bands_pay`): ``0`` runs each row whole in one band,
 which is the loop the tile pass made. Every output element gets the same additions in the
 same order either way, so results do not depend on the choice.
 

@@ -39,13 +39,11 @@ from .machine import Machine, machine
 #: never costs more memory than this
 SINGLE_PASS_ENTRIES = 1 << 24
 #: column panels (`Columns.width`): columns per panel; a call runs in panels when the panel
-#: index has at least PANEL_MIN_COLUMNS and the dense operands along it hold more than
-#: PANEL_MIN_BYTES (measured on pruned-BERT SpMM, 2 cores with 8 MB of L3: 768x3072 at
-#: 80 % x 2048 columns 171 -> 79 ms; at 512 columns panels were as often slower as faster)
-#: and `panels_pay`'s cost model expects the gathers saved to repay the copies (measured,
-#: 2 threads, the copies shared between two workers: beyond the 8 MB cache panels won at
-#: 10-27 bytes gathered per byte moved and lost at 5-9 (one exception: 1.34x at 7.7 with a
-#: 24 MB X); within it they won from about 51 and lost at 17-27)
+#: index has at least PANEL_MIN_COLUMNS, the dense operands along it hold more than
+#: PANEL_MIN_BYTES, and `panels_pay` expects the gathers saved to repay the copies: at
+#: least PANEL_MIN_REUSE bytes gathered per byte copied while the operands fit the
+#: last-level cache, PANEL_MIN_REUSE_BEYOND_CACHE beyond it (the measurements behind each
+#: threshold: docs/decisions.md, "Column panels, packed")
 PANEL_COLUMNS = 128
 PANEL_MIN_COLUMNS = 1024
 PANEL_MIN_BYTES = 4 << 20
@@ -54,11 +52,8 @@ PANEL_MIN_REUSE_BEYOND_CACHE = 10
 #: column bands (`sparsec.passes.bands`, `bands_pay`), for calls that do not run in panels:
 #: register tiles per band (4 tiles of 8 AVX2 vectors: 1 KB of each row), the dense
 #: operands' size beyond which bands may pay, and the bytes gathered per output byte they
-#: need. Measured on pruned-BERT SpMM, float32, 2048 columns, 2 threads, 2-core Zen 1 VM
-#: with 8 MB of L3 (A/B of the same kernel banded and whole): bands won 1.1-1.6x at 31-77
-#: gathered bytes per output byte with X of 6-12 MB, lost 1.5x at 15 (3072x768 at 98 %:
-#: the output, 25 MB, dominates) and at 7.6; with X of 3 MB or 512 columns they were
-#: neutral
+#: need (banded rows write the output in strided pieces, which costs where it dominates;
+#: measured: docs/decisions.md, "Column bands, in place")
 BAND_TILES = 4
 BAND_MIN_BYTES = 4 << 20
 BAND_MIN_REUSE = 24
