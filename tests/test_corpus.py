@@ -26,7 +26,7 @@ from sparsec import (
     StorageError,
     Tensor,
 )
-from sparsec.api.kernel import Kernel
+from sparsec.runtime.executable import Executable
 
 SPMV = "y(i) = A(i,j) * x(j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
@@ -511,7 +511,7 @@ def never_reach_c(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("broken storage reached the generated C")
 
-    monkeypatch.setattr(Kernel, "_run", refuse)
+    monkeypatch.setattr(Executable, "run", refuse)
     monkeypatch.setattr(sparsec.runtime.build, "compile_cached", refuse)
 
 
