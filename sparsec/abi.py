@@ -35,6 +35,21 @@ from .middle.spec import Spec
 
 INT = "int"
 
+# The entry points a generated library exports (all take the parameter list above, except
+# the packed entry, which takes it as one int64 array, and the emulation's launcher, which
+# takes the grid and block first). The printers name them from here and the loaders look
+# them up from here.
+#: the kernel (C); the ``__global__`` kernel (CUDA)
+KERNEL_NAME = "sparsec_kernel"
+#: a sparse output's symbolic phase: counts each output level's positions into ``sc_sizes``
+ASSEMBLE_NAME = "sparsec_assemble"
+#: a sparse output's single pass: appends into capacities the runtime bounded up front
+APPEND_NAME = "sparsec_append"
+#: the kernel with its arguments in one int64 array (C kernels without a scalar input)
+PACKED_NAME = "sparsec_kernel_packed"
+#: the CUDA emulation's launcher: ``(grid, block, <parameters>)``
+LAUNCH_NAME = "sparsec_launch"
+
 # Kernel return statuses: the only codes a generated kernel returns, for every target. The
 # runtime turns each non-zero status into the error that names it (the one status -> error
 # function, `sparsec.runtime.loaded.status_error`).

@@ -8,15 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..abi import Signature
+from ..abi import KERNEL_NAME, PACKED_NAME, Signature
 from ..ir import nodes as ir
 from ..middle.spec import Spec
 from .generated import Generated
 from .printer import C, Printer, header, render
-
-KERNEL_NAME = "sparsec_kernel"
-ASSEMBLE_NAME = "sparsec_assemble"
-APPEND_NAME = "sparsec_append"
 
 #: the kernel's flag for storing output tiles non-temporally, and the template's macro for
 #: the output size (in values) from which it is set
@@ -84,5 +80,7 @@ def print_c(
         stream_sfx="ps" if gen.dtype == "float32" else "pd",
         stream_out_bytes=stream_out_bytes,
         packed=packed,
+        kernel_name=KERNEL_NAME,
+        packed_name=PACKED_NAME,
     )
     return replace(gen, source=source, packed=bool(packed))

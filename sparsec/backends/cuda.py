@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..abi import KERNEL_NAME
 from ..middle.spec import Spec
-from .c import KERNEL_NAME
 from .generated import Generated, Launch
 from .printer import CUDA, Printer, header, render
 

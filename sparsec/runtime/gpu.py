@@ -18,6 +18,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..abi import KERNEL_NAME, LAUNCH_NAME
 from ..errors import DTypeError, ShapeError, SparsecError
 from ..ir import nodes as ir
 from ..resources import data_dir
@@ -41,9 +42,9 @@ def emulation_source(generated: Any) -> str:
     fibers = "true" if generated.launch.shuffles else "false"
     launcher = (
         "\n/* the emulation's launcher: every block of the grid, every thread of a block */\n"
-        'extern "C" int sparsec_launch(long long sc_grid, int sc_block,\n'
+        f'extern "C" int {LAUNCH_NAME}(long long sc_grid, int sc_block,\n'
         f"    {params}) {{\n"
-        f"  auto sc_body = [&]() {{ sparsec_kernel({names}); }};\n"
+        f"  auto sc_body = [&]() {{ {KERNEL_NAME}({names}); }};\n"
         f"  sc_emu::launch(sc_grid, sc_block, {fibers}, sc_body);\n"
         "  return 0;\n"
         "}\n"
@@ -272,4 +273,4 @@ def stage(
 
 def raw_kernel(source: str) -> Any:
     """The CuPy ``RawKernel`` of a generated ``.cu`` (compiled by CuPy at its first launch)."""
-    return cupy_device().RawKernel(source, "sparsec_kernel", options=("-std=c++17",))
+    return cupy_device().RawKernel(source, KERNEL_NAME, options=("-std=c++17",))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import abi
-from ..abi import Param
+from ..abi import ASSEMBLE_NAME, KERNEL_NAME, LAUNCH_NAME, PACKED_NAME, Param
 from ..backends import Generated
 from ..errors import ShapeError, SparsecError
 from . import build, gpu
@@ -54,15 +54,13 @@ def load(generated: Generated, target: str, sparse_output: bool) -> Loaded:
         return Loaded(generated, None)
     if target == "cuda-emulated":
         lib = build.compile_cached(gpu.emulation_source(generated), "c++")
-        return Loaded(
-            generated, _entry(lib, "sparsec_launch", [ctypes.c_int64, ctypes.c_int, *types])
-        )
+        return Loaded(generated, _entry(lib, LAUNCH_NAME, [ctypes.c_int64, ctypes.c_int, *types]))
     lib = build.compile_cached(generated.source)
-    fn = _entry(lib, "sparsec_kernel", types)
-    packed = _entry(lib, "sparsec_kernel_packed", [ctypes.c_char_p]) if generated.packed else None
+    fn = _entry(lib, KERNEL_NAME, types)
+    packed = _entry(lib, PACKED_NAME, [ctypes.c_char_p]) if generated.packed else None
     if not sparse_output:
         return Loaded(generated, fn, packed=packed)
-    assemble = _entry(lib, "sparsec_assemble", types)
+    assemble = _entry(lib, ASSEMBLE_NAME, types)
     append = _entry(lib, generated.append, types) if generated.append else None
     return Loaded(generated, fn, assemble, append, packed)
 
