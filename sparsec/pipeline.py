@@ -14,12 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .abi import INT, Namer, Param, Signature, signature
+from .abi import APPEND_NAME, ASSEMBLE_NAME, INT, KERNEL_NAME, Namer, Param, Signature, signature
 from .backends import Generated, Launch
 from .backends.c import (
-    APPEND_NAME,
-    ASSEMBLE_NAME,
-    KERNEL_NAME,
     STREAM_OUT,
     STREAM_OUT_VALUES,
     Function,
