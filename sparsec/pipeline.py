@@ -1,11 +1,12 @@
 """The compiler's pipeline: spec + schedule policy -> lower -> passes -> printer -> `Generated`.
 
 One function per target. Each lowers the kernel once per schedule it considers (the
-user's commands, or the default: on CUDA each of `policy.schedules.gpu_candidates` in turn
-until one lowers), runs the target's ordered pass list over the loop IR, and hands the
-finished bodies to the target's printer (`backends.c`, `backends.cuda`), which decides
-nothing. A sparse output's C source holds up to three functions, each its own lowering:
-the symbolic phase (counts), the numeric phase, and a single pass that appends in order.
+user's commands with the CPU default's `policy.schedules.cpu_default` appended, or on CUDA
+each of `policy.schedules.gpu_candidates` in turn until one lowers), runs the target's
+ordered pass list over the loop IR, and hands the finished bodies to the target's printer
+(`backends.c`, `backends.cuda`), which decides nothing. A sparse output's C source holds
+up to three functions, each its own lowering: the symbolic phase (counts), the numeric
+phase, and a single pass that appends in order.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .backends.cuda import print_cuda
 from .errors import ScheduleError, SparsecError
 from .ir import nodes as ir
 from .ir.visit import map_blocks
-from .lower import LoweredKernel, RowsOutOfOrder, lower
+from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower
 from .middle.commands import Command
 from .middle.spec import Spec
 from .passes.bands import BAND, DEPTH, Walks, band
@@ -36,7 +37,13 @@ from .passes.streams import prefetch_streams
 from .passes.tile import VECTORS as TILE_VECTORS
 from .passes.tile import tile
 from .policy.machine import machine
-from .policy.schedules import describe_cpu, describe_gpu, gpu_candidates, natural_order
+from .policy.schedules import (
+    cpu_default,
+    describe_cpu,
+    describe_gpu,
+    gpu_candidates,
+    natural_order,
+)
 from .tensors.layout import OutputLayout
 
 # ------------------------------------------------------------------------ passes
@@ -207,18 +214,23 @@ def generate(
     parallel: bool = True,
     commands: tuple[Command, ...] = (),
 ) -> Generated:
-    """C source for ``spec`` under ``commands`` (empty: the CPU default): ``sparsec_kernel``
-    and, for a sparse output, also ``sparsec_assemble``, which only counts the output's
-    positions into ``sc_sizes``, and where it applies ``sparsec_append``."""
+    """C source for ``spec`` under the user's ``commands`` and the CPU default's
+    (`cpu_default`; none with ``parallel`` off): ``sparsec_kernel`` and, for a sparse
+    output, also ``sparsec_assemble``, which only counts the output's positions into
+    ``sc_sizes``, and where it applies ``sparsec_append`` (serial: no default)."""
     make_names = _names(spec)
-    lowered, sig = lower(spec, make_names, parallel=parallel, commands=commands)
+    # the user's commands, then the default's (none for schedule="serial")
+    schedule = commands
+    if parallel:
+        schedule += cpu_default(spec, loop_nest(spec, make_names, commands), commands)
+    lowered, sig = lower(spec, make_names, parallel=parallel, commands=schedule)
     unit = Unit(spec, sig, machine().last_level_cache)
     functions = []
     # whether the append function was tiled: the template's vector helpers serve it too
     append_tiled: tuple[str, ...] = ()
     comment = append = ""
     if not spec.output.format.is_dense:
-        counted, _ = lower(spec, make_names, parallel=parallel, counting=True, commands=commands)
+        counted, _ = lower(spec, make_names, parallel=parallel, counting=True, commands=schedule)
         functions.append(
             Function(
                 ASSEMBLE_NAME,
@@ -253,14 +265,14 @@ def generate(
     fields = {BAND: "band", DEPTH: "depth"}
     sig = Signature((*sig.params, *(Param(n, "value", INT, fields[n]) for n in done.params)))
     functions.append(Function(KERNEL_NAME, comment, done.body))
-    schedule = describe_cpu(
+    said = describe_cpu(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
     )
     tiled, streamed = done.of("tile"), done.of("streams")
     if tiled or streamed:
         notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed)
-        schedule += f"; {'; '.join(notes)}"
-    gen = _record(lowered, sig, schedule, dtype, index_dtype, append=append)
+        said += f"; {'; '.join(notes)}"
+    gen = _record(lowered, sig, said, dtype, index_dtype, append=append)
     vectors = TILE_VECTORS if tiled or append_tiled else 0
     return print_c(spec, gen, functions, vectors=vectors, stream_out_bytes=unit.llc)
 
@@ -271,7 +283,7 @@ def _gpu_default(
     """The first of the default GPU mappings that lowers, each lowered once; the mappings
     are decided from the spec and its natural loop order, with no lowering of their own.
 
-    Only where no mapping lowers is the kernel lowered without one (the CPU default): an
+    Only where no mapping lowers is the kernel lowered without one (serially): an
     expression that cannot be lowered at all (a nested sum's loop order, say) reports
     that, not the mapping's failure."""
     order = natural_order(spec)

@@ -278,3 +278,70 @@ def test_gpu_default_reports_the_kernels_own_error_first():
             {"T0": "ds:0,1", "T1": "dd:1,0", "T2": "s:0"},
             target="cuda-emulated",
         )
+
+
+CPU_DEFAULTS = [
+    # (expression, formats, schedule, parallel, commands lowered, schedule's words)
+    (
+        "y(i) = A(i,j) * x(j)",
+        {"A": "csr"},
+        "",
+        True,
+        "parallelize(i,CPUThread,NoRaces)",
+        "default: loop i runs on CPU threads",
+    ),
+    (
+        "a = x(i) * y(i)",
+        {},
+        "",
+        True,
+        "parallelize(i,CPUThread,ParallelReduction)",
+        "default: loop i runs on CPU threads (OpenMP dynamic, ~8 chunks per thread) "
+        "(i: CPUThread, reduction(+) into a)",
+    ),
+    ("y(i) = A(i,j) * x(j)", {"A": "csr"}, "", False, "", "serial (requested)"),
+    (
+        "y(i) = A(i,j) * x(j)",
+        {"A": "csr"},
+        "unroll(j,4)",
+        True,
+        "unroll(j,4), parallelize(i,CPUThread,NoRaces)",
+        "user: unroll(j,4); default parallel loop i",
+    ),
+    (
+        "C(i,j) = A(i,j) + B(i,j)",
+        {"A": "dcsr", "B": "dcsr", "C": "dcsr"},
+        "",
+        True,
+        "",
+        "default: serial (a sparse output is appended in one sequence)",
+    ),
+]
+
+
+@pytest.mark.parametrize("expr,formats,schedule,parallel,commands,words", CPU_DEFAULTS)
+def test_cpu_default_reaches_lowering_as_commands(
+    expr, formats, schedule, parallel, commands, words, monkeypatch
+):
+    """The CPU default is decided by the policy as explicit commands appended to the
+    user's (none for a serial kernel); every lowering of the kernel (a sparse output's
+    counting phase too) sees them, and the schedule still says what the default did."""
+    from sparsec import pipeline
+    from sparsec.frontend.parser import parse_expression
+    from sparsec.middle.commands import parse_commands
+    from sparsec.middle.spec import make_spec
+
+    spec = make_spec(parse_expression(expr), formats)
+    seen: list[str] = []
+    real = pipeline.lower
+
+    def recording(spec, make_names, **options):
+        if not options.get("append"):
+            seen.append(", ".join(map(str, options.get("commands", ()))))
+        return real(spec, make_names, **options)
+
+    monkeypatch.setattr(pipeline, "lower", recording)
+    user = parse_commands(schedule) if schedule else ()
+    gen = pipeline.generate(spec, parallel=parallel, commands=user)
+    assert seen and set(seen) == {commands}
+    assert gen.schedule.startswith(words)

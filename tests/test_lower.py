@@ -1,23 +1,27 @@
 """Lowering, stage by stage: the level functions of the level formats, the environment's
-scoped flags, the co-iteration emitter on a table of lattices, and the race analysis."""
+scoped flags, the co-iteration emitter on a table of lattices, the race analysis, and the
+CPU default as the explicit commands lowering sees."""
 
 from __future__ import annotations
 
 import pytest
 
 from sparsec.abi import BOUND_VIOLATED, Namer, signature
+from sparsec.errors import ScheduleError
 from sparsec.frontend.parser import parse_expression
 from sparsec.ir import nodes as ir
-from sparsec.lower import lower
+from sparsec.ir.visit import statements
+from sparsec.lower import loop_nest, lower
 from sparsec.lower.assemble import Assembler
 from sparsec.lower.coiterate import coiterate
 from sparsec.lower.ctx import AccSink, Ctx, OutputSink
 from sparsec.lower.env import Flags, LowerEnv
 from sparsec.lower.levels import iterator
 from sparsec.lower.races import race, race_strategies
-from sparsec.middle.commands import parse_commands
+from sparsec.middle.commands import Command, parse_commands
 from sparsec.middle.lattice import build
 from sparsec.middle.spec import make_spec
+from sparsec.policy.schedules import cpu_default
 from sparsec.tensors.formats import Compressed, Dense, LevelNames, Singleton, dense_extent
 
 P, Q, I, N = ir.Var("p"), ir.Var("q"), ir.Var("i"), ir.Var("N")
@@ -267,3 +271,113 @@ def test_assembler_stands_alone():
     before, after = asm.around(0, P)  # the row's dense level, rows filled independently
     assert before == [ir.Decl(ir.I64, count.name, ir.Load(pos, P))]
     assert after == []
+
+
+# ------------------------------------------------------------- CPU default
+def _names_of(spec):
+    def names():
+        namer = Namer()
+        return signature(spec, namer), namer
+
+    return names
+
+
+def _default_of(expr: str, formats: dict[str, str], schedule: str = "") -> list[str]:
+    spec = make_spec(parse_expression(expr), formats)
+    commands = parse_commands(schedule) if schedule else ()
+    made = cpu_default(spec, loop_nest(spec, _names_of(spec), commands), commands)
+    assert all(c.policy for c in made)
+    return [str(c) for c in made]
+
+
+@pytest.mark.parametrize(
+    "expr, formats, schedule, want",
+    [
+        # SpMV: the row loop writes its own y(i)
+        ("y(i) = A(i,j) * x(j)", {"A": "csr"}, "", ["parallelize(i,CPUThread,NoRaces)"]),
+        # rows of A share the y(j) they add into: a copy of y per thread
+        ("y(j) = A(i,j) * x(i)", {"A": "csr"}, "", ["parallelize(i,CPUThread,Temporary)"]),
+        # a dot product sums into one scalar: OpenMP's reduction
+        ("a = x(i) * y(i)", {}, "", ["parallelize(i,CPUThread,ParallelReduction)"]),
+        ("a = x(i) * y(i)", {"x": "s"}, "", ["parallelize(i,CPUThread,ParallelReduction)"]),
+        # SpGEMM into csr: rows are counted and filled independently
+        (
+            "C(i,j) = A(i,k) * B(k,j)",
+            {"A": "csr", "B": "csr", "C": "csr"},
+            "",
+            ["parallelize(i,CPUThread,NoRaces)"],
+        ),
+        # a dcsr output is appended in one sequence: serial
+        ("C(i,j) = A(i,k) * B(k,j)", {"A": "dcsr", "B": "dcsr", "C": "dcsr"}, "", []),
+        # a union (or intersection) of sparse levels at the outermost loop is a while loop
+        ("C(i,j) = A(i,j) + B(i,j)", {"A": "dcsr", "B": "dcsr"}, "", []),
+        ("C(i,j) = A(i,j) * B(i,j)", {"A": "dcsr", "B": "dcsr"}, "", []),
+        # runs of a non-unique level are walked by a while loop
+        ("C(i,j) = A(i,j) * B(i,j)", {"A": "coo"}, "", []),
+        # the user's schedule: an unrolled outermost loop stays serial, a split's outer
+        # piece is left to the race analysis, and the user's own parallelize is the only one
+        ("y(i) = A(i,j) * x(j)", {"A": "csr"}, "unroll(i,4)", []),
+        (
+            "y(i) = A(i,j) * x(j)",
+            {"A": "csr"},
+            "split(i,i0,i1,16)",
+            ["parallelize(i0,CPUThread,Temporary)"],
+        ),
+        ("y(i) = A(i,j) * x(j)", {"A": "csr"}, "parallelize(j,CPUVector,NoRaces)", []),
+    ],
+)
+def test_cpu_default_is_explicit_commands(expr, formats, schedule, want):
+    assert _default_of(expr, formats, schedule) == want
+
+
+def _parallel_loops(block: ir.Block) -> list[ir.For]:
+    return [s for s in statements(block) if isinstance(s, ir.For) and s.parallel is not None]
+
+
+def test_lowering_without_commands_is_serial():
+    """The lowerer decides no default: with no commands every loop is serial."""
+    spec = make_spec(parse_expression("y(i) = A(i,j) * x(j)"), {"A": "csr"})
+    lowered, _ = lower(spec, _names_of(spec))
+    assert _parallel_loops(lowered.body) == [] and lowered.parallel_loops == ()
+
+
+@pytest.mark.parametrize(
+    "expr, races, user_note, default_note",
+    [
+        (
+            "y(i) = A(i,j) * x(j)",
+            "NoRaces",
+            "i: CPUThread, race-free (each iteration writes its own y elements)",
+            None,
+        ),
+        (
+            "a = A(i,j) * B(i,j)",
+            "ParallelReduction",
+            "i: CPUThread, reduction(+) into a private accumulator",
+            "i: CPUThread, reduction(+) into a",
+        ),
+    ],
+)
+def test_a_policy_command_lowers_like_the_users_and_is_worded_as_the_default(
+    expr, races, user_note, default_note
+):
+    spec = make_spec(parse_expression(expr), {"A": "csr"})
+    args = ("i", "CPUThread", races)
+    user, _ = lower(spec, _names_of(spec), commands=(Command("parallelize", args),))
+    made, _ = lower(spec, _names_of(spec), commands=(Command("parallelize", args, True),))
+    assert made.body == user.body and len(_parallel_loops(made.body)) == 1
+    assert user.notes == (user_note,)
+    assert made.notes == ((default_note,) if default_note else ())
+
+
+def test_a_policy_command_inside_a_precompute_leaves_the_loop_serial():
+    """A precompute over the outermost loop moves that loop inside its workspace: the
+    default's command there leaves the loop serial, the user's is refused."""
+    spec = make_spec(parse_expression("y(i) = b(i) * c(i)"), {})
+    pre = parse_commands("precompute(b(i),i,w)")
+    args = ("i", "CPUThread", "NoRaces")
+    made, _ = lower(spec, _names_of(spec), commands=(*pre, Command("parallelize", args, True)))
+    plain, _ = lower(spec, _names_of(spec), commands=pre)
+    assert made.body == plain.body and _parallel_loops(made.body) == []
+    with pytest.raises(ScheduleError, match="inside a workspace"):
+        lower(spec, _names_of(spec), commands=(*pre, Command("parallelize", args)))

@@ -10,6 +10,13 @@ copies), `gpu` (GPU loops), `races` (the race analysis), `output` (stores),
 """
 
 from .assemble import BLOCK_SLACK, LAST_LEVEL_SLACK
-from .kernel import LoweredKernel, RowsOutOfOrder, lower
+from .kernel import LoweredKernel, RowsOutOfOrder, loop_nest, lower
 
-__all__ = ["BLOCK_SLACK", "LAST_LEVEL_SLACK", "LoweredKernel", "RowsOutOfOrder", "lower"]
+__all__ = [
+    "BLOCK_SLACK",
+    "LAST_LEVEL_SLACK",
+    "LoweredKernel",
+    "RowsOutOfOrder",
+    "loop_nest",
+    "lower",
+]

@@ -75,14 +75,10 @@ class LowerEnv:
         #: "c" (OpenMP loops) or "cuda" (GPU loops; the runtime zeroes the output)
         self.target = target
         self.gpu = target == "cuda"
-        #: the user's schedule (empty: the default)
+        #: the schedule: the user's commands and the default policy's (`Command.policy`)
         self.commands = commands
         #: threads may be used at all (``schedule="serial"`` turns them off)
         self.threads_ok = parallel
-        #: the default heuristic picks the parallel loop (off when the user parallelizes)
-        self.parallel = (
-            parallel and not self.gpu and not any(c.name == "parallelize" for c in commands)
-        )
         #: dense-exact lowering (see `lattice.build`) when the expression may make inf/NaN
         self.exact = divides(spec.statement.rhs)
         #: second pass: output writes are known to be exclusive (see `lower`)

@@ -56,24 +56,8 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
     """The kernel of ``env``'s statement."""
     stmt = env.spec.statement
     lhs = env.lhs
-    everything = [lhs, *accesses(stmt.rhs)]
     asm = env.assembler
-    fmt = env.spec.output.format
-    # rows counted and filled independently may be visited in any order of their levels
-    in_order = asm is None or not asm.rowwise
-    extra = output_edges(lhs, fmt, stmt.top_sums, rows_in_order=in_order)
-    try:
-        order, extra = _loop_order(env, everything, extra)
-    except LoweringError:
-        if asm is None or not asm.layout.rowwise or asm.rowwise:
-            raise
-        # the single pass appends rows in storage order, which the inputs rule out
-        _loop_order(env, everything, output_edges(lhs, fmt, stmt.top_sums, False))
-        raise RowsOutOfOrder(
-            f"the inputs visit the rows of {lhs.name} ({fmt}) out of storage order"
-        ) from None
-    if env.commands:
-        order = _apply_schedule(env, order, everything, extra)
+    order = _scheduled_order(env)
     if env.gpu:
         _gpu_support(env)
     frame: OutputFrame = asm if asm is not None else DenseFrame(env)
@@ -85,7 +69,7 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         and not stmt.accumulate
         and not env.exclusive
         and lhs.order > 0
-        and order[0] == level_indices(lhs, fmt)[0]
+        and order[0] == level_indices(lhs, env.spec.output.format)[0]
     )
     located, ctx = locate(env, Ctx(), [lhs])
     if asm is not None and env.workspace and asm.layout.last == 0:
@@ -106,6 +90,43 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         block=block_size(env),
         shuffles=bool(env.warp_reduced),
     )
+
+
+def loop_nest(
+    spec: Spec,
+    make_names: Callable[[], tuple[Signature, Namer]],
+    commands: tuple[Command, ...] = (),
+) -> tuple[str, ...]:
+    """The loops `lower` runs for ``spec`` under ``commands``, outermost first, found
+    without lowering the nest: the default policy names its loops from it."""
+    sig, namer = make_names()
+    return _scheduled_order(LowerEnv(spec, sig, namer, commands=commands))
+
+
+def _scheduled_order(env: LowerEnv) -> tuple[str, ...]:
+    """The loop order the formats need, under the schedule's plan when there is one
+    (sets `LowerEnv.plan`, and `workspace` for a scattered output level)."""
+    stmt = env.spec.statement
+    lhs = env.lhs
+    everything = [lhs, *accesses(stmt.rhs)]
+    asm = env.assembler
+    fmt = env.spec.output.format
+    # rows counted and filled independently may be visited in any order of their levels
+    in_order = asm is None or not asm.rowwise
+    extra = output_edges(lhs, fmt, stmt.top_sums, rows_in_order=in_order)
+    try:
+        order, extra = _loop_order(env, everything, extra)
+    except LoweringError:
+        if asm is None or not asm.layout.rowwise or asm.rowwise:
+            raise
+        # the single pass appends rows in storage order, which the inputs rule out
+        _loop_order(env, everything, output_edges(lhs, fmt, stmt.top_sums, False))
+        raise RowsOutOfOrder(
+            f"the inputs visit the rows of {lhs.name} ({fmt}) out of storage order"
+        ) from None
+    if env.commands:
+        order = _apply_schedule(env, order, everything, extra)
+    return order
 
 
 def _loop_order(
@@ -273,8 +294,9 @@ def lower(
     ``make_names()`` returns a fresh ``(Signature, Namer)``, so both passes name alike.
     ``counting`` lowers the assemble kernel of a sparse output (sizes only); ``append``
     its single-pass kernel (serial, appending into arrays of a proven capacity, even where
-    the two-phase kernel fills rows in parallel); ``commands`` is the user's schedule
-    (empty: the default schedule).
+    the two-phase kernel fills rows in parallel); ``commands`` is the whole schedule, the
+    user's commands and the default policy's (`policy.schedules.cpu_default`): with none,
+    every loop is serial.
     """
     sig, namer = make_names()
     options: dict[str, Any] = {"parallel": parallel, "commands": commands, "target": target}

@@ -1,8 +1,8 @@
 """How a loop runs: serially, on CPU threads or vector lanes, or mapped to the GPU.
 
-`loop_setup` takes the user's `parallelize` (or the default heuristic: the outermost loop
-when its iterations write disjoint outputs), runs the race analysis (can two iterations
-write one output element?) and picks the race strategy: atomic updates, a private
+`loop_setup` takes the loop's `parallelize` (the user's, or the default policy's: see
+`policy.schedules.cpu_default`), runs the race analysis (can two iterations write one
+output element?) and carries out the race strategy: atomic updates, a private
 accumulator per thread (OpenMP's reduction), a private copy of the output per thread
 (`Temporary`), or on the GPU (`gpu`) per-thread partial sums and warp shuffles. The
 loop's body is then lowered with the strategy's `Flags` in force (`inside`).
@@ -44,8 +44,8 @@ def loop_setup(
     trip: ir.Expr,
     outermost: bool,
 ) -> LoopSetup:
-    """How the loop over ``loop`` runs: the user's `parallelize` (race analysis and
-    strategy) or the default, and `unroll`.
+    """How the loop over ``loop`` runs: its `parallelize` (race analysis and strategy),
+    the user's or the default policy's (`Parallelize.default`), and `unroll`.
 
     ``distinct``: original variables in which any two iterations are sure to differ;
     ``kind``: "for", or a description of why the loop is a while loop.
@@ -65,54 +65,14 @@ def loop_setup(
             f"unroll({loop},{setup.unroll}): the loop over {loop} is also parallelized "
             f"({req.origin}); unroll a loop inside it"
         )
-    if req is None:
-        _default_setup(env, loop, distinct, sink, kind, trip, outermost, setup)
+    if req is None or not env.threads_ok:
         return setup
-    if not env.threads_ok:
+    if req.default and not outermost:
+        # the default's loop ran inside a precompute's workspace: it stays serial
         return setup
     if env.gpu:
         return gpu_setup(env, loop, req, distinct, sink, kind, trip, setup)
     return _cpu_setup(env, loop, req, distinct, sink, kind, trip, outermost, setup)
-
-
-def _default_setup(
-    env: LowerEnv,
-    loop: str,
-    distinct: frozenset[str],
-    sink: Sink,
-    kind: str,
-    trip: ir.Expr,
-    outermost: bool,
-    setup: LoopSetup,
-) -> None:
-    # a loop the user unrolls stays serial (an OpenMP pragma must be the last before
-    # its loop, as must GCC's unroll)
-    if kind != "for" or setup.unroll:
-        return
-    if _default_parallel(env, loop, distinct, outermost):
-        decl, par = _parallel_for(env, loop, trip)
-        setup.pre.append(decl)
-        setup.parallel = par
-        setup.flags["in_threads"] = True
-    elif (
-        env.parallel
-        and outermost
-        and env.assembler is None
-        and isinstance(sink, (OutputSink, AccSink))
-    ):
-        # the iterations share output elements: each thread reduces on its own
-        setup.flags["in_threads"] = True
-        out = env.lhs.name
-        if isinstance(sink, AccSink):
-            decl, par = _parallel_for(env, loop, trip)
-            setup.pre.append(decl)
-            setup.parallel = replace(par, reduction=(sink.name,))
-            env.notes.append(f"{loop}: CPUThread, reduction(+) into {out}")
-        else:
-            _private_copies(env, loop, trip, setup)
-            env.notes.append(
-                f"{loop}: CPUThread, each thread adds into its own copy of {out}, summed after"
-            )
 
 
 def _cpu_setup(
@@ -126,7 +86,7 @@ def _cpu_setup(
     outermost: bool,
     setup: LoopSetup,
 ) -> LoopSetup:
-    """A loop the user runs on CPU threads or vector lanes."""
+    """A loop that a `parallelize` runs on CPU threads or vector lanes."""
     cmd = req.origin
     flags = env.flags
     if req.unit in GPU_UNITS:
@@ -163,7 +123,8 @@ def _cpu_setup(
         setup.pre.append(decl)
         setup.parallel = par
         setup.flags["in_threads"] = True
-        env.notes.append(f"{loop}: CPUThread, rows of {out} assembled independently")
+        if not req.default:
+            env.notes.append(f"{loop}: CPUThread, rows of {out} assembled independently")
         return setup
     target_acc = isinstance(sink, AccSink)
     why = race(env, loop, distinct, sink)
@@ -175,9 +136,10 @@ def _cpu_setup(
             setup.parallel = par
         else:
             setup.parallel = ir.Parallel("CPUVector")
-        env.notes.append(
-            f"{loop}: {req.unit}, race-free (each iteration writes its own {out} elements)"
-        )
+        if not req.default:
+            env.notes.append(
+                f"{loop}: {req.unit}, race-free (each iteration writes its own {out} elements)"
+            )
         return setup
     usable = race_strategies(env, req.unit, target_acc)
     advice = (
@@ -209,7 +171,8 @@ def _cpu_setup(
                 setup.parallel = replace(par, reduction=sums, flags=marks)
             else:
                 setup.parallel = ir.Parallel("CPUVector", reduction=sums, flags=marks)
-            env.notes.append(f"{loop}: {req.unit}, reduction(+) into a private accumulator")
+            into = out if req.default else "a private accumulator"
+            env.notes.append(f"{loop}: {req.unit}, reduction(+) into {into}")
         case "Temporary" if req.unit == "CPUThread":
             _private_copies(env, loop, trip, setup)
             env.notes.append(
@@ -221,17 +184,6 @@ def _cpu_setup(
                 f"; the iterations of {loop} race ({why}). {advice}"
             )
     return setup
-
-
-def _default_parallel(env: LowerEnv, loop: str, distinct: frozenset[str], outermost: bool) -> bool:
-    """The default: the outermost loop, when its iterations write disjoint outputs."""
-    if not (env.parallel and outermost):
-        return False
-    if env.assembler is not None and not env.assembler.rowwise:
-        return False  # appending into one sequence of positions is serial
-    if env.plan is not None and env.plan.space_of(loop) is not None:
-        return bool(distinct) and distinct <= set(env.lhs.indices)
-    return loop in env.lhs.indices
 
 
 def _parallel_for(env: LowerEnv, var: str, trip: ir.Expr) -> tuple[ir.Stmt, ir.Parallel]:

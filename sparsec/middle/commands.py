@@ -49,10 +49,16 @@ MAX_FACTOR = 1 << 20
 # ------------------------------------------------------------------- commands
 @dataclass(frozen=True, slots=True)
 class Command:
-    """One parsed command: its name, arguments (as text) and its normalised spelling."""
+    """One parsed command: its name, arguments (as text) and its normalised spelling.
+
+    ``policy``: made by the default policy (`policy.schedules.cpu_default`), not written by
+    the user; the lowerer words its loop as the default's and, where the loop did not stay
+    the outermost one (a precompute's workspace encloses it), leaves it serial instead of
+    refusing it."""
 
     name: str
     args: tuple[str, ...]
+    policy: bool = False
 
     def __str__(self) -> str:
         return f"{self.name}({','.join(self.args)})"

@@ -72,6 +72,8 @@ class Parallelize:
     unit: str
     races: str
     origin: str
+    #: the command came from the default policy (`Command.policy`)
+    default: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +345,7 @@ def make_plan(
                     )
                 if var in plan.parallel:
                     raise ScheduleError(f"{command}: {var} is already parallelized")
-                plan.parallel[var] = Parallelize(var, unit, races, str(command))
+                plan.parallel[var] = Parallelize(var, unit, races, str(command), command.policy)
             case "assemble":
                 tensor, how = a
                 if tensor != output:

@@ -4,16 +4,19 @@ commands, and how the schedule that ran is told in words.
 The GPU default is a list of candidate mappings, best first, each a tuple of `Command`s
 (TACO's scheduling language) decided from the spec and its concordant loop order alone;
 the pipeline lowers each candidate once and keeps the first that the lowerer accepts. The
-CPU default is still decided inside the lowerer (the outermost loop over an output index
-runs on CPU threads); `describe_cpu` tells what it chose.
+CPU default (`cpu_default`) is one ``parallelize`` of the outermost loop, or none, appended
+to the user's commands; `describe_cpu` tells what ran.
 """
 
 from __future__ import annotations
 
-from ..frontend.concrete import accesses
+from ..frontend.concrete import accesses, divides
+from ..frontend.notation import Access
 from ..middle.commands import Command, name_supply
+from ..middle.lattice import Iterator, build
 from ..middle.order import level_indices, loop_order, output_edges
 from ..middle.spec import Spec
+from ..tensors.layout import OutputLayout
 
 #: threads per block of the thread-per-row and nonzero mappings
 THREADS_PER_BLOCK = 256
@@ -111,6 +114,74 @@ def gpu_candidates(spec: Spec, order: tuple[str, ...]) -> list[tuple[Command, ..
     return candidates
 
 
+def cpu_default(
+    spec: Spec, order: tuple[str, ...], commands: tuple[Command, ...] = ()
+) -> tuple[Command, ...]:
+    """The CPU default as explicit commands, appended to the user's ``commands`` (none
+    when they parallelize a loop themselves): the outermost loop of ``order`` (the loop
+    order under ``commands``, outermost first) on CPU threads, or nothing.
+
+    - a loop over an output index writes its own output elements: ``NoRaces``;
+    - a scalar output is summed with an OpenMP reduction: ``ParallelReduction``;
+    - otherwise the iterations share output elements: ``Temporary``, each thread adds into
+      its own copy of the output (serially into the output when the copies would be too
+      large). On a loop of a schedule's space, whose race the lowerer's analysis decides,
+      ``Temporary`` also covers the race-free case: a strategy applies to races only;
+    - a sparse output is appended in one sequence, so only its row loop runs in
+      parallel, and only when a dense level holds the rows (``NoRaces``; e.g. csr);
+    - a while loop (a merge of sparse levels, or runs of a non-unique level) and a loop
+      the user unrolls stay serial.
+
+    The commands are marked ``policy``: the lowerer words them as the default's and leaves
+    the loop serial where a precompute's workspace encloses it (that placement is the
+    lowerer's); a user's command there is an error.
+    """
+    if not order or any(c.name == "parallelize" for c in commands):
+        return ()
+    v = order[0]
+    # an OpenMP pragma must be the last before its loop, as must GCC's unroll
+    if any(c.name == "unroll" and c.args[0] == v for c in commands):
+        return ()
+    stmt = spec.statement
+    lhs = stmt.lhs
+    space = v not in stmt.loop_indices  # split, divide, pos, fuse or bound made it
+    if not space and not _for_loop(spec, v):
+        return ()
+    if not spec.output.format.is_dense:
+        rowwise = OutputLayout.of(spec.output.format, spec.output.name).rowwise
+        return (_default(v, "NoRaces"),) if rowwise and v in lhs.indices else ()
+    if not lhs.indices:
+        return (_default(v, "ParallelReduction"),)
+    return (_default(v, "Temporary" if space or v not in lhs.indices else "NoRaces"),)
+
+
+def _default(var: str, races: str) -> Command:
+    return Command("parallelize", (var, "CPUThread", races), policy=True)
+
+
+def _for_loop(spec: Spec, var: str) -> bool:
+    """Whether the outermost loop, over ``var``, is a for loop: a dense range, or one
+    operand's unique level's positions (the merge lattice of the right-hand side at
+    ``var`` has one point with at most one iterator); not a merge or a walk over runs of
+    equal coordinates. An expression with no point at ``var`` has no loop at all."""
+    rhs = spec.statement.rhs
+
+    def first_level(access: Access) -> Iterator | None:
+        fmt = spec.tensor(access.name).format
+        if level_indices(access, fmt)[:1] != (var,) or not fmt.levels[0].position_iteration:
+            return None
+        return Iterator(access, 0)
+
+    lattice = build(rhs, first_level, divides(rhs))
+    its = lattice.iterators
+    if lattice.full and not its:
+        return True
+    if len(its) != 1 or len(lattice.points) != 1:
+        return False
+    access = its[0].access
+    return spec.tensor(access.name).format.levels[0].unique
+
+
 def _indices_of(spec: Spec, tensor: str) -> set[str]:
     return {i for a in accesses(spec.statement.rhs) if a.name == tensor for i in a.indices}
 
@@ -135,7 +206,8 @@ def describe_cpu(
     notes: tuple[str, ...] = (),
 ) -> str:
     """The CPU schedule that ran, in words (header comment and `Kernel.schedule`):
-    ``loops`` are the loops the lowerer ran on CPU threads, ``notes`` how each runs."""
+    ``commands`` are the user's (`cpu_default`'s are told as the default), ``loops`` the
+    loops the lowerer ran on CPU threads, ``notes`` how each runs."""
     if commands:
         user = _spelled(commands)
         if not parallel:
