@@ -311,6 +311,7 @@ def _default_of(expr: str, formats: dict[str, str], schedule: str = "") -> list[
         ("C(i,j) = A(i,k) * B(k,j)", {"A": "dcsr", "B": "dcsr", "C": "dcsr"}, "", []),
         # a union (or intersection) of sparse levels at the outermost loop is a while loop
         ("C(i,j) = A(i,j) + B(i,j)", {"A": "dcsr", "B": "dcsr"}, "", []),
+        ("C(i,j) = A(i,j) + B(i,j)", {"A": "dcsr", "B": "dcsr", "C": "csr"}, "", []),
         ("C(i,j) = A(i,j) * B(i,j)", {"A": "dcsr", "B": "dcsr"}, "", []),
         # runs of a non-unique level are walked by a while loop
         ("C(i,j) = A(i,j) * B(i,j)", {"A": "coo"}, "", []),
