@@ -84,9 +84,9 @@ def coiterate(
     """The loops over ``var`` for ``lattice``, ``body`` in each case of each iteration."""
     iterators = lattice.iterators
     name = env.var_names[var]
-    if lattice.full and not iterators:
+    if lattice.range_loop:
         return _dense_loop(env, var, lattice.points[0], ctx, sink, outermost, body)
-    if len(iterators) == 1 and len(lattice.points) == 1:
+    if lattice.position_loop:
         return _position_loop(env, var, lattice.points[0], ctx, sink, outermost, body)
 
     merged = ", ".join(sorted({str(it.access) for it in iterators}))

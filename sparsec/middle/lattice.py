@@ -77,6 +77,19 @@ class Lattice:
     def full(self) -> bool:
         return any(not p.iterators for p in self.points)
 
+    @property
+    def range_loop(self) -> bool:
+        """The loop is a plain range over the index (``∅`` is the only point): every
+        operand at this index is dense or located."""
+        return self.full and not self.iterators
+
+    @property
+    def position_loop(self) -> bool:
+        """The loop walks one operand's positions (one point, one iterator): a ``for``
+        loop when that level is unique; otherwise a walk over runs of equal coordinates.
+        Anything that is neither this nor `range_loop` is a merge (``while`` loops)."""
+        return len(self.points) == 1 and len(self.iterators) == 1
+
     def sub_points(self, top: LatticePoint) -> tuple[LatticePoint, ...]:
         """Points below (or equal to) ``top``: the cases of ``top``'s co-iteration loop."""
         return tuple(p for p in self.points if p.iterators <= top.iterators)

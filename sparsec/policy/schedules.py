@@ -163,7 +163,9 @@ def _for_loop(spec: Spec, var: str) -> bool:
     """Whether the outermost loop, over ``var``, is a for loop: a dense range, or one
     operand's unique level's positions (the merge lattice of the right-hand side at
     ``var`` has one point with at most one iterator); not a merge or a walk over runs of
-    equal coordinates. An expression with no point at ``var`` has no loop at all."""
+    equal coordinates. The lattice's `range_loop` / `position_loop` are the shapes the
+    co-iteration emitter dispatches on, so the two cannot disagree. An expression with no
+    point at ``var`` has no loop at all."""
     rhs = spec.statement.rhs
 
     def first_level(access: Access) -> Iterator | None:
@@ -173,13 +175,12 @@ def _for_loop(spec: Spec, var: str) -> bool:
         return Iterator(access, 0)
 
     lattice = build(rhs, first_level, divides(rhs))
-    its = lattice.iterators
-    if lattice.full and not its:
+    if lattice.range_loop:
         return True
-    if len(its) != 1 or len(lattice.points) != 1:
+    if not lattice.position_loop:
         return False
-    access = its[0].access
-    return spec.tensor(access.name).format.levels[0].unique
+    (it,) = lattice.iterators
+    return spec.tensor(it.access.name).format.levels[0].unique
 
 
 def _indices_of(spec: Spec, tensor: str) -> set[str]:
