@@ -35,7 +35,13 @@ EXPRESSIONS = [
 ]
 
 
-@pytest.mark.parametrize(("e", "kids", "names", "loaded"), EXPRESSIONS, ids=str)
+def _id(value: object) -> str:
+    """A test id that is the same in every process: sets print in sorted order (pytest-xdist
+    workers must collect the same ids, and set order follows the hash seed)."""
+    return str(sorted(value)) if isinstance(value, set) else str(value)
+
+
+@pytest.mark.parametrize(("e", "kids", "names", "loaded"), EXPRESSIONS, ids=_id)
 def test_children_free_vars_and_arrays(e, kids, names, loaded):
     assert visit.children(e) == kids
     assert visit.free_vars(e) == names
@@ -63,7 +69,7 @@ SUBSTITUTIONS = [
 ]
 
 
-@pytest.mark.parametrize(("e", "env", "want"), SUBSTITUTIONS, ids=str)
+@pytest.mark.parametrize(("e", "env", "want"), SUBSTITUTIONS, ids=_id)
 def test_substitute(e, env, want):
     assert visit.substitute(e, env) == want
 
