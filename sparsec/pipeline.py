@@ -221,7 +221,7 @@ def generate(
     make_names = _names(spec)
     # the user's commands, then the default's (none for schedule="serial")
     schedule = commands
-    if parallel:
+    if parallel and not any(c.name == "parallelize" for c in commands):
         schedule += cpu_default(spec, loop_nest(spec, make_names, commands), commands)
     lowered, sig = lower(spec, make_names, parallel=parallel, commands=schedule)
     unit = Unit(spec, sig, machine().last_level_cache)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..abi import Namer, Signature
@@ -47,6 +47,9 @@ class Flags:
     #: sparse output: per nested sum of the statement being stored, the flag its loops
     #: set when they reach a term (see `lowerer.presence`)
     reached_of: dict[Sum, str] = field(default_factory=dict)
+
+
+_FLAG_NAMES = frozenset(f.name for f in fields(Flags))
 
 
 class LowerEnv:
@@ -135,10 +138,16 @@ class LowerEnv:
     @contextmanager
     def scope(self, **changes: Any) -> Iterator[Flags]:
         """Lower what the block builds with ``changes`` to the `Flags` in force (their
-        names are `Flags`' fields, checked by `dataclasses.replace`); the enclosing flags
+        names are `Flags`' fields; another name is a TypeError); the enclosing flags
         come back on the way out."""
         saved = self.flags
-        self.flags = replace(saved, **changes)
+        # most loop bodies change nothing, and a replace costs a few microseconds; a value
+        # that is not the very object in force (a fresh dict) always makes new flags
+        unknown = changes.keys() - _FLAG_NAMES
+        if unknown:
+            raise TypeError(f"no lowering flag named {', '.join(sorted(unknown))}")
+        if any(getattr(saved, name) is not value for name, value in changes.items()):
+            self.flags = replace(saved, **changes)
         try:
             yield self.flags
         finally:

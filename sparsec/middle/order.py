@@ -97,13 +97,36 @@ def loop_order(
     """Order the variables ``scope`` of one loop nest placed inside loops ``outer``.
 
     ``extra`` are further hard edges (a sparse output's assembly order).
+
+    A pure function of its arguments, asked the same question by each lowering of one
+    kernel (the CPU default's, the numeric, the counting and the single-pass ones): orders
+    found are remembered (`_ORDERS`); a conflict is worked out again, so each caller gets
+    its own error.
     """
+    key = (
+        scope,
+        tuple(accesses),
+        tuple((a.name, formats[a.name]) for a in accesses),
+        outer,
+        extra,
+    )
+    found = _ORDERS.get(key)
+    if found is not None:
+        return found
     hard, soft = edges(accesses, formats, set(scope), set(outer))
     hard += [e for e in extra if e.before in scope and e.after in scope]
     order = topological(scope, hard, soft)
-    if order is not None:
-        return order
-    raise _conflict(scope, accesses, formats, hard, soft, outer)
+    if order is None:
+        raise _conflict(scope, accesses, formats, hard, soft, outer)
+    if len(_ORDERS) >= _ORDERS_KEPT:
+        _ORDERS.clear()  # a bound, not a policy: the next kernels refill it
+    _ORDERS[key] = order
+    return order
+
+
+#: loop orders found, by `loop_order`'s arguments (at most `_ORDERS_KEPT`)
+_ORDERS: dict[tuple[object, ...], tuple[str, ...]] = {}
+_ORDERS_KEPT = 1024
 
 
 def _reordered(access: Access, fmt: Format, order: tuple[str, ...]) -> Format:
