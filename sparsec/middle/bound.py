@@ -1,6 +1,6 @@
 """An upper bound on the entries of a sparse output, from the inputs' metadata.
 
-The single-pass kernel of a sparse output (`codegen.c`, ``sparsec_append``) appends into
+The single-pass kernel of a sparse output (`sparsec.pipeline`, ``sparsec_append``) appends into
 arrays the runtime allocates before it runs; their capacity comes from here. An output
 entry exists where some lattice case of the expression ran, that is where the expression
 is structurally present, so the bound follows the expression (``N`` counts the
