@@ -42,7 +42,6 @@ from .policy.schedules import (
     describe_cpu,
     describe_gpu,
     gpu_candidates,
-    natural_order,
 )
 from .tensors.layout import OutputLayout
 
@@ -286,7 +285,7 @@ def _gpu_default(
     Only where no mapping lowers is the kernel lowered without one (serially): an
     expression that cannot be lowered at all (a nested sum's loop order, say) reports
     that, not the mapping's failure."""
-    order = natural_order(spec)
+    order = loop_nest(spec, make_names)
     reasons: list[str] = []
     try:
         for candidate in gpu_candidates(spec, order):

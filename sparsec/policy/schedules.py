@@ -14,7 +14,7 @@ from ..frontend.concrete import accesses, divides
 from ..frontend.notation import Access
 from ..middle.commands import Command, name_supply
 from ..middle.lattice import Iterator, build
-from ..middle.order import level_indices, loop_order, output_edges
+from ..middle.order import level_indices
 from ..middle.spec import Spec
 from ..tensors.layout import OutputLayout
 
@@ -22,16 +22,6 @@ from ..tensors.layout import OutputLayout
 THREADS_PER_BLOCK = 256
 #: nonzeros per thread of the nonzero mapping (TACO's GPU MTTKRP)
 NONZEROS_PER_THREAD = 8
-
-
-def natural_order(spec: Spec) -> tuple[str, ...]:
-    """The loop order before any schedule: the iteration graph's topological order, every
-    operand's levels visited in storage order (concordant), with a sparse output's
-    assembly edges. For a dense output this is the order the lowerer starts from."""
-    stmt = spec.statement
-    everything = [stmt.lhs, *accesses(stmt.rhs)]
-    extra = output_edges(stmt.lhs, spec.output.format, stmt.top_sums, rows_in_order=True)
-    return loop_order(stmt.loop_indices, everything, spec.formats, extra=extra)
 
 
 def _cmd(name: str, *args: object) -> Command:

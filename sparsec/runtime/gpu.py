@@ -18,12 +18,15 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from ..abi import KERNEL_NAME, LAUNCH_NAME
+from ..backends.printer import CUDA
 from ..errors import DTypeError, ShapeError, SparsecError
 from ..ir import nodes as ir
 from ..resources import data_dir
 from ..tensors.tensor import Tensor
-from .args import HOST, Form, Slot, Source, arguments, named
+from .args import ADDRESSES, HOST, Form, Slot, Source, arguments, named
 
 #: launches never exceed this many blocks (the loops are grid-stride, so any grid is correct)
 MAX_GRID = 1 << 20
@@ -34,8 +37,6 @@ MAX_EMULATED_GRID = 4096
 # ---------------------------------------------------------------- emulation
 def emulation_source(generated: Any) -> str:
     """The ``.cu`` text behind the shim, plus ``sparsec_launch(grid, block, <arguments>)``."""
-    from ..backends.printer import CUDA
-
     shim = (data_dir("templates") / "cuda_shim.h").read_text()
     params = ",\n    ".join(CUDA.param(p) for p in generated.signature.params)
     names = ", ".join(p.name for p in generated.signature.params)
@@ -198,8 +199,6 @@ def device_dense(order: int, ordering: tuple[int, ...], value: Any, dtype: Any, 
 
 def to_device(host: Any) -> Any:
     """A host array copied to the GPU (C-ordered)."""
-    import numpy as np
-
     return cupy_device().asarray(np.ascontiguousarray(host))
 
 
@@ -207,8 +206,6 @@ def to_device(host: Any) -> Any:
 def _device_form(dtype: str) -> Form:
     """CuPy arrays (a `Tensor`'s copied once per tensor and kept; host arrays per call;
     device arrays where they are) and scalars typed as the kernel declares them."""
-    import numpy as np
-
     value = np.dtype(dtype).type
     typed = {"val": value, "int": np.int32, "i64": np.int64}
 
@@ -238,8 +235,6 @@ def emulate(
     out: Any,
 ) -> None:
     """Run the CUDA emulation's launcher (`emulation_source`) into the host array ``out``."""
-    from .args import ADDRESSES
-
     grid = launch_grid(generated.launch, _host_grid(generated, slots, values, dims, out), True)
     args = arguments(slots, values, dims, {("vals", -1): out}, 1, form=ADDRESSES)
     fn(grid, generated.launch.block, *args)
