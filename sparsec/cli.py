@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from . import __version__
 from .errors import SparsecError
+from .frontend.semantics import DIVISIONS, SEMIRINGS
 from .tensors.formats import FORMAT_HELP
 
 FORMATS_EPILOG = f"""\
@@ -126,6 +127,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     c.add_argument("--index-dtype", default="int32", choices=["int32", "int64"])
+    c.add_argument(
+        "--division",
+        default="sparse",
+        choices=list(DIVISIONS),
+        help="sparse: a / b is absent where a is (the default); ieee: dense IEEE values",
+    )
+    c.add_argument(
+        "--semiring",
+        default="plus_times",
+        choices=list(SEMIRINGS),
+        help="the algebra of * and of implicit sums (GraphBLAS's model)",
+    )
+    c.add_argument(
+        "--mask",
+        default=None,
+        metavar="M",
+        help="compute only where tensor M has a stored entry (~M: where it has none)",
+    )
     c.add_argument("--seed", type=_seed, default=0, help="random seed for --check inputs (>= 0)")
     c.add_argument("--serial", action="store_true", help="generate a serial kernel (no OpenMP)")
     c.add_argument(
@@ -171,6 +190,7 @@ def _compile(args: argparse.Namespace) -> int:
 
     if args.serial and args.schedule:
         raise SparsecError("--serial and -s/--schedule exclude each other")
+    semantics = {"division": args.division, "semiring": args.semiring, "mask": args.mask}
     k = kernel(
         args.expr,
         _formats(args.format),
@@ -178,6 +198,7 @@ def _compile(args: argparse.Namespace) -> int:
         schedule="serial" if args.serial else (args.schedule or None),
         dtype=args.dtype,
         index_dtype=args.index_dtype,
+        **semantics,
     )
     source = k.source
     if args.output:
@@ -210,6 +231,7 @@ def _compile(args: argparse.Namespace) -> int:
                 schedule=args.schedule or None,
                 dtype=args.dtype,
                 index_dtype=args.index_dtype,
+                **semantics,
             )
         inputs, _ = k.random_inputs(dims, seed=args.seed, density=args.density)
         result = k.check(**inputs)

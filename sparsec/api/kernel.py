@@ -22,6 +22,7 @@ import numpy as np
 from ..backends import Generated
 from ..errors import InputError, NotationError, ScheduleError, SparsecError
 from ..frontend.parser import parse_expression
+from ..frontend.semantics import Semantics
 from ..middle.commands import Command, parse_commands
 from ..middle.spec import FormatsArg, Spec, make_spec
 from ..pipeline import generate, generate_cuda
@@ -55,6 +56,9 @@ class Kernel:
         schedule: Any = None,
         dtype: Any = None,
         index_dtype: Any = None,
+        division: str = "sparse",
+        semiring: str = "plus_times",
+        mask: str | None = None,
     ) -> None:
         if not isinstance(expr, str):
             raise InputError(f"expression must be a string, not {type(expr).__name__}")
@@ -74,7 +78,8 @@ class Kernel:
                     span=access.span,
                 )
         try:
-            self.spec: Spec = make_spec(self.assignment, formats)
+            self.semantics = Semantics(division, semiring, mask or "")
+            self.spec: Spec = make_spec(self.assignment, formats, self.semantics)
         except SparsecError as err:
             raise err.with_source(expr) from None
         self.parallel, self.commands = _schedule(schedule)
@@ -173,7 +178,11 @@ class Kernel:
         fast path, the locks and the tuning caches belong to one process: the copy builds
         its own on first use (the library from the on-disk compile cache)."""
         args = (self.expression, self.formats, self.target, self._schedule_arg)
-        return (_rebuild_kernel, (*args, self.dtype, self.index_dtype))
+        sem = self.semantics
+        return (
+            _rebuild_kernel,
+            (*args, self.dtype, self.index_dtype, sem.division, sem.semiring, sem.mask),
+        )
 
     # ------------------------------------------------------------------- call
     def executable(self, dtype: str, index_dtype: str) -> Executable:
@@ -292,11 +301,27 @@ class Kernel:
 
 
 def _rebuild_kernel(
-    expr: str, formats: FormatsArg, target: str, schedule: Any, dtype: Any, index_dtype: Any
+    expr: str,
+    formats: FormatsArg,
+    target: str,
+    schedule: Any,
+    dtype: Any,
+    index_dtype: Any,
+    division: str = "sparse",
+    semiring: str = "plus_times",
+    mask: str = "",
 ) -> Kernel:
     """`Kernel.__reduce__`'s constructor (its options are keyword-only)."""
     return Kernel(
-        expr, formats, target=target, schedule=schedule, dtype=dtype, index_dtype=index_dtype
+        expr,
+        formats,
+        target=target,
+        schedule=schedule,
+        dtype=dtype,
+        index_dtype=index_dtype,
+        division=division,
+        semiring=semiring,
+        mask=mask,
     )
 
 
@@ -325,13 +350,21 @@ def kernel(
     schedule: Any = None,
     dtype: Any = None,
     index_dtype: Any = None,
+    division: str = "sparse",
+    semiring: str = "plus_times",
+    mask: str | None = None,
 ) -> Kernel:
     """Compile ``expr`` (index notation) for the given formats; see `Kernel`.
+
+    ``division``, ``semiring`` and ``mask`` change what the statement computes
+    (`sparsec.frontend.semantics`, docs/semantics.md).
 
     Kernels are immutable, so the same arguments return the same `Kernel` (the last
     `KERNEL_MEMO` distinct ones are kept): a repeated request costs a dictionary lookup,
     and the compiled library and the call fast path come with it."""
-    key = _memo_key(expr, formats, target, schedule, dtype, index_dtype)
+    key = _memo_key(
+        expr, formats, target, schedule, dtype, index_dtype, division, semiring, mask or ""
+    )
     if key is not None:
         with _memo_lock:
             found = _memo.get(key)
@@ -339,7 +372,15 @@ def kernel(
                 _memo.move_to_end(key)
                 return found
     made = Kernel(
-        expr, formats, target=target, schedule=schedule, dtype=dtype, index_dtype=index_dtype
+        expr,
+        formats,
+        target=target,
+        schedule=schedule,
+        dtype=dtype,
+        index_dtype=index_dtype,
+        division=division,
+        semiring=semiring,
+        mask=mask,
     )
     if key is not None:
         with _memo_lock:

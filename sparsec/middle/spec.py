@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import FormatError
 from ..frontend.concrete import Statement, concretize
 from ..frontend.notation import Access, Assignment, BinOp
+from ..frontend.semantics import DEFAULT, Semantics
 from ..tensors.formats import Format, default_sparse, dense, parse_format
 from ..tensors.layout import OutputLayout
 
@@ -52,6 +53,8 @@ class Spec:
     tensors: tuple[TensorVar, ...]
     #: every index variable, left-hand side first, then first use on the right
     indices: tuple[str, ...]
+    #: division convention, semiring and mask (`sparsec.frontend.semantics`)
+    semantics: Semantics = DEFAULT
 
     @property
     def output(self) -> TensorVar:
@@ -75,7 +78,9 @@ class Spec:
 FormatsArg = Mapping[str, "str | Format"] | None
 
 
-def make_spec(assignment: Assignment, formats: FormatsArg = None) -> Spec:
+def make_spec(
+    assignment: Assignment, formats: FormatsArg = None, semantics: Semantics = DEFAULT
+) -> Spec:
     orders: dict[str, int] = {}
     for access in assignment.accesses():
         orders.setdefault(access.name, access.order)
@@ -101,7 +106,7 @@ def make_spec(assignment: Assignment, formats: FormatsArg = None) -> Spec:
         if assignment.accumulate:
             assignment, tensors = _sparse_accumulate(assignment, tensors)
     indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
-    return Spec(assignment, concretize(assignment), tensors, indices)
+    return Spec(assignment, concretize(assignment), tensors, indices, semantics)
 
 
 def _sparse_accumulate(
