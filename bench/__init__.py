@@ -22,5 +22,9 @@ SUITES: dict[str, tuple[str, str]] = {
         "SpMV on a quiet machine and beside busy processes: default vs 1 and all threads",
     ),
     "e2e": ("bench.e2e", "pruned MiniLM forward pass: sparsec linear layers vs dense torch"),
+    "language": (
+        "bench.language",
+        "division, sums under +, n-operand sums, semirings vs reciprocal, scipy, GraphBLAS",
+    ),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
 }
