@@ -267,6 +267,8 @@ def generate(
     said = describe_cpu(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
     )
+    if lowered.sequence:
+        said = f"{lowered.sequence}; {said}"
     tiled, streamed = done.of("tile"), done.of("streams")
     if tiled or streamed:
         notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed)
@@ -338,6 +340,8 @@ def generate_cuda(
         lowered.grid, lowered.block, lowered.zero_before, lowered.body, lowered.shuffles
     )
     schedule = describe_gpu(chosen, not commands, lowered.notes)
+    if lowered.sequence:
+        schedule = f"{lowered.sequence}; {schedule}"
     gen = _record(
         lowered, sig, schedule, dtype, index_dtype, target="cuda", launch=launch, commands=chosen
     )

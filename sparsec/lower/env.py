@@ -37,6 +37,8 @@ class Flags:
     out_redirect: str | None = None
     #: inside the loops of a precompute workspace
     in_where: bool = False
+    #: inside the steps of a statement lowered as a sequence (`sequence.emit_sequence`)
+    in_sequence: bool = False
     #: GPU units of the loops enclosing the point, outermost first
     gpu_units: tuple[str, ...] = ()
     #: the store is lane 0's (a warp's sum) / one part of a shared accumulator, atomic
@@ -101,6 +103,9 @@ class LowerEnv:
         self.plan: Plan | None = None
         #: a dense precompute's placement
         self.where: Where | None = None
+        #: the statement lowered as a sequence of steps inside its shared loops, in words
+        #: (`sequence`: its sums under +/- have no fused loop order); "": one fused nest
+        self.sequence = ""
         #: index of the output's last level when it is scattered into a workspace
         self.workspace: str | None = None
         #: zero the output slice of each outermost iteration (cache-hot) instead of up front

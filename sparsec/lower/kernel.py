@@ -22,6 +22,7 @@ from .env import LowerEnv
 from .levels import locate
 from .lowerer import loops, scatter_gather
 from .output import DenseFrame, OutputFrame, block_size, epilogue
+from .sequence import sequence_order
 from .where import plan_where
 
 
@@ -50,6 +51,8 @@ class LoweredKernel:
     block: int = 1
     #: CUDA: the kernel reduces across a warp's lanes with shuffles
     shuffles: bool = False
+    #: the statement lowered as a sequence of loop nests, in words ("": one fused nest)
+    sequence: str = ""
 
 
 def lower_kernel(env: LowerEnv) -> LoweredKernel:
@@ -69,6 +72,7 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         and not stmt.accumulate
         and not env.exclusive
         and lhs.order > 0
+        and bool(order)
         and order[0] == level_indices(lhs, env.spec.output.format)[0]
     )
     located, ctx = locate(env, Ctx(), [lhs])
@@ -89,6 +93,7 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         grid=env.grid,
         block=block_size(env),
         shuffles=bool(env.warp_reduced),
+        sequence=env.sequence,
     )
 
 
@@ -117,7 +122,13 @@ def _scheduled_order(env: LowerEnv) -> tuple[str, ...]:
     try:
         order, extra = _loop_order(env, everything, extra)
     except LoweringError:
-        if asm is None or not asm.layout.rowwise or asm.rowwise:
+        if asm is None:
+            # no fused order: sums under +/- may still run as a sequence of nests
+            shared = sequence_order(env)
+            if shared is None:
+                raise
+            return shared
+        if not asm.layout.rowwise or asm.rowwise:
             raise
         # the single pass appends rows in storage order, which the inputs rule out
         _loop_order(env, everything, output_edges(lhs, fmt, stmt.top_sums, False))
@@ -180,7 +191,7 @@ def _forced_workspace(env: LowerEnv) -> bool:
     if env.assembler is None:
         return False
     for c in env.commands:
-        if c.name == "precompute" or (c.name == "assemble" and c.args[1:] == ("Insert",)):
+        if c.name == "precompute" or (c.name == "assemble" and c.args[1] == "Insert"):
             if not env.assembler.can_scatter():
                 raise ScheduleError(
                     f"{c}: the output {env.lhs.name} ({env.spec.output.format}) cannot be "

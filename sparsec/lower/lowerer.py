@@ -40,6 +40,7 @@ from .env import LowerEnv
 from .levels import iterator, locate
 from .output import flush_run, nothing_written, one_store_per_part, output_slot, store_shared
 from .output import write as write_output
+from .sequence import emit_sequence
 from .spaces import space_loop
 from .where import emit_where
 
@@ -64,12 +65,16 @@ def loops(
         and ctx.depth(lhs) == lhs.order
     ):
         return _reduce_into_output(env, order, expr, ctx, outermost)
-    if not order:
-        return compute(env, expr, ctx, sink)
-    var, rest = order[0], order[1:]
 
     def nest(order: tuple[str, ...], expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
         return loops(env, order, expr, ctx, sink)
+
+    if not order and env.sequence and not env.flags.in_sequence:
+        # the shared loops of a sequence are bound: its steps, each in its own order
+        return emit_sequence(env, expr, ctx, sink, nest)
+    if not order:
+        return compute(env, expr, ctx, sink)
+    var, rest = order[0], order[1:]
 
     if env.where is not None and var == env.where.at and not env.flags.in_where:
         return emit_where(env, expr, ctx, sink, nest)
