@@ -36,6 +36,14 @@ Body = Callable[[CExpr, Ctx], ir.Block]
 
 
 @dataclass(frozen=True, slots=True)
+class Present(Bound):
+    """A level bound by a flagged union (`lower.union`), whose iterator sits at the bound
+    coordinate only where ``here`` holds: below it, ranges are empty elsewhere."""
+
+    here: ir.Expr
+
+
+@dataclass(frozen=True, slots=True)
 class IterState:
     """Names of one iterator's variables in one co-iteration loop."""
 
@@ -55,6 +63,10 @@ def iterator_state(env: LowerEnv, it: Iterator, ctx: Ctx) -> IterState:
     fmt = level(env, it.access, k)
     parent = ctx.levels.get((it.access, k - 1)) if k > 0 else None
     lo, hi = fmt.bounds((parent.pos, parent.next) if parent else None, names(env, it.access, k))
+    if isinstance(parent, Present):
+        # the parent may be absent here (a flagged union): then no children, and its
+        # position (possibly the end) is not read
+        lo, hi = (ir.Select(parent.here, x, ir.IntLit(0)) for x in (lo, hi))
     var = level_indices(it.access, env.formats[t])[k]
     p = env.namer.fresh(f"p{t}{k + 1}")
     nxt = env.namer.fresh(f"{p}_next") if not fmt.unique else ""
@@ -183,7 +195,7 @@ def _case_body(
         else:
             here = ir.Bin("==", ir.Var(s.coord), ir.Var(name))
         stmts.append(ir.Decl(ir.BOOL, s.here, here))
-        stmts.extend(_segment(env, it, s, ir.Var(name)))
+        stmts.extend(segment(env, it, s, ir.Var(name)))
     branches: list[tuple[ir.Expr, ir.Block]] = []
     orelse: ir.Block | None = None
     for point in cases:
@@ -227,7 +239,7 @@ def _case_body(
     return ir.block(*stmts)
 
 
-def _segment(
+def segment(
     env: LowerEnv, it: Iterator, s: IterState, coord: ir.Expr, guarded: bool = True
 ) -> list[ir.Stmt]:
     """For a non-unique level: find the end of the run of equal coordinates (only when
@@ -314,7 +326,7 @@ def _position_loop(
     inner = ctx.bind({var: ir.Var(name)}, {(it.access, it.level): Bound(pos, ir.Var(s.next))})
     step = ir.block(
         read,
-        *_segment(env, it, s, ir.Var(name), guarded=False),
+        *segment(env, it, s, ir.Var(name), guarded=False),
         body(point.expr, inner),
         ir.Assign(pos, ir.Var(s.next)),
     )

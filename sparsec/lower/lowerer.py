@@ -20,10 +20,11 @@ from contextlib import contextmanager
 from typing import assert_never
 
 from ..errors import LoweringError
-from ..frontend.concrete import ZERO, CExpr, Sum, Zero, accesses
-from ..frontend.notation import Access, BinOp, Literal, Neg
+from ..frontend.concrete import ZERO, CExpr, Sum, Zero, accesses, divides
+from ..frontend.functions import FUNCTIONS
+from ..frontend.notation import Access, BinOp, Call, Literal, Neg
 from ..ir import nodes as ir
-from ..middle.lattice import build
+from ..middle.lattice import UnionLattice, build
 from ..middle.order import loop_order
 from .coiterate import coiterate
 from .ctx import (
@@ -40,9 +41,11 @@ from .env import LowerEnv
 from .levels import iterator, locate
 from .output import flush_run, nothing_written, one_store_per_part, output_slot, store_shared
 from .output import write as write_output
+from .semiring import combine, truth
 from .sequence import emit_sequence
 from .spaces import space_loop
-from .where import emit_where
+from .union import flagged_union
+from .where import emit_where, ws_slot
 
 
 def loops(
@@ -88,6 +91,8 @@ def loops(
     def body(expr: CExpr, ctx: Ctx) -> ir.Block:
         return enter(env, var, rest, expr, ctx, sink)
 
+    if isinstance(lattice, UnionLattice):
+        return flagged_union(env, var, rest, lattice, expr, ctx, sink, outermost, body)
     return coiterate(env, var, lattice, ctx, sink, outermost, body)
 
 
@@ -210,9 +215,9 @@ def compute(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
                 )
                 stmts.append(ir.If(((ir.Bin("!=", slot, ir.Var(at)), restart),)))
                 stmts.append(ir.Assign(ir.Var(acc), value, "+="))
-            case DenseWsSink(array=array, var=var):
+            case DenseWsSink(array=array, vars=ws_vars):
                 assert value is not None
-                stmts.append(ir.Assign(ir.Load(array, ctx.coords[var]), value, "+="))
+                stmts.append(ir.Assign(ir.Load(array, ws_slot(env, ws_vars, ctx)), value, "+="))
             case WorkspaceSink():
                 assert asm is not None and env.workspace is not None
                 coord = ir.Var(env.var_names[env.workspace])
@@ -228,8 +233,10 @@ def _presence(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
     chose the case) and so are literals; a nested sum is present where its loops
     reached a term (when counting, no value was computed, so its loops run here for
     that alone); ``*`` needs both operands, ``+`` and ``-`` either; a division by a
-    non-literal is present everywhere (``0/0`` is NaN)."""
-    if _surely_present(expr):
+    non-literal is present everywhere under ``"ieee"`` (``0/0`` is NaN) and where its
+    numerator is under ``"sparse"``; a function where its operands are when ``f(0) = 0``
+    (``max``/``min``: either), else everywhere."""
+    if _surely_present(expr, env.exact):
         return None
     match expr:
         case Neg(operand=x):
@@ -248,6 +255,12 @@ def _presence(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
             return ir.Bin("||", first, second)
         case BinOp(op="/", left=left):
             return _presence(env, left, ctx, stmts)
+        case Call(fn="max" | "min", args=(left, right)):
+            first, second = _presence(env, left, ctx, stmts), _presence(env, right, ctx, stmts)
+            assert first is not None and second is not None
+            return ir.Bin("||", first, second)
+        case Call(args=args):  # keeps its first operand's pattern (else surely present)
+            return _presence(env, args[0], ctx, stmts)
         case _:
             raise AssertionError(expr)
 
@@ -258,7 +271,7 @@ def _nested_sum(env: LowerEnv, expr: Sum, ctx: Ctx, acc: str) -> list[ir.Stmt]:
     order = loop_order(expr.indices, list(accesses(expr.body)), env.formats, tuple(ctx.coords))
     stmts: list[ir.Stmt] = []
     flag = ""
-    if env.assembler is not None:
+    if env.assembler is not None or _sparse_quotients(env):
         flag = env.flags.reached_of[expr] = env.namer.fresh("reached")
         stmts.append(ir.Decl(ir.BOOL, flag, ir.IntLit(0)))
     return stmts + list(_private_loops(env, order, expr.body, ctx, AccSink(acc, flag)).body)
@@ -268,21 +281,36 @@ def _value(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Exp
     """The IR value of ``expr`` with every variable bound; nested sums emit into ``stmts``."""
     match expr:
         case Access(name=name, order=0):
-            return ir.Var(env.sig.value(name))
+            return truth(env.ring, ir.Var(env.sig.value(name)))
         case Access():
             last = ctx.levels.get((expr, expr.order - 1))
             if last is None:
                 raise LoweringError(f"internal: {expr} read before all its levels are bound")
             vals = env.local_vals.get(expr.name) or env.sig.array(expr.name, "vals")
-            return ir.Load(vals, last.pos)
+            return truth(env.ring, ir.Load(vals, last.pos))
         case Literal(value=v):
-            return ir.FloatLit(v)
+            return truth(env.ring, ir.FloatLit(v))
         case Zero():
             return ir.FloatLit(0.0)
         case Neg(operand=x):
             return ir.Unary("-", _value(env, x, ctx, stmts))
+        case BinOp(op="/", left=left, right=right) if _sparse_quotients(env) and not (
+            _surely_present(left, exact=False)
+        ):
+            # the sparse convention: absent, so 0, where the numerator's sums reached
+            # nothing (``0/0`` is never computed there)
+            quotient = ir.Bin("/", _value(env, left, ctx, stmts), _value(env, right, ctx, stmts))
+            present = _presence(env, left, ctx, stmts)
+            assert present is not None
+            return ir.Select(present, quotient, ir.FloatLit(0.0))
         case BinOp(op=op, left=left, right=right):
-            return ir.Bin(op, _value(env, left, ctx, stmts), _value(env, right, ctx, stmts))
+            a, b = _value(env, left, ctx, stmts), _value(env, right, ctx, stmts)
+            if op in ("*", "+"):
+                # the semiring's multiply and add (plus_times: ``*`` and ``+`` themselves)
+                return combine(env.ring, op, a, b)
+            return ir.Bin(op, a, b)
+        case Call(fn=fn, args=args):
+            return _function(env, fn, tuple(_value(env, a, ctx, stmts) for a in args), stmts)
         case Sum():
             t = env.namer.fresh("t")
             stmts.append(ir.Decl(ir.ACC, t, ir.FloatLit(0.0)))
@@ -292,26 +320,59 @@ def _value(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Exp
             raise AssertionError(expr)
 
 
-def _surely_present(expr: CExpr) -> bool:
+def _sparse_quotients(env: LowerEnv) -> bool:
+    """Does the statement divide by a non-constant under the ``"sparse"`` convention? Then
+    nested sums flag whether they reached a term, for the quotients over them."""
+    return not env.exact and divides(env.spec.statement.rhs)
+
+
+def _function(env: LowerEnv, fn: str, args: tuple[ir.Expr, ...], stmts: list[ir.Stmt]) -> ir.Expr:
+    """A function of the language on lowered operands: a call the printer spells per
+    target (``fn_sqrt``: `sparsec.frontend.functions`), or an expression of others."""
+    match fn:
+        case "relu":
+            # x < 0 ? 0 : x, the operand computed once (NaN stays NaN, as torch.relu)
+            x = env.namer.fresh("f")
+            stmts.append(ir.Decl(ir.ACC, x, args[0]))
+            zero = ir.FloatLit(0.0)
+            return ir.Select(ir.Bin("<", ir.Var(x), zero), zero, ir.Var(x))
+        case "sigmoid":
+            one = ir.FloatLit(1.0)
+            exp = ir.Call("fn_exp", (ir.Unary("-", args[0]),))
+            return ir.Bin("/", one, ir.Bin("+", one, exp))
+        case _:
+            return ir.Call(f"fn_{fn}", args)
+
+
+def _surely_present(expr: CExpr, exact: bool) -> bool:
     """A term of ``expr`` is present whatever its nested sums reach (see `_presence`).
     A `Zero` (an absent operand that exact lowering reads as ``0.0``, where ``inf * 0``
-    is NaN) is present as the lattice's exact points are."""
+    is NaN) is present as the lattice's exact points are; elsewhere one is left only as
+    an operand of a function (``max(0, x)``), present where the other operands are."""
     match expr:
-        case Access() | Literal() | Zero():
+        case Access() | Literal():
             return True
+        case Zero():
+            return exact
         case Sum():
             return False
         case Neg(operand=x):
-            return _surely_present(x)
+            return _surely_present(x, exact)
         case BinOp(op="*", left=left, right=right):
-            return _surely_present(left) and _surely_present(right)
+            return _surely_present(left, exact) and _surely_present(right, exact)
         case BinOp(op="+" | "-", left=left, right=right):
-            return _surely_present(left) or _surely_present(right)
+            return _surely_present(left, exact) or _surely_present(right, exact)
         case BinOp(op="/", left=left, right=right):
             literal = isinstance(right, Literal) and right.value != 0
-            return not literal or _surely_present(left)
+            # exact: a quotient is present everywhere; sparse: where its numerator is
+            return (exact and not literal) or _surely_present(left, exact)
         case BinOp(op=op):
             raise AssertionError(f"unknown operator {op}")
+        case Call(fn="max" | "min", args=args):
+            return any(_surely_present(a, exact) for a in args)
+        case Call(fn=fn, args=args):
+            keeps = FUNCTIONS[fn].keeps_pattern(args)
+            return not keeps or _surely_present(args[0], exact)
         case _:
             assert_never(expr)
 

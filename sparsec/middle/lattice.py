@@ -10,8 +10,13 @@ the expression tree with
 
 * ``conjunction`` (``*``): every union ``p ∪ q`` of a left and a right point;
 * ``disjunction`` (``+``, ``-``): the conjunction plus both operands' points;
-* division: ``a / b`` is not zero where ``a`` is (``0/0`` is NaN), so both operands are
-  made *full* first (the empty point is added), unless ``b`` is a literal.
+* division under ``"ieee"`` (lowered ``exact``): ``a / b`` is not zero where ``a`` is
+  (``0/0`` is NaN), so both operands are made *full* first (the empty point is added),
+  unless ``b`` is a literal; under ``"sparse"``: the numerator's points, with the divisor
+  co-iterated exactly where present (``a ∧ full(b)``; an absent divisor reads 0);
+* a function (`sparsec.frontend.functions`) with ``f(0) = 0``: its operand's points
+  (``max``/``min``: a disjunction; ``pow(a, p)`` with a positive literal ``p``: ``a``'s);
+  any other is *full* (absent operands compute ``f(0)``).
 
 The empty point ``∅`` means "every coordinate": a lattice containing it is iterated by a
 dense loop over ``v``'s range with sparse iterators advanced by coordinate match.
@@ -26,7 +31,8 @@ from typing import assert_never
 
 from ..errors import LoweringError
 from ..frontend.concrete import ZERO, CExpr, Sum, Zero, without
-from ..frontend.notation import Access, BinOp, Literal, Neg
+from ..frontend.functions import FUNCTIONS
+from ..frontend.notation import Access, BinOp, Call, Literal, Neg
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -151,7 +157,16 @@ def point_sets(
             numerator = point_sets(left, iterator_of, exact)
             if isinstance(right, Literal) and right.value != 0:
                 return numerator
-            return conjunction(full(numerator), point_sets(right, iterator_of, exact=True))
+            # not exact: the sparse convention, absent where the numerator is
+            kept = full(numerator) if exact else numerator
+            return conjunction(kept, point_sets(right, iterator_of, exact=True))
+        case Call(fn=fn, args=args):
+            sets = [point_sets(a, iterator_of, exact) for a in args]
+            if fn in ("max", "min"):
+                return disjunction(sets[0], sets[1])
+            if FUNCTIONS[fn].keeps_pattern(args):
+                return sets[0] if len(sets) == 1 else conjunction(sets[0], sets[1])
+            return full(sets[0] if len(sets) == 1 else disjunction(sets[0], sets[1]))
         case BinOp(op=op):
             raise AssertionError(f"unknown operator {op}")
         case _:
@@ -159,7 +174,10 @@ def point_sets(
 
 
 def build(
-    expr: CExpr, iterator_of: Callable[[Access], Iterator | None], exact: bool = False
+    expr: CExpr,
+    iterator_of: Callable[[Access], Iterator | None],
+    exact: bool = False,
+    flagged: bool = True,
 ) -> Lattice:
     """The merge lattice of ``expr`` for the variable that ``iterator_of`` describes.
 
@@ -168,7 +186,12 @@ def build(
     With ``exact`` (an expression that divides by a non-literal, so infinities and NaN
     can arise), every subset of iterators is a point and nothing is folded: each case
     computes what dense arithmetic computes, ``inf * 0`` included.
+
+    A sum of many one-iterator terms gets its `UnionLattice` (unless ``flagged`` is off:
+    the lowering then wants every point after all).
     """
+    if flagged and (union := union_lattice(expr, iterator_of, exact)) is not None:
+        return union
     sets = point_sets(expr, iterator_of, exact)
     by_access = {it.access: it for p in sets for it in p}
     if exact and len(by_access) > MAX_EXACT_ITERATORS:
@@ -180,10 +203,92 @@ def build(
     points = []
     for p in sorted(sets, key=lambda s: -len(s)):
         absent = frozenset(a for a, it in by_access.items() if it not in p)
-        simplified = without(expr, absent, fold=not exact)
+        simplified = without(expr, absent, fold=not exact, sparse_division=not exact)
         if simplified is not ZERO:
             points.append(LatticePoint(p, simplified))
     return Lattice(tuple(points))
 
 
 MAX_EXACT_ITERATORS = 5
+
+
+# ----------------------------------------------------------------- flagged unions
+UNION_FROM = 4
+"""From this many iterators on, a union is co-iterated with presence flags (`UnionLattice`):
+with 3, the lattice's 7 points print about as much code as one flagged body; with 4 the
+lattice prints twice as much (48 kB against 24 kB for a CSR output), 6 fourteen times."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnionLattice(Lattice):
+    """The lattice of a sum of terms that each need at most one iterator, summarised:
+    its top point (every iterator, the whole expression) and, when some term needs none,
+    ``∅``. Its ``2^n - 1`` points are never built: `lower.union` co-iterates it with one
+    presence flag per iterator and one case body, an absent term contributing zero, the
+    identity of ``+``. Its `iterators`, `full`, `range_loop` and `position_loop` are
+    those of the lattice it stands for; `sub_points` is not (only the flags' lowering
+    consumes it)."""
+
+
+def union_lattice(
+    expr: CExpr, iterator_of: Callable[[Access], Iterator | None], exact: bool = False
+) -> UnionLattice | None:
+    """``expr``'s lattice as a `UnionLattice` when ``expr`` is a tree of ``+``, ``-`` and
+    unary minus whose leaves (terms) each need at most one iterator (an access, a
+    literal-scaled access, a product with located factors), and together at least
+    `UNION_FROM` iterators; otherwise None (the lattice is built point by point). Decided
+    from the expression alone, in time linear in its size."""
+    if exact:
+        return None
+    terms: list[CExpr] = []
+    if not _union_terms(expr, terms):
+        return None
+    its: set[Iterator] = set()
+    full = False
+    for term in terms:
+        found: set[Iterator] = set()
+        if not _plain_term(term, iterator_of, found) or len(found) > 1:
+            return None
+        full = full or not found
+        its |= found
+    if len(its) < UNION_FROM:
+        return None
+    top = LatticePoint(frozenset(its), expr)
+    return UnionLattice((top, LatticePoint(frozenset(), expr)) if full else (top,))
+
+
+def _union_terms(expr: CExpr, terms: list[CExpr]) -> bool:
+    """Collect the leaves of ``expr``'s ``+``/``-``/negation tree into ``terms``."""
+    match expr:
+        case BinOp(op="+" | "-", left=left, right=right):
+            return _union_terms(left, terms) and _union_terms(right, terms)
+        case Neg(operand=x):
+            return _union_terms(x, terms)
+        case _:
+            terms.append(expr)
+            return True
+
+
+def _plain_term(
+    expr: CExpr, iterator_of: Callable[[Access], Iterator | None], found: set[Iterator]
+) -> bool:
+    """Whether ``expr`` is a product of accesses and literals (a division only by a
+    non-zero literal), present exactly where all its iterators are: then an absent
+    iterator makes the whole term zero. Collects its iterators into ``found``. Anything
+    else (nested sums, functions, divisors that may be zero) is not."""
+    match expr:
+        case Access():
+            it = iterator_of(expr)
+            if it is not None:
+                found.add(it)
+            return True
+        case Literal():
+            return True
+        case Neg(operand=x):
+            return _plain_term(x, iterator_of, found)
+        case BinOp(op="*", left=left, right=right):
+            return _plain_term(left, iterator_of, found) and _plain_term(right, iterator_of, found)
+        case BinOp(op="/", left=left, right=Literal(value=v)) if v != 0:
+            return _plain_term(left, iterator_of, found)
+        case _:
+            return False
