@@ -25,7 +25,7 @@ formats (-f NAME:FORMAT, repeatable; unlisted tensors are dense, and with no -f 
 the highest-order input is sparse: compressed vector, csr, csf):
   {FORMAT_HELP}
   presets:  dense | csr (ds) | csc (ds:1,0) | dcsr (ss) | dcsc (ss:1,0) | coo (uq, uqq...) | csf (sss...)
-  letters:  d dense, s compressed, u compressed non-unique, q singleton
+  letters:  d dense, s compressed, u compressed non-unique, q singleton, p padded singleton (ddp: ELL)
 
 examples:
   sparsec compile "y(i) = A(i,j) * x(j)" -f A:csr --check

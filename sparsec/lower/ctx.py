@@ -92,10 +92,11 @@ class WorkspaceSink:
 
 @dataclass(frozen=True, slots=True)
 class DenseWsSink:
-    """Add into a precompute workspace ``array[coordinate of var]``."""
+    """Add into a precompute workspace ``array`` at the coordinates of ``vars``
+    (row-major, `where.ws_slot`)."""
 
     array: str
-    var: str
+    vars: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +113,10 @@ Sink = OutputSink | AccSink | WorkspaceSink | DenseWsSink | SegmentSink
 
 @dataclass(frozen=True, slots=True)
 class Where:
-    """A dense precompute: ``ws(var) = producer`` then ``consumer`` reads ``ws``."""
+    """A dense precompute: ``ws(vars) = producer`` then ``consumer`` reads ``ws``."""
 
     at: str
-    var: str
+    vars: tuple[str, ...]
     producer_order: tuple[str, ...]
     consumer_order: tuple[str, ...]
     produce: tuple[Access | Literal, ...]

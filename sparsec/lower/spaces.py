@@ -15,13 +15,13 @@ from ..errors import ScheduleError
 from ..frontend.concrete import ZERO, CExpr, accesses
 from ..frontend.notation import Access
 from ..ir import nodes as ir
-from ..middle.lattice import build, ordered
+from ..middle.lattice import Iterator, Lattice, build, ordered
 from ..middle.order import level_indices
 from ..middle.plan import Space
 from ..tensors.formats import Dense, LevelNames, dense_extent
 from .ctx import Ctx, OutputSink, SegmentSink, Sink, SpaceState, unit
 from .env import LowerEnv
-from .levels import iterator, locate, names
+from .levels import crd, iterator, level, locate, names, unique
 from .output import flush_run
 from .parallel import inside, loop_setup
 
@@ -292,15 +292,106 @@ def _bind_space(
             positions[k] = ir.Var(found)
     for n, var in enumerate(space.vars):
         k = first + n
-        expr = scheduled_expr(env, space, var, expr, ctx)
+        meets = _meets_sparse(env, space, var, expr, ctx) if space.kind == "pos" else None
+        if meets is None:
+            expr = scheduled_expr(env, space, var, expr, ctx)
         name = env.var_names[var]
         pos = positions[k]
         coord = fmt.levels[k].coordinate(pos, names(env, access, k), k == 0)
         stmts.append(ir.Decl(ir.I64, name, coord))
         ctx = ctx.bind({var: ir.Var(name)}, {(access, k): unit(pos)})
+        if meets is not None:
+            stmts += _locate_cases(env, space, var, meets, ctx, rest, sink, nest)
+            return ir.block(*stmts)
         located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
         stmts.append(located)
     return ir.block(*stmts, nest(rest, expr, ctx, sink))
+
+
+def _meets_sparse(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) -> Lattice | None:
+    """The lattice at ``var`` of a position loop over ``space.tensor``'s level when other
+    operands are sparse there too (TACO's ``pos(i, ipos, A)`` on ``A(i) * B(i)``), else
+    None. Every lattice point must hold the pos tensor (the loop visits only its entries)
+    and the other sparse levels must be unique: each is then located by a search of its
+    segment for the coordinate (`_locate_cases`)."""
+    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.exact)
+    if not lattice.points:
+        return None
+    others = [it for it in ordered(lattice.iterators) if it.access.name != space.tensor]
+    if not others:
+        return None
+    own = [it for it in lattice.iterators if it.access.name == space.tensor]
+    if not own or any(own[0] not in p.iterators for p in lattice.points):
+        raise ScheduleError(
+            f"{space.origin}: the expression needs {var} where {space.tensor} has no "
+            f"entry (a sum with a term without {space.tensor}); pos visits only "
+            f"{space.tensor}'s entries"
+        )
+    for it in others:
+        if not unique(env, it):
+            raise ScheduleError(
+                f"{space.origin}: at {var}, {it.access}'s level repeats coordinates; pos "
+                f"over {space.tensor} locates the other sparse operands by a search, which "
+                "needs unique levels (convert it, e.g. from coo to csr)"
+            )
+    return lattice
+
+
+def _locate_cases(
+    env: LowerEnv,
+    space: Space,
+    var: str,
+    lattice: Lattice,
+    ctx: Ctx,
+    rest: tuple[str, ...],
+    sink: Sink,
+    nest: Nest,
+) -> list[ir.Stmt]:
+    """The body of a position loop at ``var`` (bound in ``ctx``): each other sparse
+    operand located in its segment (a galloping search for the coordinate, present when
+    found), then the first lattice point whose operands are all present. A point of the
+    pos tensor alone runs where the others are absent; without one, nothing is computed
+    there (the intersection)."""
+    stmts: list[ir.Stmt] = []
+    coord = ctx.coords[var]
+    here: dict[Iterator, ir.Expr] = {}
+    found: dict[Iterator, ir.Expr] = {}
+    for it in ordered(lattice.iterators):
+        if it.access.name == space.tensor:
+            continue
+        k = it.level
+        parent = ctx.levels.get((it.access, k - 1)) if k > 0 else None
+        at = names(env, it.access, k)
+        lo, hi = level(env, it.access, k).bounds((parent.pos, parent.next) if parent else None, at)
+        p = env.namer.fresh(f"p{it.access.name}{k + 1}")
+        end = env.namer.fresh(f"{p}_end")
+        flag = env.namer.fresh(f"{var}{it.access.name}_here")
+        stmts += [
+            ir.Decl(ir.I64, end, hi),
+            ir.Decl(ir.I64, p, ir.Call("gallop", (ir.Var(at.crd), lo, ir.Var(end), coord))),
+            ir.Decl(
+                ir.BOOL,
+                flag,
+                ir.conj(
+                    ir.Bin("<", ir.Var(p), ir.Var(end)),
+                    ir.Bin("==", crd(env, it, ir.Var(p)), coord),
+                ),
+            ),
+        ]
+        here[it], found[it] = ir.Var(flag), ir.Var(p)
+    branches: list[tuple[ir.Expr, ir.Block]] = []
+    orelse: ir.Block | None = None
+    for point in lattice.points:
+        its = [it for it in ordered(point.iterators) if it in here]
+        inner = ctx.bind(levels={(it.access, it.level): unit(found[it]) for it in its})
+        located, inner = locate(env, inner, [env.lhs, *accesses(point.expr)])
+        case = ir.block(located, nest(rest, point.expr, inner, sink))
+        if not its:
+            orelse = case
+            break
+        branches.append((ir.conj(*(here[it] for it in its)), case))
+    stmts.append(ir.If(tuple(branches), orelse))
+    return stmts
 
 
 def _dense_coords(env: LowerEnv, space: Space, x: ir.Expr) -> list[tuple[str, ir.Expr]]:

@@ -8,17 +8,22 @@ A schedule is a list of commands (or one string of commands separated by commas)
     divide(i, i0, i1, F)          i0 < F pieces of ceil(N/F)           (F > 0)
     pos(i, ip, A)                 iterate A's stored positions of i's level
     fuse(i, j, f)                 one loop f over the (i, j) pairs (i directly encloses j)
-    precompute(expr, i, iw)       compute expr into a dense workspace over i
+    precompute(expr, i, iw)       compute expr into a dense workspace over i (iw may be i;
+                                  {i,j}, {iw,jw}: a workspace over several variables; an
+                                  optional fourth argument names the workspace)
     unroll(i, F)                  ask the C compiler to unroll i's loop F times
     bound(i, ib, B, kind)         i's extent is B (MaxExact) or at most B (MaxConstraint)
     parallelize(i, unit, races)   units CPUThread, CPUVector (GPUBlock, GPUWarp, GPUThread on
                                   CUDA); races NoRaces, IgnoreRaces, Atomics, Temporary,
                                   ParallelReduction
-    assemble(T, Append|Insert)    how the sparse output T is built
+    assemble(T, Append|Insert[, true|false])
+                                  how the sparse output T is built (the third argument,
+                                  TACO's separately-schedulable flag, is accepted and moot)
     mergeby(i, TwoFinger|Gallop)  how i's intersection advances the lagging iterators
 
 Reading checks only the text: a known command name, its arity, names or integers for its
-arguments (``precompute``'s first is an expression) and the sizes below; whether a name is
+arguments (``precompute``'s first is an expression, its next two a name or a ``{...}``
+list of names) and the sizes below; whether a name is
 a loop of the kernel is checked against the loop nest by `plan.make_plan`.
 """
 
@@ -64,37 +69,42 @@ class Command:
         return f"{self.name}({','.join(self.args)})"
 
 
-_ARITY = {
+#: the argument counts each command takes (None: reorder's two or more)
+_ARITY: dict[str, tuple[int, ...] | None] = {
     "reorder": None,
-    "split": 4,
-    "divide": 4,
-    "pos": 3,
-    "fuse": 3,
-    "precompute": 3,
-    "unroll": 2,
-    "bound": 4,
-    "parallelize": 3,
-    "assemble": 2,
-    "mergeby": 2,
+    "split": (4,),
+    "divide": (4,),
+    "pos": (3,),
+    "fuse": (3,),
+    "precompute": (3, 4),
+    "unroll": (2,),
+    "bound": (4,),
+    "parallelize": (3,),
+    "assemble": (2, 3),
+    "mergeby": (2,),
 }
+#: TACO's spelling of ``assemble``'s third argument (``separatelySchedulable``)
+FLAGS = ("true", "false")
+_LIST = re.compile(r"^\{(.*)\}$", re.S)
 
 
 def _split_top(text: str, where: str) -> list[tuple[str, int]]:
-    """Split at commas outside parentheses; each part with its offset in ``text``."""
+    """Split at commas outside parentheses and braces (TACO's ``{i,j}`` lists); each part
+    with its offset in ``text``."""
     parts: list[tuple[str, int]] = []
     depth, start = 0, 0
     for n, ch in enumerate(text):
-        if ch == "(":
+        if ch in "({":
             depth += 1
-        elif ch == ")":
+        elif ch in ")}":
             depth -= 1
             if depth < 0:
-                raise ScheduleError(f"unbalanced ')' in {where} {text!r}")
+                raise ScheduleError(f"unbalanced {ch!r} in {where} {text!r}")
         elif ch == "," and depth == 0:
             parts.append((text[start:n], start))
             start = n + 1
     if depth != 0:
-        raise ScheduleError(f"unbalanced '(' in {where} {text!r}")
+        raise ScheduleError(f"unbalanced '(' or '{{' in {where} {text!r}")
     parts.append((text[start:], start))
     return parts
 
@@ -148,19 +158,51 @@ def _command(text: str) -> Command:
     if args == ("",):
         args = ()
     want = _ARITY[name]
-    if want is not None and len(args) != want:
-        raise ScheduleError(f"{name} takes {want} arguments, got {len(args)} in {text!r}")
+    if want is not None and len(args) not in want:
+        counts = " or ".join(map(str, want))
+        raise ScheduleError(f"{name} takes {counts} arguments, got {len(args)} in {text!r}")
     if want is None and len(args) < 2:
         raise ScheduleError(f"{name} needs at least two index variables, got {text!r}")
+    spelled: list[str] = []
     for n, a in enumerate(args):
         if not a:
             raise ScheduleError(f"argument {n + 1} of {text!r} is empty")
         if name == "precompute" and n == 0:
+            spelled.append(" ".join(a.split()))
+            continue
+        if name == "precompute" and n in (1, 2) and _LIST.match(a):
+            spelled.append(_name_list(a, text))
             continue
         if not _IDENT.match(a) and not re.fullmatch(r"[+-]?[0-9]+", a):
             raise ScheduleError(f"argument {a!r} of {text!r} is not a name or an integer")
-    spelled = (" ".join(args[0].split()), *args[1:]) if name == "precompute" else args
+        spelled.append(a)
+    if name == "assemble" and len(args) == 3 and args[2] not in FLAGS:
+        raise ScheduleError(
+            f"{text!r}: assemble's third argument (TACO's separately-schedulable flag) is "
+            f"true or false, not {args[2]!r}"
+        )
     return Command(name, tuple(spelled))
+
+
+def _name_list(arg: str, text: str) -> str:
+    """A ``{i, j}`` argument (TACO's list of index variables), spelled ``{i,j}``."""
+    m = _LIST.match(arg)
+    assert m is not None
+    names = [x.strip() for x in m.group(1).split(",")]
+    for x in names:
+        if not _IDENT.match(x):
+            raise ScheduleError(
+                f"{text!r}: {x!r} in the list {arg!r} is not an index variable name; write "
+                "e.g. {i,j}"
+            )
+    return "{" + ",".join(names) + "}"
+
+
+def name_list(arg: str) -> tuple[str, ...]:
+    """The names of a precompute variable argument: ``i`` or ``{i,j}`` (as `_command`
+    spelled it)."""
+    m = _LIST.match(arg)
+    return tuple(m.group(1).split(",")) if m else (arg,)
 
 
 def parse_factor(text: str, command: Command) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 from ..errors import ScheduleError
 from .commands import (
@@ -29,8 +28,8 @@ from .commands import (
     UNITS,
     Command,
     parse_factor,
-    precompute_expr,
 )
+from .precompute import Precompute, read_precompute
 
 
 # ----------------------------------------------------------------- provenance
@@ -74,14 +73,6 @@ class Parallelize:
     origin: str
     #: the command came from the default policy (`Command.policy`)
     default: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Precompute:
-    expr: Any  # a notation expression (product of accesses)
-    var: str
-    workspace: str
-    origin: str
 
 
 class _Provenance:
@@ -321,15 +312,7 @@ def make_plan(
                 )
                 replace([var], [bvar])
             case "precompute":
-                expr_text, var, wvar = a
-                if var not in indices or var in nested:
-                    raise ScheduleError(
-                        f"{command}: {var!r} is not an index variable of the outer loop nest"
-                    )
-                new_name(wvar, command)
-                plan.precompute.append(
-                    Precompute(precompute_expr(expr_text, command), var, wvar, str(command))
-                )
+                plan.precompute.append(read_precompute(command, indices, nested, new_name))
             case "unroll":
                 plan.unroll[a[0]] = parse_factor(a[1], command)
             case "parallelize":
@@ -347,7 +330,7 @@ def make_plan(
                     raise ScheduleError(f"{command}: {var} is already parallelized")
                 plan.parallel[var] = Parallelize(var, unit, races, str(command), command.policy)
             case "assemble":
-                tensor, how = a
+                tensor, how = a[0], a[1]
                 if tensor != output:
                     raise ScheduleError(
                         f"{command}: assemble names the output ({output}), not {tensor!r}"
@@ -356,6 +339,9 @@ def make_plan(
                     raise ScheduleError(
                         f"{command}: strategy {how!r} is not one of {', '.join(ASSEMBLIES)}"
                     )
+                # a[2], TACO's separatelySchedulable, makes the assembly's queries a
+                # statement of their own that can be scheduled; sparsec's assembly has
+                # no such statement (its counting pass follows the compute's schedule)
                 plan.assemble[tensor] = how
             case "mergeby":
                 if a[1] not in MERGES:

@@ -12,6 +12,10 @@ Level letters (TACO's spelling)::
     u  compressed, non-unique (a coordinate may repeat; COO's first level)
     q  singleton    crd array only; one coordinate per parent position (COO's lower levels);
                     unique when it is the last level, non-unique when a singleton follows
+    p  padded singleton (TACO's CLI letter: ``Singleton(PADDED)``, ELL's last level, e.g.
+                    ``ddp``): a unique singleton whose parents without an entry hold a
+                    padding entry (coordinate 0, value 0). sparsec pads every singleton
+                    this way when it packs one, so ``p`` reads and runs as a unique ``q``
 
 A spec is a preset name or letters with an optional mode ordering:
 ``"csr"``, ``"ds"``, ``"ds:1,0"`` (= ``"d1s0"``, CSC), ``"sss"``, ``"uqq"`` (COO).
@@ -180,9 +184,13 @@ class Singleton(LevelFormat):
     position_iteration: ClassVar[bool] = True
     inherits_parent_range: ClassVar[bool] = True
 
+    #: TACO's padded singleton (letter ``p``); storage and lowering are the same as a
+    #: unique ``q``'s (`packing` pads the parents without an entry), the letter is kept
+    padded: bool = False
+
     @property
     def spelling(self) -> str:
-        return "q"
+        return "p" if self.padded else "q"
 
     def bounds(self, parent: Parent, at: LevelNames) -> tuple[ir.Expr, ir.Expr]:
         """The parent's own segment: one coordinate per parent position."""
@@ -266,8 +274,10 @@ def _levels(letters: str) -> tuple[LevelFormat, ...]:
             case "u":
                 levels.append(Compressed(unique=False))
             case "q":
-                last = k == len(letters) - 1 or letters[k + 1] != "q"
+                last = k == len(letters) - 1 or letters[k + 1] not in "qp"
                 levels.append(Singleton(unique=last))
+            case "p":
+                levels.append(Singleton(unique=True, padded=True))
             case _:
                 raise FormatError(f"unknown level letter {ch!r}")
     return tuple(levels)
@@ -307,12 +317,12 @@ PRESETS = {
     "compressed": lambda n: Format(_levels("s" * n), _identity(n)),
 }
 
-_LETTERS_WITH_ORDER = re.compile(r"^([dsuq]+)(?::(\d+(?:,\d+)*))?$")
-_INTERLEAVED = re.compile(r"^(?:[dsuq]\d+)+$")
+_LETTERS_WITH_ORDER = re.compile(r"^([dsuqp]+)(?::(\d+(?:,\d+)*))?$")
+_INTERLEAVED = re.compile(r"^(?:[dsuqp]\d+)+$")
 
 FORMAT_HELP = (
-    "a preset (dense, csr, csc, dcsr, dcsc, coo, csf) or level letters d/s/u/q with an "
-    "optional mode ordering, e.g. 'ds', 'sss', 'uqq', 'ds:1,0' or 'd1s0'"
+    "a preset (dense, csr, csc, dcsr, dcsc, coo, csf) or level letters d/s/u/q/p with an "
+    "optional mode ordering, e.g. 'ds', 'sss', 'uqq', 'ddp' (ELL), 'ds:1,0' or 'd1s0'"
 )
 
 
@@ -347,7 +357,7 @@ def parse_format(spec: str | Format, order: int, tensor: str = "") -> Format:
                 )
             fmt = Format(_levels(letters), ordering)
         elif _INTERLEAVED.match(text):
-            letters = "".join(re.findall(r"[dsuq]", text))
+            letters = "".join(re.findall(r"[dsuqp]", text))
             ordering = tuple(int(x) for x in re.findall(r"\d+", text))
             fmt = Format(_levels(letters), ordering)
         else:
