@@ -203,16 +203,58 @@ def test_a_schedule_applies_to_the_shared_loops_only():
         sparsec.kernel(expr, fmts, schedule="split(j,j0,j1,4)").source  # noqa: B018
 
 
-def test_a_sparse_output_is_converted_or_refused_clearly():
-    """A CSR output has no sequence yet: either another layer makes it run (call-time
-    conversion) and the values are right, or it keeps the clear error naming B's order."""
-    fmts = {"A": "csr", "B": "csr", "Y": "csr"}
+@pytest.mark.parametrize(("dtype", "index_dtype"), DTYPES, ids=["f64i32", "f32i64"])
+@pytest.mark.parametrize("out", ["csr", "dcsr"])
+@pytest.mark.parametrize("case", CASES[:7], ids=IDS[:7])
+def test_sparse_output_per_row_through_a_workspace(case, out, dtype, index_dtype):
+    """Y csr/dcsr: per row the steps scatter into a dense workspace, gathered into the
+    row; one thread appends in a single pass, two count and fill (both agree)."""
+    expr, fmts, ref, shapes = case
+    fmts = {**fmts, "Y": out}
+    k = sparsec.kernel(expr, fmts, dtype=dtype, index_dtype=index_dtype)
+    assert "lowered as a sequence" in k.schedule and "dense workspace over j" in k.schedule
+    dense, given = _inputs(fmts, shapes, dtype, index_dtype)
+    want = ref(dense)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    patterns = []
+    for threads in (1, 2):
+        got = k(threads=threads, **given)
+        assert isinstance(got, sparsec.Tensor) and str(got.format) == out
+        np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol)
+        m = got.to_scipy()
+        patterns.append((m.indptr.tolist(), m.indices.tolist()) if out == "csr" else m.nnz)
+    assert patterns[0] == patterns[1]
+    assert k.check(threads=2, **given)
+
+
+def test_sparse_output_keeps_only_reached_entries():
+    """A CSR bias: the result's pattern is the union of the bias's and the product's."""
+    fmts = {"A": "csr", "B": "csr", "D": "csr", "Y": "csr"}
+    k = sparsec.kernel("Y(i,j) = A(i,k) * B(k,j) + D(i,j)", fmts)
+    A = sp.csr_matrix(np.array([[0, 1.0, 0], [0, 0, 0], [2.0, 0, 0]]))
+    B = sp.csr_matrix(np.array([[0, 0, 3.0, 0], [1.0, 0, 0, 0], [0, 0, 0, 0]]))
+    D = sp.csr_matrix(np.array([[0, 0, 0, 0], [0, 5.0, 0, 0], [0, 0, 0, 0]]))
+    got = k(A=A, B=B, D=D).to_scipy()
+    assert got.indptr.tolist() == [0, 1, 2, 3]
+    assert got.indices.tolist() == [0, 1, 2]
+    assert got.data.tolist() == [1.0, 5.0, 6.0]
+
+
+@pytest.mark.parametrize(
+    ("expr", "out"),
+    [("Y(i,j) = A(i,k) * B(k,j) + D(i,j)", "csc"), ("Y(i,j) = A(i,k) * B(k,j) + D(j,i)", "csr")],
+)
+def test_sparse_output_without_a_row_sequence_is_converted_or_refused_clearly(expr, out):
+    """No row loop shared by every step in the output's storage order: either another
+    layer makes it run (call-time conversion) and the values are right, or it keeps the
+    clear error naming B's order."""
+    fmts = {"A": "csr", "B": "csr", "D": "csr", "Y": out}
     try:
-        k = sparsec.kernel("Y(i,j) = A(i,k) * B(k,j) + D(i,j)", fmts)
+        k = sparsec.kernel(expr, fmts)
         k.source  # noqa: B018
-        inputs, _ = k.random_inputs(seed=2)
     except SparsecError as err:
         assert isinstance(err, LoweringError | ScheduleError)
         assert "B(k,j) is stored as csr" in str(err)
         return
+    inputs, _ = k.random_inputs(seed=2)
     assert k.check(**inputs)

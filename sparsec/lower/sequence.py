@@ -16,8 +16,8 @@ runs on threads without races, and the slice stays in cache between the steps.
 
 `sequence_order` decides whether a statement is lowered so (the fused nest found no order)
 and returns the shared loops; `emit_sequence` emits the steps where the shared loops have
-bound their variables (`lowerer.loops` calls it there). Dense outputs only: a sparse
-output keeps the fused nest's error.
+bound their variables (`lowerer.loops` calls it there). A sparse output (csr-like) takes
+the sequence per row through a dense workspace over its last level (see `sequence_order`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..frontend.concrete import ZERO, CExpr, Sum
 from ..frontend.concrete import accesses as accesses_of
 from ..frontend.notation import Access, BinOp, Neg
 from ..ir import nodes as ir
-from ..middle.order import loop_order
+from ..middle.order import level_indices, loop_order
 from ..middle.plan import make_plan
 from .ctx import Ctx, Sink
 from .env import LowerEnv
@@ -93,11 +93,19 @@ def _step_order(
 
 def sequence_order(env: LowerEnv) -> tuple[str, ...] | None:
     """The shared loops of ``env``'s statement lowered as a sequence, or None when it is
-    not one (a sparse output, a lifted sum over the whole right-hand side, no sum under
-    ``+``/``-``, or a step with no order of its own). Sets `LowerEnv.sequence`, notes it
-    for the header, and applies the schedule to the shared loops."""
+    not one (a lifted sum over the whole right-hand side, no sum under ``+``/``-``, a
+    step with no order of its own, or a sparse output that cannot take it). Sets
+    `LowerEnv.sequence` (the sequence in words, for the header) and applies the schedule
+    to the shared loops.
+
+    A sparse output takes a sequence when its last level can be scattered into a dense
+    workspace (`Assembler.can_scatter`, e.g. csr) and the shared loops are its levels
+    above the last, in storage order: per row the steps scatter into the workspace, which
+    is gathered into the row once (Gustavson's SpGEMM, the initialisation first). Its
+    counting and filling phases lower the same steps, so they agree on the pattern."""
     stmt = env.spec.statement
-    if env.assembler is not None or stmt.top_sums:
+    asm = env.assembler
+    if stmt.top_sums or (asm is not None and not asm.can_scatter()):
         return None
     steps = split_terms(stmt.rhs)
     if not steps.contractions:
@@ -116,13 +124,20 @@ def sequence_order(env: LowerEnv) -> tuple[str, ...] | None:
             break
         shared.append(column[0])
     order = tuple(shared)
+    into = ""
+    if asm is not None:
+        rows = level_indices(env.lhs, env.spec.output.format)
+        if order != rows[:-1]:
+            return None
+        env.workspace = rows[-1]
+        into = f"; per row a dense workspace over {rows[-1]}, gathered into the row"
     op = "+=" if stmt.accumulate else "="
     first = f"{env.lhs.name} {op} {steps.init if steps.init is not None else 0}"
     then = "".join(f", then {env.lhs.name} += {s}" for s in steps.contractions)
     loops = f"in the loop{'s' if len(order) > 1 else ''} over {', '.join(order)}"
     env.sequence = (
         f"lowered as a sequence {loops if order else 'of loop nests'}: {first}{then}, "
-        "each in its own loop order"
+        f"each in its own loop order{into}"
     )
     return _schedule_shared(env, order) if env.commands else order
 
