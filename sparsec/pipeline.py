@@ -25,6 +25,7 @@ from .backends.c import (
 )
 from .backends.cuda import print_cuda
 from .errors import ScheduleError, SparsecError
+from .frontend.semirings import semiring
 from .ir import nodes as ir
 from .ir.visit import map_blocks
 from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower
@@ -173,6 +174,9 @@ CUDA_PASSES: tuple[Pass, ...] = (_coarsen,)
 def run_passes(passes: tuple[Pass, ...], body: ir.Block, unit: Unit) -> Passed:
     """``body`` through ``passes`` in order."""
     done = Passed(body)
+    if unit.spec.semantics.semiring != "plus_times":
+        # the passes' register tiles, bands and coarsened threads add with '+'
+        return done
     for step in passes:
         done = step(done, unit)
     return done
@@ -337,7 +341,12 @@ def generate_cuda(
                 notes=(*lowered.notes, *done.of("coarsen")),
             )
     launch = Launch(
-        lowered.grid, lowered.block, lowered.zero_before, lowered.body, lowered.shuffles
+        lowered.grid,
+        lowered.block,
+        lowered.zero_before,
+        lowered.body,
+        lowered.shuffles,
+        semiring(spec.semantics.semiring).identity,
     )
     schedule = describe_gpu(chosen, not commands, lowered.notes)
     if lowered.sequence:

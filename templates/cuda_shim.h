@@ -7,6 +7,19 @@
 #include <stdlib.h>
 #include <ucontext.h>
 
+/* the CUDA math API's functions the language's functions print as (sparsec/frontend/
+   functions.py), overloaded on float and double as CUDA's are, from compiler builtins */
+#define SC_MATH1(fn) \
+  static inline float fn(float x) { return __builtin_##fn##f(x); } \
+  static inline double fn(double x) { return __builtin_##fn(x); }
+#define SC_MATH2(fn) \
+  static inline float fn(float x, float y) { return __builtin_##fn##f(x, y); } \
+  static inline double fn(double x, double y) { return __builtin_##fn(x, y); }
+SC_MATH1(fabs) SC_MATH1(sqrt) SC_MATH1(exp) SC_MATH1(log) SC_MATH1(sin) SC_MATH1(cos)
+SC_MATH1(tanh) SC_MATH2(fmax) SC_MATH2(fmin) SC_MATH2(pow)
+#undef SC_MATH1
+#undef SC_MATH2
+
 struct sc_dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
@@ -37,6 +50,29 @@ inline double atomicAdd(double* address, double value) {
 inline float atomicAdd(float* address, float value) {
   return sc_atomic_add<float, unsigned int>(address, value);
 }
+
+/* compare-and-swap and the bit casts, for the template's semiring atomics (min, max, or) */
+inline unsigned long long atomicCAS(unsigned long long* address, unsigned long long compare,
+                                    unsigned long long value) {
+  __atomic_compare_exchange_n(address, &compare, value, false, __ATOMIC_RELAXED,
+                              __ATOMIC_RELAXED);
+  return compare;  // the value seen: `compare` itself on success
+}
+inline unsigned int atomicCAS(unsigned int* address, unsigned int compare, unsigned int value) {
+  __atomic_compare_exchange_n(address, &compare, value, false, __ATOMIC_RELAXED,
+                              __ATOMIC_RELAXED);
+  return compare;
+}
+template <class To, class From>
+inline To sc_bits(From x) {
+  To out;
+  __builtin_memcpy(&out, &x, sizeof(To));
+  return out;
+}
+inline long long __double_as_longlong(double x) { return sc_bits<long long>(x); }
+inline double __longlong_as_double(long long x) { return sc_bits<double>(x); }
+inline unsigned int __float_as_uint(float x) { return sc_bits<unsigned int>(x); }
+inline float __uint_as_float(unsigned int x) { return sc_bits<float>(x); }
 
 namespace sc_emu {
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import InputError, SparsecError
 from ..frontend.notation import Assignment
+from ..frontend.semirings import semiring
 from ..middle.spec import Spec, TensorVar
 from ..runtime import gpu
 from ..runtime.inputs import Prepared
@@ -54,21 +55,40 @@ def verdict(
     import torch
 
     from .reference import compare, reference
+    from .semiring_reference import semiring_reference
 
     if prepared.device and np.ndim(got):
         got = gpu.cupy_device().asnumpy(got)  # compared on the host
-    dense = {}
+    dense, stored = {}, {}
     for t in wanted:
         v = prepared.values[t.name]
         if gpu.on_device(v):
             v = gpu.cupy_device().asnumpy(v)  # in level order, like a host value
         if isinstance(v, Tensor):
+            # structural presence: the stored entries, explicit zeros included
+            mask = np.zeros(v.shape, dtype=bool)
+            mask[tuple(v.coords()[0])] = True
+            stored[t.argument] = torch.from_numpy(mask)
             v = v.to_dense()
         elif t.order and t.format.ordering != tuple(range(t.order)):
             v = np.transpose(v, np.argsort(t.format.ordering))  # back to mode order
         dense[t.argument] = torch.from_numpy(np.array(v, dtype=np.float64))
     current = dense.pop(spec.output.name, None)
-    want = reference(assignment, dense, prepared.dims, current).numpy()
+    stored.pop(spec.output.name, None)
+    ring = semiring(spec.semantics.semiring)
+    if ring.is_default:
+        division = spec.semantics.division
+        want = reference(assignment, dense, prepared.dims, current, stored, division).numpy()
+    else:
+        # GraphBLAS's model: absent entries are the add's identity (`semiring_reference`)
+        want = semiring_reference(
+            assignment,
+            {name: v.numpy() for name, v in dense.items()},
+            {name: m.numpy() for name, m in stored.items()},
+            ring,
+            None if current is None else current.numpy(),
+            sparse_output=not spec.output.format.is_dense,
+        )
     if isinstance(got, Tensor):
         got.validate(spec.output.name)  # the assembled storage keeps every invariant
     err = compare(np.asarray(got), want, prepared.dtype, f"kernel {assignment}")

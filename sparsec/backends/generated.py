@@ -24,6 +24,8 @@ class Launch:
     body: ir.Block
     #: lanes of a warp exchange values (``__shfl_down_sync``): the emulation needs fibers
     shuffles: bool = False
+    #: the value the output is filled with before the launch (a semiring's identity)
+    fill: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

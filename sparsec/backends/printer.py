@@ -9,6 +9,7 @@ a target's template (a dumb skeleton: includes, typedefs, signature, bodies).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -17,6 +18,7 @@ from typing import assert_never
 import jinja2
 
 from ..abi import INT, Param
+from ..frontend.functions import FUNCTIONS
 from ..ir import nodes as ir
 from ..middle.spec import Spec
 from ..resources import data_dir
@@ -42,6 +44,13 @@ PRECEDENCE = {
     "atom": 16,
 }
 
+
+#: the accumulating updates of a semiring's add (`lower.semiring`), ``op`` -> statement
+SEMIRING_UPDATES = {
+    "min=": "{target} = ({value}) < {target} ? ({value}) : {target};",
+    "max=": "{target} = ({value}) > {target} ? ({value}) : {target};",
+    "or=": "{target} = {target} || ({value});",
+}
 
 #: intrinsic spellings: the templates define each ``sc_*`` helper (C and CUDA alike)
 CALLS = {
@@ -74,6 +83,11 @@ CALLS = {
         "prefetch_stream",
     )
 }
+
+#: the language's functions (``fn_sqrt``, as the lowerer emits them) per target: GCC/Clang
+#: builtins in C (no ``<math.h>`` needed), the CUDA math API's overloads on CUDA
+C_FUNCTIONS = {f"fn_{f.name}": f.c for f in FUNCTIONS.values() if f.c}
+CUDA_FUNCTIONS = {f"fn_{f.name}": f.cuda for f in FUNCTIONS.values() if f.cuda}
 
 #: the loop IR's types that both targets spell alike (the template typedefs the value,
 #: accumulator and index types per kernel)
@@ -113,6 +127,9 @@ class Target:
     atomic_lines: tuple[str, ...]
     #: the update operators an atomic may use (empty: any)
     atomic_ops: tuple[str, ...] = ()
+    #: the lines of an atomic semiring update (``min=``, ``max=``, ``or=``), which no
+    #: instruction does for floating point: ``{target}``, ``{value}`` as in `atomic_lines`
+    semiring_atomics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: whether an atomic update may target a local variable (OpenMP: a shared local; CUDA
     #: atomics need global or shared memory)
     atomic_locals: bool = True
@@ -186,7 +203,12 @@ C = Target(
     restrict="restrict",
     unroll="#pragma GCC unroll {}",
     atomic_lines=("#pragma omp atomic", "{target} {op} {value};"),
+    # one thread at a time (OpenMP's atomics update only with arithmetic operators)
+    semiring_atomics={
+        op: ("#pragma omp critical(sc_semiring)", line) for op, line in SEMIRING_UPDATES.items()
+    },
     openmp=True,
+    calls={**CALLS, **C_FUNCTIONS},
     template="kernel.c.j2",
     # float32 sums in double: as fast as summing in float (the conversion is off the add
     # chain) and exact far longer (docs/decisions.md, "float32 sums accumulate in double")
@@ -203,8 +225,15 @@ CUDA = Target(
     unroll="#pragma unroll {}",
     atomic_lines=("atomicAdd(&{target}, {value});",),
     atomic_ops=("+=",),
+    # compare-and-swap loops of the template (``kernel.cu.j2``; the emulation's shim too)
+    semiring_atomics={
+        "min=": ("sc_atomic_min(&{target}, {value});",),
+        "max=": ("sc_atomic_max(&{target}, {value});",),
+        "or=": ("sc_atomic_or(&{target}, {value});",),
+    },
     atomic_locals=False,
     strides=GPU_STRIDES,
+    calls={**CALLS, **CUDA_FUNCTIONS},
     template="kernel.cu.j2",
     # the value type: unlike the C target's, since most GPUs run double arithmetic at 1/32
     # to 1/64 of the float rate, which would make float32 SpMM several times slower; sums
@@ -230,6 +259,10 @@ class Printer:
                 return [f"{pad}{self.t.types[ty]} {name}{rhs};"]
             case ir.Assign(target=target, value=value, op=op, atomic=atomic):
                 lhs, rhs = self.expr(target), self.expr(value)
+                if op in SEMIRING_UPDATES:
+                    # a semiring's add (`lower.semiring`), atomic as the target's table says
+                    update = self.t.semiring_atomics[op] if atomic else (SEMIRING_UPDATES[op],)
+                    return [pad + x.format(target=lhs, value=rhs) for x in update]
                 if atomic:
                     if isinstance(target, ir.Var) and not self.t.atomic_locals:
                         raise AssertionError(f"internal: an atomic update of the local {lhs}")
@@ -290,6 +323,9 @@ class Printer:
                 return name
             case ir.IntLit(value=v):
                 return str(v)
+            case ir.FloatLit(value=v) if math.isinf(v):
+                # a semiring's identity: C and CUDA have no infinity literal
+                return f"(({self.t.types[ir.VAL]})({'-' if v < 0 else ''}1.0 / 0.0))"
             case ir.FloatLit(value=v):
                 return f"(({self.t.types[ir.VAL]}){float(v)!r})"
             case ir.Load(array=array, index=index):

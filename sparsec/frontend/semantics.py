@@ -38,8 +38,8 @@ class Semantics:
                 f"unknown semiring {self.semiring!r}; choose one of {', '.join(SEMIRINGS)}"
             )
         # until the lowering of each lands (issue 23), never compute the wrong thing
-        if self.semiring != "plus_times" or self.mask:
-            raise SparsecError("semirings and masks are not supported yet")
+        if self.mask:
+            raise SparsecError("masks are not supported yet")
         if not isinstance(self.mask, str):
             raise SparsecError(
                 f"mask must be a tensor name such as 'M' or '~M', not {type(self.mask).__name__}"

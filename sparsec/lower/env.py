@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..abi import Namer, Signature
-from ..frontend.concrete import Sum, divides
+from ..frontend.concrete import Sum, exact
+from ..frontend.semirings import semiring
 from ..ir import nodes as ir
 from ..middle.commands import Command
 from ..middle.plan import Plan
@@ -85,7 +86,9 @@ class LowerEnv:
         #: threads may be used at all (``schedule="serial"`` turns them off)
         self.threads_ok = parallel
         #: dense-exact lowering (see `lattice.build`) when the expression may make inf/NaN
-        self.exact = divides(spec.statement.rhs)
+        self.exact = exact(spec.statement.rhs, spec.semantics.division)
+        #: the algebra of ``*`` and the sums (`frontend.semirings`; plus_times by default)
+        self.ring = semiring(spec.semantics.semiring)
         #: second pass: output writes are known to be exclusive (see `lower`)
         self.exclusive = exclusive
         self.out_op = "=" if exclusive else "+="

@@ -22,6 +22,7 @@ from .env import LowerEnv
 from .levels import locate
 from .lowerer import loops, scatter_gather
 from .output import DenseFrame, OutputFrame, block_size, epilogue
+from .semiring import apply as apply_semiring
 from .sequence import sequence_order
 from .where import plan_where
 
@@ -80,7 +81,8 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         body = scatter_gather(env, order, stmt.rhs, ctx)
     else:
         body = loops(env, order, stmt.rhs, ctx, OutputSink(), outermost=True)
-    kernel = epilogue(env, frame, ir.block(located, body))
+    # a semiring other than plus_times: every accumulation and its start follow its add
+    kernel = apply_semiring(env.ring, epilogue(env, frame, ir.block(located, body)), env.gpu)
     sites = env.write_sites
     return LoweredKernel(
         kernel,
@@ -122,13 +124,11 @@ def _scheduled_order(env: LowerEnv) -> tuple[str, ...]:
     try:
         order, extra = _loop_order(env, everything, extra)
     except LoweringError:
-        if asm is None:
-            # no fused order: sums under +/- may still run as a sequence of nests
-            shared = sequence_order(env)
-            if shared is None:
-                raise
+        # no fused order: sums under +/- may still run as a sequence of nests
+        shared = sequence_order(env)
+        if shared is not None:
             return shared
-        if not asm.layout.rowwise or asm.rowwise:
+        if asm is None or not asm.layout.rowwise or asm.rowwise:
             raise
         # the single pass appends rows in storage order, which the inputs rule out
         _loop_order(env, everything, output_edges(lhs, fmt, stmt.top_sums, False))

@@ -21,6 +21,7 @@ from ..errors import FormatError
 from ..frontend.concrete import Statement, concretize
 from ..frontend.notation import Access, Assignment, BinOp
 from ..frontend.semantics import DEFAULT, Semantics
+from ..frontend.semirings import check_expression, semiring
 from ..tensors.formats import Format, default_sparse, dense, parse_format
 from ..tensors.layout import OutputLayout
 
@@ -81,6 +82,8 @@ FormatsArg = Mapping[str, "str | Format"] | None
 def make_spec(
     assignment: Assignment, formats: FormatsArg = None, semantics: Semantics = DEFAULT
 ) -> Spec:
+    # '-', '/' and functions have no meaning under a semiring other than plus_times
+    check_expression(assignment.rhs, semiring(semantics.semiring))
     orders: dict[str, int] = {}
     for access in assignment.accesses():
         orders.setdefault(access.name, access.order)

@@ -142,7 +142,8 @@ class Executable:
             current = prepared.values[self.output.name]
             out = xp.array(current, dtype=np_dtype, order="C").reshape(-1)
         elif gen.launch is not None and gen.launch.zero_before:
-            out = xp.zeros(size, dtype=np_dtype)  # CUDA kernels only add
+            # CUDA kernels only add (a semiring's add: from its identity)
+            out = xp.full(size, gen.launch.fill, dtype=np_dtype)
         else:
             out = aligned_empty(size, np.dtype(np_dtype)) if xp is np else xp.empty(size, np_dtype)
             if self.poison:
@@ -199,7 +200,7 @@ class Executable:
             return kernel_only, out_dev
 
         def launch() -> None:
-            out_dev.fill(0)
+            out_dev.fill(self.loaded.generated.launch.fill)
             kernel_only()
 
         return launch, out_dev

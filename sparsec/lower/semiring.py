@@ -1,0 +1,114 @@
+"""A kernel's values under a semiring other than ``plus_times`` (GraphBLAS's model).
+
+The lattices, loops and stores are those of ``plus_times`` (``*`` intersects, ``+``
+unites, in every semiring here): only values change. `combine` builds a case's ``*`` and
+``+`` with the semiring's multiply and add (the lowerer's ``_value``); `apply` rewrites
+the finished loop IR of one kernel, so every accumulation the lowering and its helpers
+emit (scalar accumulators, scalar temporaries of nested sums, dense outputs, workspaces,
+threads' private copies, runs of a segment) follows the semiring without each knowing
+it:
+
+* every accumulating update ``x += v`` becomes the add's update (``min=``, ``max=``,
+  ``or=``; the printer spells them, and an atomic one as a critical section on the C
+  target);
+* every accumulator's start, a value location declared or reset to ``0.0``, starts at
+  the add's identity instead, and every zeroed value array (``calloc``) is filled with it;
+* an OpenMP ``reduction(+:...)`` loop runs on one thread (OpenMP's ``min`` reduction
+  starts each thread from the type's largest finite value, not from ``inf``).
+
+A GPU mapping whose threads combine through ``atomicAdd`` or warp shuffles has no
+semiring counterpart yet: `apply` refuses it with a ScheduleError, so the GPU candidate
+search takes a mapping that stores each output element from one thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import ScheduleError
+from ..frontend.semirings import Semiring
+from ..ir import nodes as ir
+from ..ir.visit import exprs, map_blocks, subexpressions
+
+#: the add's accumulating update, as an `ir.Assign` op
+UPDATES = {"+": "+=", "min": "min=", "max": "max=", "or": "or="}
+_VALUE_TYPES = (ir.VAL, ir.ACC)
+
+
+def combine(ring: Semiring, op: str, a: ir.Expr, b: ir.Expr) -> ir.Expr:
+    """``a op b`` for a case's ``*`` or ``+`` under ``ring``."""
+    kind = ring.multiply if op == "*" else ring.add
+    match kind:
+        case "+" | "*":
+            return ir.Bin(kind, a, b)
+        case "min":
+            return ir.Select(ir.Bin("<", b, a), b, a)
+        case "max":
+            return ir.Select(ir.Bin(">", b, a), b, a)
+        case "or":
+            return ir.Bin("||", a, b)
+        case "and":
+            return ir.Bin("&&", a, b)
+        case _:
+            raise AssertionError(f"unknown semiring operator {kind}")
+
+
+def truth(ring: Semiring, value: ir.Expr) -> ir.Expr:
+    """A value read from a tensor: under a boolean semiring, 1 or 0 (nonzero is true)."""
+    return ir.Bin("!=", value, ir.FloatLit(0.0)) if ring.boolean else value
+
+
+def apply(ring: Semiring, body: ir.Block, gpu: bool) -> ir.Block:
+    """``body`` (one kernel, plus_times shaped) computing under ``ring``."""
+    if ring.is_default:
+        return body
+    return _Rewrite(ring, gpu).block(body)
+
+
+class _Rewrite:
+    def __init__(self, ring: Semiring, gpu: bool) -> None:
+        self.ring = ring
+        self.gpu = gpu
+        self.identity = ir.FloatLit(ring.identity)
+        self.update = UPDATES[ring.add]
+
+    def block(self, b: ir.Block) -> ir.Block:
+        out: list[ir.Stmt] = []
+        for s in b.body:
+            out.extend(self.stmt(s))
+        return ir.Block(tuple(out))
+
+    def stmt(self, s: ir.Stmt) -> list[ir.Stmt]:
+        for e in exprs(s):
+            for x in subexpressions(e):
+                if isinstance(x, ir.Call) and x.fn == "warp_sum":
+                    raise self._refuse("a warp's lanes add their parts with shuffles")
+        match s:
+            case ir.Decl(type=ty, init=ir.FloatLit(value=0.0)) if ty in _VALUE_TYPES:
+                return [replace(s, init=self.identity)]
+            case ir.Assign(value=ir.FloatLit(value=0.0), op="="):
+                return [replace(s, value=self.identity)]
+            case ir.Assign(op="+="):
+                return [replace(s, op=self.update)]
+            case ir.Alloc(type=ty, name=name, count=count, when=when) if ty in _VALUE_TYPES:
+                return [s, self._fill(name, count, when is not None)]
+            case ir.For(parallel=par) if par is not None and par.reduction:
+                # OpenMP's min/max reductions start from the largest finite value, not inf
+                return [replace(s, parallel=None, body=self.block(s.body))]
+            case _:
+                return [map_blocks(s, self.block)]
+
+    def _fill(self, name: str, count: ir.Expr, maybe_null: bool) -> ir.Stmt:
+        """Fill a freshly zeroed value array with the add's identity."""
+        q = f"{name}_q"
+        fill = ir.For(
+            q, ir.IntLit(0), count, ir.block(ir.Assign(ir.Load(name, ir.Var(q)), self.identity))
+        )
+        return ir.If(((ir.Var(name), ir.block(fill)),)) if maybe_null else fill
+
+    def _refuse(self, why: str) -> ScheduleError:
+        return ScheduleError(
+            f"this GPU mapping cannot run under semiring={self.ring.name!r}: {why}, and "
+            f"only '+' has such an atomic; map the loops that bind the output's indices to "
+            "GPU threads (each element stored by one thread), or use the C target"
+        )

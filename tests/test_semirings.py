@@ -1,0 +1,210 @@
+"""Semirings (issue 23, item 5): ``sparsec.kernel(..., semiring=...)`` against a numpy
+semiring reference written here (not the library's): absent entries are the add's
+identity, ``*`` needs both operands present, ``+`` either."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sparsec
+from sparsec.errors import SparsecError
+
+#: name -> (add ufunc, multiply ufunc, identity, boolean)
+RINGS = {
+    "min_plus": (np.minimum, np.add, np.inf, False),
+    "max_plus": (np.maximum, np.add, -np.inf, False),
+    "max_times": (np.maximum, np.multiply, -np.inf, False),
+    "min_times": (np.minimum, np.multiply, np.inf, False),
+    "or_and": (np.logical_or, np.logical_and, 0.0, True),
+    "plus_times": (np.add, np.multiply, 0.0, False),
+}
+TARGETS = ("c", "cuda-emulated")
+
+
+def matrix(rows: int, cols: int, seed: int, boolean: bool = False) -> np.ndarray:
+    """A small matrix with empty rows and columns, some stored... values in 1..8 (0/1
+    for boolean semirings)."""
+    rng = np.random.default_rng(seed)
+    a = np.where(rng.random((rows, cols)) < 0.35, rng.integers(1, 9, (rows, cols)), 0.0)
+    a[1, :] = 0.0  # an empty row
+    a[:, 2 % cols] = 0.0  # an empty column
+    return (a != 0).astype(float) if boolean else a.astype(float)
+
+
+def vector(n: int, seed: int, boolean: bool = False) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    v = rng.integers(0, 2 if boolean else 6, n).astype(float)
+    return v
+
+
+def ref_mv(ring: str, a: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """y(i) = A(i,j) * x(j): the add over stored A(i,j) of A(i,j) (*) x(j)."""
+    add, mul, ident, boolean = RINGS[ring]
+    terms = np.where(a != 0, mul(a, x[None, :]).astype(float), ident)
+    out = add.reduce(terms, axis=1).astype(float)
+    return (out != 0).astype(float) if boolean else out
+
+
+def ref_mm(
+    ring: str, a: np.ndarray, b: np.ndarray, b_sparse: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """C(i,j) = A(i,k) * B(k,j): value (identity where absent) and presence."""
+    add, mul, ident, boolean = RINGS[ring]
+    pa = a != 0
+    pb = b != 0 if b_sparse else np.ones(b.shape, bool)
+    present = pa[:, :, None] & pb[None, :, :]
+    with np.errstate(invalid="ignore"):
+        terms = np.where(present, mul(a[:, :, None], b[None, :, :]).astype(float), ident)
+    out = add.reduce(terms, axis=1).astype(float)
+    if boolean:
+        out = (out != 0).astype(float)
+    return out, present.any(axis=1)
+
+
+def run(k: sparsec.Kernel, **inputs: object) -> np.ndarray:
+    out = k(**inputs)
+    return np.asarray(out.to_dense() if hasattr(out, "to_dense") else out, dtype=float)
+
+
+def tensor(a: np.ndarray, fmt: str, dtype: str, index: str) -> sparsec.Tensor:
+    return sparsec.Tensor.from_dense(a.astype(dtype), fmt, index_dtype=index)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+@pytest.mark.parametrize("ring", list(RINGS))
+def test_spmv_every_semiring(ring: str, fmt: str, target: str) -> None:
+    boolean = RINGS[ring][3]
+    a, x = matrix(7, 6, 1, boolean), vector(6, 2, boolean)
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": fmt}, semiring=ring, target=target)
+    got = run(k, A=tensor(a, fmt, "float64", "int32"), x=x)
+    want = ref_mv(ring, a, x)
+    np.testing.assert_array_equal(got, want)
+    if not boolean:
+        assert got[1] == RINGS[ring][2]  # the empty row holds the add's identity
+    k.check(A=tensor(a, fmt, "float64", "int32"), x=x)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(("dtype", "index"), [("float32", "int64"), ("float64", "int32")])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bellman_ford_relaxation(target: str, dtype: str, index: str, threads: int) -> None:
+    """d2(i) = min(d(i), min_j A(j,i) + d(j)): one Bellman-Ford step keeping the old distance."""
+    a = matrix(8, 8, 3)
+    d = np.full(8, np.inf)
+    d[0] = 0.0
+    # csr on the GPU (a push along rows of A(j,i)) has no mapping under plus_times either
+    fmt = "csr" if target == "c" else "csc"
+    k = sparsec.kernel(
+        "d2(i) = A(j,i) * d(j) + d(i)", {"A": fmt}, semiring="min_plus", target=target
+    )
+    want = np.minimum(d, ref_mv("min_plus", a.T, d))
+    for _ in range(3):
+        got = k(A=tensor(a, fmt, dtype, index), d=d.astype(dtype), threads=threads)
+        np.testing.assert_allclose(np.asarray(got, dtype=float), want, rtol=1e-6)
+        d = np.asarray(got, dtype=float)
+        want = np.minimum(d, ref_mv("min_plus", a.T, d))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_bfs_step_or_and(target: str) -> None:
+    a = matrix(9, 9, 4, boolean=True)
+    f = np.zeros(9)
+    f[[0, 3]] = 1.0
+    k = sparsec.kernel("f2(i) = A(j,i) * f(j)", {"A": "csr"}, semiring="or_and", target=target)
+    got = run(k, A=tensor(a, "csr", "float32", "int32"), f=f.astype("float32"))
+    want = ((a.T != 0) & (f[None, :] != 0)).any(axis=1).astype(float)
+    np.testing.assert_array_equal(got, want)
+    assert set(np.unique(got)) <= {0.0, 1.0}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("ring", ["min_plus", "max_times", "max_plus"])
+def test_spmm_dense_output(ring: str, target: str) -> None:
+    a, b = matrix(6, 5, 5), matrix(5, 4, 6) + 1.0
+    k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr"}, semiring=ring, target=target)
+    got = run(k, A=tensor(a, "csr", "float64", "int64"), B=b)
+    want, _ = ref_mm(ring, a, b, b_sparse=False)
+    np.testing.assert_array_equal(got, want)
+    assert np.all(got[1] == RINGS[ring][2])  # an empty row of A
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("ring", ["min_times", "or_and"])
+def test_spgemm_dense_output(ring: str, target: str) -> None:
+    boolean = RINGS[ring][3]
+    a, b = matrix(6, 5, 12, boolean), matrix(5, 7, 13, boolean)
+    k = sparsec.kernel(
+        "C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr"}, semiring=ring, target=target
+    )
+    got = run(k, A=tensor(a, "csr", "float32", "int64"), B=tensor(b, "csr", "float32", "int64"))
+    want, _ = ref_mm(ring, a, b, b_sparse=True)
+    np.testing.assert_array_equal(got, want)
+
+
+# sparse outputs have no GPU mapping yet (for any semiring): the C target alone
+@pytest.mark.parametrize("ring", ["min_plus", "max_times", "or_and"])
+def test_spgemm_into_csr(ring: str) -> None:
+    """min_plus "square": 2-hop shortest paths, into a CSR output keeping the pattern."""
+    boolean = RINGS[ring][3]
+    a = matrix(7, 7, 7, boolean)
+    k = sparsec.kernel(
+        "C(i,j) = A(i,k) * B(k,j)",
+        {"A": "csr", "B": "csr", "C": "csr"},
+        semiring=ring,
+        target="c",
+    )
+    out = k(A=tensor(a, "csr", "float64", "int32"), B=tensor(a, "csr", "float64", "int32"))
+    want, present = ref_mm(ring, a, a, b_sparse=True)
+    stored = np.zeros(a.shape, bool)
+    coords = out.coords()[0]
+    stored[tuple(coords)] = True
+    np.testing.assert_array_equal(stored, present)
+    np.testing.assert_array_equal(out.to_dense()[present], want[present])
+    k.check(A=tensor(a, "csr", "float64", "int32"), B=tensor(a, "csr", "float64", "int32"))
+
+
+def test_sparse_add_is_the_monoid() -> None:
+    """C(i,j) = A(i,j) + B(i,j) under min_plus: the union, min where both are stored."""
+    a, b = matrix(6, 5, 8), matrix(6, 5, 9)
+    k = sparsec.kernel(
+        "C(i,j) = A(i,j) + B(i,j)",
+        {"A": "csr", "B": "csr", "C": "csr"},
+        semiring="min_plus",
+        target="c",
+    )
+    out = k(A=tensor(a, "csr", "float64", "int32"), B=tensor(b, "csr", "float64", "int32"))
+    want = np.where(a != 0, a, np.inf)
+    want = np.minimum(want, np.where(b != 0, b, np.inf))
+    present = (a != 0) | (b != 0)
+    np.testing.assert_array_equal(out.to_dense()[present], want[present])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_parallel_schedules(threads: int) -> None:
+    """A csc SpMV (columns scatter into shared rows: atomics) and a scalar reduction under
+    max_plus, with 1 and 2 threads; a `parallelize` with Atomics on the C target."""
+    a, x = matrix(40, 30, 10), vector(30, 11)
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csc"}, semiring="max_plus")
+    np.testing.assert_array_equal(
+        run(k, A=tensor(a, "csc", "float64", "int32"), x=x, threads=threads),
+        ref_mv("max_plus", a, x),
+    )
+    s = sparsec.kernel("s = A(i,j) * x(j)", {"A": "csr"}, semiring="min_times")
+    got = float(np.asarray(s(A=tensor(a, "csr", "float64", "int32"), x=x + 1, threads=threads)))
+    assert got == np.min(np.where(a != 0, a * (x + 1)[None, :], np.inf))
+
+
+def test_refusals() -> None:
+    for expr in ("y(i) = A(i,j) * x(j) - x(i)", "y(i) = A(i,j) / x(j)", "y(i) = -A(i,j) * x(j)"):
+        with pytest.raises(SparsecError, match="no meaning under semiring='min_plus'"):
+            sparsec.kernel(expr, {"A": "csr"}, semiring="min_plus")
+    with pytest.raises(SparsecError, match="unknown semiring"):
+        sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, semiring="min_max")
+
+
+def test_default_code_unchanged() -> None:
+    """plus_times generates exactly the code of a kernel built without the option."""
+    spec = ("y(i) = A(i,j) * x(j) + x(i)", {"A": "csc"})
+    assert sparsec.kernel(*spec, semiring="plus_times").source == sparsec.kernel(*spec).source
