@@ -208,3 +208,39 @@ def test_default_code_unchanged() -> None:
     """plus_times generates exactly the code of a kernel built without the option."""
     spec = ("y(i) = A(i,j) * x(j) + x(i)", {"A": "csc"})
     assert sparsec.kernel(*spec, semiring="plus_times").source == sparsec.kernel(*spec).source
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "parallelize(j,CPUThread,Atomics)",
+        "fuse(i,j,f), pos(f,fp,A), split(fp,c,fp2,8), parallelize(c,CPUThread,Atomics)",
+        "fuse(i,j,f), pos(f,fp,A), split(fp,c,fp2,8), parallelize(c,CPUThread,Temporary)",
+    ],
+)
+def test_user_schedules_with_races(schedule: str) -> None:
+    """Schedules whose threads share output elements: atomics (a critical section for a
+    min, OpenMP having no atomic min) and private copies, with 2 threads."""
+    fmt = "csc" if schedule.startswith("parallelize(j") else "csr"
+    a, x = matrix(40, 30, 14), vector(30, 15)
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": fmt}, semiring="min_plus", schedule=schedule)
+    got = run(k, A=tensor(a, fmt, "float32", "int32"), x=x.astype("float32"), threads=2)
+    np.testing.assert_array_equal(got, ref_mv("min_plus", a, x))
+    if "Atomics" in schedule:
+        assert "omp critical" in k.source
+
+
+@pytest.mark.parametrize("ring", ["min_plus", "or_and"])
+def test_sequence_spmm_plus_bias(ring: str) -> None:
+    """Y(i,j) = A(i,k) * B(k,j) + D(i,j) with B csr: the sum under '+' lowered as a
+    sequence (the output started from D, then the contraction added with the semiring's add)."""
+    boolean = RINGS[ring][3]
+    a, b, d = matrix(6, 5, 16, boolean), matrix(5, 4, 17, boolean), matrix(6, 4, 18, boolean)
+    k = sparsec.kernel("Y(i,j) = A(i,k) * B(k,j) + D(i,j)", {"A": "csr", "B": "csr"}, semiring=ring)
+    got = run(
+        k, A=tensor(a, "csr", "float64", "int32"), B=tensor(b, "csr", "float64", "int32"), D=d
+    )
+    mm, _ = ref_mm(ring, a, b, b_sparse=True)
+    add = RINGS[ring][0]
+    want = add(mm, d).astype(float)
+    np.testing.assert_array_equal(got, want)

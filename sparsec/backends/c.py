@@ -80,6 +80,7 @@ def print_c(
         stream_sfx="ps" if gen.dtype == "float32" else "pd",
         stream_out_bytes=stream_out_bytes,
         packed=packed,
+        semiring=spec.semantics.semiring != "plus_times",
         kernel_name=KERNEL_NAME,
         packed_name=PACKED_NAME,
     )

@@ -29,4 +29,6 @@ def print_cuda(spec: Spec, gen: Generated) -> Generated:
         + ("; the output is zeroed before the launch" if launch.zero_before else ""),
     )
     body = "\n".join(printer.stmts(launch.body))
-    return replace(gen, source=render(CUDA, lines, gen, name=KERNEL_NAME, body=body))
+    semiring = spec.semantics.semiring != "plus_times"
+    source = render(CUDA, lines, gen, name=KERNEL_NAME, body=body, semiring=semiring)
+    return replace(gen, source=source)

@@ -47,8 +47,8 @@ PRECEDENCE = {
 
 #: the accumulating updates of a semiring's add (`lower.semiring`), ``op`` -> statement
 SEMIRING_UPDATES = {
-    "min=": "{target} = ({value}) < {target} ? ({value}) : {target};",
-    "max=": "{target} = ({value}) > {target} ? ({value}) : {target};",
+    "min=": "{target} = sc_vmin({target}, {value});",
+    "max=": "{target} = sc_vmax({target}, {value});",
     "or=": "{target} = {target} || ({value});",
 }
 
@@ -58,6 +58,8 @@ CALLS = {
     for name in (
         "min",
         "max",
+        "vmin",
+        "vmax",
         "sort_reached",
         "mark",
         "mark_bits",
@@ -398,7 +400,16 @@ def header(spec: Spec, gen: Generated, target: Target) -> list[str]:
         f"schedule: {gen.schedule}",
         f"types: {types}",
         f"arguments: {', '.join(p.name for p in gen.signature.params)}",
+        *_semiring_line(spec),
     ]
+
+
+def _semiring_line(spec: Spec) -> list[str]:
+    """A semiring other than plus_times, said in the header (none for plus_times)."""
+    name = spec.semantics.semiring
+    if name == "plus_times":
+        return []
+    return [f"semiring: {name} (absent entries are its add's identity)"]
 
 
 def render(target: Target, lines: list[str], gen: Generated, **fields: object) -> str:

@@ -41,10 +41,9 @@ def combine(ring: Semiring, op: str, a: ir.Expr, b: ir.Expr) -> ir.Expr:
     match kind:
         case "+" | "*":
             return ir.Bin(kind, a, b)
-        case "min":
-            return ir.Select(ir.Bin("<", b, a), b, a)
-        case "max":
-            return ir.Select(ir.Bin(">", b, a), b, a)
+        case "min" | "max":
+            # a helper of the templates: each operand evaluated (and printed) once
+            return ir.Call(f"v{kind}", (a, b))
         case "or":
             return ir.Bin("||", a, b)
         case "and":
