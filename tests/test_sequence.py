@@ -258,3 +258,15 @@ def test_sparse_output_without_a_row_sequence_is_converted_or_refused_clearly(ex
         return
     inputs, _ = k.random_inputs(seed=2)
     assert k.check(**inputs)
+
+
+@pytest.mark.parametrize("out", ["dense", "csr"])
+def test_sequence_under_a_semiring(out):
+    """Under min_plus the steps combine with the semiring's add: Y = D, then Y min= the
+    contraction's min over k of A + B (the identity where nothing is stored)."""
+    fmts = {"A": "csr", "B": "csr"} | ({} if out == "dense" else {"Y": out})
+    k = sparsec.kernel("Y(i,j) = A(i,k) * B(k,j) + D(i,j)", fmts, semiring="min_plus")
+    assert "lowered as a sequence" in k.schedule
+    inputs, _ = k.random_inputs(seed=3)
+    assert k.check(**inputs)
+    assert k.check(threads=2, **inputs)
