@@ -244,3 +244,37 @@ def test_sequence_spmm_plus_bias(ring: str) -> None:
     add = RINGS[ring][0]
     want = add(mm, d).astype(float)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_accumulate_combines_with_current(target: str) -> None:
+    """y(i) += A(i,j) * x(j) under max_plus: max of the current value and the row's max."""
+    a, x = matrix(7, 6, 19), vector(6, 20)
+    y0 = np.arange(7, dtype=float)
+    k = sparsec.kernel("y(i) += A(i,j) * x(j)", {"A": "csr"}, semiring="max_plus", target=target)
+    got = run(k, A=tensor(a, "csr", "float64", "int32"), x=x, y=y0)
+    np.testing.assert_array_equal(got, np.maximum(y0, ref_mv("max_plus", a, x)))
+
+
+def test_warp_reduction_refused_on_gpu() -> None:
+    """A GPU schedule reducing with warp shuffles has no semiring counterpart: refused."""
+    schedule = (
+        "split(i,i0,i1,8), split(i1,w,l,1), pos(j,jp,A), split(jp,jp0,lane,32), "
+        "parallelize(i0,GPUBlock,NoRaces), parallelize(w,GPUWarp,NoRaces), "
+        "parallelize(lane,GPUThread,ParallelReduction)"
+    )
+    try:
+        k = sparsec.kernel(
+            "y(i) = A(i,j) * x(j)", {"A": "csr"}, target="cuda-emulated", schedule=schedule
+        )
+        assert "warp_sum" in k.source or "__shfl" in k.source
+    except SparsecError:
+        pytest.skip("this warp schedule does not lower under plus_times either")
+    with pytest.raises(SparsecError, match="semiring='min_plus'"):
+        _ = sparsec.kernel(
+            "y(i) = A(i,j) * x(j)",
+            {"A": "csr"},
+            target="cuda-emulated",
+            schedule=schedule,
+            semiring="min_plus",
+        ).source

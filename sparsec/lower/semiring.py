@@ -9,16 +9,17 @@ threads' private copies, runs of a segment) follows the semiring without each kn
 it:
 
 * every accumulating update ``x += v`` becomes the add's update (``min=``, ``max=``,
-  ``or=``; the printer spells them, and an atomic one as a critical section on the C
-  target);
+  ``or=``; the printer spells them: an atomic one as a critical section on the C target,
+  a compare-and-swap loop on CUDA);
 * every accumulator's start, a value location declared or reset to ``0.0``, starts at
   the add's identity instead, and every zeroed value array (``calloc``) is filled with it;
 * an OpenMP ``reduction(+:...)`` loop runs on one thread (OpenMP's ``min`` reduction
   starts each thread from the type's largest finite value, not from ``inf``).
 
-A GPU mapping whose threads combine through ``atomicAdd`` or warp shuffles has no
+A GPU mapping whose warps add their lanes' parts with shuffles (``warp_sum``) has no
 semiring counterpart yet: `apply` refuses it with a ScheduleError, so the GPU candidate
-search takes a mapping that stores each output element from one thread.
+search takes another mapping. The pipeline runs no passes on a semiring kernel (their
+register tiles and coarsened threads add with ``+``).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class _Rewrite:
 
     def _refuse(self, why: str) -> ScheduleError:
         return ScheduleError(
-            f"this GPU mapping cannot run under semiring={self.ring.name!r}: {why}, and "
-            f"only '+' has such an atomic; map the loops that bind the output's indices to "
-            "GPU threads (each element stored by one thread), or use the C target"
+            f"this GPU mapping cannot run under semiring={self.ring.name!r}: {why}, which "
+            "only '+' has; reduce with Atomics instead of ParallelReduction, or map the "
+            "loops that bind the output's indices to GPU threads"
         )
