@@ -529,8 +529,8 @@ def test_a_nested_sum_is_present_only_where_it_has_a_term(
     ],
 )
 def test_division_single_pass_bound_covers_the_exact_pattern(expr, fmts, monkeypatch):
-    """A division by a non-literal is lowered exactly: an absent operand reads as 0.0 and
-    ``inf * 0`` is NaN, so even ``alpha / C(k) * B(k,i)`` has an entry at every (k, i),
+    """Under division="ieee", a division by a non-literal is lowered exactly: an absent
+    operand reads as 0.0 and ``inf * 0`` is NaN, so even ``alpha / C(k) * B(k,i)`` has an entry at every (k, i),
     not only at B's. The single pass's capacity bound must say so: with SPARSEC_POISON
     (conftest) a bound too small is an error, and the two phases are never needed."""
 
@@ -538,7 +538,7 @@ def test_division_single_pass_bound_covers_the_exact_pattern(expr, fmts, monkeyp
         raise AssertionError("the single pass fell back to the two phases")
 
     monkeypatch.setattr(SPARSE_OUT, "two_phase", no_two_phases)
-    k = sparsec.kernel(expr, fmts)
+    k = sparsec.kernel(expr, fmts, division="ieee")
     for seed, density in enumerate((0.0, 0.4, 1.0)):
         inputs, dims = k.random_inputs({"k": 5, "i": 4}, seed=seed, density=density)
         out = k(**inputs, threads=1).validate()

@@ -16,12 +16,15 @@ import math
 import os
 from collections import Counter
 from collections.abc import Mapping
+from typing import assert_never
 
 from ..errors import InputError
+from ..frontend.concrete import unbounded
 from ..frontend.notation import (
     Access,
     Assignment,
     BinOp,
+    Call,
     Expr,
     Literal,
     Neg,
@@ -69,7 +72,10 @@ def _reference_elements(assignment: Assignment, dims: Mapping[str, int]) -> int:
     nothing divides) contracted factor by factor from the left, as `torch.einsum` does."""
     summed = set(assignment.summed_indices)
     totals = Counter(i for a in accesses(assignment.rhs) for i in a.indices)
-    exact = any(isinstance(e, BinOp) and e.op == "/" for e in _nodes(assignment.rhs))
+    # elementwise where a value may be infinite: any division, log, exp (as the reference)
+    exact = unbounded(assignment.rhs) or any(
+        isinstance(e, BinOp) and e.op == "/" for e in _nodes(assignment.rhs)
+    )
     biggest = 0
 
     def size(labels: tuple[str, ...]) -> None:
@@ -103,6 +109,11 @@ def _reference_elements(assignment: Assignment, dims: Mapping[str, int]) -> int:
             case BinOp(left=left, right=right):
                 labels = tuple(dict.fromkeys(value(left) + value(right)))
                 size(labels)
+            case Call(args=args):
+                labels = tuple(dict.fromkeys(x for a in args for x in value(a)))
+                size(labels)
+            case _:
+                assert_never(expr)
         return closed(expr, labels)
 
     value(assignment.rhs)
@@ -115,6 +126,8 @@ def _nodes(expr: Expr) -> list[Expr]:
             return [expr, *_nodes(x)]
         case BinOp(left=left, right=right):
             return [expr, *_nodes(left), *_nodes(right)]
+        case Call(args=args):
+            return [expr, *(n for a in args for n in _nodes(a))]
         case _:
             return [expr]
 

@@ -9,6 +9,15 @@ MTTKRP never materialises the four-index product); other nodes broadcast by inde
 The comparison tolerance is dtype-aware: ``|got - want| <= rtol * (|want| + max(1,
 max|want|))`` with ``rtol`` 1e-4 for float32 and 1e-9 for float64 results; NaNs must
 coincide.
+
+Structural presence is evaluated on its own too, from the notation and the inputs' stored
+entries (docs/semantics.md): a sparse operand is present where it stores an entry (an
+explicit zero included), a dense one everywhere; ``*`` needs both operands, ``+``/``-``
+either, a quotient under the ``"sparse"`` division its numerator, a function with
+``f(0) = 0`` its operands (``max``/``min`` either), any other function nothing; a sum is
+present where some term is. A node is 0 where absent, whatever its operands' values
+(``0 * inf`` of an absent factor is 0, as the kernel never computes it). Only the exact
+lowering (``"ieee"`` division by a non-constant) computes every node densely instead.
 """
 
 from __future__ import annotations
@@ -22,10 +31,13 @@ import numpy as np
 import torch
 
 from ..errors import CheckError
-from ..frontend.concrete import divides
-from ..frontend.notation import Access, Assignment, BinOp, Expr, Literal, Neg, accesses
+from ..frontend.concrete import exact, unbounded
+from ..frontend.functions import FUNCTIONS
+from ..frontend.notation import Access, Assignment, BinOp, Call, Expr, Literal, Neg, accesses
 
 Labelled = tuple[torch.Tensor, tuple[str, ...]]
+#: where a node is structurally present, over its labels (None: everywhere)
+Presence = torch.Tensor | None
 
 RTOL = {"float32": 1e-4, "float64": 1e-9}
 
@@ -70,45 +82,118 @@ class _Evaluator:
     children have already summed the indices that close inside them, so whatever summed
     label is left and closes here has its smallest enclosing subexpression here.
 
-    ``exact`` (the statement divides, so infinities arise) evaluates every node as
-    written, elementwise: einsum may factor ``Σk a(k) * c`` into ``c * Σk a(k)``, which
-    differs when ``c`` is infinite and some ``a(k)`` is zero.
+    ``exact`` (the statement divides under ``"ieee"``, so infinities arise) evaluates
+    every node as written, elementwise: einsum may factor ``Σk a(k) * c`` into ``c * Σk
+    a(k)``, which differs when ``c`` is infinite and some ``a(k)`` is zero. Otherwise each
+    node is 0 where it is structurally absent (`_presence`, from ``stored``: a sparse
+    input's stored entries); where a value may be infinite (a sparse division, ``log``)
+    every node is evaluated elementwise too, for the same reason.
     """
 
     def __init__(
-        self, assignment: Assignment, inputs: Mapping[str, torch.Tensor], exact: bool
+        self,
+        assignment: Assignment,
+        inputs: Mapping[str, torch.Tensor],
+        exact: bool,
+        stored: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         self.summed = frozenset(assignment.summed_indices)
         self.totals = _counts(assignment.rhs)
         self.inputs = inputs
         self.exact = exact
+        self.stored = stored or {}
+        # einsum only where every value is finite: a sum of products then factors freely
+        self.elementwise = exact or unbounded(assignment.rhs)
+        #: structural presence of each node `value` returned (its sums taken), and its
+        #: labels, by node identity (the tree lives as long as this evaluator)
+        self._present: dict[int, Presence] = {}
+        self._labels: dict[int, tuple[str, ...]] = {}
+        #: inside a divisor (how deep): IEEE values, no structural zeros (a zero's sign
+        #: decides the sign of an infinity), as the kernel computes them
+        self._divisor = 0
 
     def _closing(self, expr: Expr, labels: tuple[str, ...]) -> tuple[str, ...]:
         here = _counts(expr)
         return tuple(x for x in labels if x in self.summed and here[x] == self.totals[x])
 
     def value(self, expr: Expr) -> Labelled:
-        if isinstance(expr, BinOp) and expr.op == "*" and not self.exact:
+        if self.exact or self._divisor:
+            return self._closed(expr, *self._node(expr))
+        if isinstance(expr, BinOp) and expr.op == "*" and not self.elementwise:
+            # every value finite: a product is present where it is not zero, and reading
+            # absent as 0 gives the same value; so is every node above it
             return self._product(expr)
         t, labels = self._node(expr)
+        present = self._presence(expr, labels)
+        if present is not None:
+            t = torch.where(present, t, torch.zeros((), dtype=t.dtype))
+        closing = self._closing(expr, labels)
+        if closing and present is not None:
+            present = present.any(dim=[labels.index(x) for x in closing])
+        self._present[id(expr)] = present
+        return self._closed(expr, t, labels)
+
+    def _closed(self, expr: Expr, t: torch.Tensor, labels: tuple[str, ...]) -> Labelled:
+        """``t`` with the sums that close at ``expr`` taken."""
         closing = self._closing(expr, labels)
         if not closing:
             return t, labels
         dims = [labels.index(x) for x in closing]
         return t.sum(dim=dims), tuple(x for x in labels if x not in closing)
 
+    def _presence(self, expr: Expr, labels: tuple[str, ...]) -> Presence:
+        """Where ``expr`` (its children already evaluated) is structurally present, over
+        ``labels``, before its closing sums."""
+
+        def child(e: Expr) -> Presence:
+            p = self._present.get(id(e))
+            return None if p is None else _align(p, self._labels[id(e)], labels)
+
+        match expr:
+            case Access(name=name):
+                present = self.stored.get(name)
+                return None if present is None else _diagonal(present, expr.indices)
+            case Literal():
+                return None
+            case Neg(operand=x):
+                return child(x)
+            case BinOp(op="*", left=left, right=right):
+                return _both(child(left), child(right))
+            case BinOp(op="+" | "-", left=left, right=right):
+                return _either(child(left), child(right))
+            case BinOp(op="/", left=left):
+                # not exact: a literal divisor, or the sparse convention
+                return child(left)
+            case Call(fn=fn, args=args):
+                if fn in ("max", "min"):
+                    return _either(child(args[0]), child(args[1]))
+                if FUNCTIONS[fn].keeps_pattern(args):
+                    return child(args[0])
+                return None
+            case BinOp(op=op):
+                raise AssertionError(f"unknown operator {op}")
+            case _:
+                assert_never(expr)
+
     def _node(self, expr: Expr) -> Labelled:
         match expr:
             case Access(name=name, indices=indices):
-                return self.inputs[name], indices
+                return _diagonal(self.inputs[name], indices), tuple(dict.fromkeys(indices))
             case Literal(value=v):
                 return torch.tensor(v, dtype=torch.float64), ()
             case Neg(operand=x):
-                t, labels = self.value(x)
+                t, labels = self._child(x)
                 return -t, labels
+            case Call(fn=fn, args=args):
+                evaluated = [self._child(a) for a in args]
+                labels = _union(*(ls for _, ls in evaluated))
+                operands = [_align(t, ls, labels) for t, ls in evaluated]
+                return getattr(torch, FUNCTIONS[fn].torch)(*operands), labels
             case BinOp(op=op, left=left, right=right):
-                a, la = self.value(left)
-                b, lb = self.value(right)
+                a, la = self._child(left)
+                self._divisor += op == "/"
+                b, lb = self._child(right)
+                self._divisor -= op == "/"
                 labels = _union(la, lb)
                 a, b = _align(a, la, labels), _align(b, lb, labels)
                 match op:
@@ -123,6 +208,12 @@ class _Evaluator:
                 raise AssertionError(op)
             case _:
                 assert_never(expr)
+
+    def _child(self, expr: Expr) -> Labelled:
+        """`value`, remembering the labels its presence is over."""
+        t, labels = self.value(expr)
+        self._labels[id(expr)] = labels
+        return t, labels
 
     def _product(self, expr: BinOp) -> Labelled:
         """A product chain as one einsum, summing the indices that close inside it.
@@ -146,24 +237,51 @@ class _Evaluator:
         return torch.einsum(spec, *operands), out
 
 
+def _diagonal(t: torch.Tensor, indices: tuple[str, ...]) -> torch.Tensor:
+    """``t`` read as ``indices`` on each distinct index once: its diagonal where an index
+    repeats (``A(i,i)``, torch.einsum's ``ii->i``), ``t`` itself otherwise."""
+    if len(set(indices)) == len(indices):
+        return t
+    if t.dtype == torch.bool:  # a presence mask
+        return _diagonal(t.to(torch.float64), indices) != 0
+    letters = dict(zip(dict.fromkeys(indices), string.ascii_letters, strict=False))
+    spec = "".join(letters[x] for x in indices) + "->" + "".join(letters.values())
+    return torch.einsum(spec, t)
+
+
 def reference(
     assignment: Assignment,
     inputs: Mapping[str, torch.Tensor],
     dims: Mapping[str, int],
     current: torch.Tensor | None = None,
+    stored: Mapping[str, torch.Tensor] | None = None,
+    division: str = "ieee",
 ) -> torch.Tensor:
     """The dense float64 value of ``assignment``'s left-hand side, as written.
 
     ``inputs`` are dense float64 tensors in mode order; ``current`` is the output's given
-    value for ``+=``.
+    value for ``+=``. ``stored``: per sparse input, a boolean tensor in mode order, True
+    at its stored entries (an input without one is present everywhere); ``division``: the
+    convention of the kernel's `Semantics`.
     """
-    t, labels = _Evaluator(assignment, inputs, divides(assignment.rhs)).value(assignment.rhs)
+    evaluator = _Evaluator(assignment, inputs, exact(assignment.rhs, division), stored)
+    t, labels = evaluator.value(assignment.rhs)
     lhs = assignment.lhs.indices
     t = _align(t, labels, lhs)
     t = t.expand(*(dims[i] for i in lhs)).clone() if lhs else t.clone()
     if current is not None:
         t = t + current
     return t
+
+
+def _both(a: Presence, b: Presence) -> Presence:
+    if a is None or b is None:
+        return b if a is None else a
+    return a & b
+
+
+def _either(a: Presence, b: Presence) -> Presence:
+    return None if a is None or b is None else a | b
 
 
 def compare(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> float:

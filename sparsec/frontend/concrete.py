@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import assert_never
 
-from .notation import Access, Assignment, BinOp, Literal, Neg
+from .functions import FUNCTIONS
+from .notation import Access, Assignment, BinOp, Call, Literal, Neg
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,7 @@ class Zero:
         return "0"
 
 
-CExpr = Access | Literal | Neg | BinOp | Sum | Zero
+CExpr = Access | Literal | Neg | BinOp | Call | Sum | Zero
 ZERO = Zero()
 
 
@@ -62,6 +63,10 @@ def _neg(operand: CExpr, span: tuple[int, int]) -> CExpr:
 
 def _bin(op: str, left: CExpr, right: CExpr, span: tuple[int, int]) -> CExpr:
     return BinOp(op, left, right, span)  # type: ignore[arg-type]
+
+
+def _call(fn: str, args: tuple[CExpr, ...], span: tuple[int, int]) -> CExpr:
+    return Call(fn, args, span)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +97,8 @@ def children(expr: CExpr) -> tuple[CExpr, ...]:
             return (x,)
         case BinOp(left=left, right=right):
             return (left, right)
+        case Call(args=args):
+            return args  # type: ignore[return-value]
         case Sum(body=body):
             return (body,)
         case _:
@@ -125,6 +132,8 @@ def place(assignment: Assignment) -> CExpr:
                 rebuilt: CExpr = _neg(place_at(x), expr.span)
             case BinOp(op=op, left=left, right=right):
                 rebuilt = _bin(op, place_at(left), place_at(right), expr.span)
+            case Call(fn=fn, args=args):
+                rebuilt = _call(fn, tuple(place_at(a) for a in args), expr.span)
             case Access() | Literal() | Zero() | Sum():
                 rebuilt = expr
             case _:
@@ -152,15 +161,16 @@ def lift(expr: CExpr) -> tuple[tuple[str, ...], CExpr]:
     Through unary ``-`` (exact up to the sign of a zero sum, which only a divisor can
     tell, and divisors are never rewritten); through ``*`` when the other factor does not
     divide (``(Σk X) * Y`` and ``Σk X*Y`` differ when ``Y`` is infinite and some ``X`` is
-    zero); through a numerator only over a non-zero literal divisor.
+    zero); through a numerator only over a non-zero literal divisor. Never out of a
+    function's operand (``f(Σk X)`` is not ``Σk f(X)``).
     """
     match expr:
         case Sum(indices=indices, body=body):
             inner, lifted = lift(body)
             return indices + inner, lifted
         case BinOp(op="*", left=left, right=right):
-            vl, bl = ((), nest(left)) if divides(right) else lift(left)
-            vr, br = ((), nest(right)) if divides(left) else lift(right)
+            vl, bl = ((), nest(left)) if unbounded(right) else lift(left)
+            vr, br = ((), nest(right)) if unbounded(left) else lift(right)
             return vl + vr, _bin("*", bl, br, expr.span)
         case BinOp(op="/", left=left, right=Literal(value=v) as right) if v != 0:
             vl, bl = lift(left)
@@ -173,6 +183,8 @@ def lift(expr: CExpr) -> tuple[tuple[str, ...], CExpr]:
         case Neg(operand=x):
             vx, bx = lift(x)
             return vx, _neg(bx, expr.span)
+        case Call(fn=fn, args=args):
+            return (), _call(fn, tuple(nest(a) for a in args), expr.span)
         case Access() | Literal() | Zero():
             return (), expr
         case _:
@@ -183,6 +195,21 @@ def nest(expr: CExpr) -> CExpr:
     """A subexpression that stays below its parent: its lifted sums form one `Sum`."""
     indices, body = lift(expr)
     return Sum(indices, body) if indices else body
+
+
+def unbounded(expr: CExpr) -> bool:
+    """May ``expr`` be infinite or NaN for finite operands (a division, ``log``, ``exp``)?
+    Then a sum does not cross a product with it."""
+    if isinstance(expr, Call) and not FUNCTIONS[expr.fn].finite:
+        return True
+    return divides(expr) or any(unbounded(c) for c in children(expr))
+
+
+def exact(expr: CExpr, division: str) -> bool:
+    """Is ``expr`` lowered exactly (`lattice.build`)? Under ``"ieee"`` division, when it
+    divides by a non-literal; under ``"sparse"`` never (a quotient is absent where its
+    numerator is, docs/semantics.md)."""
+    return division == "ieee" and divides(expr)
 
 
 def divides(expr: CExpr) -> bool:
@@ -197,7 +224,9 @@ def divides(expr: CExpr) -> bool:
 
 
 # ------------------------------------------------------------- simplification
-def without(expr: CExpr, absent: frozenset[Access], fold: bool = True) -> CExpr:
+def without(
+    expr: CExpr, absent: frozenset[Access], fold: bool = True, sparse_division: bool = False
+) -> CExpr:
     """``expr`` with the ``absent`` accesses replaced by structural zeros, folded.
 
     Folding follows the ring: ``0*x = 0``, ``0+x = x``, ``x-0 = x``, ``0-x = -x``,
@@ -212,18 +241,21 @@ def without(expr: CExpr, absent: frozenset[Access], fold: bool = True) -> CExpr:
         case Literal() | Zero():
             return expr
         case Neg(operand=operand):
-            x = without(operand, absent, fold)
+            x = without(operand, absent, fold, sparse_division)
             return ZERO if x is ZERO and fold else _neg(x, expr.span)
         case Sum(indices=indices, body=body):
-            inner = without(body, absent, fold)
+            inner = without(body, absent, fold, sparse_division)
             return ZERO if inner is ZERO else Sum(indices, inner)
         case BinOp(op="/", left=left, right=right):
-            a, b = without(left, absent, fold), without(right, absent, fold=False)
-            if fold and a is ZERO and isinstance(b, Literal) and b.value != 0:
+            a = without(left, absent, fold, sparse_division)
+            b = without(right, absent, False, sparse_division)
+            literal = isinstance(b, Literal) and b.value != 0
+            if fold and a is ZERO and (literal or sparse_division):
                 return ZERO
             return _bin("/", a, b, expr.span)
         case BinOp(op=op, left=left, right=right):
-            a, b = without(left, absent, fold), without(right, absent, fold)
+            a = without(left, absent, fold, sparse_division)
+            b = without(right, absent, fold, sparse_division)
             if not fold:
                 return _bin(op, a, b, expr.span)
             match op:
@@ -239,5 +271,12 @@ def without(expr: CExpr, absent: frozenset[Access], fold: bool = True) -> CExpr:
                     return _neg(b, expr.span) if a is ZERO else _bin(op, a, b, expr.span)
                 case _:
                     raise AssertionError(op)
+        case Call(fn=fn, args=args):
+            folded = tuple(without(a, absent, fold, sparse_division) for a in args)
+            # pow keeps its base's pattern; max/min are absent where both operands are
+            operands = folded[:1] if fn == "pow" else folded
+            if fold and FUNCTIONS[fn].keeps_pattern(args) and all(a is ZERO for a in operands):
+                return ZERO
+            return _call(fn, folded, expr.span)
         case _:
             assert_never(expr)

@@ -78,7 +78,19 @@ class BinOp:
         return f"{left} {self.op} {right}"
 
 
-Expr = Access | Literal | Neg | BinOp
+@dataclass(frozen=True, slots=True)
+class Call:
+    """``fn(arg, ...)``: a function of the language (`sparsec.frontend.functions`)."""
+
+    fn: str
+    args: tuple[Expr, ...]
+    span: Span = field(default=NO_SPAN, compare=False)
+
+    def __str__(self) -> str:
+        return f"{self.fn}({', '.join(map(str, self.args))})"
+
+
+Expr = Access | Literal | Neg | BinOp | Call
 
 BINARY_PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
 UNARY_PREC = 3
@@ -92,7 +104,8 @@ def precedence(expr: Expr) -> int:
         case Neg():
             return UNARY_PREC
         case _:
-            # Accesses, literals, and later stages' atoms (``sum(k, ...)``, structural 0).
+            # Accesses, literals, calls, and later stages' atoms (``sum(k, ...)``,
+            # structural 0).
             return ATOM_PREC
 
 
@@ -140,6 +153,9 @@ def accesses(expr: Expr) -> Iterator[Access]:
         case BinOp(left=left, right=right):
             yield from accesses(left)
             yield from accesses(right)
+        case Call(args=args):
+            for arg in args:
+                yield from accesses(arg)
         case _:
             assert_never(expr)
 

@@ -22,22 +22,20 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable
 from dataclasses import replace
 from typing import assert_never
 
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import (
     LarkError,
-    UnexpectedCharacters,
-    UnexpectedEOF,
     UnexpectedInput,
-    UnexpectedToken,
 )
 
 from ..errors import NotationError, ParseError
 from ..resources import data_dir
-from .notation import Access, Assignment, BinOp, Expr, Literal, Neg, Span, indices_of
+from .functions import FUNCTIONS, function
+from .notation import Access, Assignment, BinOp, Call, Expr, Literal, Neg, Span, indices_of
+from .syntax import clip, end, start, syntax_error, token_span, unknown_function, where
 
 MAX_LENGTH = 100_000
 MAX_DEPTH = 256
@@ -46,35 +44,6 @@ _GRAMMAR_NAME = "index_notation.lark"
 
 _UNKNOWN_CHARACTER = re.compile(r"[^A-Za-z0-9_()+\-*/=,. \t\r\n]")
 _PARENTHESIS = re.compile(r"[()]")
-
-#: lark terminal name -> how an error message names it
-_TERMINAL_NAMES = {
-    "NAME": "a name",
-    "NUMBER": "a number",
-    "PLUS_ASSIGN": "'+='",
-    "ASSIGN": "'='",
-    "PLUS": "'+'",
-    "MINUS": "'-'",
-    "STAR": "'*'",
-    "SLASH": "'/'",
-    "LPAR": "'('",
-    "RPAR": "')'",
-    "COMMA": "','",
-    "$END": "the end of the expression",
-}
-_TERMINAL_ORDER = tuple(_TERMINAL_NAMES)
-
-#: (does this rule describe the parser's expectation?, phrase); the first match wins.
-#: Arguments: the expected terminal names and the token before the fault (None at the start).
-_EXPECTATIONS: tuple[tuple[Callable[[frozenset[str], Token | None], bool], str], ...] = (
-    (lambda expected, prev: prev is None, "the output, as in 'y(i) = ...' or 'a = ...'"),
-    (lambda expected, prev: "NUMBER" in expected, "an operand after {prev}"),
-    (lambda expected, prev: "ASSIGN" in expected, "'=' or '+=' after the left-hand side"),
-    (lambda expected, prev: expected == {"NAME"}, "an index variable after {prev}"),
-    (lambda expected, prev: "NAME" in expected, "an index variable or ')' after {prev}"),
-    (lambda expected, prev: "COMMA" in expected, "',' or ')' in the index list"),
-)
-
 
 # --- the Lark instance -------------------------------------------------------------------
 
@@ -96,22 +65,26 @@ class _BuildAst(Transformer[Token, object]):
         return BinOp(str(op), left, right, span=(left.span[0], right.span[1]))
 
     def neg(self, minus: Token, operand: Expr) -> Neg:
-        return Neg(operand, span=(_start(minus), operand.span[1]))
+        return Neg(operand, span=(start(minus), operand.span[1]))
 
     def literal(self, number: Token) -> Literal:
         # float() of a NUMBER never fails; it gives inf on overflow, rejected after the parse.
-        return Literal(float(number), span=_token_span(number))
+        return Literal(float(number), span=token_span(number))
+
+    def call(self, name: Token, lpar: Token, *rest: Expr | Token) -> Call:
+        args = tuple(arg for arg in rest if not isinstance(arg, Token))
+        return Call(str(name), args, span=(start(name), end(rest[-1])))  # type: ignore[arg-type]
 
     def paren(self, lpar: Token, inner: Expr, rpar: Token) -> Expr:
-        return replace(inner, span=(_start(lpar), _end(rpar)))
+        return replace(inner, span=(start(lpar), end(rpar)))
 
     def access(self, name: Token, *rest: Token) -> Access:
         indices = tuple(token for token in rest if token.type == "NAME")
         return Access(
             str(name),
             tuple(str(index) for index in indices),
-            span=(_start(name), _end(rest[-1] if rest else name)),
-            index_spans=tuple(_token_span(index) for index in indices),
+            span=(start(name), end(rest[-1] if rest else name)),
+            index_spans=tuple(token_span(index) for index in indices),
         )
 
     def start(self, assignment: Assignment) -> Assignment:
@@ -210,14 +183,14 @@ def _prescan(text: str) -> None:
             open_positions.pop()
         else:
             raise ParseError(
-                f"unbalanced parentheses: ')' at {_where(text, pos)} has no matching '('",
+                f"unbalanced parentheses: ')' at {where(text, pos)} has no matching '('",
                 source=text,
                 span=(pos, pos + 1),
             )
     if open_positions:
         pos = open_positions[-1]
         raise ParseError(
-            f"unbalanced parentheses: '(' at {_where(text, pos)} is never closed",
+            f"unbalanced parentheses: '(' at {where(text, pos)} is never closed",
             source=text,
             span=(pos, pos + 1),
         )
@@ -240,60 +213,15 @@ def _run_lark(text: str) -> Assignment:
             seen = [*seen[-1:], token]
         result = interactive.feed_eof(seen[-1] if seen else None)
     except UnexpectedInput as error:
+        unknown_function(text, error)
         # LALR merges states (an access on the left and on the right share one), so
         # ``error.expected`` may list terminals that cannot follow; ask the parser instead.
         expected = frozenset(interactive.accepts())
-        raise _syntax_error(text, error, expected, seen) from None
+        raise syntax_error(text, error, expected, seen) from None
     except LarkError as error:  # not expected from a fixed grammar; still no lark traceback
         raise ParseError(f"cannot parse the expression ({error})", source=text) from None
     assert isinstance(result, Assignment)
     return result
-
-
-def _syntax_error(
-    text: str, error: UnexpectedInput, expected: frozenset[str], seen: list[Token]
-) -> ParseError:
-    """A `ParseError` naming what was found at the fault and what the parser accepts there."""
-    match error:
-        case UnexpectedToken(token=token) if token.type != "$END":
-            pos, span, found = _start(token), _token_span(token), _describe_token(token)
-        case UnexpectedCharacters():
-            pos = error.pos_in_stream or 0  # typed Optional; always set by the lexer
-            span, found = (pos, pos + 1), f"character {text[pos]!r}"
-        case UnexpectedToken() | UnexpectedEOF():
-            end = len(text.rstrip())
-            expectation = _expectation(expected, seen[-1] if seen else None)
-            return ParseError(
-                f"expression ends early; expected {expectation}", source=text, span=(end, end + 1)
-            )
-        case _:
-            raise AssertionError(f"unhandled lark error {type(error).__name__}")
-    prev = next((token for token in reversed(seen) if _start(token) < pos), None)
-    return ParseError(
-        f"unexpected {found}; expected {_expectation(expected, prev)}", source=text, span=span
-    )
-
-
-def _expectation(expected: frozenset[str], prev: Token | None) -> str:
-    for applies, phrase in _EXPECTATIONS:
-        if applies(expected, prev):
-            return phrase.format(prev=_describe_token(prev) if prev is not None else "")
-    names = [_TERMINAL_NAMES[t] for t in _TERMINAL_ORDER if t in expected]
-    names += sorted(t for t in expected if t not in _TERMINAL_NAMES)
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-
-
-def _describe_token(token: Token) -> str:
-    text = _clip(str(token))
-    match token.type:
-        case "NAME":
-            return f"name '{text}'"
-        case "NUMBER":
-            return f"number {text}"
-        case "$END":
-            return _TERMINAL_NAMES["$END"]
-        case _:
-            return f"'{text}'"
 
 
 # --- after lark: depth and literal range -------------------------------------------------
@@ -314,7 +242,7 @@ def _check_tree(assignment: Assignment, text: str) -> None:
             case Access():
                 pass
             case Literal(value=value) if not math.isfinite(value):
-                written = _clip(text[expr.span[0] : expr.span[1]])
+                written = clip(text[expr.span[0] : expr.span[1]])
                 raise NotationError(
                     f"numeric literal {written} is out of range (the limit is about 1.8e308)",
                     source=text,
@@ -326,6 +254,16 @@ def _check_tree(assignment: Assignment, text: str) -> None:
                 stack.append((operand, depth + 1))
             case BinOp(left=left, right=right):
                 stack.extend(((right, depth + 1), (left, depth + 1)))
+            case Call(fn=fn, args=args):
+                known = function(fn, expr.span, text)
+                if len(args) != known.arity:
+                    raise NotationError(
+                        f"{fn} takes {known.arity} argument{'s' if known.arity > 1 else ''}, "
+                        f"not {len(args)}",
+                        source=text,
+                        span=expr.span,
+                    )
+                stack.extend((arg, depth + 1) for arg in reversed(args))
             case _:
                 assert_never(expr)
 
@@ -334,15 +272,26 @@ def _check_tree(assignment: Assignment, text: str) -> None:
 
 
 def _check_accesses(assignment: Assignment, source: str | None) -> None:
-    """Per access, in source order: repeated indices, one order per name, output not read."""
+    """Per access, in source order: repeated indices, one order per name, output not read,
+    no tensor named after a function."""
     first_use: dict[str, Access] = {}
     output = assignment.lhs
     for number, access in enumerate(assignment.accesses()):
-        for position, index in enumerate(access.indices):
+        if access.name in FUNCTIONS:
+            raise NotationError(
+                f"'{access.name}' is a function name, reserved; name the tensor otherwise"
+                f" (the functions are {', '.join(FUNCTIONS)})",
+                source=source,
+                span=access.span,
+            )
+        # a read may repeat an index (A(i,i): the diagonal, an equality filter on the
+        # stored coordinates, sparsec.middle.derive); the output's modes stay distinct
+        for position, index in enumerate(access.indices if number == 0 else ()):
             if index in access.indices[:position]:
                 raise NotationError(
-                    f"index variable '{index}' appears twice in {access}; "
-                    "an access must use distinct index variables",
+                    f"index variable '{index}' appears twice in {access}, the output; "
+                    "an output must use distinct index variables (a repeated index reads "
+                    "a diagonal on the right-hand side only)",
                     source=source,
                     span=_index_span(access, position),
                 )
@@ -350,7 +299,7 @@ def _check_accesses(assignment: Assignment, source: str | None) -> None:
         if earlier.order != access.order:
             raise NotationError(
                 f"'{access.name}' is used as {_kind(access.order)} here but as "
-                f"{_kind(earlier.order)} at {_where(source, earlier.span[0])}",
+                f"{_kind(earlier.order)} at {where(source, earlier.span[0])}",
                 source=source,
                 span=access.span,
             )
@@ -388,34 +337,6 @@ def _index_span(access: Access, position: int) -> Span:
     if position < len(access.index_spans):
         return access.index_spans[position]
     return access.span
-
-
-# --- small helpers -----------------------------------------------------------------------
-
-
-def _where(source: str | None, pos: int) -> str:
-    """'column N' (1-based), or 'line L, column N' in multi-line text."""
-    if source is None or "\n" not in source:
-        return f"column {pos + 1}"
-    line = source.count("\n", 0, pos) + 1
-    column = pos - (source.rfind("\n", 0, pos) + 1) + 1
-    return f"line {line}, column {column}"
-
-
-def _clip(text: str, limit: int = 24) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}..."
-
-
-def _start(token: Token) -> int:
-    return token.start_pos or 0
-
-
-def _end(token: Token) -> int:
-    return token.end_pos or 0
-
-
-def _token_span(token: Token) -> Span:
-    return (_start(token), _end(token))
 
 
 __all__ = ["MAX_DEPTH", "MAX_LENGTH", "check", "parse", "parse_expression"]

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import assert_never
 
 from ..errors import LoweringError
-from ..frontend.concrete import ZERO, CExpr, Sum, Zero, accesses, divides
+from ..frontend.concrete import ZERO, CExpr, Sum, Zero, accesses, unbounded
 from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, BinOp, Call, Literal, Neg
 from ..ir import nodes as ir
@@ -255,6 +255,8 @@ def _presence(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
             return ir.Bin("||", first, second)
         case BinOp(op="/", left=left):
             return _presence(env, left, ctx, stmts)
+        case Zero():  # an operand of a function, absent here
+            return ir.IntLit(0)
         case Call(fn="max" | "min", args=(left, right)):
             first, second = _presence(env, left, ctx, stmts), _presence(env, right, ctx, stmts)
             assert first is not None and second is not None
@@ -271,14 +273,35 @@ def _nested_sum(env: LowerEnv, expr: Sum, ctx: Ctx, acc: str) -> list[ir.Stmt]:
     order = loop_order(expr.indices, list(accesses(expr.body)), env.formats, tuple(ctx.coords))
     stmts: list[ir.Stmt] = []
     flag = ""
-    if env.assembler is not None or _sparse_quotients(env):
+    if env.assembler is not None or _guards(env):
         flag = env.flags.reached_of[expr] = env.namer.fresh("reached")
         stmts.append(ir.Decl(ir.BOOL, flag, ir.IntLit(0)))
     return stmts + list(_private_loops(env, order, expr.body, ctx, AccSink(acc, flag)).body)
 
 
 def _value(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Expr:
-    """The IR value of ``expr`` with every variable bound; nested sums emit into ``stmts``."""
+    """The IR value of ``expr`` with every variable bound; nested sums emit into ``stmts``.
+
+    Where values may be infinite without exact lowering (a quotient under the ``"sparse"``
+    convention, ``log``), a product, quotient or function over nested sums is 0 where it
+    is structurally absent (`_presence`: its sums reached no term), not ``0 * inf``: the
+    value of docs/semantics.md. Divisors excepted (``Flags.in_divisor``)."""
+    value = _value_of(env, expr, ctx, stmts)
+    if (
+        isinstance(expr, BinOp | Call)
+        and not (isinstance(expr, BinOp) and expr.op in ("+", "-"))
+        and not env.flags.in_divisor
+        and not _surely_present(expr, exact=False)
+        and _guards(env)
+    ):
+        present = _presence(env, expr, ctx, stmts)
+        assert present is not None
+        return ir.Select(present, value, ir.FloatLit(0.0))
+    return value
+
+
+def _value_of(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Expr:
+    """`_value` before its structural guard."""
     match expr:
         case Access(name=name, order=0):
             return truth(env.ring, ir.Var(env.sig.value(name)))
@@ -294,15 +317,10 @@ def _value(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Exp
             return ir.FloatLit(0.0)
         case Neg(operand=x):
             return ir.Unary("-", _value(env, x, ctx, stmts))
-        case BinOp(op="/", left=left, right=right) if _sparse_quotients(env) and not (
-            _surely_present(left, exact=False)
-        ):
-            # the sparse convention: absent, so 0, where the numerator's sums reached
-            # nothing (``0/0`` is never computed there)
-            quotient = ir.Bin("/", _value(env, left, ctx, stmts), _value(env, right, ctx, stmts))
-            present = _presence(env, left, ctx, stmts)
-            assert present is not None
-            return ir.Select(present, quotient, ir.FloatLit(0.0))
+        case BinOp(op="/", left=left, right=right) if _guards(env):
+            numerator = _value(env, left, ctx, stmts)
+            with env.scope(in_divisor=True):
+                return ir.Bin("/", numerator, _value(env, right, ctx, stmts))
         case BinOp(op=op, left=left, right=right):
             a, b = _value(env, left, ctx, stmts), _value(env, right, ctx, stmts)
             if op in ("*", "+"):
@@ -320,10 +338,11 @@ def _value(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Exp
             raise AssertionError(expr)
 
 
-def _sparse_quotients(env: LowerEnv) -> bool:
-    """Does the statement divide by a non-constant under the ``"sparse"`` convention? Then
-    nested sums flag whether they reached a term, for the quotients over them."""
-    return not env.exact and divides(env.spec.statement.rhs)
+def _guards(env: LowerEnv) -> bool:
+    """May the statement's values be infinite without exact lowering (a quotient by a
+    non-constant under the ``"sparse"`` convention, ``log``, ``exp``)? Then nested sums
+    flag whether they reached a term, and `_value` guards what is absent with that."""
+    return not env.exact and unbounded(env.spec.statement.rhs)
 
 
 def _function(env: LowerEnv, fn: str, args: tuple[ir.Expr, ...], stmts: list[ir.Stmt]) -> ir.Expr:

@@ -15,6 +15,8 @@ product of the extents of the indices ``S``):
   absent operand is read as ``0.0`` and every combination of operands is a case, since
   ``x / 0`` is infinite and ``inf * 0`` NaN. No operator then keeps a pattern, not even
   ``*`` (``alpha / C(k) * B(k,i)`` has an entry wherever ``C(k)`` is absent): everything;
+* a function (`sparsec.frontend.functions`) with ``f(0) = 0``: its operand's bound
+  (``max``/``min``: the union's); any other function: everything;
 * ``Σ_k`` of a product of tensors (SpGEMM, SpMSpV, TTM): ``Σ_k Π_f c_f(k)``, where
   ``c_f(k)`` counts factor ``f``'s entries with coordinate ``k`` (a tuple of the product
   over the summed index determines at most one output coordinate); other sums: the
@@ -35,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from ..frontend.concrete import CExpr, Statement, Sum, Zero, divides
-from ..frontend.notation import Access, BinOp, Literal, Neg, factor_chain
+from ..frontend.functions import FUNCTIONS
+from ..frontend.notation import Access, BinOp, Call, Literal, Neg, factor_chain
 
 
 def entry_bound(stmt: Statement, values: Mapping[str, Any], dims: Mapping[str, int]) -> int:
@@ -84,6 +87,17 @@ class _Bound:
                         n = wa
                     case _:
                         n = _size(self.dims, free)
+                return free, min(n, _size(self.dims, free))
+            case Call(fn=fn, args=args):
+                parts = [self.of(a) for a in args]  # type: ignore[arg-type]
+                free = frozenset().union(*(f for f, _ in parts))
+                widened = [n * _size(self.dims, free - f) for f, n in parts]
+                if fn in ("max", "min"):
+                    n = sum(widened)
+                elif FUNCTIONS[fn].keeps_pattern(args):
+                    n = widened[0]
+                else:
+                    n = _size(self.dims, free)
                 return free, min(n, _size(self.dims, free))
             case Sum(indices=summed, body=body):
                 fb, nb = self.of(body)
