@@ -6,7 +6,8 @@ A schedule is a list of commands (or one string of commands separated by commas)
     reorder(i, j, ...)            permute these loops among the slots they occupy
     split(i, i0, i1, F)           i = i0*F + i1, with i1 < F           (F > 0)
     divide(i, i0, i1, F)          i0 < F pieces of ceil(N/F)           (F > 0)
-    pos(i, ip, A)                 iterate A's stored positions of i's level
+    pos(i, ip, A)                 iterate A's stored positions of i's level (A may be
+                                  spelled as its access, A(i,j), as TACO's C++ API does)
     fuse(i, j, f)                 one loop f over the (i, j) pairs (i directly encloses j)
     precompute(expr, i, iw)       compute expr into a dense workspace over i (iw may be i;
                                   {i,j}, {iw,jw}: a workspace over several variables; an
@@ -86,6 +87,9 @@ _ARITY: dict[str, tuple[int, ...] | None] = {
 #: TACO's spelling of ``assemble``'s third argument (``separatelySchedulable``)
 FLAGS = ("true", "false")
 _LIST = re.compile(r"^\{(.*)\}$", re.S)
+_ACCESS = re.compile(
+    r"^([A-Za-z_][A-Za-z0-9_]*)\s*\(\s*([A-Za-z_][A-Za-z0-9_]*(?:\s*,\s*[A-Za-z_][A-Za-z0-9_]*)*)?\s*\)$"
+)
 
 
 def _split_top(text: str, where: str) -> list[tuple[str, int]]:
@@ -173,6 +177,10 @@ def _command(text: str) -> Command:
         if name == "precompute" and n in (1, 2) and _LIST.match(a):
             spelled.append(_name_list(a, text))
             continue
+        if name == "pos" and n == 2 and _ACCESS.match(a):
+            # TACO's C++ spelling names the access, pos(j, jpos, A(i,j))
+            spelled.append(re.sub(r"\s+", "", a))
+            continue
         if not _IDENT.match(a) and not re.fullmatch(r"[+-]?[0-9]+", a):
             raise ScheduleError(f"argument {a!r} of {text!r} is not a name or an integer")
         spelled.append(a)
@@ -196,6 +204,15 @@ def _name_list(arg: str, text: str) -> str:
                 "e.g. {i,j}"
             )
     return "{" + ",".join(names) + "}"
+
+
+def pos_tensor(arg: str) -> tuple[str, tuple[str, ...] | None]:
+    """``pos``'s third argument: a tensor name (TACO's CLI), or an access ``A(i,j)`` (its
+    C++ API) with its index variables."""
+    m = _ACCESS.match(arg)
+    if m is None:
+        return arg, None
+    return m.group(1), tuple(m.group(2).split(",")) if m.group(2) else ()
 
 
 def name_list(arg: str) -> tuple[str, ...]:

@@ -28,6 +28,7 @@ from .commands import (
     UNITS,
     Command,
     parse_factor,
+    pos_tensor,
 )
 from .precompute import Precompute, read_precompute
 
@@ -248,7 +249,8 @@ def make_plan(
                 plan.children[var] = (outer, inner)
                 replace([var], [outer, inner])
             case "pos":
-                var, pvar, tensor = a
+                var, pvar = a[0], a[1]
+                tensor, named = pos_tensor(a[2])
                 known_loop(var, command)
                 if tensor not in tensors:
                     raise ScheduleError(
@@ -259,6 +261,13 @@ def make_plan(
                     raise ScheduleError(
                         f"{command}: {tensor} is the output; pos iterates the stored "
                         "positions of an input"
+                    )
+                if named is not None and not any(
+                    sorted(named) == sorted(levels) for levels in tensor_levels.get(tensor, [])
+                ):
+                    raise ScheduleError(
+                        f"{command}: {a[2]} is not an access of this kernel's statement; name "
+                        f"{tensor} as the statement indexes it, or by its name alone"
                     )
                 if var in plan.pieces or (var in plan.spaces and plan.spaces[var].kind != "fused"):
                     raise ScheduleError(
