@@ -30,6 +30,7 @@ from .ir import nodes as ir
 from .ir.visit import map_blocks
 from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower
 from .middle.commands import Command
+from .middle.derive import describe as describe_derived
 from .middle.spec import Spec
 from .passes.bands import BAND, DEPTH, Walks, band
 from .passes.coarsen import BLOCK as COARSE_BLOCK
@@ -195,6 +196,12 @@ def _names(spec: Spec) -> Callable[[], tuple[Signature, Namer]]:
     return make_names
 
 
+def natural_loops(spec: Spec) -> tuple[str, ...]:
+    """The loops the lowering runs for ``spec`` with no schedule (`lower.loop_nest`); raises
+    `middle.order.OrderConflict` where no loop order fits (`middle.derive`'s question)."""
+    return loop_nest(spec, _names(spec))
+
+
 def _record(
     lowered: LoweredKernel,
     sig: Signature,
@@ -273,6 +280,8 @@ def generate(
     )
     if lowered.sequence:
         said = f"{lowered.sequence}; {said}"
+    if spec.derived:
+        said = f"{describe_derived(spec)}; {said}"
     tiled, streamed = done.of("tile"), done.of("streams")
     if tiled or streamed:
         notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed)
@@ -351,6 +360,8 @@ def generate_cuda(
     schedule = describe_gpu(chosen, not commands, lowered.notes)
     if lowered.sequence:
         schedule = f"{lowered.sequence}; {schedule}"
+    if spec.derived:
+        schedule = f"{describe_derived(spec)}; {schedule}"
     gen = _record(
         lowered, sig, schedule, dtype, index_dtype, target="cuda", launch=launch, commands=chosen
     )

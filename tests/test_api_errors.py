@@ -163,9 +163,15 @@ def test_dtype_arguments_in_every_spelling(kwargs, want):
 
 
 def test_no_loop_order_is_a_clear_error():
+    # issue 23: with no schedule C is converted at call time; a user schedule's refusal
+    # stands, and says which format would fit
+    converted = sparsec.kernel("A(i,j) = B(i,j) + C(j,i)", {"B": "csr", "C": "csr"})
+    assert "converted at call time" in converted.schedule
     k = None
     with pytest.raises(LoweringError, match="Store C with mode ordering"):
-        k = sparsec.kernel("A(i,j) = B(i,j) + C(j,i)", {"B": "csr", "C": "csr"})
+        k = sparsec.kernel(
+            "A(i,j) = B(i,j) + C(j,i)", {"B": "csr", "C": "csr"}, schedule="reorder(i,j)"
+        )
         k.source  # noqa: B018 - generation raises
 
 

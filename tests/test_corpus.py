@@ -165,8 +165,9 @@ MISC = [
     ("y(i) = " + "A" * 100_001, ParseError, "expression is too long"),
     # index rules
     ("B(i,i) = C(i)", NotationError, "'i' appears twice in B(i,i)"),
-    ("y(i) = A(i,i)", NotationError, "'i' appears twice in A(i,i)"),
-    ("y(i) = A(i,j,j)", NotationError, "'j' appears twice"),
+    # a read may repeat an index (issue 23: the diagonal); the output may not
+    ("y(i,i,j) = A(i,j)", NotationError, "'i' appears twice in y(i,i,j)"),
+    ("y(j,i,j) = A(i,j)", NotationError, "'j' appears twice"),
     ("y(i,i) = A(i)", NotationError, "'i' appears twice in y(i,i)"),
     ("y(i) = x(j)", NotationError, "index variable 'i' of the output does not appear"),
     ("y(i,j) = x(i)", NotationError, "index variable 'j' of the output does not appear"),
@@ -228,7 +229,7 @@ def test_rejected_expression(text, cls, fragment):
 WITH_FORMATS = [
     ("y(i) = A(i,j) $ x(j)", {"A": "csr"}, ParseError, "unknown character '$'"),
     ("y(i) = A(i,j) * x(j", {"A": "csr"}, ParseError, "is never closed"),
-    ("y(i) = A(i,i) * x(i)", {"A": "csr"}, NotationError, "appears twice"),
+    ("y(i,i) = A(i,i) * x(i)", {"A": "csr"}, NotationError, "appears twice"),
     ("y(i) = A(i,j) * A(j)", {"A": "csr"}, NotationError, "order"),
     ("A(i,j) = B(i,k,l) * D(l,j) * C(k,j) * 1e999", {"B": "csf"}, NotationError, "out of range"),
     ("y(i) = y(i) * A(i,j)", {"A": "dcsr", "y": "s"}, NotationError, "cannot be read"),

@@ -222,7 +222,8 @@ ERRORS = [
     ("A(i,j) = B(i,k)", NotationError, "index variable 'j' of the output does not appear", 4),
     ("y(i) = 2", NotationError, "index variable 'i' of the output", 2),
     ("B(i,i) = C(i)", NotationError, "index variable 'i' appears twice in B(i,i)", 4),
-    ("y(i) = C(i,j,j)", NotationError, "'j' appears twice in C(i,j,j)", 13),
+    # a read may repeat an index (issue 23: the diagonal); the output may not
+    ("y(i,j,j) = C(i,j)", NotationError, "'j' appears twice in y(i,j,j)", 6),
     (
         "y(i) = A(i,j)*A(j)",
         NotationError,

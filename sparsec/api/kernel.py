@@ -24,8 +24,9 @@ from ..errors import InputError, NotationError, ScheduleError, SparsecError
 from ..frontend.parser import parse_expression
 from ..frontend.semantics import Semantics
 from ..middle.commands import Command, parse_commands
+from ..middle.derive import derive
 from ..middle.spec import FormatsArg, Spec, make_spec
-from ..pipeline import generate, generate_cuda
+from ..pipeline import generate, generate_cuda, natural_loops
 from ..policy import tuning
 from ..policy.costs import Columns
 from ..policy.machine import machine
@@ -83,6 +84,12 @@ class Kernel:
         except SparsecError as err:
             raise err.with_source(expr) from None
         self.parallel, self.commands = _schedule(schedule)
+        try:
+            # repeated indices read derived inputs; so, with no schedule of the user's
+            # (whose refusals stand), does the cheapest re-layout where no loop order fits
+            self.spec = derive(self.spec, None if self.commands else natural_loops)
+        except SparsecError as err:
+            raise err.with_source(expr) from None
         self._schedule_arg = schedule  # what a pickle or copy rebuilds the kernel from
         #: schedule="auto": candidates are timed on the first call of each input kind
         self.auto = schedule == "auto"
@@ -117,7 +124,10 @@ class Kernel:
     def formats(self) -> dict[str, Format]:
         """The format of each tensor of `assignment` (what ``formats=`` rebuilds this kernel
         from: a sparse ``+=``'s ``C_old`` is the spec's own, `TensorVar.argument`)."""
-        return {t.name: t.format for t in self.spec.tensors if t.argument == t.name}
+        given = {t.name: t.format for t in self.spec.tensors if t.argument == t.name}
+        # a tensor read only through derived inputs is passed in its own format
+        given.update((d.source.name, d.source.format) for d in self.spec.derived)
+        return given
 
     @property
     def schedule(self) -> str:

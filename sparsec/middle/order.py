@@ -23,6 +23,11 @@ from ..tensors.formats import Format
 from .plan import Plan
 
 
+class OrderConflict(LoweringError):
+    """No loop order fits every tensor's level order (`loop_order`): the one refusal that
+    a re-layout of some inputs (`sparsec.middle.derive.fit`) can cure."""
+
+
 @dataclass(frozen=True, slots=True)
 class Edge:
     before: str
@@ -136,6 +141,10 @@ def _reordered(access: Access, fmt: Format, order: tuple[str, ...]) -> Format:
     return Format(fmt.levels, tuple(ordering))
 
 
+#: for `sparsec.middle.derive`, which re-lays out a read in the loop order found without it
+reordered = _reordered
+
+
 def _advice(name: str, fmt: Format) -> str:
     """How a message tells the user to store ``name`` in ``fmt`` (a preset's name if any)."""
     ordering = ",".join(map(str, fmt.ordering))
@@ -177,7 +186,7 @@ def _conflict(
     hard: list[Edge],
     soft: list[Edge],
     outer: tuple[str, ...],
-) -> LoweringError:
+) -> OrderConflict:
     reads = list(dict.fromkeys(accesses))
     needs = "; ".join(
         f"{a} ({formats[a.name]}) needs {_describe(made)}"
@@ -196,7 +205,7 @@ def _conflict(
             fmt = _reordered(access, formats[name], outer + order)
             if fmt == formats[name] or not _fits(scope, own, fmt, rest, soft, outer):
                 continue
-            return LoweringError(
+            return OrderConflict(
                 f"{head}. {_advice(name, fmt)} so that loops can run in the order "
                 f"{', '.join(outer + order)}"
             )
@@ -205,8 +214,8 @@ def _conflict(
         if len({a.indices for a in own}) > 1:
             taken = {a.name for a in reads}
             advice = _two_orders(name, formats[name], own, taken)
-            return LoweringError(f"{head}. {advice}")
-    return LoweringError(head)
+            return OrderConflict(f"{head}. {advice}")
+    return OrderConflict(head)
 
 
 def _fits(

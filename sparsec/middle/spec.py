@@ -47,6 +47,29 @@ class TensorVar:
 
 
 @dataclass(frozen=True, slots=True)
+class Derived:
+    """Input ``name`` is not passed by the caller: it is computed at call time from the
+    argument ``source`` (a tensor the caller passes) read as ``indices`` (the access as
+    written, one index per mode of ``source``), and stored in ``format``.
+
+    The entries kept are those whose coordinates agree wherever ``indices`` repeats a
+    variable (an equality filter: ``A(i,i)``), on one mode per distinct variable, in first
+    use order; with no repeat this is a re-layout of ``source`` (another mode ordering or
+    level format) so that a loop order fits every operand (`sparsec.middle.derive`).
+    """
+
+    name: str
+    source: TensorVar
+    indices: tuple[str, ...]
+    format: Format
+
+    @property
+    def distinct(self) -> tuple[str, ...]:
+        """The derived tensor's modes: each variable of ``indices`` once, first use first."""
+        return tuple(dict.fromkeys(self.indices))
+
+
+@dataclass(frozen=True, slots=True)
 class Spec:
     assignment: Assignment
     statement: Statement
@@ -56,6 +79,9 @@ class Spec:
     indices: tuple[str, ...]
     #: division convention, semiring and mask (`sparsec.frontend.semantics`)
     semantics: Semantics = DEFAULT
+    #: inputs computed at call time from a passed tensor (`Derived`): a re-layout where no
+    #: loop order fits the formats as given, and the diagonal of a repeated index
+    derived: tuple[Derived, ...] = ()
 
     @property
     def output(self) -> TensorVar:

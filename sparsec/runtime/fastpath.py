@@ -53,6 +53,8 @@ def build(
     reordered output, an input that was converted, an extent no input gives)."""
     if executable.accumulate or prepared.use_torch or executable.sparse is not None:
         return None
+    if binder.derived:
+        return None  # derived inputs are computed from the passed ones on every call
     if executable.target != "c" or not executable.out_identity:
         return None
     for t in binder.wanted:

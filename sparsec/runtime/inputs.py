@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import DTypeError, InputError, ShapeError
-from ..middle.spec import Spec, TensorVar
+from ..middle.spec import Derived, Spec, TensorVar
+from ..tensors.convert import derive_dense
 from ..tensors.tensor import Tensor
 from . import gpu
 from .binding import (
@@ -101,6 +102,7 @@ class Binder:
         "index_dtype",
         "statement",
         "_renamed",
+        "derived",
     )
 
     def __init__(
@@ -111,8 +113,13 @@ class Binder:
         index_dtype: str | None,
         statement: str,
     ) -> None:
-        #: the tensors a call passes: the inputs, and a sparse '+='s current output
-        self.wanted: tuple[TensorVar, ...] = spec.inputs + (
+        #: inputs the runtime computes from a passed tensor (`sparsec.middle.derive`)
+        self.derived = spec.derived
+        sources = {d.name: d.source for d in spec.derived}
+        #: the tensors a call passes: the inputs (a derived input's source in its place),
+        #: and a sparse '+='s current output
+        passed = (sources.get(t.name, t) for t in spec.inputs)
+        self.wanted: tuple[TensorVar, ...] = tuple({t.name: t for t in passed}.values()) + (
             (spec.output,) if spec.statement.accumulate else ()
         )
         #: the keywords a call passes (a sparse output's current value for '+=' comes as
@@ -131,6 +138,13 @@ class Binder:
                 and (a is not spec.assignment.lhs or a.name in self.names)
                 for mode, index in enumerate(a.indices)
             )
+        ) + tuple(
+            # a derived input's source binds the variables of the access as written
+            # (A(i,i) ties both of A's extents to i)
+            (t.name, t.format.level_of_mode(mode) if t.is_dense else mode, index)
+            for d in spec.derived
+            for t in (d.source,)
+            for mode, index in enumerate(d.indices)
         )
         self.target = target
         self.dtype = dtype
@@ -171,7 +185,9 @@ class Binder:
             if any(isinstance(v, Tensor) and v.index_dtype == INT64 for v in values.values()):
                 index_dtype = "int64"
                 values = {n: widen(v) for n, v in values.items()}
-        dims = self.dims(values)
+        dims = self.dims(values)  # checks the extents a repeated index ties together
+        for d in self.derived:
+            values[d.name] = _derive(d, values[d.source.name])
         use_torch = any(is_torch(v) for v in inputs.values())
         return Prepared(values, dims, dtype, index_dtype, use_torch, device)
 
@@ -205,3 +221,21 @@ class Binder:
                     f"{name} (mode {mode}); shapes must agree wherever an index is shared"
                 )
         return dims
+
+
+def _derive(d: Derived, value: Any) -> Any:
+    """Derived input ``d`` from its source's value in kernel layout: a sparse source's copy
+    is kept on the `Tensor` (`Tensor.derived`), so a Tensor passed again costs nothing; a
+    dense source (an array in level order) gives its diagonal, a C-ordered copy."""
+    if isinstance(value, Tensor):
+        return value.derived(d.indices, d.format)
+    source = d.source.format
+    if gpu.on_device(value):
+        raise InputError(
+            f"input {d.source.name!r} is read as {d.source.name}({','.join(d.indices)}), "
+            "whose diagonal is taken on the host: pass a host array (CuPy: .get(), "
+            "torch: .cpu())"
+        )
+    level_indices = tuple(d.indices[m] for m in source.ordering)
+    out = tuple(d.distinct[m] for m in d.format.ordering)
+    return derive_dense(value, level_indices, out)

@@ -155,3 +155,44 @@ def storage_of(obj: Any, format: str | Format | None, name: str, **options: Any)
         f"tensor {name!r} must be a numpy array, scipy sparse matrix, torch tensor, sparsec "
         f"Tensor or number, not {type(obj).__name__}"
     )
+
+
+# ---- derived inputs (repeated indices, re-layouts)
+
+
+def derive_entries(
+    shape: tuple[int, ...],
+    coords: np.ndarray,
+    values: np.ndarray,
+    indices: tuple[str, ...],
+    format: Format,
+    index_dtype: Any = None,
+) -> StorageParts:
+    """The stored entries ``(coords, values)`` (mode-order COO, ``(order, nnz)``) of a
+    tensor of ``shape`` read as ``indices``, re-packed in ``format``: the entries whose
+    coordinates agree wherever ``indices`` repeats a variable (the diagonal of ``A(i,i)``),
+    on one mode per distinct variable in first use order. With no repeated variable this is
+    a re-layout (a CSR re-packed as CSC, any mode ordering or level format). Vectorised,
+    O(nnz log nnz) for the sort `pack` does; stored zeros stay stored (presence, not value,
+    is what a sparse level carries). The repeated modes' extents must agree (the caller
+    checked the index's extent)."""
+    distinct = tuple(dict.fromkeys(indices))
+    first = [indices.index(v) for v in distinct]
+    keep = np.ones(coords.shape[1], dtype=bool)
+    for mode, v in enumerate(indices):
+        other = first[distinct.index(v)]
+        if other != mode:
+            keep &= coords[mode] == coords[other]
+    kept = coords[first][:, keep] if keep.size else coords[first]
+    out_shape = tuple(shape[m] for m in first)
+    return pack(kept, values[keep], out_shape, format, index_dtype, values.dtype)
+
+
+def derive_dense(array: Any, level_indices: tuple[str, ...], out_indices: tuple[str, ...]) -> Any:
+    """A dense array whose axes are ``level_indices`` (repeats allowed) as a C-ordered copy
+    with axes ``out_indices`` (each variable once): the diagonal where a variable repeats
+    (``einsum('ii->i')``), a transpose otherwise."""
+    letters = {v: chr(ord("a") + n) for n, v in enumerate(dict.fromkeys(level_indices))}
+    spec = "".join(letters[v] for v in level_indices) + "->"
+    spec += "".join(letters[v] for v in out_indices)
+    return np.ascontiguousarray(np.einsum(spec, array))

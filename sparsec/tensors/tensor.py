@@ -129,6 +129,11 @@ class Tensor:
     _device: dict[tuple[str, int], Any] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    #: derived copies (`derived`) by (pattern of repeated modes, format), made on first use
+    #: and kept while the tensor lives; `__reduce__` leaves them out
+    _derived: dict[tuple[tuple[int, ...], Format], Tensor] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", check_shape(self.shape))
@@ -284,6 +289,29 @@ class Tensor:
         keep = self.vals != 0
         wanted = self.index_dtype if self.index_dtype == np.int64 else None
         return pack(coords[:, keep], self.vals[keep], self.shape, fmt, wanted, self.dtype)
+
+    def derived(self, indices: tuple[str, ...], format: Format) -> Tensor:
+        """This tensor read as ``indices`` and stored in ``format`` (`convert.derive_entries`:
+        the diagonal where a variable repeats, else a re-layout), made once per pattern and
+        format and kept: the tensor is immutable, so a kernel called with it again reuses
+        the copy. Zeros that a dense last level pads with are not carried over; zeros a
+        sparse level stores are."""
+        key = (tuple(indices.index(v) for v in indices), format)
+        cache = self._derived
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_derived", cache)
+        found = cache.get(key)
+        if found is None:
+            coords, vals = self._mode_coords(), self.vals
+            if self.format.levels and not self.format.levels[-1].position_iteration:
+                keep = vals != 0
+                coords, vals = coords[:, keep], vals[keep]
+            parts = convert.derive_entries(
+                self.shape, coords, vals, indices, format, self.index_dtype
+            )
+            found = cache[key] = _own(parts)
+        return found
 
     def astype(self, dtype: Any = None, *, index_dtype: Any = None) -> Tensor:
         """This tensor with other value and/or index dtypes (the same object if unchanged)."""
