@@ -111,8 +111,11 @@ def extents(
     for n, index in enumerate(spec.indices):
         dims.setdefault(index, DEFAULT_EXTENTS[n % len(DEFAULT_EXTENTS)])
     # a tensor used with different index lists needs equal extents mode by mode
-    for a in spec.assignment.accesses():
-        first = next(b for b in spec.assignment.accesses() if b.name == a.name)
+    # the accesses as written too: a tensor read through derived inputs (B(j,i) read as
+    # B_as, A(i,i) as A_diag) is passed as written (sparsec.middle.derive)
+    reads = (*spec.assignment.accesses(), *assignment.accesses())
+    for a in reads:
+        first = next(b for b in reads if b.name == a.name)
         for mine, theirs in zip(a.indices, first.indices, strict=True):
             if dims[mine] != dims[theirs]:
                 if mine in given:
@@ -147,7 +150,7 @@ def random_inputs(
     footprint.ensure_fits(parts, f"random inputs for {assignment} ({shown})")
     rng = np.random.default_rng(seed)
     dtype = dtype or "float64"
-    accesses = {a.name: a for a in spec.assignment.accesses()}
+    accesses = {a.name: a for a in (*spec.assignment.accesses(), *assignment.accesses())}
     inputs: dict[str, Any] = {}
     for n, t in enumerate(wanted):
         shape = tuple(dims[i] for i in accesses[t.name].indices)

@@ -218,8 +218,8 @@ def describe(spec: Spec) -> str:
             )
         else:
             said.append(
-                f"{read}: {src.name} ({src.format}) fits no loop order with the other "
-                f"operands, so it is converted at call time into {into} (O(nnz); kept on a "
+                f"{read} reads {into}: {src.name} ({src.format}) converted at call time, as "
+                "no loop order fits its levels with the other reads' (O(nnz); kept on a "
                 "sparsec.Tensor)"
             )
     return "; ".join(said)
