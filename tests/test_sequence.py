@@ -270,3 +270,16 @@ def test_sequence_under_a_semiring(out):
     inputs, _ = k.random_inputs(seed=3)
     assert k.check(**inputs)
     assert k.check(threads=2, **inputs)
+
+
+def test_a_transposed_product_plus_a_vector_runs_as_two_nests():
+    """``a(i) = B(k,i)*c(k) + d(i)`` with B csr: the sum over k cannot run inside i, so
+    a = d over i, then a += B(k,i)*c(k) over B's rows (a scatter, serial)."""
+    k = sparsec.kernel("a(i) = B(k,i) * c(k) + d(i)", {"B": "csr"})
+    assert "lowered as a sequence of loop nests" in k.schedule
+    rng = np.random.default_rng(8)
+    B = sparse_array((6, 5), rng)
+    c, d = rng.random(6), rng.random(5)
+    for threads in (1, 2):
+        got = k(B=sparsec.Tensor.from_dense(B, "csr"), c=c, d=d, threads=threads)
+        np.testing.assert_allclose(got, B.T @ c + d, rtol=1e-12)
