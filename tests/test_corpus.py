@@ -147,7 +147,8 @@ MISC = [
     ("y(i) = x(i) // comment", ParseError, "unexpected '/'"),
     ("__import__('os')", ParseError, 'unknown character "\'"'),
     ("y(i) = __import__('os').system('ls')", ParseError, 'unknown character "\'"'),
-    ("y(i) = eval(x(i))", ParseError, "expected ',' or ')' in the index list"),
+    # a call of a name that is no function (issue 23: the error lists the functions)
+    ("y(i) = eval(x(i))", NotationError, "unknown function 'eval'; the functions are abs"),
     ("y(i) = x(i) \\\n * 2", ParseError, "unknown character '\\\\'"),
     # huge literals
     ("y(i) = A(i) * 1e999", NotationError, "numeric literal 1e999 is out of range"),

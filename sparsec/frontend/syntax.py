@@ -63,6 +63,9 @@ def unknown_function(text: str, error: UnexpectedInput) -> None:
     if error.token.type not in ("LPAR", "PLUS", "MINUS", "STAR", "SLASH"):
         return
     pos, depth = start(error.token), 0
+    before = text[:pos].rstrip()
+    if not before or not (before[-1].isalnum() or before[-1] == "_"):
+        return  # not after an index variable: ``A((i))`` is a plain syntax error
     for at in range(pos - 1, -1, -1):
         if text[at] == ")":
             depth += 1

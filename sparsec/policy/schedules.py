@@ -10,7 +10,7 @@ to the user's commands; `describe_cpu` tells what ran.
 
 from __future__ import annotations
 
-from ..frontend.concrete import accesses, divides
+from ..frontend.concrete import accesses, exact
 from ..frontend.notation import Access
 from ..middle.commands import Command, name_supply
 from ..middle.lattice import Iterator, build
@@ -164,7 +164,7 @@ def _for_loop(spec: Spec, var: str) -> bool:
             return None
         return Iterator(access, 0)
 
-    lattice = build(rhs, first_level, divides(rhs))
+    lattice = build(rhs, first_level, exact(rhs, spec.semantics.division))
     if lattice.range_loop:
         return True
     if not lattice.position_loop:
