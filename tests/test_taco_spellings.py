@@ -353,3 +353,108 @@ def test_p_in_cli_format_and_help():
     assert "p" in FORMAT_HELP.split("letters")[1]
     with pytest.raises(FormatError, match="unknown format 'ddx'"):
         parse_format("ddx", 3)
+
+
+# ------------------------------------------------------- TACO's scheduling tests
+MERGEBY = "y(i) = A(i,j) * B(i,j) * x(j)"
+MERGEBY_FORMATS = {"A": "ss", "B": "ds", "x": "s"}
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "mergeby(j,Gallop)",
+        "mergeby(j,TwoFinger)",
+        "mergeby(i,Gallop)",
+        "mergeby(i,Gallop), pos(i,ipos,A(i,j))",  # mergeby then pos: moot, as in TACO
+        "mergeby(i,Gallop), parallelize(i,CPUThread,NoRaces)",
+    ],
+)
+def test_taco_mergeby_suite(schedule):
+    """tests-scheduling.cpp's mergeby test, on integers."""
+    rng = np.random.default_rng(59393)
+    a = sparse_array((12, 12), rng, 0.3, integer=True)
+    b = np.where(a != 0, a + 1, 0.0)
+    x = sparse_array((12,), rng, 0.6, integer=True)
+    given = {
+        "A": _with_stored_zero(a, "ss", "int32"),
+        "B": _with_stored_zero(b, "ds", "int32"),
+        "x": _with_stored_zero(x, "s", "int32"),
+    }
+    k = sparsec.kernel(MERGEBY, MERGEBY_FORMATS, schedule=schedule)
+    _close(k(**given), (a * b) @ x, "float64")
+
+
+def test_taco_mergeby_then_split_of_a_sparse_loop_says_to_use_pos():
+    """TACO splits i in coordinate space; sparsec refuses a split of a loop over a
+    compressed level and names the pos that makes it a range (mergeby is not the cause)."""
+    with pytest.raises(ScheduleError, match=r"not a plain range; iterate its positions with pos"):
+        k = sparsec.kernel(
+            MERGEBY, MERGEBY_FORMATS, schedule="mergeby(i,Gallop), split(i,i1,i2,16)"
+        )
+        k.source  # noqa: B018 - generation raises
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ("pos(j,ipos,x(i))", "'j' is not a loop"),  # pos_var_not_in_access
+        ("pos(i,ipos,x(j))", "not an access"),  # pos_wrong_access
+        ("pos(i,ipos,y(i))", "is the output"),
+    ],
+)
+def test_taco_pos_errors(schedule, message):
+    with pytest.raises(ScheduleError, match=message):
+        sparsec.kernel("y(i) = x(i)", {}, schedule=schedule)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        ("split(i,i0,i1,2), precompute(A(i,j)*x(j),i1,i1w)", "not an index variable"),
+        ("precompute(A(i,j)*x(j),i,iw), split(iw,i0,i1,8)", "'iw' is not a loop"),
+        ("split(i,i0,iInner,2), pos(iInner,ipos,A)", "already derived"),
+        ("bound(i,ib,8,MinExact)", "bound kind 'MinExact' is not supported"),
+        ("split(i,i0,i1,16),precompute(A(i,j)*x(j),i,i)", "runs inside the workspace"),
+    ],
+)
+def test_taco_spellings_sparsec_still_refuses(schedule, message):
+    """Listed in docs/scheduling.md: each refusal names what is wrong."""
+    with pytest.raises(ScheduleError, match=message):
+        sparsec.kernel(SPMV, {"A": "csr"}, schedule=schedule).source  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "precompute(b(i,j)*1*c(j),j,j)",
+        "precompute(b(i,j)*1*c(j),j,k)",
+        "precompute(b(i,j)*1,j,j)",
+        "precompute(b(i,j)*1,j,k)",
+    ],
+)
+def test_taco_cli_precompute_directives(schedule):
+    """taco-cli-test.bats: a(i) = b(i,j)*1 * c(j), -f=b:ds."""
+    dense, given = _operands({"b": "ds"}, {"b": (6, 7), "c": (7,)}, "float64", "int32")
+    k = sparsec.kernel("a(i) = b(i,j)*1 * c(j)", {"b": "ds"}, schedule=schedule)
+    _close(k(**given), dense["b"] @ dense["c"], "float64")
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_cli_takes_taco_spellings(capsys, check):
+    from sparsec.cli import main
+
+    args = [
+        "compile",
+        "C(i,j) = A(i,k) * B(k,j)",
+        "-f", "A:csr", "-f", "B:csr", "-f", "C:csr",
+        "-s", "precompute(A(i,k)*B(k,j),j,j)",
+        "-s", "assemble(C,Insert,true)",
+    ]  # fmt: skip
+    code = main([*args, "--check"] if check else args)
+    out = capsys.readouterr()
+    assert code == 0, out
+    if check:
+        assert "check: ok" in out.out
+    else:
+        assert "schedule: user: precompute(A(i,k)*B(k,j),j,j), assemble(C,Insert,true)" in out.out

@@ -368,6 +368,11 @@ def make_plan(
                     f"transformations; the loops are {', '.join(plan.order)}"
                 )
     for var in plan.mergeby:
+        if var not in plan.order and any(var in sp.vars for sp in plan.spaces.values()):
+            # TACO's mergeby(i, ...) then split/pos/fuse of i: the derived loops are ranges
+            # or position loops, which merge nothing (pos locates other sparse operands
+            # by galloping); TACO calls it a no-op
+            continue
         if var not in plan.order:
             raise ScheduleError(
                 f"mergeby({var},...): {var!r} is not a loop; the loops are {', '.join(plan.order)}"
