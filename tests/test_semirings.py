@@ -4,11 +4,14 @@ identity, ``*`` needs both operands present, ``+`` either."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
 import sparsec
 from sparsec.errors import SparsecError
+from sparsec.runtime import nvrtc
 
 #: name -> (add ufunc, multiply ufunc, identity, boolean)
 RINGS = {
@@ -278,3 +281,20 @@ def test_warp_reduction_refused_on_gpu() -> None:
             schedule=schedule,
             semiring="min_plus",
         ).source
+
+
+@pytest.mark.skipif(
+    nvrtc.nvrtc() is None and shutil.which("nvcc") is None,
+    reason="neither NVRTC (pip install nvidia-cuda-nvrtc-cu12) nor nvcc is available",
+)
+@pytest.mark.parametrize("ring", ["min_plus", "max_times", "or_and"])
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+def test_cuda_source_compiles(ring: str, fmt: str) -> None:
+    """The real CUDA compiler takes the semiring source (csc: the compare-and-swap
+    updates; csr: one thread per row), float32 and float64."""
+    for dtype in ("float64", "float32"):
+        k = sparsec.kernel(
+            "y(i) = A(i,j) * x(j)", {"A": fmt}, semiring=ring, target="cuda", dtype=dtype
+        )
+        assert [r.arch for r in k.verify()] == ["sm_80", "sm_90"]
+        assert ("sc_atomic_" in k.source.split("sparsec_kernel(")[-1]) == (fmt == "csc")
