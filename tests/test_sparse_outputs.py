@@ -273,9 +273,15 @@ def test_rowwise_outputs_are_parallel_and_match_across_thread_counts(rng):
 
 
 def test_transpose_product_with_csr_says_how_to_store_it():
+    # issue 23: with no schedule A is converted at call time; a schedule's refusal stands
     k = sparsec.kernel("C(i,j) = A(k,i) * A(k,j)", {"C": "csr", "A": "csr"})
+    assert "converted at call time" in k.schedule
+    inputs, _ = k.random_inputs({"i": 5, "j": 5, "k": 4}, seed=0, density=0.5)
+    k.check(**inputs)
     with pytest.raises(sparsec.LoweringError, match="Store A with mode ordering 1,0"):
-        k.source  # noqa: B018
+        sparsec.kernel(
+            "C(i,j) = A(k,i) * A(k,j)", {"C": "csr", "A": "csr"}, schedule="reorder(i,j,k)"
+        ).generated()
 
 
 def test_workspace_is_only_used_when_needed():
@@ -438,9 +444,15 @@ def test_appended_rows_out_of_storage_order_say_which_format_works(out):
     """Dense levels above more than one appended level are filled in one sequence, so they
     must be visited in storage order: an input that forbids it is refused before any C,
     naming a format that works (this computed wrong values)."""
+    # issue 23: with no schedule B is converted at call time; a schedule's refusal stands
     k = sparsec.kernel("A(i,j,m,l) = B(j,i,m,l)", {"B": "ssss", "A": out})
+    assert "converted at call time" in k.schedule
+    inputs, _ = k.random_inputs({"i": 3, "j": 4, "m": 2, "l": 3}, seed=0, density=0.5)
+    k.check(**inputs)
     with pytest.raises(sparsec.LoweringError, match=r"Store B with mode ordering 1,0,2,3"):
-        k.source  # noqa: B018
+        sparsec.kernel(
+            "A(i,j,m,l) = B(j,i,m,l)", {"B": "ssss", "A": out}, schedule="reorder(i,j,m,l)"
+        ).generated()
     k = sparsec.kernel("A(i,j,m,l) = B(j,i,m,l)", {"B": "ssss:1,0,2,3", "A": out})
     inputs, _ = k.random_inputs({"i": 3, "j": 4, "m": 2, "l": 3}, seed=0, density=0.5)
     k.check(**inputs)
