@@ -458,3 +458,36 @@ def test_cli_takes_taco_spellings(capsys, check):
         assert "check: ok" in out.out
     else:
         assert "schedule: user: precompute(A(i,k)*B(k,j),j,j), assemble(C,Insert,true)" in out.out
+
+
+@pytest.mark.parametrize(
+    ("expr", "schedule", "ref"),
+    [
+        (  # tests-scheduling-eval.cpp scheduleSpMVCPU
+            SPMV,
+            "split(i,i0,i1,16), reorder({i0,i1,j}), parallelize(i0,CPUThread,NoRaces)",
+            lambda d: d["A"] @ d["x"],
+        ),
+        (  # scheduleSpMMCPU
+            "y(i,k) = A(i,j) * x(j,k)",
+            "split(i,i0,i1,16), pos(j,jpos,A(i,j)), split(jpos,jpos0,jpos1,8), "
+            "reorder({i0,i1,jpos0,k,jpos1}), parallelize(i0,CPUThread,NoRaces), "
+            "parallelize(k,CPUVector,IgnoreRaces)",
+            lambda d: d["A"] @ d["x"],
+        ),
+    ],
+)
+def test_taco_cpu_schedules_verbatim(expr, schedule, ref):
+    """TACO's C++ schedules written as text: reorder takes its {list}, pos an access."""
+    shapes = {"A": (37, 29), "x": (29, 5) if "k" in expr else (29,)}
+    dense, given = _operands({"A": "csr"}, shapes, "float64", "int32")
+    k = sparsec.kernel(expr, {"A": "csr"}, schedule=schedule)
+    _close(k(**given), ref(dense), "float64")
+    assert "reorder(i0,i1," in k.schedule  # the list is read as the order
+
+
+def test_reorder_list_errors():
+    with pytest.raises(ScheduleError, match="at least two index variables"):
+        sparsec.kernel(SPMV, {"A": "csr"}, schedule="reorder({i})")
+    with pytest.raises(ScheduleError, match="not an index variable name"):
+        sparsec.kernel(SPMV, {"A": "csr"}, schedule="reorder({i,2})")

@@ -3,7 +3,8 @@
 
 A schedule is a list of commands (or one string of commands separated by commas):
 
-    reorder(i, j, ...)            permute these loops among the slots they occupy
+    reorder(i, j, ...)            permute these loops among the slots they occupy (also
+                                  spelled reorder({i, j, ...}), as TACO's C++ API)
     split(i, i0, i1, F)           i = i0*F + i1, with i1 < F           (F > 0)
     divide(i, i0, i1, F)          i0 < F pieces of ceil(N/F)           (F > 0)
     pos(i, ip, A)                 iterate A's stored positions of i's level (A may be
@@ -161,6 +162,9 @@ def _command(text: str) -> Command:
     args = tuple(a.strip() for a, _ in _split_top(inner, f"{name}(...)"))
     if args == ("",):
         args = ()
+    if name == "reorder" and len(args) == 1 and _LIST.match(args[0]):
+        # TACO's C++ spelling passes the order as one list, reorder({i0, i1, j})
+        args = name_list(_name_list(args[0], text))
     want = _ARITY[name]
     if want is not None and len(args) not in want:
         counts = " or ".join(map(str, want))
