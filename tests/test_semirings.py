@@ -298,3 +298,36 @@ def test_cuda_source_compiles(ring: str, fmt: str) -> None:
         )
         assert [r.arch for r in k.verify()] == ["sm_80", "sm_90"]
         assert ("sc_atomic_" in k.source.split("sparsec_kernel(")[-1]) == (fmt == "csc")
+
+
+@pytest.mark.parametrize("out", ["dense", "csr"])
+@pytest.mark.parametrize("ring", ["min_plus", "max_times", "or_and"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_sum_of_many_sparse_operands(ring: str, target: str, out: str) -> None:
+    """A sum of 5 sparse terms (one scaled by a dense vector) co-iterated as a flagged
+    union: an absent term is the add's identity, and the code stays linear in the terms."""
+    if out == "csr" and target != "c":
+        pytest.skip("sparse outputs have no GPU mapping yet")
+    boolean = RINGS[ring][3]
+    add, mul, ident, _ = RINGS[ring]
+    ms = [matrix(6, 7, 40 + n, boolean) for n in range(5)]
+    x = vector(7, 50, boolean) + (0.0 if boolean else 1.0)
+    names = "ABDEF"
+    expr = "C(i,j) = A(i,j) * x(j) + " + " + ".join(f"{n}(i,j)" for n in names[1:])
+    formats = {**{n: "csr" for n in names}, "C": out}
+    k = sparsec.kernel(expr, formats, semiring=ring, target=target)
+    assert len(k.source) < 40_000  # one case body, not 2^5 lattice points
+    got = run(
+        k, **{n: tensor(m, "csr", "float64", "int32") for n, m in zip(names, ms, strict=True)}, x=x
+    )
+    terms = [np.where(ms[0] != 0, mul(ms[0], x[None, :]).astype(float), ident)]
+    terms += [np.where(m != 0, m, ident) for m in ms[1:]]
+    want = add.reduce(np.array(terms), axis=0).astype(float)
+    if boolean:
+        want = (want != 0).astype(float)
+    present = np.any([m != 0 for m in ms], axis=0)
+    np.testing.assert_array_equal(got[present], want[present])
+    if out == "dense":
+        np.testing.assert_array_equal(got[~present], np.full((~present).sum(), ident))
+    else:
+        np.testing.assert_array_equal(got[~present], 0.0)

@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from ..frontend.concrete import CExpr, accesses
 from ..frontend.notation import Access
+from ..frontend.semirings import Semiring
 from ..ir import nodes as ir
 from ..ir.visit import blocks, map_blocks, map_children
 from ..middle.lattice import Iterator, UnionLattice, build
@@ -116,7 +117,7 @@ def _flags_fit(
     absent, not as present everywhere); and no access in ``expr`` absent from an
     enclosing union without being one of these iterators."""
     semantics = env.spec.semantics
-    if semantics.semiring != "plus_times" or semantics.mask:
+    if semantics.mask:
         return False
     if env.plan is not None and env.plan.mergeby.get(var) == "Gallop":
         return False  # the lattice's co-iteration says why galloping cannot merge a union
@@ -180,7 +181,7 @@ def _guarded(env: LowerEnv, state: dict[Iterator, IterState], block: ir.Block) -
             guards[(vals, s.pos)] = s.here
     if not guards:
         return block
-    return _guard_block(block, lambda e: _settle(e, guards))
+    return _guard_block(block, lambda e: _settle(e, guards, env.ring))
 
 
 def _guard_block(block: ir.Block, fn: Callable[[ir.Expr], ir.Expr]) -> ir.Block:
@@ -205,28 +206,37 @@ def _guard_stmt(s: ir.Stmt, fn: Callable[[ir.Expr], ir.Expr]) -> ir.Stmt:
             return s
 
 
-def _settle(e: ir.Expr, guards: Guards) -> ir.Expr:
-    """``e`` with its pending guard applied (``cond ? e : 0``)."""
-    value, cond = _hoist(e, guards)
-    return value if cond is None else ir.Select(cond, value, ir.FloatLit(0.0))
+def _settle(e: ir.Expr, guards: Guards, ring: Semiring) -> ir.Expr:
+    """``e`` with its pending guard applied (``cond ? e : 0``; under a semiring, its
+    add's identity instead of 0)."""
+    value, cond = _hoist(e, guards, ring)
+    return value if cond is None else ir.Select(cond, value, ir.FloatLit(ring.identity))
 
 
-def _hoist(e: ir.Expr, guards: Guards) -> tuple[ir.Expr, ir.Expr | None]:
+#: the loop IR operator of a semiring's multiply (`lower.semiring.combine`)
+_PRODUCT = {"*": "*", "+": "+", "and": "&&"}
+
+
+def _hoist(e: ir.Expr, guards: Guards, ring: Semiring) -> tuple[ir.Expr, ir.Expr | None]:
     """``e`` and the condition under which it is present: a guarded load's flag, carried
-    up through products, a dividend and negation (an absent factor annihilates the term),
-    settled at anything else (a sum of terms, a call)."""
+    up through products (the semiring's multiply), a dividend, negation and a boolean
+    semiring's truth test (an absent factor annihilates the term), settled at anything
+    else (a sum of terms, a call)."""
     match e:
         case ir.Load(array=array, index=ir.Var(name=pos)) if (array, pos) in guards:
             return e, ir.Var(guards[(array, pos)])
         case ir.Unary(op="-", operand=x):
-            value, cond = _hoist(x, guards)
+            value, cond = _hoist(x, guards, ring)
             return ir.Unary("-", value), cond
-        case ir.Bin(op="*", left=left, right=right):
-            (a, ca), (b, cb) = _hoist(left, guards), _hoist(right, guards)
+        case ir.Bin(op="!=", left=x, right=ir.FloatLit(value=0.0)) if ring.boolean:
+            value, cond = _hoist(x, guards, ring)
+            return ir.Bin("!=", value, ir.FloatLit(0.0)), cond
+        case ir.Bin(op=op, left=left, right=right) if op == _PRODUCT[ring.multiply]:
+            (a, ca), (b, cb) = _hoist(left, guards, ring), _hoist(right, guards, ring)
             conds = [c for c in (ca, cb) if c is not None]
-            return ir.Bin("*", a, b), ir.conj(*conds) if conds else None
+            return ir.Bin(op, a, b), ir.conj(*conds) if conds else None
         case ir.Bin(op="/", left=left, right=right):
-            a, ca = _hoist(left, guards)
-            return ir.Bin("/", a, _settle(right, guards)), ca
+            a, ca = _hoist(left, guards, ring)
+            return ir.Bin("/", a, _settle(right, guards, ring)), ca
         case _:
-            return map_children(e, lambda c: _settle(c, guards)), None
+            return map_children(e, lambda c: _settle(c, guards, ring)), None
