@@ -491,3 +491,33 @@ def test_reorder_list_errors():
         sparsec.kernel(SPMV, {"A": "csr"}, schedule="reorder({i})")
     with pytest.raises(ScheduleError, match="not an index variable name"):
         sparsec.kernel(SPMV, {"A": "csr"}, schedule="reorder({i,2})")
+
+
+@pytest.mark.parametrize(
+    ("expr", "ref"),
+    [("y(i) = a(i) * b(i)", lambda a, b: a * b), ("y(i) = a(i) + b(i)", lambda a, b: a + b)],
+)
+def test_pos_over_a_dense_level_locates_sparse_others(expr, ref):
+    """pos over a dense level visits every coordinate: a sparse operand there is located,
+    and the terms without it (a union's) run where it is absent."""
+    rng = np.random.default_rng(8)
+    a, b = sparse_array((15,), rng, 0.6), sparse_array((15,), rng, 0.4)
+    k = sparsec.kernel(expr, {"a": "d", "b": "s"}, schedule="pos(i,ipos,a), split(ipos,i0,i1,4)")
+    _close(k(a=a, b=_with_stored_zero(b, "s", "int32")), ref(a, b), "float64")
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "pos(j,jpos,A), split(jpos,j0,j1,4), parallelize(j0,CPUThread,Atomics)",
+        "pos(j,jpos,A), split(jpos,j0,j1,4), parallelize(j0,CPUThread,ParallelReduction)",
+        "pos(j,jpos,A), parallelize(jpos,CPUVector,ParallelReduction)",
+        "pos(i,ipos,A), split(ipos,i0,i1,2), parallelize(i0,CPUThread,Temporary)",
+    ],
+)
+@pytest.mark.parametrize("afmt", ["csr", "dcsr"])
+def test_pos_meeting_sparse_under_parallel_strategies(schedule, afmt):
+    fmts = {"A": afmt, "B": "dcsr"}
+    dense, given = _operands(fmts, {"A": (13, 11), "B": (13, 11)}, "float64", "int32")
+    k = sparsec.kernel("y(i) = A(i,j) * B(i,j)", fmts, schedule=schedule)
+    _close(k(**given), (dense["A"] * dense["B"]).sum(axis=1), "float64")

@@ -311,8 +311,8 @@ def _bind_space(
 def _meets_sparse(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) -> Lattice | None:
     """The lattice at ``var`` of a position loop over ``space.tensor``'s level when other
     operands are sparse there too (TACO's ``pos(i, ipos, A)`` on ``A(i) * B(i)``), else
-    None. Every lattice point must hold the pos tensor (the loop visits only its entries)
-    and the other sparse levels must be unique: each is then located by a search of its
+    None. Every lattice point must hold the pos tensor where its level is sparse (the loop
+    visits only its entries) and the other sparse levels must be unique: each is then located by a search of its
     segment for the coordinate (`_locate_cases`)."""
     lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.exact)
     if not lattice.points:
@@ -320,8 +320,9 @@ def _meets_sparse(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) 
     others = [it for it in ordered(lattice.iterators) if it.access.name != space.tensor]
     if not others:
         return None
+    # a dense level of the pos tensor has no iterator: its positions visit every coordinate
     own = [it for it in lattice.iterators if it.access.name == space.tensor]
-    if not own or any(own[0] not in p.iterators for p in lattice.points):
+    if own and any(own[0] not in p.iterators for p in lattice.points):
         raise ScheduleError(
             f"{space.origin}: the expression needs {var} where {space.tensor} has no "
             f"entry (a sum with a term without {space.tensor}); pos visits only "
