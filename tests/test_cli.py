@@ -46,7 +46,12 @@ def test_output_file(tmp_path, capsys):
         (["compile", "y(i) = A(i,j) * x(j)", "-f", "A"], "NAME:FORMAT"),
         (["compile", "y(i) = A(i,j) * x(j)", "--check", "--dims", "q=3"], "not an index"),
         (["compile", "y(i) = A(i,j) * x(j)", "--check", "--dims", "i=x"], "NAME=SIZE"),
-        (["compile", "A(i,j) = B(i,j) + C(j,i)", "-f", "B:csr", "-f", "C:csr"], "mode ordering"),
+        # issue 23: converted with no schedule; a schedule's refusal stands
+        (
+            ["compile", "A(i,j) = B(i,j) + C(j,i)", "-f", "B:csr", "-f", "C:csr"]
+            + ["--schedule", "reorder(i,j)"],
+            "mode ordering",
+        ),
         (["compile", "y(i) = A(i,j) * x(j)", "--target", "tpu"], "invalid choice"),
         (["frobnicate"], "invalid choice"),
         (["compile", "y(i) = A(i,j) * x(j)", "--check", "--seed", "-1"], "non-negative"),
