@@ -16,20 +16,19 @@ it:
 * an OpenMP ``reduction(+:...)`` loop runs on one thread (OpenMP's ``min`` reduction
   starts each thread from the type's largest finite value, not from ``inf``).
 
-A GPU mapping whose warps add their lanes' parts with shuffles (``warp_sum``) has no
-semiring counterpart yet: `apply` refuses it with a ScheduleError, so the GPU candidate
-search takes another mapping. The pipeline runs no passes on a semiring kernel (their
-register tiles and coarsened threads add with ``+``).
+A warp's shuffle reduction (``warp_sum``, `output.store_shared`) becomes the add's
+(``warp_min``, ``warp_max``, ``warp_or``: the CUDA template's shuffle loops). The pipeline
+runs no passes on a semiring kernel (their register tiles, bands and coarsened threads
+add with ``+``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import ScheduleError
 from ..frontend.semirings import Semiring
 from ..ir import nodes as ir
-from ..ir.visit import exprs, map_blocks, subexpressions
+from ..ir.visit import map_blocks
 
 #: the add's accumulating update, as an `ir.Assign` op
 UPDATES = {"+": "+=", "min": "min=", "max": "max=", "or": "or="}
@@ -79,11 +78,10 @@ class _Rewrite:
         return ir.Block(tuple(out))
 
     def stmt(self, s: ir.Stmt) -> list[ir.Stmt]:
-        for e in exprs(s):
-            for x in subexpressions(e):
-                if isinstance(x, ir.Call) and x.fn == "warp_sum":
-                    raise self._refuse("a warp's lanes add their parts with shuffles")
         match s:
+            case ir.Assign(value=ir.Call(fn="warp_sum", args=args)):
+                # a warp's lanes combine with the add (the templates' shuffle loops)
+                return [replace(s, value=ir.Call(f"warp_{self.ring.add}", args))]
             case ir.Decl(type=ty, init=ir.FloatLit(value=0.0)) if ty in _VALUE_TYPES:
                 return [replace(s, init=self.identity)]
             case ir.Assign(value=ir.FloatLit(value=0.0), op="="):
@@ -105,10 +103,3 @@ class _Rewrite:
             q, ir.IntLit(0), count, ir.block(ir.Assign(ir.Load(name, ir.Var(q)), self.identity))
         )
         return ir.If(((ir.Var(name), ir.block(fill)),)) if maybe_null else fill
-
-    def _refuse(self, why: str) -> ScheduleError:
-        return ScheduleError(
-            f"this GPU mapping cannot run under semiring={self.ring.name!r}: {why}, which "
-            "only '+' has; reduce with Atomics instead of ParallelReduction, or map the "
-            "loops that bind the output's indices to GPU threads"
-        )
