@@ -82,7 +82,7 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
     else:
         body = loops(env, order, stmt.rhs, ctx, OutputSink(), outermost=True)
     # a semiring other than plus_times: every accumulation and its start follow its add
-    kernel = apply_semiring(env.ring, epilogue(env, frame, ir.block(located, body)), env.gpu)
+    kernel = apply_semiring(env.ring, epilogue(env, frame, ir.block(located, body)))
     sites = env.write_sites
     return LoweredKernel(
         kernel,

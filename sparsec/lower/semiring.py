@@ -57,17 +57,18 @@ def truth(ring: Semiring, value: ir.Expr) -> ir.Expr:
     return ir.Bin("!=", value, ir.FloatLit(0.0)) if ring.boolean else value
 
 
-def apply(ring: Semiring, body: ir.Block, gpu: bool) -> ir.Block:
+def apply(ring: Semiring, body: ir.Block) -> ir.Block:
     """``body`` (one kernel, plus_times shaped) computing under ``ring``."""
     if ring.is_default:
         return body
-    return _Rewrite(ring, gpu).block(body)
+    return _Rewrite(ring).block(body)
 
 
 class _Rewrite:
-    def __init__(self, ring: Semiring, gpu: bool) -> None:
+    """One kernel's statements rewritten for ``ring`` (see the module's list)."""
+
+    def __init__(self, ring: Semiring) -> None:
         self.ring = ring
-        self.gpu = gpu
         self.identity = ir.FloatLit(ring.identity)
         self.update = UPDATES[ring.add]
 
