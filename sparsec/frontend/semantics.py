@@ -16,9 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import SparsecError
+from .semirings import SEMIRING_TABLE
 
 DIVISIONS = ("sparse", "ieee")
-SEMIRINGS = ("plus_times", "min_plus", "max_plus", "max_times", "min_times", "or_and")
+#: the semirings' names, from their one table (`semirings.SEMIRING_TABLE`)
+SEMIRINGS = tuple(SEMIRING_TABLE)
 
 
 @dataclass(frozen=True, slots=True)
