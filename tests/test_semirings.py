@@ -339,3 +339,16 @@ def test_sum_of_many_sparse_operands(ring: str, target: str, out: str) -> None:
         np.testing.assert_array_equal(got[~present], np.full((~present).sum(), ident))
     else:
         np.testing.assert_array_equal(got[~present], 0.0)
+
+
+@pytest.mark.parametrize("fmt", ["ddq", "ddp", "dq"])
+def test_padded_singletons_are_refused_under_a_semiring(fmt: str) -> None:
+    """ELL's singleton pads each row with stored zeros at coordinate 0: under min_plus
+    they would be candidates of the min (0 + x(0)), so such formats are refused with a
+    fix, while plus_times (where a padded 0 adds nothing) still takes them."""
+    order = len(fmt)
+    idx = "ijk"[:order]
+    expr = f"y(i) = A({','.join(idx)}) * x({idx[-1]})"
+    with pytest.raises(SparsecError, match="pads rows with stored zeros"):
+        sparsec.kernel(expr, {"A": fmt}, semiring="min_plus")
+    sparsec.kernel(expr, {"A": fmt})

@@ -129,6 +129,8 @@ def make_spec(
         )
         for name, order in orders.items()
     )
+    if semantics.semiring != "plus_times":
+        _no_padding(tensors, semantics.semiring)
     out = tensors[0]
     if not out.format.is_dense:
         OutputLayout.of(out.format, output)  # raises for layouts that cannot be appended
@@ -136,6 +138,18 @@ def make_spec(
             assignment, tensors = _sparse_accumulate(assignment, tensors)
     indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
     return Spec(assignment, concretize(assignment), tensors, indices, semantics)
+
+
+def _no_padding(tensors: tuple[TensorVar, ...], ring: str) -> None:
+    """A padded singleton's filler entries (`Format.pads`) would be values under a semiring
+    whose add is min, max or or: refuse them rather than compute with them."""
+    for t in tensors:
+        if t.format.pads:
+            raise FormatError(
+                f"{t.name} is stored as {t.format}, whose singleton level pads rows with stored "
+                f"zeros at coordinate 0; under semiring {ring!r} those would be real values. "
+                f"Store {t.name} with a compressed level instead (e.g. 'csr', 'coo', 'csf')"
+            )
 
 
 def _sparse_accumulate(

@@ -242,6 +242,20 @@ class Format:
     def is_dense(self) -> bool:
         return all(isinstance(level, Dense) for level in self.levels)
 
+    @property
+    def pads(self) -> bool:
+        """Some singleton level holds padding: a singleton stores one coordinate per parent
+        position, and under a dense parent (ELL's ``ddq``/``ddp``) a position without an
+        entry is packed as coordinate 0 with value 0 — a stored zero at a coordinate that may
+        also hold a real entry, harmless to ``+`` and ``*`` but a value to min/max."""
+        head: LevelFormat | None = None
+        for level in self.levels:
+            if not isinstance(level, Singleton):
+                head = level
+            elif isinstance(head, Dense):
+                return True
+        return False
+
     def level_of_mode(self, mode: int) -> int:
         return self.ordering.index(mode)
 
