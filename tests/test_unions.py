@@ -217,3 +217,39 @@ def test_union_lattice_only_past_the_threshold():
     # a flagged lattice built point by point after all is the ordinary one
     expr, it_of = _terms(4)
     assert len(build(expr, it_of, flagged=False).points) == 15
+
+
+def test_factors_of_an_absent_term_are_never_evaluated(rng):
+    # x(j) is infinite where A0 stores nothing: the lattice skips A0's term there, and so
+    # must the flags (the guard covers the whole term, not only A0's load: 0 * inf is NaN)
+    shape = (I, J)
+    ops = [_operand(shape, "csr", rng, "float64", "int32") for _ in range(5)]
+    x, y = rng.uniform(1, 2, J), rng.uniform(1, 2, I)
+    empty_cols = np.flatnonzero(~ops[0][1].any(axis=0))
+    x[empty_cols] = np.inf
+    assert empty_cols.size
+    expr = "C(i,j) = A0(i,j) * x(j) + A1(i,j) * y(i) + A2(i,j) / 4 - A3(i,j) + -A4(i,j)"
+    with np.errstate(invalid="ignore"):
+        terms = [ops[0][0] * x, ops[1][0] * y[:, None], ops[2][0] / 4, -ops[3][0], -ops[4][0]]
+        want = sum(np.where(op[1], t, 0.0) for op, t in zip(ops, terms, strict=True))
+    pattern = np.any([op[1] for op in ops], axis=0)
+    given = {f"A{t}": op[2] for t, op in enumerate(ops)} | {"x": x, "y": y}
+    for out in ("csr", "dense"):
+        k = sparsec.kernel(expr, {f"A{t}": "csr" for t in range(5)} | {"C": out})
+        got = k(**given)
+        assert np.isfinite(np.asarray(got)[:, empty_cols]).all()
+        _check_out(got, want, pattern, "float64", out != "dense")
+
+
+def test_a_union_whose_terms_end_above_the_inner_loop_uses_the_lattice(rng):
+    # b(i) has no level at j: below an absent b the inner loop would see its term as
+    # present everywhere, so the loop over i (4 iterators) keeps the lattice's cases
+    mats = [_operand((I, J), "dcsr", rng, "float64", "int64") for _ in range(3)]
+    b = _operand((I,), "s", rng, "float64", "int64")
+    expr = "C(i,j) = A0(i,j) + A1(i,j) + A2(i,j) + b(i)"
+    given = {f"A{t}": m[2] for t, m in enumerate(mats)} | {"b": b[2]}
+    want = sum(m[0] for m in mats) + b[0][:, None]
+    pattern = np.any([m[1] for m in mats], axis=0) | b[1][:, None]
+    for out in ("dcsr", "dense"):
+        k = sparsec.kernel(expr, {f"A{t}": "dcsr" for t in range(3)} | {"b": "s", "C": out})
+        _check_out(k(**given), want, pattern, "float64", out != "dense")
