@@ -182,3 +182,21 @@ def test_the_cli_prints_the_conversion(capsys):
     assert "converted at call time" in capsys.readouterr().out  # the printed source's header
     assert main([*args, "--check"]) == 0
     assert "check: ok" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("output", ["dense", "csr"])
+@pytest.mark.parametrize("under", ["division", "function"])
+def test_a_sum_under_a_division_or_function_converts(under, output):
+    """A sum nested under ``/`` or a function runs inside the output's loops, so B csr
+    (k before j) cannot be read there: B is re-laid out (CSC) instead of refused."""
+    a = sparsec.Tensor.from_scipy(abs(_matrix(6, 5, 1, "float64", "int32", "csr").to_scipy()))
+    b = sparsec.Tensor.from_scipy(abs(_matrix(5, 7, 2, "float64", "int32", "csr").to_scipy()))
+    product = _dense(a) @ _dense(b)
+    d = np.arange(1.0, 7.0)
+    if under == "division":
+        expr, args, want = "C(i,j) = A(i,k) * B(k,j) / d(i)", {"d": d}, product / d[:, None]
+    else:
+        expr, args, want = "C(i,j) = sqrt(A(i,k) * B(k,j))", {}, np.sqrt(product)
+    k = sparsec.kernel(expr, {"A": "csr", "B": "csr", "C": output})
+    assert "B (csr) converted at call time" in k.schedule
+    _close(k(A=a, B=b, **args), want, "float64")

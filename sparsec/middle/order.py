@@ -266,11 +266,11 @@ def _inner_before_outer(
     var: str,
     scope: set[str],
     outer: set[str],
-) -> LoweringError:
+) -> OrderConflict:
     early = [v for v in access.indices if v in outer or v in scope]
     late = [v for v in access.indices if v not in early]
     fix = _reordered(access, fmt, tuple(early + late))
-    return LoweringError(
+    return OrderConflict(
         f"{access} is stored as {fmt}, which needs {above} before {var}, but {above} is "
         f"summed in a loop nested inside the loop over {var}. {_advice(access.name, fix)}"
     )
