@@ -89,10 +89,25 @@ def verdict(
             None if current is None else current.numpy(),
             sparse_output=not spec.output.format.is_dense,
         )
+    if spec.semantics.mask:
+        want = _masked(want, spec, stored, current, ring.identity)
     if isinstance(got, Tensor):
         got.validate(spec.output.name)  # the assembled storage keeps every invariant
     err = compare(np.asarray(got), want, prepared.dtype, f"kernel {assignment}")
     return CheckResult(err, prepared.dtype)
+
+
+def _masked(want: Any, spec: Spec, stored: Mapping[str, Any], current: Any, identity: float) -> Any:
+    """The unmasked reference ``want`` kept where the mask allows (``M``: where it stores an
+    entry, explicit zeros included; ``~M``: where it stores none), read from the mask's own
+    stored pattern, not from the compiler's rewrite; elsewhere the output keeps its current
+    value (``+=``) or stays absent (the add's identity, 0 for plus_times)."""
+    pattern = stored.get(spec.pattern)
+    allowed = np.ones(np.shape(want), dtype=bool) if pattern is None else pattern.numpy()
+    if spec.semantics.mask.startswith("~"):
+        allowed = ~allowed
+    base = identity if current is None else np.asarray(current)
+    return np.where(allowed, want, base)
 
 
 def extents(

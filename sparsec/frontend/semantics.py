@@ -39,9 +39,6 @@ class Semantics:
             raise SparsecError(
                 f"unknown semiring {self.semiring!r}; choose one of {', '.join(SEMIRINGS)}"
             )
-        # until the lowering of each lands (issue 23), never compute the wrong thing
-        if self.mask:
-            raise SparsecError("masks are not supported yet")
         if not isinstance(self.mask, str):
             raise SparsecError(
                 f"mask must be a tensor name such as 'M' or '~M', not {type(self.mask).__name__}"

@@ -305,6 +305,8 @@ def _value_of(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
     match expr:
         case Access(name=name, order=0):
             return truth(env.ring, ir.Var(env.sig.value(name)))
+        case Access(name=name) if name == env.spec.pattern:
+            return ir.FloatLit(1.0)  # a structural mask: its values are ignored
         case Access():
             last = ctx.levels.get((expr, expr.order - 1))
             if last is None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import FormatError
+from ..errors import FormatError, NotationError
 from ..frontend.concrete import Statement, concretize
 from ..frontend.notation import Access, Assignment, BinOp
 from ..frontend.semantics import DEFAULT, Semantics
@@ -84,6 +84,11 @@ class Spec:
     derived: tuple[Derived, ...] = ()
 
     @property
+    def pattern(self) -> str:
+        """The mask's tensor (`apply_mask`), whose accesses read as the value 1, or ""."""
+        return self.semantics.mask.lstrip("~")
+
+    @property
     def output(self) -> TensorVar:
         return self.tensors[0]
 
@@ -110,6 +115,9 @@ def make_spec(
 ) -> Spec:
     # '-', '/' and functions have no meaning under a semiring other than plus_times
     check_expression(assignment.rhs, semiring(semantics.semiring))
+    if semantics.mask:
+        assignment = apply_mask(assignment, semantics.mask, formats)
+        formats = mask_formats(assignment, semantics.mask, formats)
     orders: dict[str, int] = {}
     for access in assignment.accesses():
         orders.setdefault(access.name, access.order)
@@ -138,6 +146,59 @@ def make_spec(
             assignment, tensors = _sparse_accumulate(assignment, tensors)
     indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
     return Spec(assignment, concretize(assignment), tensors, indices, semantics)
+
+
+def apply_mask(assignment: Assignment, mask: str, formats: FormatsArg) -> Assignment:
+    """The structural mask ``M`` as a factor: ``C(lhs) = M(lhs) * (rhs)``, ``M`` indexed
+    by the left-hand side. ``M`` is a pattern (`Spec.pattern`): the lowerer reads its
+    value as 1, so it only intersects the co-iteration (its stored entries, explicit zeros
+    included, drive the loops of the left-hand side's indices).
+    """
+    name = mask.removeprefix("~")
+    if name.startswith("~"):
+        raise NotationError(f"mask {mask!r}: '~' (the complement) is written once, as in '~M'")
+    if mask.startswith("~"):
+        raise NotationError(
+            f"mask {mask!r}: complemented masks are not supported yet; mask with a tensor "
+            f"that stores the entries to compute instead"
+        )
+    if not name.isidentifier():
+        raise NotationError(
+            f"mask {mask!r} is not a tensor name: write an identifier such as 'M' or '~M'"
+        )
+    taken = {a.name for a in assignment.accesses()}
+    if name in taken:
+        raise NotationError(
+            f"mask {name!r} is already a tensor of {assignment}: the mask is an extra input "
+            f"passed at call time; give it a name of its own (tensors: {', '.join(taken)})"
+        )
+    lhs = assignment.lhs
+    pattern = Access(name, lhs.indices, lhs.span, lhs.index_spans)
+    return replace(assignment, rhs=BinOp("*", pattern, assignment.rhs, assignment.rhs.span))
+
+
+def mask_formats(assignment: Assignment, mask: str, formats: FormatsArg) -> FormatsArg:
+    """``formats`` with the mask's: as given, else the output's when sparse, else the
+    default sparse format of its order (CSR for a matrix)."""
+    name = mask.removeprefix("~")
+    if formats is not None and not isinstance(formats, Mapping):
+        return formats  # refused with its message by `_formats_mapping`
+    given = dict(formats or {})
+    if name in given:
+        return given
+    order = assignment.lhs.order
+    out = given.get(assignment.lhs.name)
+    if out is not None and not parse_format(out, order, assignment.lhs.name).is_dense:
+        given[name] = out
+    elif order:
+        given[name] = default_sparse(order)
+    if formats is None:
+        # the default of `make_spec` with no formats at all: the widest input is sparse
+        inputs = [a for a in assignment.accesses() if a.name not in (name, assignment.lhs.name)]
+        widest = max(inputs, key=lambda a: a.order, default=None)
+        if widest is not None and widest.order:
+            given[widest.name] = default_sparse(widest.order)
+    return given
 
 
 def _no_padding(tensors: tuple[TensorVar, ...], ring: str) -> None:
