@@ -89,15 +89,15 @@ def test_triangle_counting(target: str, dtype: str, index: str) -> None:
     adj = adj | adj.T
     low = np.tril(adj, -1).astype(float)
     k = sparsec.kernel(
-        "C(i,j) = L(i,k) * L2(k,j)",
-        {"L": "csr", "L2": "csr", "C": "csr" if target == "c" else "dd"},
+        "C(i,j) = L(i,k) * L(k,j)",
+        {"L": "csr", "C": "csr" if target == "c" else "dd"},
         mask="M",
         target=target,
         dtype=dtype,
         index_dtype=index,
     )
     lt = tensor(low, "csr", dtype, index)
-    got = dense(k(L=lt, L2=lt, M=lt))
+    got = dense(k(L=lt, M=lt))  # the same tensor as operand and mask
     a = adj.astype(float)
     assert got.sum() == pytest.approx(np.trace(a @ a @ a) / 6)
     np.testing.assert_allclose(got, np.where(low != 0, low @ low, 0.0))
@@ -188,3 +188,50 @@ def test_bad_mask_names(mask: str, words: str) -> None:
 def test_mask_must_be_a_string() -> None:
     with pytest.raises(SparsecError, match="tensor name"):
         sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr"}, mask=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_accumulate_keeps_entries_outside_the_mask(target: str) -> None:
+    """``y += M .* (A x)``: outside the mask the output keeps its current value."""
+    a, x = matrix(6, 5, 15), np.arange(5.0)
+    stored, m = pattern((6,), 16, "s", "int32")
+    k = sparsec.kernel("y(i) += A(i,j) * x(j)", {"A": "csr"}, mask="M", target=target)
+    y = np.full(6, 3.0)
+    got = dense(k(A=tensor(a, "csr", "float64", "int32"), x=x, M=m, y=y.copy()))
+    np.testing.assert_allclose(got, np.where(stored, 3.0 + a @ x, 3.0))
+
+
+@pytest.mark.parametrize("out", ["csr", "dd"])
+def test_check_on_random_inputs(out: str) -> None:
+    """`Kernel.check` masks its reference itself: a mask the kernel ignored would differ."""
+    k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": out}, mask="M")
+    inputs, _ = k.random_inputs(seed=3, density=0.4)
+    k.check(**inputs)
+    plain = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": out})
+    unmasked = dense(plain(A=inputs["A"], B=inputs["B"]))
+    masked = dense(k(**inputs))
+    assert (masked != unmasked).any()  # these inputs tell a masked kernel from an unmasked one
+
+
+def test_masked_min_plus() -> None:
+    """Under a semiring, outside the mask the output is absent: the add's identity."""
+    a, x = matrix(6, 5, 17), np.arange(1.0, 6.0)
+    stored, m = pattern((6,), 18, "s", "int32")
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, mask="M", semiring="min_plus")
+    got = dense(k(A=tensor(a, "csr", "float64", "int32"), x=x, M=m))
+    terms = np.where(a != 0, a + x[None, :], np.inf).min(axis=1)
+    np.testing.assert_array_equal(got, np.where(stored, terms, np.inf))
+    k.check(A=tensor(a, "csr", "float64", "int32"), x=x, M=m)
+
+
+def test_cli_mask(capsys: pytest.CaptureFixture[str]) -> None:
+    from sparsec.cli import main
+
+    expr = "C(i,j) = A(i,k) * B(k,j)"
+    assert main(["compile", expr, "-f", "A:csr", "-f", "B:csr", "--mask", "M", "--check"]) == 0
+    assert "check: ok" in capsys.readouterr().out
+
+
+def test_complement_refused_clearly() -> None:
+    with pytest.raises(NotationError, match="complemented masks are not supported yet"):
+        sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr"}, mask="~M")

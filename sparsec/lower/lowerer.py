@@ -279,6 +279,10 @@ def _nested_sum(env: LowerEnv, expr: Sum, ctx: Ctx, acc: str) -> list[ir.Stmt]:
     return stmts + list(_private_loops(env, order, expr.body, ctx, AccSink(acc, flag)).body)
 
 
+#: the one of each semiring multiply (`Semiring.multiply`): a mask's value
+MULTIPLICATIVE_ONE = {"*": 1.0, "+": 0.0, "and": 1.0}
+
+
 def _value(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Expr:
     """The IR value of ``expr`` with every variable bound; nested sums emit into ``stmts``.
 
@@ -306,7 +310,8 @@ def _value_of(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
         case Access(name=name, order=0):
             return truth(env.ring, ir.Var(env.sig.value(name)))
         case Access(name=name) if name == env.spec.pattern:
-            return ir.FloatLit(1.0)  # a structural mask: its values are ignored
+            # a structural mask: its values are ignored; it multiplies by the semiring's one
+            return ir.FloatLit(MULTIPLICATIVE_ONE[env.ring.multiply])
         case Access():
             last = ctx.levels.get((expr, expr.order - 1))
             if last is None:
