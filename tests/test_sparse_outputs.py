@@ -327,16 +327,16 @@ def test_block_output_whose_last_row_stores_nothing(monkeypatch):
         assert out.levels[0].crd.tolist() == [0] and len(out.vals) == 4
 
 
-def _bound(expr, fmts, **inputs):
+def _bound(expr, fmts, division="sparse", **inputs):
     """`bound.entry_bound` of ``expr``'s kernel on these inputs (those named in ``fmts``
-    given dense and stored in that format)."""
+    given dense and stored in that format), under the kernel's ``division``."""
     from sparsec.middle.bound import entry_bound
 
-    k = sparsec.kernel(expr, fmts)
+    k = sparsec.kernel(expr, fmts, division=division)
     values = {
         n: (sparsec.Tensor.from_dense(v, fmts[n]) if n in fmts else v) for n, v in inputs.items()
     }
-    return entry_bound(k.spec.statement, values, k.binder.prepare(values).dims)
+    return entry_bound(k.spec.statement, values, k.binder.prepare(values).dims, division)
 
 
 def test_entry_bound_hand_values():
@@ -560,16 +560,20 @@ def test_division_single_pass_bound_covers_the_exact_pattern(expr, fmts, monkeyp
 
 def test_entry_bound_of_divisions():
     eye, c = np.eye(4), np.array([1.0, 0.0, 0.0, 2.0])
-    # exact lowering: every (k, i), whatever the product's other factor stores
-    assert (
-        _bound(
+    # exact lowering (division="ieee"): every (k, i), whatever the product's other
+    # factor stores; the sparse convention: the quotient is present where its numerator
+    # (the scalar alpha: everywhere) is, so the product keeps B's pattern
+    for division, want in (("ieee", 16), ("sparse", 4)):
+        got = _bound(
             "A(k,i) = alpha / C(k) * B(k,i)",
             {"A": "dcsr", "C": "s", "B": "csr"},
+            division,
             alpha=2.0,
             C=c,
             B=eye,
         )
-        == 16
-    )
+        assert got == want, division
+    # a sparse numerator over a dense divisor keeps the numerator's pattern
+    assert _bound("A(k,i) = B(k,i) / D(k,i)", {"A": "dcsr", "B": "csr"}, B=eye, D=eye + 1) == 4
     # a non-zero literal divisor keeps the numerator's pattern
     assert _bound("A(k,i) = B(k,i) / 2", {"A": "dcsr", "B": "csr"}, B=eye) == 4

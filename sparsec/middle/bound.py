@@ -36,17 +36,23 @@ from typing import Any
 
 import numpy as np
 
-from ..frontend.concrete import CExpr, Statement, Sum, Zero, divides
+from ..frontend.concrete import CExpr, Statement, Sum, Zero, exact
 from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, BinOp, Call, Literal, Neg, factor_chain
 
 
-def entry_bound(stmt: Statement, values: Mapping[str, Any], dims: Mapping[str, int]) -> int:
-    """At most how many entries the output of ``stmt`` gets for these inputs."""
+def entry_bound(
+    stmt: Statement,
+    values: Mapping[str, Any],
+    dims: Mapping[str, int],
+    division: str = "sparse",
+) -> int:
+    """At most how many entries the output of ``stmt`` gets for these inputs, under the
+    kernel's ``division`` convention (`sparsec.frontend.semantics`)."""
     rhs: CExpr = Sum(stmt.top_sums, stmt.rhs) if stmt.top_sums else stmt.rhs
     out = frozenset(stmt.lhs.indices)
     dense = _size(dims, out)
-    if divides(rhs):
+    if exact(rhs, division):
         return dense  # exact lowering: present everywhere
     free, n = _Bound(values, dims).of(rhs)
     return int(min(dense, n * _size(dims, out - free)))
@@ -83,7 +89,9 @@ class _Bound:
                         n = min(wa, wb)
                     case "+" | "-":
                         n = wa + wb
-                    case "/" if isinstance(b, Literal) and b.value != 0:
+                    case "/":
+                        # a quotient is present where its numerator is (the sparse
+                        # convention; the exact one returned above)
                         n = wa
                     case _:
                         n = _size(self.dims, free)

@@ -43,13 +43,14 @@ class SparseOutput:
     """One sparse-output kernel for one dtype pair: its entry points and its output's
     levels."""
 
-    __slots__ = ("loaded", "slots", "output", "statement", "out_indices", "layout")
+    __slots__ = ("loaded", "slots", "output", "statement", "division", "out_indices", "layout")
 
     def __init__(self, spec: Spec, loaded: Loaded, slots: tuple[Slot, ...]) -> None:
         self.loaded = loaded
         self.slots = slots
         self.output = spec.output
         self.statement = spec.statement
+        self.division = spec.semantics.division
         #: the output's indices in level order
         self.out_indices = tuple(spec.statement.lhs.indices[m] for m in spec.output.format.ordering)
         self.layout = OutputLayout.of(spec.output.format, spec.output.name)
@@ -84,7 +85,7 @@ def run(out: SparseOutput, prepared: Prepared, threads: int | None, poison: bool
     and -1 and makes a capacity bound found too small an error."""
     nthreads = resolve_threads(threads)
     if out.loaded.append is not None and (nthreads == 1 or not out.layout.rowwise):
-        bound = entry_bound(out.statement, prepared.values, prepared.dims)
+        bound = entry_bound(out.statement, prepared.values, prepared.dims, out.division)
         if bound <= costs.SINGLE_PASS_ENTRIES:
             done = single_pass(out, prepared, bound, poison)
             if done is not None:
