@@ -227,7 +227,9 @@ def divides(expr: CExpr) -> bool:
 def without(
     expr: CExpr, absent: frozenset[Access], fold: bool = True, sparse_division: bool = False
 ) -> CExpr:
-    """``expr`` with the ``absent`` accesses replaced by structural zeros, folded.
+    """``expr`` with the ``absent`` accesses replaced by structural zeros, folded; an
+    absent complemented mask ``~M`` (`Access.complement`: ``M`` has no entry here) is the
+    one of its product instead, which it leaves.
 
     Folding follows the ring: ``0*x = 0``, ``0+x = x``, ``x-0 = x``, ``0-x = -x``,
     ``-0 = 0``, ``Σ 0 = 0``, ``0/x = 0`` only for a literal ``x`` (otherwise ``0/0`` must
@@ -236,10 +238,17 @@ def without(
     computed as dense torch computes it.
     """
     match expr:
+        case Access(complement=True) if expr in absent:
+            # an absent ~M is the multiplicative one: `apply_mask` only ever multiplies by it
+            raise AssertionError(f"{expr} absent outside a product")
         case Access():
             return ZERO if expr in absent else expr
         case Literal() | Zero():
             return expr
+        case BinOp(op="*", left=Access(complement=True) as mask, right=rest) if mask in absent:
+            return without(rest, absent, fold, sparse_division)  # ~M absent: M has no entry
+        case BinOp(op="*", left=rest, right=Access(complement=True) as mask) if mask in absent:
+            return without(rest, absent, fold, sparse_division)
         case Neg(operand=operand):
             x = without(operand, absent, fold, sparse_division)
             return ZERO if x is ZERO and fold else _neg(x, expr.span)

@@ -26,13 +26,18 @@ class Access:
     span: Span = field(default=NO_SPAN, compare=False)
     #: one span per index variable, for errors that point at a single index
     index_spans: tuple[Span, ...] = field(default=(), compare=False)
+    #: a complemented structural mask ``~M`` (`middle.spec.apply_mask`): present where
+    #: ``M`` stores no entry; in a lattice, where ``M``'s last level is present the point
+    #: computes nothing, and an absent ``~M`` leaves its product (`concrete.without`)
+    complement: bool = False
 
     @property
     def order(self) -> int:
         return len(self.indices)
 
     def __str__(self) -> str:
-        return f"{self.name}({','.join(self.indices)})" if self.indices else self.name
+        text = f"{self.name}({','.join(self.indices)})" if self.indices else self.name
+        return f"~{text}" if self.complement else text
 
 
 @dataclass(frozen=True, slots=True)

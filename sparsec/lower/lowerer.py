@@ -57,7 +57,7 @@ def loops(
     outermost: bool = False,
 ) -> ir.Block:
     """Code computing ``Σ order . expr`` (over the not-yet-bound ``order``) into ``sink``."""
-    if expr is ZERO:
+    if expr is ZERO or _masked_out(expr, ctx):
         nothing_written(env, sink)
         return ir.Block()
     lhs = env.lhs
@@ -94,6 +94,13 @@ def loops(
     if isinstance(lattice, UnionLattice):
         return flagged_union(env, var, rest, lattice, expr, ctx, sink, outermost, body)
     return coiterate(env, var, lattice, ctx, sink, outermost, body)
+
+
+def _masked_out(expr: CExpr, ctx: Ctx) -> bool:
+    """Whether a complemented mask ``~M`` is still in ``expr`` with every level of ``M``
+    bound: its last level is dense (located, so ``M`` stores an entry here; an iterated
+    last level is decided in the lattice, `middle.lattice.build`), so nothing is computed."""
+    return any(a.complement and ctx.depth(a) == a.order for a in accesses(expr))
 
 
 def _reduce_into_output(

@@ -21,6 +21,13 @@ the expression tree with
 The empty point ``∅`` means "every coordinate": a lattice containing it is iterated by a
 dense loop over ``v``'s range with sparse iterators advanced by coordinate match.
 Points whose expression folds to zero are dropped (``optimize``).
+
+A complemented mask ``~M`` (`Access.complement`) is co-iterated as a full operand: at
+``M``'s upper levels a point where ``M`` is present keeps ``~M`` (deeper levels decide) and
+one where it is absent drops it with no effect (``without``: ``M`` has no entry below, so
+everything below is allowed); at ``M``'s last level a point where ``M`` is present is a
+*skip* case, kept with the expression ``ZERO`` (its case emits nothing) rather than dropped:
+dropping it would let the lower point, where ``M`` is absent, fire where ``M`` has an entry.
 """
 
 from __future__ import annotations
@@ -136,7 +143,9 @@ def point_sets(
             it = iterator_of(expr)
             if it is None:
                 return [frozenset()]
-            return [frozenset({it}), frozenset()] if exact else [frozenset({it})]
+            # ~M is co-iterated but present everywhere: where M is absent it allows all
+            full_here = exact or expr.complement
+            return [frozenset({it}), frozenset()] if full_here else [frozenset({it})]
         case Literal():
             return [frozenset()]
         case Zero():
@@ -204,8 +213,14 @@ def build(
     for p in sorted(sets, key=lambda s: -len(s)):
         absent = frozenset(a for a, it in by_access.items() if it not in p)
         simplified = without(expr, absent, fold=not exact, sparse_division=not exact)
-        if simplified is not ZERO:
+        if any(it.access.complement and it.level == it.access.order - 1 for it in p):
+            # ~M where M's last level stores an entry: a skip case, kept (with no body)
+            # so that a lower point, where M is absent, does not fire here
+            points.append(LatticePoint(p, ZERO))
+        elif simplified is not ZERO:
             points.append(LatticePoint(p, simplified))
+    if all(p.expr is ZERO for p in points):
+        return Lattice(())  # only skips: nothing is computed at this variable
     return Lattice(tuple(points))
 
 
@@ -280,6 +295,8 @@ def _plain_term(
     iterator makes the whole term zero. Collects its iterators into ``found``. Anything
     else (nested sums, functions, divisors that may be zero) is not."""
     match expr:
+        case Access(complement=True):
+            return False  # an absent ~M does not make the term zero
         case Access():
             it = iterator_of(expr)
             if it is not None:

@@ -152,16 +152,13 @@ def apply_mask(assignment: Assignment, mask: str, formats: FormatsArg) -> Assign
     """The structural mask ``M`` as a factor: ``C(lhs) = M(lhs) * (rhs)``, ``M`` indexed
     by the left-hand side. ``M`` is a pattern (`Spec.pattern`): the lowerer reads its
     value as 1, so it only intersects the co-iteration (its stored entries, explicit zeros
-    included, drive the loops of the left-hand side's indices).
+    included, drive the loops of the left-hand side's indices). ``~M`` is the same factor
+    marked `Access.complement`: co-iterated, it computes only where ``M`` stores no entry
+    (`middle.lattice.build` skips the points where ``M``'s last level is present).
     """
     name = mask.removeprefix("~")
     if name.startswith("~"):
         raise NotationError(f"mask {mask!r}: '~' (the complement) is written once, as in '~M'")
-    if mask.startswith("~"):
-        raise NotationError(
-            f"mask {mask!r}: complemented masks are not supported yet; mask with a tensor "
-            f"that stores the entries to compute instead"
-        )
     if not name.isidentifier():
         raise NotationError(
             f"mask {mask!r} is not a tensor name: write an identifier such as 'M' or '~M'"
@@ -173,7 +170,8 @@ def apply_mask(assignment: Assignment, mask: str, formats: FormatsArg) -> Assign
             f"passed at call time; give it a name of its own (tensors: {', '.join(taken)})"
         )
     lhs = assignment.lhs
-    pattern = Access(name, lhs.indices, lhs.span, lhs.index_spans)
+    complement = mask.startswith("~")
+    pattern = Access(name, lhs.indices, lhs.span, lhs.index_spans, complement)
     return replace(assignment, rhs=BinOp("*", pattern, assignment.rhs, assignment.rhs.span))
 
 
