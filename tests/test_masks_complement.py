@@ -190,3 +190,11 @@ def test_no_complement_code_unchanged() -> None:
     plain = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", fmts)
     comp = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", fmts, mask="~M")
     assert "M2_crd" in comp.source and "M2_crd" not in plain.source
+
+
+def test_cli_complement(capsys: pytest.CaptureFixture[str]) -> None:
+    from sparsec.cli import main
+
+    expr = "C(i,j) = A(i,k) * B(k,j)"
+    assert main(["compile", expr, "-f", "A:csr", "-f", "B:csr", "--mask", "~M", "--check"]) == 0
+    assert "check: ok" in capsys.readouterr().out
