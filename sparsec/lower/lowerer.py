@@ -316,7 +316,7 @@ def _value_of(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
     match expr:
         case Access(name=name, order=0):
             return truth(env.ring, ir.Var(env.sig.value(name)))
-        case Access(name=name) if name == env.spec.pattern:
+        case Access(name=name) if name in env.spec.patterns:
             # a structural mask: its values are ignored; it multiplies by the semiring's one
             return ir.FloatLit(MULTIPLICATIVE_ONE[env.ring.multiply])
         case Access():

@@ -188,7 +188,8 @@ def _rename(expr: Expr, names: Mapping[int, str], counter: Iterator[int]) -> Exp
                 return expr
             first = [expr.indices.index(v) for v in dict.fromkeys(expr.indices)]
             spans = tuple(expr.index_spans[m] for m in first) if expr.index_spans else ()
-            return Access(names[n], tuple(expr.indices[m] for m in first), expr.span, spans)
+            indices = tuple(expr.indices[m] for m in first)
+            return Access(names[n], indices, expr.span, spans, expr.complement)  # ~M stays ~
         case Literal():
             return expr
         case Neg(operand=x):

@@ -89,6 +89,16 @@ class Spec:
         return self.semantics.mask.lstrip("~")
 
     @property
+    def patterns(self) -> frozenset[str]:
+        """The names whose accesses read as the mask: `pattern` and its re-layouts
+        (`Derived` from it, when no loop order fits the mask's format as given)."""
+        if not self.pattern:
+            return frozenset()
+        return frozenset(
+            {self.pattern} | {d.name for d in self.derived if d.source.name == self.pattern}
+        )
+
+    @property
     def output(self) -> TensorVar:
         return self.tensors[0]
 
