@@ -213,3 +213,30 @@ def test_mask_re_laid_out(mask: str) -> None:
     keep = ~stored if mask.startswith("~") else stored
     np.testing.assert_allclose(dense(k(**inputs, M=m)), np.where(keep, a @ b, 0.0))
     k.check(**inputs, M=m)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    ["pos(j,jpos,A), split(jpos,j0,j1,2)", "split(i,i0,i1,2), parallelize(i0,CPUThread,NoRaces)"],
+)
+def test_complement_under_a_schedule(schedule: str) -> None:
+    """A position space over A meets M's iterator: each case is located in M's segment,
+    the case where M is present still computes nothing."""
+    a = matrix(7, 8, 1)
+    stored, m = pattern((7, 8), 3, "csr", "int32")
+    fmts = {"A": "csr", "C": "dd", "M": "csr"}
+    k = sparsec.kernel("C(i,j) = A(i,j) * 2", fmts, mask="~M", schedule=schedule)
+    got = dense(k(A=tensor(a, "csr", "float64", "int32"), M=m, threads=2))
+    np.testing.assert_allclose(got, np.where(~stored, 2 * a, 0.0))
+    assert (a != 0)[stored].any()
+
+
+def test_pos_over_the_complemented_mask_refused() -> None:
+    """``~M`` is present where M is not: a loop over M's positions cannot compute it."""
+    with pytest.raises(sparsec.ScheduleError, match="where M has no entry"):
+        sparsec.kernel(
+            "C(i,j) = A(i,j) * 2",
+            {"A": "csr", "C": "dd", "M": "csr"},
+            mask="~M",
+            schedule="pos(j,jpos,M)",
+        )
