@@ -219,9 +219,11 @@ def build(
             points.append(LatticePoint(p, ZERO))
         elif simplified is not ZERO:
             points.append(LatticePoint(p, simplified))
-    if all(p.expr is ZERO for p in points):
-        return Lattice(())  # only skips: nothing is computed at this variable
-    return Lattice(tuple(points))
+    computed = [p.iterators for p in points if p.expr is not ZERO]
+    # a skip matters only above a computing point (which would fire there otherwise); one
+    # above none (M alone, the rhs absent) would be a loop over M's rest that does nothing
+    kept = [p for p in points if p.expr is not ZERO or any(q < p.iterators for q in computed)]
+    return Lattice(tuple(kept))
 
 
 MAX_EXACT_ITERATORS = 5
