@@ -240,3 +240,27 @@ def test_pos_over_the_complemented_mask_refused() -> None:
             mask="~M",
             schedule="pos(j,jpos,M)",
         )
+
+
+def test_lattice_of_a_complement() -> None:
+    """At M's last level: the point where M is present is a skip case (ZERO) above the
+    rhs's point; M alone is no point (no loop over M's rest); a dense rhs (no iterator)
+    keeps the skip above ∅."""
+    from sparsec.frontend.concrete import ZERO
+    from sparsec.frontend.notation import Access, BinOp
+    from sparsec.middle.lattice import Iterator, build
+
+    m, a = Access("M", ("i",), complement=True), Access("A", ("i",))
+    expr = BinOp("*", m, a)
+    sparse = build(expr, lambda x: Iterator(x, 0))
+    assert [(sorted(map(str, p.iterators)), p.expr) for p in sparse.points] == [
+        (["A1", "M1"], ZERO),
+        (["A1"], a),
+    ]
+    dense_rhs = build(expr, lambda x: Iterator(x, 0) if x is m else None)
+    assert [(sorted(map(str, p.iterators)), p.expr) for p in dense_rhs.points] == [
+        (["M1"], ZERO),
+        ([], a),
+    ]
+    upper = build(BinOp("*", Access("M", ("i", "j"), complement=True), a), lambda x: Iterator(x, 0))
+    assert all(p.expr is not ZERO for p in upper.points)  # M's level 1 of 2: deeper decides
