@@ -200,3 +200,25 @@ def test_a_sum_under_a_division_or_function_converts(under, output):
     k = sparsec.kernel(expr, {"A": "csr", "B": "csr", "C": output})
     assert "B (csr) converted at call time" in k.schedule
     _close(k(A=a, B=b, **args), want, "float64")
+
+
+def test_a_re_layout_stores_only_the_callers_entries():
+    """T2 'ssd:1,2,0' stores every i under each stored (k, j) (its dense last level); laid
+    out in another mode order with its level kinds kept, the dense level would move to k
+    and make entries present that T2 never stored (inf * 0 = NaN where T0 / T1 is inf).
+    The copy's dense levels below a sparse one become compressed (differential seed 1826)."""
+    expr = "O(j) = T0 / T1(k,i) * T2(i,k,j) - (-(T3(i) - T4(i)) - (T5(i) + T6(i,j)))"
+    formats = {
+        "T1": "ds:0,1",
+        "T2": "ssd:1,2,0",
+        "T3": "s:0",
+        "T4": "s:0",
+        "T5": "s:0",
+        "T6": "sd:0,1",
+    }
+    k = sparsec.kernel(expr, formats)
+    assert "T2 (ssd:1,2,0) converted" in k.schedule
+    assert "(sss:" in k.schedule
+    for seed in range(8):
+        inputs, _ = k.random_inputs({"i": 1, "j": 4, "k": 4}, seed=seed, density=0.4)
+        k.check(**inputs)

@@ -209,3 +209,16 @@ def test_sparse_division_walks_the_numerator_s_positions():
     assert "for (int64_t j = 0; j < j_dim; j++)" in ieee.source
     assert "for (int64_t j = 0; j < j_dim; j++)" not in sparse.source
     assert "for (int64_t pA2 = A2_pos[pA1]; pA2 < pA2_end; pA2++)" in sparse.source
+
+
+def test_a_sum_over_an_empty_range_is_absent_in_the_reference():
+    """``o = sum(i, T0(i)) / sum(j, T1(j))`` with i and j of extent 0: neither sum reaches a
+    term, so under the sparse convention the quotient is absent (0), as the kernel computes;
+    the reference read a dense operand's empty sum as present (0 / 0 = NaN)."""
+    x = np.zeros(0)
+    k = sparsec.kernel("o = -(-(T0(i) / T1(j)) / 2)", {"T0": "d:0", "T1": "d:0"})
+    assert float(k(T0=x, T1=x)) == 0.0
+    k.check(T0=x, T1=x)
+    ieee = sparsec.kernel("o = T0(i) / T1(j)", {"T0": "d:0", "T1": "d:0"}, division="ieee")
+    assert np.isnan(float(ieee(T0=x, T1=x)))
+    ieee.check(T0=x, T1=x)

@@ -128,8 +128,14 @@ class _Evaluator:
         if present is not None:
             t = torch.where(present, t, torch.zeros((), dtype=t.dtype))
         closing = self._closing(expr, labels)
-        if closing and present is not None:
-            present = present.any(dim=[labels.index(x) for x in closing])
+        if closing:
+            dims = [labels.index(x) for x in closing]
+            if present is None and any(t.shape[d] == 0 for d in dims):
+                # a sum over an empty range reaches no term: absent, as in the kernel
+                kept = [n for d, n in enumerate(t.shape) if d not in dims]
+                present = torch.zeros(kept, dtype=torch.bool)
+            elif present is not None:
+                present = present.any(dim=dims)
         self._present[id(expr)] = present
         return self._closed(expr, t, labels)
 

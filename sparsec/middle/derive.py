@@ -80,6 +80,21 @@ def derive(spec: Spec, probe: Probe | None) -> Spec:
     return made
 
 
+def _same_entries(fmt: Format) -> Format:
+    """``fmt`` with every dense level below a sparse one made compressed. A dense level
+    under a sparse parent stores every coordinate of each stored parent (zeros included,
+    present to the lattice); moved to another mode by a re-layout it would make entries
+    present that the caller's tensor never stored (``0 * inf`` where the original had no
+    term). The copy holds exactly the caller's stored entries, explicit zeros included."""
+    levels, sparse_above = [], False
+    for level in fmt.levels:
+        if isinstance(level, Dense) and sparse_above:
+            level = Compressed()
+        sparse_above = sparse_above or not isinstance(level, Dense)
+        levels.append(level)
+    return Format(tuple(levels), fmt.ordering)
+
+
 def _try(
     spec: Spec,
     probe: Probe,
@@ -101,7 +116,7 @@ def _try(
         read = reads[n]
         base = feeds.get(n) or spec.tensor(read.name).format
         distinct = tuple(dict.fromkeys(read.indices))
-        chosen[n] = reordered(Access(read.name, distinct), base, order)
+        chosen[n] = _same_entries(reordered(Access(read.name, distinct), base, order))
     trial = _build(spec, chosen)
     try:
         probe(trial)
