@@ -15,7 +15,7 @@ import torch
 from conftest import sparse_array
 
 import sparsec
-from sparsec import NotationError, ParseError, Tensor
+from sparsec import NotationError, ParseError, ScheduleError, Tensor
 from sparsec.frontend.concrete import concretize, exact
 from sparsec.frontend.functions import FUNCTIONS
 from sparsec.frontend.notation import Access
@@ -247,3 +247,17 @@ def test_the_grammar_lists_the_table_s_functions():
     grammar = (data_dir("grammar") / "index_notation.lark").read_text()
     line = next(ln for ln in grammar.splitlines() if ln.startswith("FUNCTION"))
     assert set(line.split("/(")[1].split(")")[0].split("|")) == set(FUNCTIONS)
+
+
+@pytest.mark.parametrize("expr", ["O(j) = sqrt(T0(i,k,j))", "O(j) = -(T0(i,k,j) / -(2 - 2))"])
+def test_pos_over_a_non_unique_level_refuses_a_nested_sum(expr):
+    """pos over COO's non-unique first level visits j's entries one at a time; a sum
+    nested under a function or a division needs all of them at once (sqrt of the sum,
+    not a sum of square roots), so the schedule is refused (fuzz: slow_4); without the
+    pos the kernel is right."""
+    with pytest.raises(ScheduleError, match="non-unique level"):
+        sparsec.kernel(expr, {"T0": "uqq:2,1,0"}, schedule=["pos(j,v0,T0)"])
+    k = sparsec.kernel(expr, {"T0": "uqq:2,1,0"})
+    inputs, _ = k.random_inputs({"i": 3, "j": 2, "k": 2}, seed=0, density=1.0)
+    inputs["T0"] = sparsec.Tensor.from_dense(np.abs(inputs["T0"].to_dense()) + 0.5, "uqq:2,1,0")
+    k.check(**inputs)

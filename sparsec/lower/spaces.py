@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import ScheduleError
-from ..frontend.concrete import ZERO, CExpr, accesses
+from ..frontend.concrete import ZERO, CExpr, Sum, accesses, children
 from ..frontend.notation import Access
 from ..ir import nodes as ir
 from ..middle.lattice import Iterator, Lattice, build, ordered
@@ -49,6 +49,7 @@ def space_loop(
     space = plan.spaces[sname]
     pre: list[ir.Stmt] = []
     if sname not in ctx.spaces:
+        _whole_coordinates(env, space, expr)
         stmts, state = _enter_space(env, space, ctx)
         pre += stmts
         ctx = ctx.bind(spaces={sname: state})
@@ -92,6 +93,25 @@ def space_loop(
     loop_body = inside(env, setup, body)
     for_loop = ir.For(name, ir.IntLit(0), extent, loop_body, setup.parallel, setup.unroll)
     return ir.block(*pre, *setup.pre, for_loop, *flush, *setup.post)
+
+
+def _whole_coordinates(env: LowerEnv, space: Space, expr: CExpr) -> None:
+    """A position space over a non-unique level visits each entry of a coordinate on its
+    own; a nested sum below it (computed into a temporary, then divided, negated or
+    passed to a function) would be taken over one entry at a time instead of over all the
+    entries of its coordinate: ``sqrt(sum(i, T(i,j)))`` is not ``sum(sqrt(...))``."""
+    if space.kind not in ("pos", "fusedpos") or _distinct(env, space):
+        return
+    if _nested_sum(expr):
+        raise ScheduleError(
+            f"pos over {space.tensor}'s non-unique level visits its entries one at a time, "
+            f"but {expr} takes a sum over all the entries of a coordinate; store "
+            f"{space.tensor} with unique levels (e.g. csf or csr instead of coo) or drop the pos"
+        )
+
+
+def _nested_sum(expr: CExpr) -> bool:
+    return isinstance(expr, Sum) or any(_nested_sum(c) for c in children(expr))
 
 
 def _distinct(env: LowerEnv, space: Space) -> frozenset[str]:
