@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import ScheduleError
-from ..frontend.concrete import ZERO, CExpr, Sum, accesses, children
+from ..frontend.concrete import ZERO, CExpr, accesses
 from ..frontend.notation import Access
 from ..ir import nodes as ir
 from ..middle.lattice import Iterator, Lattice, build, ordered
@@ -24,6 +24,7 @@ from .env import LowerEnv
 from .levels import crd, iterator, level, locate, names, unique
 from .output import flush_run
 from .parallel import inside, loop_setup
+from .positions import distinct, pos_access, whole_coordinates
 
 #: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
 Nest = Callable[[tuple[str, ...], CExpr, Ctx, Sink], ir.Block]
@@ -49,14 +50,14 @@ def space_loop(
     space = plan.spaces[sname]
     pre: list[ir.Stmt] = []
     if sname not in ctx.spaces:
-        _whole_coordinates(env, space, expr)
+        whole_coordinates(env, space, expr)
         stmts, state = _enter_space(env, space, ctx)
         pre += stmts
         ctx = ctx.bind(spaces={sname: state})
     extent = _extent(env, loop, ctx)
     name = env.var_names[loop]
     completes = plan.leaves(sname)[-1] == loop
-    setup = loop_setup(env, loop, _distinct(env, space), ctx, sink, "for", extent, outermost)
+    setup = loop_setup(env, loop, distinct(env, space), ctx, sink, "for", extent, outermost)
     inner = ctx.bind(loopvars={loop: ir.Var(name)})
 
     # a serial loop over fused positions advances its parents' positions as cursors; a
@@ -93,43 +94,6 @@ def space_loop(
     loop_body = inside(env, setup, body)
     for_loop = ir.For(name, ir.IntLit(0), extent, loop_body, setup.parallel, setup.unroll)
     return ir.block(*pre, *setup.pre, for_loop, *flush, *setup.post)
-
-
-def _whole_coordinates(env: LowerEnv, space: Space, expr: CExpr) -> None:
-    """A position space over a non-unique level visits each entry of a coordinate on its
-    own; a nested sum below it (computed into a temporary, then divided, negated or
-    passed to a function) would be taken over one entry at a time instead of over all the
-    entries of its coordinate: ``sqrt(sum(i, T(i,j)))`` is not ``sum(sqrt(...))``."""
-    if space.kind not in ("pos", "fusedpos") or _distinct(env, space):
-        return
-    if _nested_sum(expr):
-        raise ScheduleError(
-            f"pos over {space.tensor}'s non-unique level visits its entries one at a time, "
-            f"but {expr} takes a sum over all the entries of a coordinate; store "
-            f"{space.tensor} with unique levels (e.g. csf or csr instead of coo) or drop the pos"
-        )
-
-
-def _nested_sum(expr: CExpr) -> bool:
-    return isinstance(expr, Sum) or any(_nested_sum(c) for c in children(expr))
-
-
-def _distinct(env: LowerEnv, space: Space) -> frozenset[str]:
-    """Variables in which two iterations of a space's loops always differ."""
-    if space.kind in ("pos", "fusedpos"):
-        access = pos_access(env, space)
-        fmt = env.formats[access.name]
-        first = level_indices(access, fmt).index(space.vars[0])
-        unique = all(fmt.levels[first + n].unique for n in range(len(space.vars)))
-        return frozenset(space.vars) if unique else frozenset()
-    return frozenset(space.vars)
-
-
-def pos_access(env: LowerEnv, space: Space) -> Access:
-    """The access whose positions a position space iterates."""
-    found = [a for a in dict.fromkeys(accesses(env.spec.statement.rhs)) if a.name == space.tensor]
-    assert len(found) == 1, found
-    return found[0]
 
 
 def _extent(env: LowerEnv, node: str, ctx: Ctx) -> ir.Expr:
