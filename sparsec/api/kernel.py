@@ -25,6 +25,7 @@ from ..frontend.parser import parse_expression
 from ..frontend.semantics import Semantics
 from ..middle.commands import Command, parse_commands
 from ..middle.derive import derive
+from ..middle.regroup import regroup
 from ..middle.spec import FormatsArg, Spec, make_spec
 from ..pipeline import generate, generate_cuda, natural_loops
 from ..policy import tuning
@@ -88,6 +89,10 @@ class Kernel:
             # repeated indices read derived inputs; so, with no schedule of the user's
             # (whose refusals stand), does the cheapest re-layout where no loop order fits
             self.spec = derive(self.spec, None if self.commands else natural_loops)
+            if not self.commands:
+                # dense factors over fewer variables than a sparse one are combined once
+                # per call (A(i,j) * p(j) / g(j) reads A(i,j) * T(j), T = p / g)
+                self.spec = regroup(self.spec)
         except SparsecError as err:
             raise err.with_source(expr) from None
         self._schedule_arg = schedule  # what a pickle or copy rebuilds the kernel from
@@ -126,7 +131,7 @@ class Kernel:
         from: a sparse ``+=``'s ``C_old`` is the spec's own, `TensorVar.argument`)."""
         given = {t.name: t.format for t in self.spec.tensors if t.argument == t.name}
         # a tensor read only through derived inputs is passed in its own format
-        given.update((d.source.name, d.source.format) for d in self.spec.derived)
+        given.update((t.name, t.format) for d in self.spec.derived for t, _ in d.reads)
         return given
 
     @property

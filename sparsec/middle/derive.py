@@ -36,7 +36,7 @@ from ..frontend.concrete import concretize
 from ..frontend.notation import Access, BinOp, Call, Expr, Literal, Neg, accesses
 from ..tensors.formats import Compressed, Dense, Format, dense
 from .order import OrderConflict, reordered
-from .spec import Derived, Spec, TensorVar
+from .spec import Derived, Folded, Spec, TensorVar
 
 #: the lowering's loop order search for a spec (raises `OrderConflict` when none fits)
 Probe = Callable[[Spec], tuple[str, ...]]
@@ -223,6 +223,9 @@ def describe(spec: Spec) -> str:
     there are none)."""
     said = []
     for d in spec.derived:
+        if isinstance(d, Folded):
+            said.append(_describe_fold(d))
+            continue
         src = d.source
         read = f"{src.name}({','.join(d.indices)})"
         into = f"{d.name}({','.join(d.distinct)}) ({d.format})"
@@ -239,3 +242,18 @@ def describe(spec: Spec) -> str:
                 "sparsec.Tensor)"
             )
     return "; ".join(said)
+
+
+def _describe_fold(d: Folded) -> str:
+    reads = [f"{f.source.name}({','.join(f.indices)})" for f in d.factors]
+    if d.factors[0].divides:
+        combined = " * ".join(reads)
+    else:
+        combined = reads[0] + "".join(
+            f" {'/' if f.divides else '*'} {r}"
+            for f, r in zip(d.factors[1:], reads[1:], strict=True)
+        )
+    return (
+        f"{combined} regrouped into {d.name}({','.join(d.distinct)}) ({d.format}), computed "
+        f"once per call (O({'*'.join(d.distinct)})) instead of at every entry it scales"
+    )

@@ -68,6 +68,42 @@ class Derived:
         """The derived tensor's modes: each variable of ``indices`` once, first use first."""
         return tuple(dict.fromkeys(self.indices))
 
+    @property
+    def reads(self) -> tuple[tuple[TensorVar, tuple[str, ...]], ...]:
+        """The passed tensors it is computed from, each with the access as written."""
+        return ((self.source, self.indices),)
+
+
+@dataclass(frozen=True, slots=True)
+class Factor:
+    """One dense factor of a `Folded` input: ``source`` read as ``indices`` (each variable
+    once), multiplied in, or divided by when ``divides``."""
+
+    source: TensorVar
+    indices: tuple[str, ...]
+    divides: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """Input ``name`` is not passed by the caller: it is the product (and quotient) of
+    dense ``factors`` over the same variables ``distinct``, computed at call time in the
+    kernel's dtype and stored densely in ``format``, from left to right: the numerators
+    in order, then each divisor (or, with no numerator, the product of the divisors,
+    which the statement then divides by). ``A(i,j) * p(j) / g(j)`` reads
+    ``A(i,j) * T(j)`` with ``T = p / g``: the division is done once per ``j``, not once
+    per stored entry (`sparsec.middle.regroup`)."""
+
+    name: str
+    distinct: tuple[str, ...]
+    format: Format
+    factors: tuple[Factor, ...]
+
+    @property
+    def reads(self) -> tuple[tuple[TensorVar, tuple[str, ...]], ...]:
+        """The passed tensors it is computed from, each with the access as written."""
+        return tuple((f.source, f.indices) for f in self.factors)
+
 
 @dataclass(frozen=True, slots=True)
 class Spec:
@@ -79,9 +115,10 @@ class Spec:
     indices: tuple[str, ...]
     #: division convention, semiring and mask (`sparsec.frontend.semantics`)
     semantics: Semantics = DEFAULT
-    #: inputs computed at call time from a passed tensor (`Derived`): a re-layout where no
-    #: loop order fits the formats as given, and the diagonal of a repeated index
-    derived: tuple[Derived, ...] = ()
+    #: inputs computed at call time from passed tensors: a re-layout where no loop order
+    #: fits the formats as given, the diagonal of a repeated index (`Derived`), and a
+    #: product of dense factors over fewer variables than the entries it scales (`Folded`)
+    derived: tuple[Derived | Folded, ...] = ()
 
     @property
     def pattern(self) -> str:
@@ -95,7 +132,8 @@ class Spec:
         if not self.pattern:
             return frozenset()
         return frozenset(
-            {self.pattern} | {d.name for d in self.derived if d.source.name == self.pattern}
+            {self.pattern}
+            | {d.name for d in self.derived if any(t.name == self.pattern for t, _ in d.reads)}
         )
 
     @property

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DTypeError, InputError, ShapeError
-from ..middle.spec import Derived, Spec, TensorVar
+from ..middle.spec import Derived, Folded, Spec, TensorVar
 from ..tensors.convert import derive_dense
 from ..tensors.tensor import Tensor
 from . import gpu
@@ -115,10 +115,10 @@ class Binder:
     ) -> None:
         #: inputs the runtime computes from a passed tensor (`sparsec.middle.derive`)
         self.derived = spec.derived
-        sources = {d.name: d.source for d in spec.derived}
-        #: the tensors a call passes: the inputs (a derived input's source in its place),
+        sources = {d.name: tuple(t for t, _ in d.reads) for d in spec.derived}
+        #: the tensors a call passes: the inputs (a derived input's sources in its place),
         #: and a sparse '+='s current output
-        passed = (sources.get(t.name, t) for t in spec.inputs)
+        passed = (s for t in spec.inputs for s in sources.get(t.name, (t,)))
         self.wanted: tuple[TensorVar, ...] = tuple({t.name: t for t in passed}.values()) + (
             (spec.output,) if spec.statement.accumulate else ()
         )
@@ -139,12 +139,12 @@ class Binder:
                 for mode, index in enumerate(a.indices)
             )
         ) + tuple(
-            # a derived input's source binds the variables of the access as written
+            # a derived input's sources bind the variables of the accesses as written
             # (A(i,i) ties both of A's extents to i)
             (t.name, t.format.level_of_mode(mode) if t.is_dense else mode, index)
             for d in spec.derived
-            for t in (d.source,)
-            for mode, index in enumerate(d.indices)
+            for t, indices in d.reads
+            for mode, index in enumerate(indices)
         )
         self.target = target
         self.dtype = dtype
@@ -187,7 +187,10 @@ class Binder:
                 values = {n: widen(v) for n, v in values.items()}
         dims = self.dims(values)  # checks the extents a repeated index ties together
         for d in self.derived:
-            values[d.name] = _derive(d, values[d.source.name])
+            if isinstance(d, Folded):
+                values[d.name] = _fold(d, values)
+            else:
+                values[d.name] = _derive(d, values[d.source.name])
         use_torch = any(is_torch(v) for v in inputs.values())
         return Prepared(values, dims, dtype, index_dtype, use_torch, device)
 
@@ -239,3 +242,26 @@ def _derive(d: Derived, value: Any) -> Any:
     level_indices = tuple(d.indices[m] for m in source.ordering)
     out = tuple(d.distinct[m] for m in d.format.ordering)
     return derive_dense(value, level_indices, out)
+
+
+def _fold(d: Folded, values: Mapping[str, Any]) -> Any:
+    """Folded input ``d`` from its factors' values (dense arrays in level order, in the
+    kernel's dtype; on the GPU when they are): each brought to ``d``'s level order (a
+    view), then combined as `Folded` says, into a C-ordered array. Computed on every
+    call, so it always follows the values passed."""
+    levels = [d.distinct[m] for m in d.format.ordering]
+    parts = []
+    for f in d.factors:
+        value = values[f.source.name]
+        own = [f.indices[m] for m in f.source.format.ordering]
+        parts.append(value.transpose([own.index(v) for v in levels]))
+    out = parts[0]
+    with np.errstate(all="ignore"):  # x/0 is ±inf and 0/0 NaN, as in the kernel
+        if d.factors[0].divides:  # only divisors: their product, which the kernel divides by
+            for part in parts[1:]:
+                out = out * part
+        else:
+            for part, f in zip(parts[1:], d.factors[1:], strict=True):
+                out = out / part if f.divides else out * part
+    xp = gpu.cupy_device() if gpu.on_device(out) else np
+    return xp.ascontiguousarray(out)
