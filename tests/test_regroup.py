@@ -206,3 +206,15 @@ def test_the_generated_code_reads_one_dense_factor(rng):
     assert "p_fold_vals" in src and "g_vals" not in src and "p_vals" not in src
     ieee = sparsec.kernel(PAGERANK, {"A": "csr"}, division="ieee").generated().source
     assert "p_fold" not in ieee
+
+
+def test_a_fold_inside_a_nested_chain(rng):
+    """A chain under ``-`` inside a quotient folds first; the outer chain then reads the
+    fold's access, which is not a tensor of the spec yet (differential seed 2912 raised
+    KeyError: 'T0_fold')."""
+    expr = "o = (-((T0(j) * T1(j)) * (T2(j,k,i) + T3(i))) / ((T4(i,j,k) + T5(j)) / 3))"
+    formats = {"T0": "d", "T1": "d", "T2": "uqq:1,0,2", "T3": "d", "T4": "uqq:1,0,2", "T5": "d"}
+    k = sparsec.kernel(expr, formats)
+    assert [f.name for f in _folds(k)] == ["T0_fold"]
+    inputs, _ = k.random_inputs({"i": 3, "j": 5, "k": 3}, seed=251852, density=0.4)
+    k.check(**inputs)  # raises on a mismatch

@@ -123,7 +123,8 @@ def _rebuild(chain: Chain) -> Expr:
 def _regroup_chain(spec: Spec, chain: Chain, folds: list[Folded]) -> Chain | None:
     """``chain`` with each qualifying group of dense factors replaced by one `Folded`
     access at the place of its first member; None when no group qualifies."""
-    skip = spec.patterns | {d.name for d in spec.derived}
+    # masks, derived inputs, and the folds of inner chains (not yet in ``spec``)
+    skip = spec.patterns | {d.name for d in (*spec.derived, *folds)}
     groups: dict[frozenset[str], list[int]] = {}
     for n, (factor, _) in enumerate(chain):
         if (
