@@ -26,5 +26,9 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.language",
         "division, sums under +, n-operand sums, semirings vs reciprocal, scipy, GraphBLAS",
     ),
+    "taco": (
+        "bench.taco",
+        "side by side with TACO (C++ API, and -march=native): ../shared/taco-bench",
+    ),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
 }
