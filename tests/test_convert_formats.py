@@ -222,3 +222,15 @@ def test_a_re_layout_stores_only_the_callers_entries():
     for seed in range(8):
         inputs, _ = k.random_inputs({"i": 1, "j": 4, "k": 4}, seed=seed, density=0.4)
         k.check(**inputs)
+
+
+def test_a_relayout_keeps_the_zeros_a_dense_level_stores():
+    """T1 in ``dsd:1,2,0`` stores every j under a stored (k, i), zeros included; re-laid out
+    for the loop order, those zeros must stay present: ``0 * (T2 / T3)`` with T3 absent is
+    ``0 * inf = NaN`` (differential seed 5069: the copy dropped them and gave 3.0)."""
+    expr = "O(j,i) = (3 - ((T0(i,j) - T1(j,k,i)) * (T2(i,k,j) / T3(j,k))))"
+    formats = {"T0": "ds:0,1", "T1": "dsd:1,2,0", "T2": "sds:2,0,1", "T3": "uq:1,0"}
+    k = sparsec.kernel(expr, formats, dtype="float64", index_dtype="int64")
+    assert "T1_as" in k.schedule
+    inputs, _ = k.random_inputs({"i": 1, "j": 5, "k": 5}, seed=112544, density=0.4)
+    k.check(**inputs)  # raises on a mismatch (a NaN the kernel lost)

@@ -294,8 +294,10 @@ class Tensor:
         """This tensor read as ``indices`` and stored in ``format`` (`convert.derive_entries`:
         the diagonal where a variable repeats, else a re-layout), made once per pattern and
         format and kept: the tensor is immutable, so a kernel called with it again reuses
-        the copy. Zeros that a dense last level pads with are not carried over; zeros a
-        sparse level stores are."""
+        the copy. Every stored entry is carried over, zeros included: a dense level's
+        entries under a stored parent are present to the lattice (a zero times an infinite
+        divisor is NaN there), so the copy keeps them, as sparse ones (`derive._same_entries`
+        makes such levels compressed in the copy)."""
         key = (tuple(indices.index(v) for v in indices), format)
         cache = self._derived
         if cache is None:
@@ -304,9 +306,6 @@ class Tensor:
         found = cache.get(key)
         if found is None:
             coords, vals = self._mode_coords(), self.vals
-            if self.format.levels and not self.format.levels[-1].position_iteration:
-                keep = vals != 0
-                coords, vals = coords[:, keep], vals[keep]
             parts = convert.derive_entries(
                 self.shape, coords, vals, indices, format, self.index_dtype
             )
