@@ -1,0 +1,261 @@
+"""Kernels as torch custom ops: ``torch_op(kernel)`` registers one `torch.library` op per
+kernel identity, so ``torch.compile(fullgraph=True)`` traces a model that calls it with no
+graph break, and autograd runs the kernel's derived gradient statements.
+
+The op's operands are the kernel's passed tensors (`Binder.wanted`, a dense ``+=``'s current
+output included), each flattened to plain dense torch tensors: a dense operand is itself; a
+sparse one is its level arrays (pos then crd, per level, as its format stores them) then its
+1-D vals, with its shape as static ints. Dynamo's fake tensors cannot carry torch sparse
+layouts, so none enter. The fake implementation gives the output's shape (each output index
+variable's extent, read from the first operand access that binds it) and dtype (the first
+floating operand's) without running anything.
+
+The op's name is ``sparsec::k_<hash>``, the hash of what rebuilds the kernel (expression,
+formats, target, schedule, dtypes, division, semiring, mask): no user text enters the name
+or the generated schema (operands are named ``a0, a1, ...``). It is registered once per
+process; a second Kernel with the same identity reuses it. The backward calls
+`sparsec.api.gradient.gradients` (the gradient statements derived from the notation); the
+level arrays get no gradient (the pattern is fixed). torch is imported inside functions
+only: ``import sparsec`` stays free of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, SparsecError
+from ..middle.spec import TensorVar
+from ..tensors.storage import LevelStorage
+from ..tensors.tensor import Tensor
+from .kernel import Kernel
+
+#: targets whose kernels run on torch's CPU tensors
+_HOST_TARGETS = ("c", "cuda-emulated")
+
+
+@dataclass(frozen=True, slots=True)
+class Components:
+    """A sparse operand as torch tensors: ``levels[k]`` is ``(pos, crd)`` of storage level k
+    (None where the level stores no such array: both for dense, pos for singleton), ``vals``
+    the 1-D values in storage order, ``shape`` the dimensions (static ints)."""
+
+    shape: tuple[int, ...]
+    levels: tuple[tuple[Any, Any], ...]
+    vals: Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Operand:
+    """One passed tensor of the kernel: ``arrays`` are the (level, 'pos'|'crd') slots it
+    contributes before its vals (empty for a dense operand)."""
+
+    var: TensorVar
+    indices: tuple[str, ...]
+    arrays: tuple[tuple[int, str], ...]
+
+    @property
+    def sparse(self) -> bool:
+        return not self.var.is_dense
+
+    @property
+    def width(self) -> int:
+        return len(self.arrays) + 1
+
+
+class TorchOp:
+    """A kernel registered as the torch op ``name``; call it like the kernel, with torch
+    tensors for dense operands and `Components` for sparse ones."""
+
+    def __init__(self, kernel: Kernel, name: str) -> None:
+        self.kernel = kernel
+        self.name = name
+        accesses = {a.name: tuple(a.indices) for a in kernel.assignment.accesses()}
+        self.operands = tuple(
+            _Operand(
+                t,
+                accesses[t.argument if t.argument in accesses else t.name],
+                tuple(
+                    (k, field)
+                    for k, level in enumerate(t.format.levels)
+                    for field in ("pos", "crd")
+                    if field in level.arrays
+                ),
+            )
+            for t in kernel.binder.wanted
+        )
+        self.output_indices = tuple(kernel.assignment.lhs.indices)
+        self.op = _register(self)
+
+    # ------------------------------------------------------------------ calling
+    def __call__(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
+        """The kernel's output as a torch tensor (differentiable in the vals and the dense
+        operands)."""
+        flat: list[Any] = []
+        shapes: list[int] = []
+        for operand in self.operands:
+            value = inputs[operand.var.argument]
+            if operand.sparse:
+                flat.extend(value.levels[k][0 if f == "pos" else 1] for k, f in operand.arrays)
+                flat.append(value.vals)
+                shapes.extend(value.shape)
+            else:
+                flat.append(value)
+        return self.op(*flat, shapes, -1 if threads is None else threads)
+
+    def unflatten(self, args: tuple[Any, ...]) -> tuple[dict[str, Any], dict[str, int]]:
+        """The kernel's inputs from the op's arguments (sparse ones as `Tensor` over numpy
+        views of the level arrays), and which flat argument holds each operand's values."""
+        tensors, shapes = args[:-2], list(args[-2])
+        inputs: dict[str, Any] = {}
+        where: dict[str, int] = {}
+        at = 0
+        for operand in self.operands:
+            name = operand.var.argument
+            if operand.sparse:
+                order = operand.var.order
+                shape, shapes = tuple(shapes[:order]), shapes[order:]
+                inputs[name] = self._tensor(operand, shape, tensors[at : at + operand.width])
+            else:
+                inputs[name] = tensors[at]
+            where[name] = at + operand.width - 1
+            at += operand.width
+        return inputs, where
+
+    def _tensor(self, operand: _Operand, shape: tuple[int, ...], parts: tuple[Any, ...]) -> Any:
+        arrays = {slot: _host(a) for slot, a in zip(operand.arrays, parts, strict=False)}
+        levels = tuple(
+            LevelStorage(arrays.get((k, "pos")), arrays.get((k, "crd")))
+            for k in range(len(operand.var.format.levels))
+        )
+        index_dtype = arrays[operand.arrays[0]].dtype  # a sparse operand has index arrays
+        return Tensor(shape, operand.var.format, levels, _host(parts[-1]), index_dtype)
+
+    def run(self, args: tuple[Any, ...]) -> Any:
+        """The op's CPU implementation: the kernel on numpy views, the output as torch."""
+        import torch
+
+        inputs, _ = self.unflatten(args)
+        threads = args[-1] if args[-1] >= 0 else None
+        out = self.kernel(
+            threads=threads,
+            **{k: v if isinstance(v, Tensor) else _host(v) for k, v in inputs.items()},
+        )
+        return torch.from_numpy(np.ascontiguousarray(out))
+
+    def fake(self, args: tuple[Any, ...]) -> Any:
+        """The output's shape and dtype from the operands' extents, for fake/meta tensors."""
+        tensors, shapes = args[:-2], list(args[-2])
+        extents: dict[str, Any] = {}
+        dtype = None
+        at = 0
+        for operand in self.operands:
+            if operand.sparse:
+                order = operand.var.order
+                dims, shapes = shapes[:order], shapes[order:]
+            else:
+                dims = list(tensors[at].shape)
+            value = tensors[at + operand.width - 1]
+            dtype = dtype or (value.dtype if value.dtype.is_floating_point else None)
+            for index, dim in zip(operand.indices, dims, strict=True):
+                extents.setdefault(index, dim)
+            at += operand.width
+        shape = [extents[i] for i in self.output_indices]
+        return tensors[0].new_empty(shape, dtype=dtype)
+
+
+def _host(t: Any) -> np.ndarray:
+    """A torch CPU tensor as a C-contiguous numpy view (copied only if strided)."""
+    return t.detach().contiguous().numpy()
+
+
+_LOCK = threading.Lock()
+_REGISTERED: dict[str, TorchOp] = {}
+
+
+def identity(kernel: Kernel) -> str:
+    """The op name of ``kernel``: a hash of what rebuilds it (`Kernel.__reduce__`)."""
+    digest = hashlib.sha256(repr(kernel.__reduce__()[1]).encode()).hexdigest()
+    return f"sparsec::k_{digest[:20]}"
+
+
+def torch_op(kernel: Kernel) -> TorchOp:
+    """The torch op for ``kernel``, registered on the first request for its identity."""
+    if kernel.target not in _HOST_TARGETS:
+        raise SparsecError(
+            f"torch ops run on CPU tensors; this kernel's target is {kernel.target!r} "
+            "(build it with target='c')"
+        )
+    if not kernel.spec.output.is_dense:
+        raise InputError(
+            "a torch op returns a dense tensor; this kernel's output is sparse "
+            f"({kernel.spec.output.format}): give the output a dense format"
+        )
+    name = identity(kernel)
+    with _LOCK:
+        found = _REGISTERED.get(name)
+        if found is None:
+            found = _REGISTERED[name] = TorchOp(kernel, name)
+        return found
+
+
+def _register(op: TorchOp) -> Any:
+    """Define the op, its fake implementation and its autograd formula in torch.library."""
+    import torch
+
+    count = sum(o.width for o in op.operands)
+    params = ", ".join(f"Tensor a{n}" for n in range(count))
+    schema = f"({params}, int[] shapes, int threads) -> Tensor"
+
+    def run(*args: Any) -> Any:
+        return op.run(args)
+
+    def fake(*args: Any) -> Any:
+        return op.fake(args)
+
+    defined = torch.library.custom_op(op.name, run, mutates_args=(), schema=schema)
+    defined.register_fake(fake)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(*inputs[:-2])
+        ctx.shapes = list(inputs[-2])
+        ctx.threads = inputs[-1]
+
+    def backward(ctx: Any, grad: Any) -> tuple[Any, ...]:
+        args = (*ctx.saved_tensors, ctx.shapes, ctx.threads)
+        return _backward(op, args, ctx.needs_input_grad, grad)
+
+    defined.register_autograd(backward, setup_context=setup_context)
+    return defined
+
+
+def _backward(
+    op: TorchOp, args: tuple[Any, ...], needs: tuple[bool, ...], grad: Any
+) -> tuple[Any, ...]:
+    """Each operand's gradient through `gradients`: the vals of a sparse operand get the
+    gradient restricted to its pattern, its level arrays none."""
+    # H1's module (the gradient statements derived from the notation), imported at the
+    # first backward only
+    from .gradient import gradients
+
+    inputs, where = op.unflatten(args)
+    wanted = [name for name, at in where.items() if needs[at]]
+    grads: Mapping[str, Any] = {}
+    if wanted:
+        threads = args[-1] if args[-1] >= 0 else None
+        grads = gradients(op.kernel, inputs, grad.contiguous(), wanted, threads=threads)
+    out: list[Any] = [None] * (len(args) - 2)
+    for name in wanted:
+        out[where[name]] = _as_torch(grads[name], args[where[name]])
+    return (*out, None, None)
+
+
+def _as_torch(value: Any, like: Any) -> Any:
+    import torch
+
+    return torch.as_tensor(np.asarray(value) if not torch.is_tensor(value) else value).to(like)

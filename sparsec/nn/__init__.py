@@ -1,0 +1,84 @@
+"""``sparsec.nn``: pruned torch layers that run as sparsec kernels (imports torch, so it is
+imported on its own: ``import sparsec.nn``; ``import sparsec`` stays free of torch).
+
+    import sparsec.nn
+    sparsec.nn.sparsify(model, 0.9, min_features=64)   # every eligible nn.Linear, in place
+    for row in sparsec.nn.report(model): print(row)
+
+`SparseLinear` (sparsec/nn/linear.py) holds the pattern and values of one layer and calls
+its kernel through a torch custom op (`sparsec.api.torch_op`), so the model trains and
+``torch.compile(fullgraph=True)`` traces it with no graph break.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InputError
+from .linear import ACTIVATIONS, SparseLinear, magnitude_mask
+
+__all__ = ["ACTIVATIONS", "LayerReport", "SparseLinear", "magnitude_mask", "report", "sparsify"]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerReport:
+    """One SparseLinear of a model: its qualified name, shape, stored entries, sparsity."""
+
+    name: str
+    in_features: int
+    out_features: int
+    nnz: int
+    sparsity: float
+
+    def __str__(self) -> str:
+        return (
+            f"{self.name}: {self.out_features} x {self.in_features}, {self.nnz} stored, "
+            f"{self.sparsity:.1%} sparse"
+        )
+
+
+def sparsify(
+    model: torch.nn.Module,
+    sparsity: float | None,
+    *,
+    min_features: int = 1,
+    threads: int | None = None,
+) -> torch.nn.Module:
+    """Swap, in place, every ``nn.Linear`` of ``model`` (the model itself included if it is
+    one: then the new layer is returned) whose in and out features are both at least
+    ``min_features`` for a `SparseLinear` magnitude-pruned to ``sparsity`` (None: keep
+    each layer's zeros). The projections of ``nn.MultiheadAttention`` stay dense (it reads
+    their weights, never calls them). Returns the model; `report` lists what was swapped."""
+    if min_features < 1:
+        raise InputError(f"min_features must be at least 1, got {min_features}")
+
+    def eligible(m: torch.nn.Module) -> bool:
+        return (
+            isinstance(m, torch.nn.Linear)
+            and min(m.in_features, m.out_features) >= min_features
+            and m.weight.dtype in (torch.float32, torch.float64)
+        )
+
+    if eligible(model):
+        assert isinstance(model, torch.nn.Linear)
+        return SparseLinear.from_linear(model, sparsity, threads=threads)
+    for parent in list(model.modules()):
+        if isinstance(parent, torch.nn.MultiheadAttention):
+            continue  # its forward reads out_proj.weight directly, never calls the module
+        for child_name, child in list(parent.named_children()):
+            if eligible(child):
+                assert isinstance(child, torch.nn.Linear)
+                layer = SparseLinear.from_linear(child, sparsity, threads=threads)
+                setattr(parent, child_name, layer.to(child.weight.device))
+    return model
+
+
+def report(model: torch.nn.Module) -> list[LayerReport]:
+    """Every SparseLinear of ``model``, in module order, with the sparsity it reached."""
+    return [
+        LayerReport(name or "(model)", m.in_features, m.out_features, m.nnz, m.sparsity)
+        for name, m in model.named_modules()
+        if isinstance(m, SparseLinear)
+    ]

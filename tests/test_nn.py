@@ -1,0 +1,341 @@
+"""sparsec.nn: SparseLinear against the dense masked nn.Linear (forward, backward, training,
+state_dict), sparsify, and torch.compile(fullgraph=True) through the custom op."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+
+import pytest
+import torch
+
+import sparsec
+import sparsec.nn
+from sparsec.api.torch_op import identity, torch_op
+from sparsec.nn import SparseLinear, magnitude_mask, report, sparsify
+
+HAS_GRADIENTS = importlib.util.find_spec("sparsec.api.gradient") is not None
+needs_gradients = pytest.mark.skipif(
+    not HAS_GRADIENTS, reason="sparsec.api.gradient (H1, issue 20 item 1) has not landed"
+)
+
+
+def pruned_linear(i, o, sparsity, dtype=torch.float64, bias=True, seed=0):
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(i, o, bias=bias, dtype=dtype)
+    with torch.no_grad():
+        lin.weight.mul_(magnitude_mask(lin.weight, sparsity))
+        if o > 2:
+            lin.weight[1] = 0.0  # an empty row
+    return lin
+
+
+def tol(dtype):
+    return {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+
+
+# ---------------------------------------------------------------- from_linear
+
+
+def test_from_linear_keeps_the_zeros():
+    lin = pruned_linear(7, 6, 0.6)
+    layer = SparseLinear.from_linear(lin)
+    assert layer.nnz == int((lin.weight != 0).sum())
+    assert torch.equal(layer.to_dense(), lin.weight.detach())
+    assert layer.pos.dtype == layer.crd.dtype == torch.int32
+    assert int(layer.pos[2] - layer.pos[1]) == 0  # the empty row stores nothing
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.9, 0.97, 1.0])
+def test_from_linear_prunes_to_the_sparsity_exactly(sparsity):
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(13, 11)
+    layer = SparseLinear.from_linear(lin, sparsity)
+    n = 13 * 11
+    assert layer.nnz == n - round(sparsity * n)
+    kept = layer.to_dense().detach().abs()
+    dropped = lin.weight.detach().abs()[kept == 0]
+    if layer.nnz and dropped.numel():
+        assert float(kept[kept > 0].min()) >= float(dropped.max())  # by magnitude
+
+
+def test_bad_sparsity_and_activation_are_refused():
+    lin = torch.nn.Linear(3, 2)
+    with pytest.raises(sparsec.InputError, match="sparsity"):
+        SparseLinear.from_linear(lin, 1.5)
+    with pytest.raises(sparsec.InputError, match="activation"):
+        SparseLinear.from_linear(lin, activation="gelu_fast")
+
+
+# ---------------------------------------------------------------- forward
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("lead", [(5,), (2, 3), (2, 1, 4), ()])
+@pytest.mark.parametrize("bias", [True, False])
+def test_forward_equals_the_masked_linear(dtype, lead, bias):
+    lin = pruned_linear(9, 8, 0.7, dtype, bias)
+    layer = SparseLinear.from_linear(lin)
+    x = torch.randn(*lead, 9, dtype=dtype)
+    with torch.no_grad():
+        got, want = layer(x), lin(x)
+    assert got.shape == (*lead, 8)
+    torch.testing.assert_close(got, want, **tol(dtype))
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "sigmoid"])
+def test_activation(activation):
+    lin = pruned_linear(6, 5, 0.5)
+    layer = SparseLinear.from_linear(lin, activation=activation)
+    x = torch.randn(4, 6, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), getattr(torch, activation)(lin(x)))
+
+
+def test_wrong_input_shape_and_dtype_are_refused():
+    layer = SparseLinear.from_linear(pruned_linear(6, 5, 0.5))
+    with pytest.raises(sparsec.ShapeError, match=r"\(\.\.\., 6\)"):
+        layer(torch.randn(3, 5, dtype=torch.float64))
+    with pytest.raises(sparsec.DTypeError, match="float32"):
+        layer(torch.randn(3, 6, dtype=torch.float32))
+
+
+def test_a_fully_pruned_layer_gives_the_bias():
+    lin = pruned_linear(4, 3, 1.0)
+    layer = SparseLinear.from_linear(lin)
+    assert layer.nnz == 0
+    x = torch.randn(2, 4, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), lin.bias.expand(2, 3))
+
+
+# ---------------------------------------------------------------- state_dict
+
+
+def test_state_dict_round_trip_adopts_the_pattern():
+    trained = SparseLinear.from_linear(pruned_linear(8, 6, 0.7, seed=2))
+    state = trained.state_dict()
+    assert {"pos", "crd", "values", "bias"} <= set(state)
+    fresh = SparseLinear.from_linear(pruned_linear(8, 6, 0.4, seed=3))  # another pattern
+    fresh.load_state_dict(state)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), trained(x))
+    assert torch.equal(fresh.crd, trained.crd)
+
+
+def test_a_mismatched_pattern_is_a_clear_error():
+    layer = SparseLinear.from_linear(pruned_linear(8, 6, 0.7))
+    other = SparseLinear.from_linear(pruned_linear(8, 5, 0.7)).state_dict()
+    with pytest.raises(sparsec.StorageError, match="pos of length 7"):
+        layer.load_state_dict(other)
+    bad = layer.state_dict()
+    bad["crd"] = bad["crd"].flip(0).contiguous()
+    with pytest.raises(sparsec.StorageError, match="increase strictly"):
+        layer.load_state_dict(bad)
+    bad = layer.state_dict()
+    bad["crd"] = bad["crd"] + 8
+    with pytest.raises(sparsec.StorageError, match=r"in \[0, 8\)"):
+        layer.load_state_dict(bad)
+
+
+# ---------------------------------------------------------------- sparsify
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.big = torch.nn.Linear(16, 32)
+        self.small = torch.nn.Linear(32, 2)
+        self.inner = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU())
+        self.attn = torch.nn.MultiheadAttention(16, 2)
+
+    def forward(self, x):
+        return self.small(self.inner(self.big(x)).relu().repeat(1, 2))
+
+
+def test_sparsify_swaps_only_eligible_layers():
+    torch.manual_seed(0)
+    model = Block()
+    x = torch.randn(5, 16)
+    assert sparsify(model, 0.8, min_features=8) is model
+    assert isinstance(model.big, SparseLinear) and isinstance(model.inner[0], SparseLinear)
+    assert type(model.small) is torch.nn.Linear  # 2 < min_features
+    assert not isinstance(model.attn.out_proj, SparseLinear)  # MHA reads its weight
+    rows = {r.name: r for r in report(model)}
+    assert set(rows) == {"big", "inner.0"}
+    assert rows["big"].nnz == 16 * 32 - round(0.8 * 16 * 32)
+    assert abs(rows["inner.0"].sparsity - 0.8) < 1e-3
+    with torch.no_grad():
+        assert model(x).shape == (5, 2)
+
+
+# ---------------------------------------------------------------- the custom op
+
+
+def test_one_op_per_kernel_identity():
+    a = torch_op(sparsec.kernel("Yt(o,t) += W(o,i) * Xt(i,t)", {"W": "csr"}))
+    b = torch_op(sparsec.kernel("Yt(o,t) += W(o,i) * Xt(i,t)", {"W": "csr"}))
+    c = torch_op(sparsec.kernel("Yt(o,t) += W(o,i) * Xt(i,t)", {"W": "csc"}))
+    assert a is b and a.name != c.name
+    assert a.name == identity(a.kernel) and a.name.startswith("sparsec::k_")
+    with pytest.raises(sparsec.InputError, match="sparse"):
+        torch_op(sparsec.kernel("C(i,j) = A(i,j) * 2", {"A": "csr", "C": "csr"}))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compile_fullgraph_has_no_graph_break(backend):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(12, 10), torch.nn.ReLU(), torch.nn.Linear(10, 6), torch.nn.Tanh()
+    )
+    sparsify(model, 0.6)
+    x = torch.randn(2, 3, 12)
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_compile_inductor():
+    torch.manual_seed(0)
+    model = sparsify(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()), 0.5)
+    x = torch.randn(4, 8)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+# ---------------------------------------------------------------- training
+
+
+def dense_twin(layer: SparseLinear) -> torch.nn.Linear:
+    lin = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+    lin = lin.to(layer.values.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(layer.to_dense())
+        if layer.bias is not None:
+            lin.bias.copy_(layer.bias)
+    return lin
+
+
+def at_pattern(layer: SparseLinear, dense: torch.Tensor) -> torch.Tensor:
+    rows = torch.repeat_interleave(torch.arange(layer.out_features), torch.diff(layer.pos.long()))
+    return dense[rows, layer.crd.long()]
+
+
+@needs_gradients
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_backward_equals_the_masked_linear(dtype):
+    layer = SparseLinear.from_linear(pruned_linear(9, 7, 0.6, dtype))
+    lin = dense_twin(layer)
+    x = torch.randn(2, 3, 9, dtype=dtype, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    (layer(x) ** 2).sum().backward()
+    (lin(x2) ** 2).sum().backward()
+    torch.testing.assert_close(layer.values.grad, at_pattern(layer, lin.weight.grad), **tol(dtype))
+    torch.testing.assert_close(layer.bias.grad, lin.bias.grad, **tol(dtype))
+    torch.testing.assert_close(x.grad, x2.grad, **tol(dtype))
+
+
+@needs_gradients
+def test_training_follows_the_dense_masked_model():
+    torch.manual_seed(5)
+    layer = SparseLinear.from_linear(pruned_linear(10, 6, 0.7), activation="tanh")
+    lin = dense_twin(layer)
+    mask = layer.to_dense().detach() != 0
+    opt_s = torch.optim.SGD(layer.parameters(), lr=0.1)
+    opt_d = torch.optim.SGD(lin.parameters(), lr=0.1)
+    x, target = torch.randn(16, 10, dtype=torch.float64), torch.randn(16, 6, dtype=torch.float64)
+    losses = []
+    for _ in range(20):
+        for opt in (opt_s, opt_d):
+            opt.zero_grad()
+        loss_s = ((layer(x) - target) ** 2).mean()
+        loss_d = ((torch.tanh(lin(x)) - target) ** 2).mean()
+        loss_s.backward()
+        loss_d.backward()
+        lin.weight.grad *= mask  # the dense masked model: the pattern stays fixed
+        opt_s.step()
+        opt_d.step()
+        torch.testing.assert_close(loss_s, loss_d)
+        losses.append(float(loss_s))
+    assert losses[-1] < 0.8 * losses[0]
+    torch.testing.assert_close(layer.to_dense(), lin.weight * mask)
+    torch.testing.assert_close(layer.bias, lin.bias)
+
+
+class TinyBert(torch.nn.Module):
+    """Two BERT layers, hidden 32, 4 heads, every projection an nn.Linear it calls."""
+
+    def __init__(self, hidden=32, heads=4, inner=64, layers=2):
+        super().__init__()
+        self.heads = heads
+        self.layers = torch.nn.ModuleList()
+        for _ in range(layers):
+            block = torch.nn.ModuleDict(
+                {
+                    "q": torch.nn.Linear(hidden, hidden),
+                    "k": torch.nn.Linear(hidden, hidden),
+                    "v": torch.nn.Linear(hidden, hidden),
+                    "o": torch.nn.Linear(hidden, hidden),
+                    "up": torch.nn.Linear(hidden, inner),
+                    "down": torch.nn.Linear(inner, hidden),
+                    "ln1": torch.nn.LayerNorm(hidden),
+                    "ln2": torch.nn.LayerNorm(hidden),
+                }
+            )
+            self.layers.append(block)
+
+    def forward(self, h):
+        b, s, d = h.shape
+        size = d // self.heads
+        for blk in self.layers:
+
+            def split(x, b=b, s=s, size=size):
+                return x.view(b, s, self.heads, size).transpose(1, 2)
+
+            q, k, v = split(blk["q"](h)), split(blk["k"](h)), split(blk["v"](h))
+            att = (q @ k.transpose(-1, -2) / math.sqrt(size)).softmax(-1) @ v
+            h = blk["ln1"](blk["o"](att.transpose(1, 2).reshape(b, s, d)) + h)
+            h = blk["ln2"](blk["down"](torch.nn.functional.gelu(blk["up"](h))) + h)
+        return h.mean(1)
+
+
+@needs_gradients
+def test_tiny_bert_forward_and_backward_match_dense():
+    torch.manual_seed(7)
+    dense = TinyBert().double()
+    for m in dense.modules():
+        if isinstance(m, torch.nn.Linear):
+            with torch.no_grad():
+                m.weight.mul_(magnitude_mask(m.weight, 0.8))
+    sparse = sparsify(copy.deepcopy(dense), None)
+    assert len(report(sparse)) == 12
+    h = torch.randn(2, 5, 32, dtype=torch.float64)
+    out_s, out_d = sparse(h), dense(h)
+    torch.testing.assert_close(out_s, out_d)
+    out_s.square().sum().backward()
+    out_d.square().sum().backward()
+    pairs = zip(sparse.modules(), dense.modules(), strict=True)
+    checked = 0
+    for s, d in pairs:
+        if isinstance(s, SparseLinear):
+            torch.testing.assert_close(s.values.grad, at_pattern(s, d.weight.grad))
+            torch.testing.assert_close(s.bias.grad, d.bias.grad)
+            checked += 1
+    assert checked == 12
+
+
+@needs_gradients
+def test_compiled_training_step_matches_eager():
+    torch.manual_seed(3)
+    model = sparsify(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU()), 0.5)
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(4, 8)
+    compiled(x).sum().backward()
+    twin(x).sum().backward()
+    torch.testing.assert_close(model[0].values.grad, twin[0].values.grad)
