@@ -7,6 +7,7 @@ print(k.source)          # the generated C
 """
 
 from . import io as io  # sparsec.io.load / save after a plain `import sparsec`
+from .api import array as _array  # noqa: F401  (registers sparsec.Tensor's operators)
 from .api.check import CheckResult
 from .api.kernel import Kernel, kernel
 from .errors import (

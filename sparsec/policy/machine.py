@@ -16,7 +16,7 @@ Keys of ``SPARSEC_MACHINE``: ``l2`` (the cache private to a core, bytes, with an
 K/M/G suffix), ``l3`` (the last-level cache), ``cores``, ``vector`` (bytes per SIMD
 register: 16, 32 for AVX2, 64 for AVX-512), ``flags`` (CPU flags joined by ``+``),
 ``target`` (a name for what ``-march=native`` resolves to) and ``busy`` (cores busy with
-other work; fixed instead of measured, ``busy=0`` turns the load adaptation off).
+other work; fixed instead of measured, ``busy=0`` turns the load adaptation off), ``memory``.
 
 The simulated facts steer sparsec's decisions only: kernels are still compiled for, and run
 on, the real CPU (the compile cache's key holds what the compiler really targets).
@@ -64,6 +64,8 @@ class Machine:
     target: str
     #: cores busy with other work; None: measured while sparsec runs (`busy`)
     busy: float | None = None
+    #: bytes of physical memory (what a dense conversion may use a share of); None: unknown
+    memory: int | None = None
 
 
 #: the fields of a `Machine` by their ``SPARSEC_MACHINE`` keys
@@ -76,6 +78,7 @@ _KEYS = {
     "flags": "flags",
     "target": "target",
     "busy": "busy",
+    "memory": "memory",
 }
 _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 #: assumed when the host does not say (no sysfs): a small machine's caches
@@ -114,6 +117,11 @@ def host() -> Machine:
         vector_bytes=_vector_bytes(flags),
         flags=flags,
         target=_native_target(),
+        memory=(
+            os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            if "SC_PHYS_PAGES" in getattr(os, "sysconf_names", ())
+            else None
+        ),
     )
 
 
@@ -177,7 +185,8 @@ def _replace(base: Machine, facts: dict[str, Any]) -> Machine:
         elif name == "flags":
             facts[name] = frozenset(value)
     made = dataclasses.replace(base, **facts)
-    for name in ("core_cache", "last_level_cache", "cores", "vector_bytes"):
+    positive = ("core_cache", "last_level_cache", "cores", "vector_bytes", "memory")
+    for name in (n for n in positive if getattr(made, n) is not None):  # memory: unknown
         value = getattr(made, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise MachineError(f"machine fact {name} must be a positive integer, not {value!r}")

@@ -45,6 +45,7 @@ from ..errors import FormatError
 from . import convert, packing
 from .buffers import address
 from .formats import Compressed, Dense, Format, Singleton, canonical, parse_format
+from .ops import ArrayOps, check_dense
 from .random import random as _random_storage
 from .storage import (
     INDEX_DTYPES,
@@ -108,7 +109,7 @@ def _builds_tensor(make_storage: Callable[_P, StorageParts]) -> Callable[_P, Ten
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Tensor:
+class Tensor(ArrayOps):
     """An immutable tensor in a `Format` (see the module docstring for the storage model).
 
     ``index_dtype`` defaults to the dtype of the index arrays, or for an all-dense tensor to
@@ -226,7 +227,9 @@ class Tensor:
         return self._mode_coords(), self.vals.copy()
 
     def to_dense(self) -> np.ndarray:
-        """A new writable numpy array in mode order with the dtype of ``vals``."""
+        """A new writable numpy array in mode order with the dtype of ``vals``; an
+        `InputError` when it would not fit in memory (`ops.check_dense`)."""
+        check_dense(self)
         if self.format.is_dense:
             level_major = self.vals.reshape(self.level_shape)
             return np.array(level_major.transpose(np.argsort(self.format.ordering)), order="C")
