@@ -12,7 +12,7 @@ import torch
 
 import sparsec
 import sparsec.nn
-from sparsec.api.torch_op import identity, torch_op
+from sparsec.api.torch_op import Components, identity, torch_op
 from sparsec.nn import SparseLinear, magnitude_mask, report, sparsify
 
 HAS_GRADIENTS = importlib.util.find_spec("sparsec.api.gradient") is not None
@@ -339,3 +339,32 @@ def test_compiled_training_step_matches_eager():
     compiled(x).sum().backward()
     twin(x).sum().backward()
     torch.testing.assert_close(model[0].values.grad, twin[0].values.grad)
+
+
+@pytest.mark.parametrize(
+    ("target", "fmt"),
+    [("c", "csr"), ("c", "csc"), ("c", "coo"), ("cuda-emulated", "csr")],
+)
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+def test_op_of_any_kernel_matches_dense(target, fmt, index):
+    # the op of a plain SpMM, its sparse operand as the level arrays of its format
+    kern = sparsec.kernel("C(i,j) = A(i,k) * B(k,j) + d(i)", {"A": fmt}, target=target)
+    op = torch_op(kern)
+    dense = torch.randn(6, 5, dtype=torch.float64)
+    dense[dense.abs() < 0.8] = 0.0
+    dense[2] = 0.0
+    a = sparsec.Tensor.from_dense(dense.numpy(), fmt, index_dtype=str(index).split(".")[1])
+    levels = tuple(
+        tuple(None if arr is None else torch.from_numpy(arr.copy()) for arr in (st.pos, st.crd))
+        for st in a.levels
+    )
+    vals = torch.from_numpy(a.vals.copy())
+    b, d = torch.randn(5, 3, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+
+    def call(vals, b, d):
+        return op(A=Components(a.shape, levels, vals), B=b, d=d)
+
+    want = dense @ b + d[:, None]
+    torch.testing.assert_close(call(vals, b, d), want)
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(vals, b, d), want)
