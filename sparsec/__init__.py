@@ -9,6 +9,7 @@ print(k.source)          # the generated C
 from . import io as io  # sparsec.io.load / save after a plain `import sparsec`
 from .api import array as _array  # noqa: F401  (registers sparsec.Tensor's operators)
 from .api.check import CheckResult
+from .api.einsum import einsum
 from .api.kernel import Kernel, kernel
 from .errors import (
     CheckError,
@@ -47,6 +48,7 @@ __all__ = [
     "StorageError",
     "Tensor",
     "as_tensor",
+    "einsum",
     "kernel",
     "parse_format",
     "random",

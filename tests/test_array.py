@@ -245,3 +245,69 @@ def test_import_sparsec_brings_io():
     code = "import sparsec; print(callable(sparsec.io.load), callable(sparsec.io.save))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "True True", out.stderr
+
+
+# ---------------------------------------------------------------- sparsec.einsum
+
+EINSUMS = [
+    ("ij,j->i", ((7, 5), (5,))),  # SpMV
+    ("ij,jk->ik", ((7, 5), (5, 3))),  # SpMM
+    ("ji,j->i", ((7, 5), (7,))),  # transposed SpMV
+    ("ij,j", ((7, 5), (5,))),  # implicit output: i
+    ("ij->ji", ((7, 5),)),
+    ("ij->", ((7, 5),)),
+    ("ii->", ((6, 6),)),  # trace
+    ("ii->i", ((6, 6),)),  # diagonal
+    ("i,j->ij", ((7,), (5,))),  # outer product
+    ("ij,k->ijk", ((7, 5), (3,))),
+    ("ij,ij->ij", ((7, 5), (7, 5))),  # elementwise
+    ("ij,ij", ((7, 5), (7, 5))),  # implicit: a full contraction
+    (",ij->ij", ((), (7, 5))),  # a scalar operand
+]
+
+
+@pytest.mark.parametrize(("spelling", "shapes"), EINSUMS)
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_einsum_matches_numpy(spelling, shapes, fmt):
+    rng = np.random.default_rng(0)
+    dense = [rng.random(s) * (rng.random(s) < 0.5) if s else np.float64(2.5) for s in shapes]
+    first = max(range(len(shapes)), key=lambda i: len(shapes[i]))  # the sparse one
+    dense[first][1] = 0  # an empty row (a zero for a vector)
+    operands = list(dense)
+    operands[first] = sparsec.as_tensor(dense[first], fmt if len(shapes[first]) == 2 else "s")
+    got = sparsec.einsum(spelling, *operands)
+    np.testing.assert_allclose(got, np.einsum(spelling, *dense), rtol=1e-12, atol=1e-12)
+
+
+def test_einsum_sparse_operands_and_outputs():
+    t, a = matrix((7, 5))
+    s, b = matrix((5, 6), "csc", seed=3)
+    got = sparsec.einsum("ik,kj->ij", t, s, out_format="csr")
+    assert isinstance(got, sparsec.Tensor) and got.format == sparsec.parse_format("csr", 2)
+    np.testing.assert_allclose(dense_of(got), (a @ b).toarray(), atol=1e-12)
+    np.testing.assert_allclose(sparsec.einsum("ik,kj->ij", a, b), (a @ b).toarray(), atol=1e-12)
+    x = torch.from_numpy(np.arange(5.0))
+    got = sparsec.einsum("ij,j->i", t, x)  # torch in, torch out
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_allclose(got.numpy(), a @ np.arange(5.0), atol=1e-12)
+    np.testing.assert_allclose(sparsec.einsum("ij,j->i", t, np.arange(5)), a @ np.arange(5.0))
+
+
+@pytest.mark.parametrize(
+    ("spelling", "count", "error", "match"),
+    [
+        ("ij,j->i", 1, InputError, "name 2 operand"),
+        ("ij,j->i", 3, InputError, "name 2 operand"),
+        ("i$,j->i", 2, sparsec.ParseError, r"'\$' is not a subscript"),
+        ("...j,j->i", 2, sparsec.ParseError, "not supported"),
+        ("ij,j->ii", 2, sparsec.ParseError, "repeated in the output"),
+        ("ij,j->q", 2, sparsec.ParseError, "appears in no operand"),
+        ("ijk,j->i", 2, ShapeError, "has order 2"),
+        ("ij,i->i", 2, ShapeError, "subscript 'i' is 7"),
+    ],
+)
+def test_einsum_bad_spellings(spelling, count, error, match):
+    t, _ = matrix((7, 5))
+    operands = [t, np.ones(5), np.ones(5)][:count]
+    with pytest.raises(error, match=match):
+        sparsec.einsum(spelling, *operands)

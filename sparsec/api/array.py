@@ -60,7 +60,7 @@ def _torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _sparse(x: Any) -> Tensor | None:
+def sparse_operand(x: Any) -> Tensor | None:
     """``x`` as a sparse operand (a Tensor, scipy or torch sparse in its own format)."""
     if isinstance(x, Tensor):
         return x
@@ -71,19 +71,20 @@ def _sparse(x: Any) -> Tensor | None:
     return None
 
 
-def _scalar(x: Any) -> float | None:
+def scalar_operand(x: Any) -> float | None:
     if isinstance(x, numbers.Number) and not isinstance(x, numbers.Real):
         raise DTypeError(f"complex scalar {x!r}: sparsec values are float32 or float64")
     if isinstance(x, numbers.Real):
         return float(x)
     if isinstance(x, np.ndarray) and x.ndim == 0:
-        return _scalar(x.item())
+        return scalar_operand(x.item())
     return None
 
 
-def _dense(x: Any, like: Tensor) -> Any:
+def dense_operand(x: Any, like: Tensor | None = None) -> Any:
     """``x`` as a dense operand (numpy or strided torch), its values cast to numpy's
-    promotion with ``like``'s where that is not float32/float64 already; None otherwise."""
+    promotion with ``like``'s (float32 when None) where that is not float32/float64
+    already; None for anything else."""
     if isinstance(x, np.ndarray):
         dt = x.dtype
     elif _torch_tensor(x) and x.layout == sys.modules["torch"].strided:
@@ -95,7 +96,7 @@ def _dense(x: Any, like: Tensor) -> Any:
         return x
     if dt.kind == "c":
         raise DTypeError(f"complex operand ({dt}): sparsec values are float32 or float64")
-    want = np.result_type(like.dtype, dt)
+    want = np.result_type(like.dtype if like is not None else np.float32, dt)
     want = want if want in _FLOATS else np.dtype(np.float64)
     if isinstance(x, np.ndarray):
         return x.astype(want)
@@ -144,13 +145,13 @@ def _trailing(op: str, t: Tensor, shape: tuple[int, ...]) -> list[str]:
 
 
 def _matmul(left: Any, right: Any) -> Any:
-    a, b = _sparse(left), _sparse(right)
+    a, b = sparse_operand(left), sparse_operand(right)
     if a is None and b is None:
         return NotImplemented
     like = a if a is not None else b
     assert like is not None
-    da = left if a is not None else _dense(left, like)
-    db = right if b is not None else _dense(right, like)
+    da = left if a is not None else dense_operand(left, like)
+    db = right if b is not None else dense_operand(right, like)
     if da is None or db is None:
         return NotImplemented
     sa, sb = (
@@ -196,7 +197,7 @@ def _row_major(t: Tensor, indices: list[str]) -> Tensor:
 def _elementwise(op: str, left: Any, right: Any) -> Any:
     """``left op right`` for op in add, sub, mul, truediv; one side is a Tensor."""
     symbol = {"add": "+", "sub": "-", "mul": "*", "truediv": "/"}[op]
-    a, b = _sparse(left), _sparse(right)
+    a, b = sparse_operand(left), sparse_operand(right)
     if a is not None and b is not None:
         if op == "truediv":
             return NotImplemented
@@ -208,7 +209,7 @@ def _elementwise(op: str, left: Any, right: Any) -> Any:
     assert t is not None
     other = right if a is not None else left
     idx = _modes(t.order)
-    scalar = _scalar(other)
+    scalar = scalar_operand(other)
     if scalar is not None:
         if op == "mul" or (op == "truediv" and a is not None):
             term = "A / s" if op == "truediv" else "s * A"
@@ -222,7 +223,7 @@ def _elementwise(op: str, left: Any, right: Any) -> Any:
             if op != "truediv"
             else "a number divided by a sparse tensor is dense; densify explicitly"
         )
-    dense = _dense(other, t)
+    dense = dense_operand(other, t)
     if dense is None or op == "truediv":
         return NotImplemented
     di = _trailing(symbol, t, tuple(dense.shape))
