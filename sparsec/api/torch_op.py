@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +89,12 @@ class TorchOp:
             for t in kernel.binder.wanted
         )
         self.output_indices = tuple(kernel.assignment.lhs.indices)
+        #: each operand's name and the flat slot of its values (a sparse one's vals, a dense
+        #: one itself): the slots that take a gradient
+        self.value_slots = tuple(
+            (o.var.argument, sum(p.width for p in self.operands[: n + 1]) - 1)
+            for n, o in enumerate(self.operands)
+        )
         self.op = _register(self)
 
     # ------------------------------------------------------------------ calling
@@ -135,6 +140,38 @@ class TorchOp:
         )
         index_dtype = arrays[operand.arrays[0]].dtype  # a sparse operand has index arrays
         return Tensor(shape, operand.var.format, levels, _host(parts[-1]), index_dtype)
+
+    def gradients(self, args: tuple[Any, ...]) -> list[Any]:
+        """The gradient op's CPU implementation: ``args`` are the operands, the output's
+        gradient, the shapes, the threads and the flat slots wanted (each a dense operand or
+        a sparse one's vals); `gradients` derives and runs the gradient statements."""
+        import torch
+
+        # H1's module (the gradient statements derived from the notation), imported at the
+        # first backward only
+        from .gradient import gradients
+
+        count = len(args) - 4
+        tensors, grad = args[:count], args[count]
+        shapes, threads, wanted = args[count + 1 :]
+        inputs, _ = self.unflatten((*tensors, shapes, threads))
+        names = {at: name for name, at in self.value_slots}
+        found = gradients(
+            self.kernel,
+            inputs,
+            grad.contiguous(),
+            [names[at] for at in wanted],
+            threads=threads if threads >= 0 else None,
+        )
+        taken = {t.untyped_storage().data_ptr() for t in (*tensors, grad)}
+        out = []
+        for at in wanted:
+            value = found[names[at]]
+            g = torch.as_tensor(value if torch.is_tensor(value) else np.asarray(value))
+            g = g.to(tensors[at]).reshape(tensors[at].shape)
+            # an op's output may not alias its inputs (d(Yt_old) of a '+=' is the gradient)
+            out.append(g.clone() if g.untyped_storage().data_ptr() in taken else g.contiguous())
+        return out
 
     def run(self, args: tuple[Any, ...]) -> Any:
         """The op's CPU implementation: the kernel on numpy views, the output as torch."""
@@ -205,12 +242,16 @@ def torch_op(kernel: Kernel) -> TorchOp:
 
 
 def _register(op: TorchOp) -> Any:
-    """Define the op, its fake implementation and its autograd formula in torch.library."""
+    """Define the op and its gradient op (``<name>_grad``: the operands, the output's
+    gradient and the flat slots wanted -> their gradients), each with a fake implementation,
+    and the autograd formula that calls the gradient op, so a compiled backward traces it
+    too."""
     import torch
 
     count = sum(o.width for o in op.operands)
     params = ", ".join(f"Tensor a{n}" for n in range(count))
     schema = f"({params}, int[] shapes, int threads) -> Tensor"
+    grad_schema = f"({params}, Tensor grad, int[] shapes, int threads, int[] wanted) -> Tensor[]"
 
     def run(*args: Any) -> Any:
         return op.run(args)
@@ -218,6 +259,16 @@ def _register(op: TorchOp) -> Any:
     def fake(*args: Any) -> Any:
         return op.fake(args)
 
+    def run_grad(*args: Any) -> Any:
+        return op.gradients(args)
+
+    def fake_grad(*args: Any) -> Any:
+        return [torch.empty_like(args[at]) for at in args[-1]]
+
+    grad_op = torch.library.custom_op(
+        f"{op.name}_grad", run_grad, mutates_args=(), schema=grad_schema
+    )
+    grad_op.register_fake(fake_grad)
     defined = torch.library.custom_op(op.name, run, mutates_args=(), schema=schema)
     defined.register_fake(fake)
 
@@ -227,35 +278,13 @@ def _register(op: TorchOp) -> Any:
         ctx.threads = inputs[-1]
 
     def backward(ctx: Any, grad: Any) -> tuple[Any, ...]:
-        args = (*ctx.saved_tensors, ctx.shapes, ctx.threads)
-        return _backward(op, args, ctx.needs_input_grad, grad)
+        wanted = [at for _, at in op.value_slots if ctx.needs_input_grad[at]]
+        out: list[Any] = [None] * count
+        if wanted:
+            grads = grad_op(*ctx.saved_tensors, grad, ctx.shapes, ctx.threads, wanted)
+            for at, g in zip(wanted, grads, strict=True):
+                out[at] = g
+        return (*out, None, None)
 
     defined.register_autograd(backward, setup_context=setup_context)
     return defined
-
-
-def _backward(
-    op: TorchOp, args: tuple[Any, ...], needs: tuple[bool, ...], grad: Any
-) -> tuple[Any, ...]:
-    """Each operand's gradient through `gradients`: the vals of a sparse operand get the
-    gradient restricted to its pattern, its level arrays none."""
-    # H1's module (the gradient statements derived from the notation), imported at the
-    # first backward only
-    from .gradient import gradients
-
-    inputs, where = op.unflatten(args)
-    wanted = [name for name, at in where.items() if needs[at]]
-    grads: Mapping[str, Any] = {}
-    if wanted:
-        threads = args[-1] if args[-1] >= 0 else None
-        grads = gradients(op.kernel, inputs, grad.contiguous(), wanted, threads=threads)
-    out: list[Any] = [None] * (len(args) - 2)
-    for name in wanted:
-        out[where[name]] = _as_torch(grads[name], args[where[name]])
-    return (*out, None, None)
-
-
-def _as_torch(value: Any, like: Any) -> Any:
-    import torch
-
-    return torch.as_tensor(np.asarray(value) if not torch.is_tensor(value) else value).to(like)
