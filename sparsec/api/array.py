@@ -27,7 +27,10 @@ operator                    statement                                  result
 
 A dense operand of lower order is matched against T's trailing modes (numpy's broadcasting
 without its size-1 stretching). Values follow numpy's promotion within float32/float64;
-a Python number keeps T's dtype.
+a number (Python or numpy scalar) keeps T's dtype. ``T @ S`` runs Gustavson's row order,
+a column-major operand of a mixed pair re-laid out once (`Tensor.derived`). A scipy
+matrix on the left of ``@`` densifies T itself (scipy calls ``np.asarray`` before it
+defers): write ``sparsec.as_tensor(a) @ T``.
 """
 
 from __future__ import annotations
