@@ -156,13 +156,22 @@ class TorchOp:
         shapes, threads, wanted = args[count + 1 :]
         inputs, _ = self.unflatten((*tensors, shapes, threads))
         names = {at: name for name, at in self.value_slots}
-        found = gradients(
-            self.kernel,
-            inputs,
-            grad.contiguous(),
-            [names[at] for at in wanted],
-            threads=threads if threads >= 0 else None,
-        )
+        # a dense '+=' adds the statement to the output's current value: that operand's
+        # gradient is the output's (plus_times); the rest are derived statements
+        spec = self.kernel.spec
+        start = spec.output.argument if spec.statement.accumulate else None
+        if self.kernel.semantics.semiring != "plus_times":
+            start = None
+        derived = [names[at] for at in wanted if names[at] != start]
+        found: dict[str, Any] = {start: grad} if start is not None else {}
+        if derived:
+            found |= gradients(
+                self.kernel,
+                inputs,
+                grad.contiguous(),
+                derived,
+                threads=threads if threads >= 0 else None,
+            )
         taken = {t.untyped_storage().data_ptr() for t in (*tensors, grad)}
         out = []
         for at in wanted:
