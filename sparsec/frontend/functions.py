@@ -68,6 +68,8 @@ FUNCTIONS: dict[str, Function] = {
         Function("sigmoid", 1, False, True, "", "", "sigmoid"),
         # x < 0 ? 0 : x (NaN stays NaN, as torch.relu)
         Function("relu", 1, True, True, "", "", "relu"),
+        # x > 0 ? 1 : x < 0 ? -1 : 0 (the derivative of abs; sparsec.frontend.derivative)
+        Function("sign", 1, True, True, "", "", "sign"),
         Function("max", 2, True, True, "__builtin_fmax", "fmax", "maximum"),
         Function("min", 2, True, True, "__builtin_fmin", "fmin", "minimum"),
         Function("pow", 2, False, False, "__builtin_pow", "pow", "pow"),

@@ -369,6 +369,12 @@ def _function(env: LowerEnv, fn: str, args: tuple[ir.Expr, ...], stmts: list[ir.
             stmts.append(ir.Decl(ir.ACC, x, args[0]))
             zero = ir.FloatLit(0.0)
             return ir.Select(ir.Bin("<", ir.Var(x), zero), zero, ir.Var(x))
+        case "sign":
+            x = env.namer.fresh("f")
+            stmts.append(ir.Decl(ir.ACC, x, args[0]))
+            zero, one = ir.FloatLit(0.0), ir.FloatLit(1.0)
+            below = ir.Select(ir.Bin("<", ir.Var(x), zero), ir.FloatLit(-1.0), zero)
+            return ir.Select(ir.Bin(">", ir.Var(x), zero), one, below)
         case "sigmoid":
             one = ir.FloatLit(1.0)
             exp = ir.Call("fn_exp", (ir.Unary("-", args[0]),))

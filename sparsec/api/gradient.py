@@ -1,0 +1,238 @@
+"""Gradients of a kernel's inputs, each one a kernel derived from the notation.
+
+``gradients(kernel, inputs, grad_output, wanted)`` runs, per wanted input ``X``, the
+statement `sparsec.frontend.derivative.derivative` derives (``dX(ix) = Σ dY(out) *
+∂rhs/∂X(ix)``), compiled through the kernel memo like any kernel (same target, dtypes and
+division convention as the forward one) and kept per (kernel, input):
+
+* a dense ``X``: a dense output over ``ix``; variables of ``ix`` the statement does not
+  read (``y(i) = A(i,j)`` gives ``dA(i,j) = dY(i)``) are a broadcast of the result;
+* a sparse ``X`` (CSR, CSC, COO, CSF, ...): the statement masked by ``X``'s stored pattern
+  (``mask=X``, structural: stored zeros count) into an output in ``X``'s format, so
+  ``Y(i,j) = W(i,k) * X(k,j)`` gives the SDDMM ``dW(i,k) = dY(i,j) * X(k,j)`` at W's stored
+  (i, k) only; the values come back aligned with ``as_tensor(X).vals`` (entries the masked
+  product leaves absent are 0). Where the statement does not read every variable of ``ix``,
+  it runs over the ones it reads and is gathered at X's stored coordinates. W's gradient is
+  never dense.
+  On a GPU target it is computed by the C target (sparse outputs have no GPU mapping).
+* a scalar: the full sum; the output of a ``+=`` (its current value): ``dY`` itself.
+
+Refused with `NotDifferentiable` (at backward, naming the input): semirings other than
+plus_times, masks, and what `derivative` refuses (division by a non-literal, sqrt, log).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..frontend.derivative import NotDifferentiable, derivative
+from ..frontend.functions import FUNCTIONS
+from ..frontend.notation import Access, Assignment, indices_of
+from ..tensors.formats import Format, dense
+from ..tensors.tensor import Tensor, as_tensor
+from .kernel import RESERVED_INPUT_NAMES, Kernel, kernel
+
+
+@dataclass(frozen=True, slots=True)
+class GradientKernel:
+    """The kernel computing input ``wrt``'s gradient from the output's gradient
+    ``grad_name``: ``kept`` are the positions of ``wrt``'s indices the statement's output
+    has (a broadcast or gather supplies the rest); ``masked``: the name of the mask (the
+    input's pattern, passed as the input) of a sparse output in the input's format, or ""."""
+
+    wrt: str
+    grad_name: str
+    kernel: Kernel
+    kept: tuple[int, ...]
+    order: int
+    masked: str
+
+    @property
+    def statement(self) -> str:
+        return str(self.kernel.assignment)
+
+
+_made: weakref.WeakKeyDictionary[Kernel, dict[str, GradientKernel]] = weakref.WeakKeyDictionary()
+_made_lock = threading.Lock()
+
+
+def gradient_kernel(forward: Kernel, wrt: str) -> GradientKernel:
+    """The gradient kernel of input ``wrt`` of ``forward`` (derived once, then kept)."""
+    with _made_lock:
+        found = _made.setdefault(forward, {}).get(wrt)
+    if found is None:
+        found = _derive(forward, wrt)
+        with _made_lock:
+            _made[forward][wrt] = found
+    return found
+
+
+def _derive(forward: Kernel, wrt: str) -> GradientKernel:
+    sem = forward.semantics
+    stmt = forward.assignment
+    if sem.semiring != "plus_times":
+        raise NotDifferentiable(
+            f"the gradient of '{wrt}': {stmt} is computed under the {sem.semiring} "
+            "semiring; sparsec derives gradients of plus_times statements only"
+        )
+    if sem.mask:
+        raise NotDifferentiable(
+            f"the gradient of '{wrt}': {stmt} is masked by '{sem.mask}'; sparsec derives "
+            "gradients of unmasked statements only"
+        )
+    taken = {a.name for a in stmt.accesses()} | set(FUNCTIONS) | RESERVED_INPUT_NAMES
+    grad_out = _fresh(f"d{stmt.lhs.name}", taken)
+    grad_in = _fresh(f"d{wrt}", taken | {grad_out})
+    found = derivative(Assignment(stmt.lhs, stmt.rhs), wrt, grad_out, grad_in).statement
+    target = found.lhs.indices
+    read = indices_of(found.rhs)
+    kept = tuple(n for n, i in enumerate(target) if i in read)
+    lhs = Access(grad_in, tuple(target[n] for n in kept))
+    formats: dict[str, str | Format] = dict(forward.formats)
+    formats[grad_out] = dense(stmt.lhs.order)
+    source = formats[wrt]
+    sparse = isinstance(source, Format) and not source.is_dense
+    masked = sparse and len(kept) == len(target)
+    formats[grad_in] = source if masked else dense(len(kept))
+    # the mask is an extra input (the statement may read the input itself): the caller
+    # passes the input under this name too
+    pattern = _fresh(f"{wrt}_pattern", taken | {grad_out, grad_in})
+    formats[pattern] = source
+    statement = Assignment(lhs, found.rhs)
+    named = {a.name for a in statement.accesses()} | ({pattern} if masked else set())
+    made = kernel(
+        str(statement),
+        {k: v for k, v in formats.items() if k in named},
+        # sparse outputs have no GPU mapping yet: a pattern gradient runs on the host
+        target="c" if masked else forward.target,
+        dtype=forward.dtype,
+        index_dtype=forward.index_dtype,
+        division=sem.division,
+        mask=pattern if masked else None,
+    )
+    return GradientKernel(wrt, grad_out, made, kept, len(target), pattern if masked else "")
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    return name
+
+
+def gradients(
+    kernel: Kernel,
+    inputs: Mapping[str, Any],
+    grad_output: Any,
+    wanted: Sequence[str],
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """The gradient of each input named in ``wanted`` given the output's gradient.
+    ``inputs`` as a kernel call takes them (numpy, torch (requires_grad allowed; detached
+    here), scipy, sparsec.Tensor). A dense input's gradient: an array of its shape (torch
+    when grad_output is torch, else numpy). A sparse input's: a 1-D array of values aligned
+    with its stored entries in the order sparsec.Tensor(as_tensor(input)).vals holds them."""
+    torch_out = _is_torch(grad_output)
+    plain = {k: _detached(v) for k, v in inputs.items()}
+    dy = _detached(grad_output)
+    if isinstance(dy, Tensor) or _is_sparse_torch(dy):
+        dy = np.asarray(as_tensor(dy).to_dense())
+    stmt = kernel.assignment
+    out: dict[str, Any] = {}
+    for name in wanted:
+        if stmt.accumulate and name == stmt.lhs.name:
+            found: Any = np.asarray(dy) if not _is_torch(dy) else dy.clone()  # d(Y_old) = dY
+        else:
+            grad = gradient_kernel(kernel, name)
+            found = _run(grad, plain, dy, threads)
+        out[name] = _as_torch(found) if torch_out else _as_numpy(found)
+    return out
+
+
+def _run(grad: GradientKernel, inputs: Mapping[str, Any], dy: Any, threads: int | None) -> Any:
+    names = {t.argument for t in grad.kernel.binder.wanted}
+    args = {k: v for k, v in inputs.items() if k in names}
+    args[grad.grad_name] = dy
+    if grad.masked:
+        args[grad.masked] = inputs[grad.wrt]
+    result = grad.kernel(threads=threads, **args)
+    source = inputs[grad.wrt]
+    if grad.masked:
+        return _aligned(result, as_tensor(source))
+    result = _as_numpy(result)
+    if _is_sparse(source):
+        # the statement reads fewer variables than the input has: gather at its entries
+        coords = as_tensor(source).coords()[0]
+        return np.ascontiguousarray(result[tuple(coords[n] for n in grad.kept)])
+    if len(grad.kept) == grad.order:
+        return result
+    shape = tuple(np.shape(source))
+    expanded = np.expand_dims(result, [n for n in range(grad.order) if n not in grad.kept])
+    return np.ascontiguousarray(np.broadcast_to(expanded, shape))
+
+
+def _aligned(result: Tensor, reference: Tensor) -> np.ndarray:
+    """``result``'s values (a subset of ``reference``'s stored entries, in its format) at
+    each stored entry of ``reference``, 0 where ``result`` has none."""
+    if result.format == reference.format and all(
+        _same(a.pos, b.pos) and _same(a.crd, b.crd)
+        for a, b in zip(result.levels, reference.levels, strict=True)
+    ):
+        return result.vals.copy()
+    shape = reference.shape
+    want = np.ravel_multi_index(tuple(reference.coords()[0]), shape) if shape else np.zeros(1)
+    have = np.ravel_multi_index(tuple(result.coords()[0]), shape) if shape else np.zeros(1)
+    order = np.argsort(have, kind="stable")
+    have, vals = have[order], result.vals[order]
+    at = np.minimum(np.searchsorted(have, want), max(len(have) - 1, 0))
+    out = np.zeros(reference.nnz, dtype=result.vals.dtype)
+    if len(have):
+        hit = have[at] == want
+        out[hit] = vals[at[hit]]
+    return out
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+# ----------------------------------------------------------------- array kinds
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def _is_sparse_torch(x: Any) -> bool:
+    return _is_torch(x) and str(x.layout) != "torch.strided"
+
+
+def _is_sparse(x: Any) -> bool:
+    if isinstance(x, Tensor):
+        return not x.format.is_dense
+    return _is_sparse_torch(x) or hasattr(x, "tocoo")
+
+
+def _detached(x: Any) -> Any:
+    return x.detach() if _is_torch(x) else x
+
+
+def _as_numpy(x: Any) -> Any:
+    if _is_torch(x):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _as_torch(x: Any) -> Any:
+    import torch
+
+    return x if torch.is_tensor(x) else torch.from_numpy(np.ascontiguousarray(x))

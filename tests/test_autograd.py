@@ -1,0 +1,198 @@
+"""Gradients derived from the notation (issue 20 item 1): `sparsec.api.gradient.gradients`
+and eager autograd through `Kernel.__call__`, against dense torch autograd on densified
+inputs (a sparse input's gradient gathered at its stored entries)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import sparsec
+from sparsec.api.gradient import gradient_kernel, gradients
+from sparsec.frontend.derivative import NotDifferentiable, derivative
+from sparsec.frontend.parser import parse_expression
+
+torch = pytest.importorskip("torch")
+
+
+def _sparse(m: int, n: int, seed: int, fmt: str = "csr") -> sp.spmatrix:
+    """A random matrix with an empty row and a stored zero."""
+    a = sp.random(m, n, density=0.4, format="coo", random_state=seed)
+    rows, cols, vals = a.row.copy(), a.col.copy(), a.data.copy()
+    keep = rows != 1  # row 1 is empty
+    rows, cols, vals = rows[keep], cols[keep], vals[keep]
+    if len(vals):
+        vals[0] = 0.0  # a real zero, stored
+    return sp.coo_matrix((vals, (rows, cols)), shape=(m, n)).asformat(fmt)
+
+
+def _dense_grads(
+    fn: Callable[..., torch.Tensor], dense: dict[str, np.ndarray], dy: np.ndarray
+) -> dict[str, np.ndarray]:
+    leaves = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in dense.items()}
+    fn(**leaves).backward(torch.as_tensor(dy))
+    return {k: v.grad.numpy() for k, v in leaves.items()}
+
+
+def _compare(
+    kernel: sparsec.Kernel,
+    inputs: dict[str, object],
+    fn: Callable[..., torch.Tensor],
+    seed: int = 0,
+) -> None:
+    dense = {
+        k: np.asarray(sparsec.as_tensor(v).to_dense(), dtype=np.float64) for k, v in inputs.items()
+    }
+    out = np.asarray(kernel(**inputs))
+    dy = np.random.default_rng(seed).standard_normal(out.shape)
+    got = gradients(kernel, inputs, dy, list(inputs))
+    want = _dense_grads(fn, dense, dy)
+    for name, value in inputs.items():
+        t = sparsec.as_tensor(value)
+        if t.format.is_dense:
+            expected = want[name]
+        else:
+            expected = want[name][tuple(t.coords()[0])]  # at the stored entries, in order
+        assert np.shape(got[name]) == np.shape(expected), name
+        np.testing.assert_allclose(got[name], expected, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+TARGETS = ["c", "cuda-emulated"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_spmv(fmt: str, target: str) -> None:
+    a = _sparse(6, 5, 1, fmt)
+    x = np.random.default_rng(2).standard_normal(5)
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": fmt}, target=target)
+    _compare(k, {"A": a, "x": x}, lambda A, x: A @ x)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_spmm_sparse_w(target: str) -> None:
+    w = _sparse(6, 5, 3)
+    x = np.random.default_rng(4).standard_normal((5, 3))
+    k = sparsec.kernel("Y(i,j) = W(i,k) * X(k,j)", {"W": "csr"}, target=target)
+    assert gradient_kernel(k, "W").statement == "dW(i,k) = dY(i,j) * X(k,j)"
+    assert gradient_kernel(k, "X").statement == "dX(k,j) = dY(i,j) * W(i,k)"
+    _compare(k, {"W": w, "X": x}, lambda W, X: W @ X)
+
+
+def test_sddmm_dense_output() -> None:
+    s = _sparse(5, 4, 5)
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal((5, 3)), rng.standard_normal((3, 4))
+    k = sparsec.kernel("C(i,j) = S(i,j) * A(i,k) * B(k,j)", {"S": "csr"})
+    _compare(k, {"S": s, "A": a, "B": b}, lambda S, A, B: S * (A @ B))
+
+
+def test_mttkrp_csf() -> None:
+    rng = np.random.default_rng(7)
+    dense_b = rng.standard_normal((4, 3, 5)) * (rng.random((4, 3, 5)) < 0.3)
+    dense_b[1] = 0.0  # an empty slice
+    b = sparsec.as_tensor(dense_b, "csf")
+    d, c = rng.standard_normal((5, 2)), rng.standard_normal((3, 2))
+    k = sparsec.kernel("A(i,j) = B(i,k,l) * D(l,j) * C(k,j)", {"B": "csf"})
+    _compare(k, {"B": b, "D": d, "C": c}, lambda B, D, C: torch.einsum("ikl,lj,kj->ij", B, D, C))
+
+
+def test_scalar_times_matrix_plus_matrix() -> None:
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    k = sparsec.kernel("Y(i,j) = alpha * A(i,j) + B(i,j)", {"A": "dd"})
+    _compare(k, {"alpha": 1.5, "A": a, "B": b}, lambda alpha, A, B: alpha * A + B)
+    got = gradients(k, {"alpha": 1.5, "A": a, "B": b}, np.ones((3, 4)), ["alpha"])
+    assert np.ndim(got["alpha"]) == 0
+    np.testing.assert_allclose(got["alpha"], a.sum())
+
+
+@pytest.mark.parametrize(
+    ("expr", "fn"),
+    [
+        ("Y(i,j) = relu(W(i,k) * X(k,j) + b(i))", lambda W, X, b: torch.relu(W @ X + b[:, None])),
+        ("Y(i,j) = tanh(W(i,k) * X(k,j)) - b(i)", lambda W, X, b: torch.tanh(W @ X) - b[:, None]),
+        ("Y(i,j) = exp(W(i,k)) * X(k,j) * b(i)", lambda W, X, b: (torch.exp(W) @ X) * b[:, None]),
+        (
+            "Y(i,j) = sigmoid(W(i,k) * X(k,j)) + sin(b(i)) * cos(b(i))",
+            lambda W, X, b: torch.sigmoid(W @ X) + (torch.sin(b) * torch.cos(b))[:, None],
+        ),
+        (
+            "Y(i,j) = abs(W(i,k) * X(k,j)) + pow(b(i), 3) * 2 - pow(b(i), 2) / 4",
+            lambda W, X, b: torch.abs(W @ X) + (b**3 * 2 - b**2 / 4)[:, None],
+        ),
+        (
+            "Y(i,j) = max(W(i,k) * X(k,j), b(i)) + min(-b(i), X(i,j))",
+            lambda W, X, b: torch.maximum(W @ X, b[:, None]) + torch.minimum(-b[:, None], X),
+        ),
+    ],
+)
+def test_functions(expr: str, fn: Callable[..., torch.Tensor]) -> None:
+    rng = np.random.default_rng(9)
+    w = _sparse(4, 4, 10)
+    x, b = rng.standard_normal((4, 3)), rng.standard_normal(4)
+    k = sparsec.kernel(expr, {"W": "csr"})
+    _compare(k, {"W": w, "X": x, "b": b}, fn)
+
+
+def test_read_twice_is_the_sum_of_both_terms() -> None:
+    a = _sparse(5, 3, 11).toarray()
+    k = sparsec.kernel("C(i,j) = A(k,i) * A(k,j)", {"A": "dd"})
+    _compare(k, {"A": a}, lambda A: A.T @ A)
+    s = derivative(parse_expression("C(i,j) = A(k,i) * A(k,j)"), "A", "dC", "dA")
+    assert str(s.statement) == "dA(k,i) = dC(i,j) * A(k,j) + dC(i1,i) * A(k,i1)"
+
+
+def test_sparse_input_read_twice_and_broadcast() -> None:
+    a = _sparse(5, 3, 12, "csr")
+    k = sparsec.kernel("C(i,j) = A(k,i) * A(k,j)", {"A": "csr"})
+    _compare(k, {"A": a}, lambda A: A.T @ A)
+    k = sparsec.kernel("y(i) = A(i,j)", {"A": "csr"})
+    _compare(k, {"A": a}, lambda A: A.sum(1))
+
+
+def test_dense_broadcast_gradient() -> None:
+    a = np.random.default_rng(13).standard_normal((3, 4))
+    k = sparsec.kernel("y(j) = A(i,j)", {"A": "dd"})
+    _compare(k, {"A": a}, lambda A: A.sum(0))
+
+
+@pytest.mark.parametrize(
+    ("expr", "kwargs", "what"),
+    [
+        ("y(i) = A(i,j) * x(j) / d(i)", {}, "division"),
+        ("y(i) = sqrt(A(i,j) * x(j))", {}, "sqrt"),
+        ("y(i) = A(i,j) * log(x(j))", {}, "log"),
+        ("y(i) = A(i,j) * pow(x(j), 0.5)", {}, "pow"),
+        ("y(i) = A(i,j) * x(j)", {"semiring": "min_plus"}, "semiring"),
+        ("Y(i,j) = A(i,j) * B(i,j)", {"mask": "M"}, "masked"),
+    ],
+)
+def test_refusals_name_the_construct_and_input(expr: str, kwargs: dict, what: str) -> None:
+    k = sparsec.kernel(expr, **kwargs)
+    name = "x" if "x(" in expr else "B"
+    with pytest.raises(NotDifferentiable, match=what) as err:
+        gradient_kernel(k, name)
+    assert f"'{name}'" in str(err.value)
+
+
+def test_gradient_kernels_are_kept() -> None:
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    assert gradient_kernel(k, "x") is gradient_kernel(k, "x")
+    again = sparsec.Kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})  # not the memo's
+    assert gradient_kernel(again, "x").kernel is gradient_kernel(k, "x").kernel
+    assert gradient_kernel(k, "x").statement == "dx(j) = dy(i) * A(i,j)"
+
+
+def test_torch_inputs_give_torch_gradients() -> None:
+    a = torch.tensor(_sparse(4, 3, 14).toarray(), requires_grad=True)
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "dd"})
+    dy = torch.randn(4, dtype=torch.float64)
+    got = gradients(k, {"A": a, "x": x}, dy, ["A", "x"])
+    assert torch.is_tensor(got["x"]) and torch.is_tensor(got["A"])
+    torch.testing.assert_close(got["x"], a.detach().T @ dy)
+    torch.testing.assert_close(got["A"], torch.outer(dy, x.detach()))
