@@ -182,8 +182,6 @@ def test_refusals_name_the_construct_and_input(expr: str, kwargs: dict, what: st
 def test_gradient_kernels_are_kept() -> None:
     k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
     assert gradient_kernel(k, "x") is gradient_kernel(k, "x")
-    again = sparsec.Kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})  # not the memo's
-    assert gradient_kernel(again, "x").kernel is gradient_kernel(k, "x").kernel
     assert gradient_kernel(k, "x").statement == "dx(j) = dy(i) * A(i,j)"
 
 
@@ -196,3 +194,164 @@ def test_torch_inputs_give_torch_gradients() -> None:
     assert torch.is_tensor(got["x"]) and torch.is_tensor(got["A"])
     torch.testing.assert_close(got["x"], a.detach().T @ dy)
     torch.testing.assert_close(got["A"], torch.outer(dy, x.detach()))
+
+
+# ----------------------------------------------------------------- eager autograd
+
+LAYOUTS = {
+    "csr": lambda d: d.to_sparse_csr(),
+    "csc": lambda d: d.to_sparse_csc(),
+    "coo": lambda d: d.to_sparse_coo().coalesce(),
+}
+
+
+def _pattern(m: int, n: int, seed: int) -> torch.Tensor:
+    """A float64 matrix with an empty row 1 and a stored zero once made sparse (the zero is
+    put back into the values, so it stays an entry)."""
+    return torch.from_numpy(_sparse(m, n, seed).toarray())
+
+
+def _rebuild(template: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``template``'s layout and pattern with ``values`` (differentiable)."""
+    match template.layout:
+        case torch.sparse_csr:
+            return torch.sparse_csr_tensor(
+                template.crow_indices(), template.col_indices(), values, template.shape
+            )
+        case torch.sparse_csc:
+            return torch.sparse_csc_tensor(
+                template.ccol_indices(), template.row_indices(), values, template.shape
+            )
+        case _:
+            return torch.sparse_coo_tensor(template.indices(), values, template.shape)
+
+
+def _sparse_torch(dense: torch.Tensor, layout: str) -> torch.Tensor:
+    """``dense`` in a torch sparse layout, keeping one stored zero (entry (0, c) of the
+    first stored column of row 0, set to 0 after the conversion)."""
+    s = LAYOUTS[layout](dense)
+    vals = s.values().clone()
+    if len(vals):
+        vals[0] = 0.0
+    out = _rebuild(s, vals)
+    return out.coalesce() if layout == "coo" else out
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc", "coo"])
+def test_gradcheck_spmv_and_spmm(layout: str) -> None:
+    a = _sparse_torch(_pattern(5, 4, 20), layout)
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    xs = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    vals = a.values().detach().clone().requires_grad_(True)
+    spmv = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": layout})
+    spmm = sparsec.kernel("Y(i,j) = A(i,k) * X(k,j)", {"A": layout})
+    assert torch.autograd.gradcheck(lambda v, x: spmv(A=_rebuild(a, v), x=x), (vals, x))
+    assert torch.autograd.gradcheck(lambda v, x: spmm(A=_rebuild(a, v), X=x), (vals, xs))
+    # against dense torch, masked to the pattern
+    y = spmm(A=_rebuild(a, vals), X=xs)
+    g = torch.randn_like(y)
+    y.backward(g)
+    dense = a.to_dense().requires_grad_(True)
+    (dense @ xs.detach()).backward(g)
+    pattern = _rebuild(a, torch.ones_like(vals)).to_dense() != 0
+    torch.testing.assert_close(_rebuild(a, vals.grad).to_dense(), dense.grad * pattern)
+
+
+def test_gradcheck_sddmm_dense_output() -> None:
+    s = _sparse_torch(_pattern(4, 5, 21), "csr")
+    vals = s.values().detach().clone().requires_grad_(True)
+    a = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    k = sparsec.kernel("C(i,j) = S(i,j) * A(i,k) * B(k,j)", {"S": "csr"})
+    assert torch.autograd.gradcheck(lambda v, a, b: k(S=_rebuild(s, v), A=a, B=b), (vals, a, b))
+
+
+def test_gradcheck_mttkrp() -> None:
+    dense = torch.from_numpy(np.random.default_rng(22).standard_normal((3, 4, 5)))
+    dense = dense * (torch.rand(3, 4, 5, generator=torch.Generator().manual_seed(0)) < 0.3)
+    dense[1] = 0.0
+    b = dense.to_sparse_coo().coalesce()
+    vals = b.values().detach().clone().requires_grad_(True)
+    d = torch.randn(5, 2, dtype=torch.float64, requires_grad=True)
+    c = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    k = sparsec.kernel("A(i,j) = B(i,k,l) * D(l,j) * C(k,j)", {"B": "csf"})
+    assert torch.autograd.gradcheck(lambda v, d, c: k(B=_rebuild(b, v), D=d, C=c), (vals, d, c))
+
+
+def test_gradcheck_alpha_a_plus_b_and_functions() -> None:
+    alpha = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    k = sparsec.kernel("Y(i,j) = alpha * A(i,j) + B(i,j)", {"A": "dd"})
+    assert torch.autograd.gradcheck(lambda al, a, b: k(alpha=al, A=a, B=b), (alpha, a, b))
+    w = _sparse_torch(_pattern(4, 3, 23), "csr")
+    vals = w.values().detach().clone().requires_grad_(True)
+    x = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    for expr in (
+        "Y(i,j) = relu(W(i,k) * X(k,j) + b(i))",
+        "Y(i,j) = tanh(W(i,k) * X(k,j)) * exp(b(i))",
+    ):
+        f = sparsec.kernel(expr, {"W": "csr"})
+        assert torch.autograd.gradcheck(
+            lambda v, x, b, f=f: f(W=_rebuild(w, v), X=x, b=b), (vals, x, bias)
+        )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_eager_matches_dense_torch(target: str) -> None:
+    w = _sparse_torch(_pattern(5, 4, 24).float(), "csr")
+    vals = w.values().detach().clone().requires_grad_(True)
+    x = torch.randn(4, 3, requires_grad=True)
+    k = sparsec.kernel("Y(i,j) = relu(W(i,k) * X(k,j))", {"W": "csr"}, target=target)
+    y = k(W=_rebuild(w, vals), X=x)
+    assert y.grad_fn is not None and y.dtype == torch.float32
+    g = torch.randn_like(y)
+    y.backward(g)
+    dense = w.to_dense().requires_grad_(True)
+    x2 = x.detach().clone().requires_grad_(True)
+    torch.relu(dense @ x2).backward(g)
+    pattern = _rebuild(w, torch.ones_like(vals)).to_dense() != 0
+    torch.testing.assert_close(_rebuild(w, vals.grad).to_dense(), dense.grad * pattern)
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_division_is_refused_at_backward_not_forward() -> None:
+    a = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    d = torch.rand(3, dtype=torch.float64) + 1
+    k = sparsec.kernel("y(i) = A(i,j) / d(i)", {"A": "dd"})
+    y = k(A=a, d=d)  # the forward runs
+    torch.testing.assert_close(y.detach(), a.detach().sum(1) / d)
+    with pytest.raises(NotDifferentiable, match=r"division.*'A'|'A'.*division"):
+        y.sum().backward()
+
+
+def test_no_grad_calls_are_unchanged() -> None:
+    a = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(4, dtype=torch.float64)
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "dd"})
+    with torch.no_grad():
+        y = k(A=a, x=x)
+    assert y.grad_fn is None and not y.requires_grad
+    plain = k(A=a.detach(), x=x)
+    assert plain.grad_fn is None
+    torch.testing.assert_close(y, plain)
+    np.testing.assert_allclose(k(A=a.detach().numpy(), x=x.numpy()), plain.numpy())
+    tracked = k(A=a, x=x)
+    assert tracked.grad_fn is not None
+    torch.testing.assert_close(tracked.detach(), plain)
+
+
+def test_sparse_output_carries_grad_fn() -> None:
+    dense = _pattern(4, 5, 25)
+    s = _sparse_torch(dense, "csr")
+    a = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    k = sparsec.kernel("C(i,j) = S(i,j) * A(i,k) * B(k,j)", {"S": "csr", "C": "csr"})
+    c = k(S=s, A=a, B=b)
+    assert c.layout == torch.sparse_csr and c.grad_fn is not None
+    assert torch.autograd.gradcheck(lambda a, b: k(S=s, A=a, B=b).to_dense(), (a, b))
+    c.values().sum().backward()
+    a2 = a.detach().clone().requires_grad_(True)
+    (s.to_dense() * (a2 @ b.detach())).sum().backward()
+    torch.testing.assert_close(a.grad, a2.grad)

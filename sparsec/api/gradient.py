@@ -2,8 +2,9 @@
 
 ``gradients(kernel, inputs, grad_output, wanted)`` runs, per wanted input ``X``, the
 statement `sparsec.frontend.derivative.derivative` derives (``dX(ix) = Σ dY(out) *
-∂rhs/∂X(ix)``), compiled through the kernel memo like any kernel (same target, dtypes and
-division convention as the forward one) and kept per (kernel, input):
+∂rhs/∂X(ix)``), compiled like any kernel (same target, dtypes and
+division convention as the forward one) and kept per (kernel, input) while the forward
+kernel lives:
 
 * a dense ``X``: a dense output over ``ix``; variables of ``ix`` the statement does not
   read (``y(i) = A(i,j)`` gives ``dA(i,j) = dY(i)``) are a broadcast of the result;
@@ -36,7 +37,6 @@ from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, Assignment, indices_of
 from ..tensors.formats import Format, dense
 from ..tensors.tensor import Tensor, as_tensor
-from .kernel import RESERVED_INPUT_NAMES, Kernel, kernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,7 @@ class GradientKernel:
 
     wrt: str
     grad_name: str
-    kernel: Kernel
+    kernel: Any  # a `Kernel`
     kept: tuple[int, ...]
     order: int
     masked: str
@@ -58,11 +58,13 @@ class GradientKernel:
         return str(self.kernel.assignment)
 
 
-_made: weakref.WeakKeyDictionary[Kernel, dict[str, GradientKernel]] = weakref.WeakKeyDictionary()
+#: the gradient kernels of each forward `Kernel` (this module does not import api.kernel,
+#: which imports the autograd hook that calls it: the forward kernel's class builds them)
+_made: weakref.WeakKeyDictionary[Any, dict[str, GradientKernel]] = weakref.WeakKeyDictionary()
 _made_lock = threading.Lock()
 
 
-def gradient_kernel(forward: Kernel, wrt: str) -> GradientKernel:
+def gradient_kernel(forward: Any, wrt: str) -> GradientKernel:
     """The gradient kernel of input ``wrt`` of ``forward`` (derived once, then kept)."""
     with _made_lock:
         found = _made.setdefault(forward, {}).get(wrt)
@@ -73,7 +75,7 @@ def gradient_kernel(forward: Kernel, wrt: str) -> GradientKernel:
     return found
 
 
-def _derive(forward: Kernel, wrt: str) -> GradientKernel:
+def _derive(forward: Any, wrt: str) -> GradientKernel:
     sem = forward.semantics
     stmt = forward.assignment
     if sem.semiring != "plus_times":
@@ -86,7 +88,8 @@ def _derive(forward: Kernel, wrt: str) -> GradientKernel:
             f"the gradient of '{wrt}': {stmt} is masked by '{sem.mask}'; sparsec derives "
             "gradients of unmasked statements only"
         )
-    taken = {a.name for a in stmt.accesses()} | set(FUNCTIONS) | RESERVED_INPUT_NAMES
+    # "d"+name and name+"_pattern" are never "threads", the one reserved input name
+    taken = {a.name for a in stmt.accesses()} | set(FUNCTIONS)
     grad_out = _fresh(f"d{stmt.lhs.name}", taken)
     grad_in = _fresh(f"d{wrt}", taken | {grad_out})
     found = derivative(Assignment(stmt.lhs, stmt.rhs), wrt, grad_out, grad_in).statement
@@ -106,7 +109,7 @@ def _derive(forward: Kernel, wrt: str) -> GradientKernel:
     formats[pattern] = source
     statement = Assignment(lhs, found.rhs)
     named = {a.name for a in statement.accesses()} | ({pattern} if masked else set())
-    made = kernel(
+    made = type(forward)(
         str(statement),
         {k: v for k, v in formats.items() if k in named},
         # sparse outputs have no GPU mapping yet: a pattern gradient runs on the host
@@ -128,7 +131,7 @@ def _fresh(base: str, taken: set[str]) -> str:
 
 
 def gradients(
-    kernel: Kernel,
+    kernel: Any,
     inputs: Mapping[str, Any],
     grad_output: Any,
     wanted: Sequence[str],

@@ -37,7 +37,7 @@ from ..runtime.executable import Executable
 from ..runtime.fastpath import FastPath
 from ..runtime.inputs import Binder, Prepared, dtype_name
 from ..tensors.formats import Format
-from . import autotune, check, footprint
+from . import autograd, autotune, check, footprint
 from .check import CheckResult
 
 #: "c": OpenMP C; "cuda": CUDA through CuPy; "cuda-emulated": the CUDA kernel on the CPU
@@ -217,6 +217,8 @@ class Kernel:
             return found
 
     def __call__(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
+        if autograd.wants_grad(inputs):  # torch inputs that require grad: a grad_fn
+            return autograd.call(self, inputs, threads)
         fast = self._fast
         if fast is not None:
             result = fast.call(inputs, threads)
