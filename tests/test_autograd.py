@@ -355,3 +355,27 @@ def test_sparse_output_carries_grad_fn() -> None:
     a2 = a.detach().clone().requires_grad_(True)
     (s.to_dense() * (a2 @ b.detach())).sum().backward()
     torch.testing.assert_close(a.grad, a2.grad)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_sign_function(target: str) -> None:
+    # row 1 empty, a stored zero at (0, 1)
+    vals, cols = np.array([-2.0, 0.0, 3.0, 0.5, -1.0]), np.array([0, 1, 2, 0, 2])
+    a = sp.csr_matrix((vals, cols, np.array([0, 3, 3, 5])), shape=(3, 3))
+    out = sparsec.kernel("C(i,j) = sign(A(i,j))", {"A": "csr"}, target=target)(A=a)
+    np.testing.assert_array_equal(out, np.sign(a.toarray()))
+    dense = sparsec.kernel("y(i) = sign(x(i)) * 2", target=target)(x=np.array([-3.0, 0.0, 4.0]))
+    np.testing.assert_array_equal(dense, [-2.0, 0.0, 2.0])
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_int64_indices_and_float32(index_dtype: type) -> None:
+    a = sparsec.as_tensor(_sparse(6, 5, 26), "csr", index_dtype=index_dtype, dtype=np.float32)
+    x = np.random.default_rng(27).standard_normal((5, 2)).astype(np.float32)
+    k = sparsec.kernel("Y(i,j) = A(i,k) * X(k,j)", {"A": "csr"})
+    dy = np.random.default_rng(28).standard_normal((6, 2)).astype(np.float32)
+    got = gradients(k, {"A": a, "X": x}, dy, ["A", "X"])
+    dense = a.to_dense()
+    np.testing.assert_allclose(got["X"], dense.T @ dy, rtol=1e-5)
+    np.testing.assert_allclose(got["A"], (dy @ x.T)[tuple(a.coords()[0])], rtol=1e-5)
+    assert got["A"].dtype == np.float32 and got["A"].shape == (a.nnz,)
