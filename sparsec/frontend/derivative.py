@@ -23,8 +23,9 @@ over that term, which for a product chain is the sum over the whole term.
 
 Not differentiable here (`NotDifferentiable`, naming the construct and the input): a
 division by anything but a non-zero literal, ``sqrt``/``log`` (their derivatives divide),
-``pow`` with a non-literal exponent or one in (0, 1), a repeated index in the input's read
-(``A(i,i)``). Semirings and masks are refused by the caller (`sparsec.api.gradient`).
+``pow`` with a non-literal exponent or a literal one below 1 (but 0), a repeated index in
+the input's read (``A(i,i)``). Semirings and masks are refused by the caller
+(`sparsec.api.gradient`).
 """
 
 from __future__ import annotations
