@@ -379,3 +379,19 @@ def test_int64_indices_and_float32(index_dtype: type) -> None:
     np.testing.assert_allclose(got["X"], dense.T @ dy, rtol=1e-5)
     np.testing.assert_allclose(got["A"], (dy @ x.T)[tuple(a.coords()[0])], rtol=1e-5)
     assert got["A"].dtype == np.float32 and got["A"].shape == (a.nnz,)
+
+
+@pytest.mark.parametrize("fmt", ["dd", "csr"])
+def test_accumulate_current_value_gets_dy(fmt: str) -> None:
+    a = _sparse(4, 3, 29)
+    x = np.random.default_rng(30).standard_normal(3)
+    c = _sparse(4, 4, 31) if fmt == "csr" else np.random.default_rng(32).standard_normal((4, 4))
+    k = sparsec.kernel("C(i,j) += A(i,k) * x(k) * A(j,k)", {"A": "csr", "C": fmt})
+    dy = np.random.default_rng(33).standard_normal((4, 4))
+    got = gradients(k, {"A": a, "x": x, "C": c}, dy, ["C", "x"])
+    dense_a = a.toarray()
+    np.testing.assert_allclose(got["x"], np.einsum("ij,ik,jk->k", dy, dense_a, dense_a))
+    if fmt == "csr":
+        np.testing.assert_allclose(got["C"], dy[tuple(sparsec.as_tensor(c).coords()[0])])
+    else:
+        np.testing.assert_allclose(got["C"], dy)

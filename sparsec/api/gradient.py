@@ -149,9 +149,13 @@ def gradients(
         dy = np.asarray(as_tensor(dy).to_dense())
     stmt = kernel.assignment
     out: dict[str, Any] = {}
+    found: Any
     for name in wanted:
         if stmt.accumulate and name == stmt.lhs.name:
-            found: Any = np.asarray(dy) if not _is_torch(dy) else dy.clone()  # d(Y_old) = dY
+            # d(Y_old) = dY: at its stored entries for a sparse current value
+            found = _as_numpy(dy).copy()
+            if _is_sparse(plain[name]):
+                found = found[tuple(as_tensor(plain[name]).coords()[0])]
         else:
             grad = gradient_kernel(kernel, name)
             found = _run(grad, plain, dy, threads)
