@@ -259,8 +259,9 @@ def test_pass_lists_run_in_order():
         "_tile",
         "_bands",
         "_stream_output",
+        "_dots",
     ]
-    assert pipeline.C_APPEND_PASSES == pipeline.C_PASSES[:2]
+    assert pipeline.C_APPEND_PASSES == (*pipeline.C_PASSES[:2], pipeline.C_PASSES[-1])
     assert [p.__name__ for p in pipeline.CUDA_PASSES] == ["_coarsen"]
     # the schedule's words: the lowerer's, then the tile, band and output-stream notes
     schedule = sparsec.kernel("Y(i,j) = W(i,k) * X(k,j)", {"W": "csr"}).schedule

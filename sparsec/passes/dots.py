@@ -1,0 +1,201 @@
+"""Dot reductions on vector lanes: a serial loop that only sums contiguous reads into scalars.
+
+SDDMM's inner loop, ``acc += dY[o*T + t] * X[i*T + t]`` over a dense ``t``, and every sum
+over a dense level read in storage order (a dense GEMV row, a row sum over a compressed
+level's values) is one chain of dependent additions: each add waits for the one before it,
+so the loop runs at the adder's latency, a term every 4 cycles, and C compilers do not
+reorder floating-point sums on their own. This pass lets the compiler sum on vector lanes:
+the loop is cut into blocks of `BLOCK` iterations, each block summed into a partial of the
+value type under ``#pragma omp simd reduction(+: ...)``, and each partial added into the
+loop's accumulator. A float32 partial sums at most `BLOCK` terms, at most ``BLOCK / lanes``
+per lane, and is then added into the double accumulator (``sc_acc_t``), so float32 sums
+keep the precision docs/decisions.md records for them ("float32 sums accumulate in
+double").
+
+A *dot loop* is a `For` that
+
+- runs serially (no parallel unit, no unroll request), not inside a vector loop, and nests
+  nothing: its body is declarations, ``acc += value`` into scalars declared outside it and
+  ``flag = 1`` (the "reached" marks of a sparse output; combined by ``max``);
+- reads every array at an index whose stride in the loop variable is 0 (the same element
+  each iteration) or 1 (the next element): no gather (``x[crd[p]]``) and no strided walk,
+  which vector lanes would serve with gathers;
+- reads at least one array with stride 1.
+
+Only the order of the additions changes: which terms are summed, and that a NaN or
+infinity among them makes the sum NaN or infinite, does not. torch and TACO (whose
+generated code is compiled with ``-ffast-math``) reorder such sums too. Semirings are left
+alone (`run_passes` runs no pass under them). C only.
+
+Measured (gcc -O3 -march=native, AVX2/AVX-512 VM, float32, 295k entries x 1024 terms, the
+gradient of a pruned linear layer's weight): 270 ms serial, 49 ms on lanes summing in
+double, 22 ms in float partials of 256 added into double.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..ir import nodes as ir
+from ..ir.visit import (
+    bindings,
+    exprs,
+    free_vars,
+    map_blocks,
+    statements,
+    subexpressions,
+    substitute,
+)
+
+#: iterations summed into one value-typed partial before it is added into the accumulator
+BLOCK = 256
+
+
+def vectorize_dots(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
+    """``body`` with every dot loop summed on vector lanes in blocks, and a note when any
+    was."""
+    count = [0]
+    scalars = {
+        s.name for s in statements(body) if isinstance(s, ir.Decl) and s.type in (ir.ACC, ir.VAL)
+    }
+    done = _block(body, count, scalars, in_vector=False)
+    if not count[0]:
+        return body, ()
+    return done, (f"{count[0]} dot loop(s) summed on vector lanes in blocks of {BLOCK}",)
+
+
+def _block(b: ir.Block, count: list[int], scalars: set[str], in_vector: bool) -> ir.Block:
+    out: list[ir.Stmt] = []
+    for s in b.body:
+        if isinstance(s, ir.For) and not in_vector:
+            sums = _dot(s)
+            if sums is not None and set(sums[0]) <= scalars:
+                count[0] += 1
+                out.extend(_blocked(s, *sums, uid=count[0]))
+                continue
+        vector = in_vector or (
+            isinstance(s, ir.For) and s.parallel is not None and s.parallel.unit == "CPUVector"
+        )
+        out.append(map_blocks(s, _inside(count, scalars, vector)))
+    return ir.Block(tuple(out))
+
+
+def _inside(count: list[int], scalars: set[str], in_vector: bool) -> Callable[[ir.Block], ir.Block]:
+    return lambda b: _block(b, count, scalars, in_vector)
+
+
+def _dot(loop: ir.For) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """(the accumulators, the flags) of a dot loop, or None when ``loop`` is not one."""
+    if loop.parallel is not None or loop.unroll:
+        return None
+    local: set[str] = set()
+    sums: list[str] = []
+    flags: list[str] = []
+    values: list[ir.Expr] = []
+    for s in loop.body.body:
+        match s:
+            case ir.Decl(init=init) if init is not None:
+                local.add(s.name)
+            case ir.Assign(target=ir.Var(name=name), op="+=", atomic=False) if name not in local:
+                if name not in sums:
+                    sums.append(name)
+                values.append(s.value)
+            case ir.Assign(target=ir.Var(name=name), value=ir.IntLit(value=1), op="=") if (
+                name not in local
+            ):
+                if name not in flags:
+                    flags.append(name)
+            case ir.Comment():
+                pass
+            case _:
+                return None
+    if not sums or set(sums) & set(flags):
+        return None
+    written = set(sums) | set(flags)
+    env = bindings(loop.body.body)
+    seen_stride_one = False
+    for s in loop.body.body:
+        for e in exprs(s):
+            full = substitute(e, env)
+            if free_vars(full) & written and not isinstance(s, ir.Assign):
+                return None  # a position computed from an accumulator
+            for x in subexpressions(full):
+                if isinstance(x, ir.Load):
+                    step = _stride(x.index, loop.var)
+                    if step not in (0, 1):
+                        return None
+                    seen_stride_one |= step == 1
+    if any(free_vars(substitute(v, env)) & written for v in values):
+        return None  # a term reads an accumulator: the iterations depend on each other
+    return (tuple(sums), tuple(flags)) if seen_stride_one else None
+
+
+def _stride(e: ir.Expr, var: str) -> int | None:
+    """The constant step of ``e`` per iteration of the loop over ``var`` (0: the same
+    value every iteration), or None when it is not affine in ``var`` with a constant step
+    (a load whose index moves: a gather)."""
+    match e:
+        case ir.Var(name=name):
+            return 1 if name == var else 0
+        case ir.IntLit() | ir.FloatLit():
+            return 0
+        case ir.Bin(op="+" | "-", left=a, right=b):
+            sa, sb = _stride(a, var), _stride(b, var)
+            if sa is None or sb is None:
+                return None
+            return sa + sb if e.op == "+" else sa - sb
+        case ir.Bin(op="*", left=a, right=b):
+            sa, sb = _stride(a, var), _stride(b, var)
+            if sa == 0 and sb == 0:
+                return 0
+            if sa == 0 and isinstance(a, ir.IntLit) and sb is not None:
+                return a.value * sb
+            if sb == 0 and isinstance(b, ir.IntLit) and sa is not None:
+                return b.value * sa
+            return None
+        case ir.Unary(op="-", operand=x):
+            sx = _stride(x, var)
+            return None if sx is None else -sx
+        case _:
+            # a load, call, select or other operator: invariant when nothing in it moves
+            return None if var in free_vars(e) else 0
+
+
+def _blocked(
+    loop: ir.For, sums: tuple[str, ...], flags: tuple[str, ...], uid: int
+) -> list[ir.Stmt]:
+    """``loop`` as blocks of `BLOCK` iterations, each summed on vector lanes into partials
+    of the value type, which are added into ``sums``. The names it declares are the
+    ``sc_`` ones no index or tensor can take, numbered ``uid`` per kernel."""
+    v = loop.var
+    blk, lo, hi = f"sc_dot{uid}", f"sc_dot{uid}_lo", f"sc_dot{uid}_hi"
+    parts = {name: f"sc_dot{uid}_part{n}" for n, name in enumerate(sums)}
+    start = ir.Var(f"sc_dot{uid}_start")
+    count = ir.Bin(
+        "/", ir.add(ir.Bin("-", loop.end, start), ir.IntLit(BLOCK - 1)), ir.IntLit(BLOCK)
+    )
+    inner_body = tuple(
+        replace(s, target=ir.Var(parts[s.target.name]))
+        if isinstance(s, ir.Assign) and isinstance(s.target, ir.Var) and s.target.name in parts
+        else s
+        for s in loop.body.body
+    )
+    inner = ir.For(
+        v,
+        ir.Var(lo),
+        ir.Var(hi),
+        ir.Block(inner_body),
+        parallel=ir.Parallel("CPUVector", reduction=tuple(parts.values()), flags=flags),
+    )
+    block = ir.block(
+        ir.Decl(ir.I64, lo, ir.add(start, ir.Bin("*", ir.Var(blk), ir.IntLit(BLOCK)))),
+        ir.Decl(ir.I64, hi, ir.Call("min", (loop.end, ir.add(ir.Var(lo), ir.IntLit(BLOCK))))),
+        *(ir.Decl(ir.VAL, part, ir.FloatLit(0.0)) for part in parts.values()),
+        inner,
+        *(ir.Assign(ir.Var(name), ir.Var(part), "+=") for name, part in parts.items()),
+    )
+    return [
+        ir.Decl(ir.I64, start.name, loop.start),
+        ir.For(blk, ir.IntLit(0), count, block),
+    ]
