@@ -30,5 +30,9 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.taco",
         "side by side with TACO (C++ API, and -march=native): ../shared/taco-bench",
     ),
+    "roofline": (
+        "bench.roofline",
+        "SpMV, banded SpMV, TTV vs measured bandwidth; SpMM, MTTKRP, SDDMM vs peak FMA rate",
+    ),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
 }
