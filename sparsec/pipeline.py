@@ -35,6 +35,7 @@ from .middle.spec import Spec
 from .passes.bands import BAND, DEPTH, Walks, band
 from .passes.coarsen import BLOCK as COARSE_BLOCK
 from .passes.coarsen import coarsen
+from .passes.jam import jam
 from .passes.streams import prefetch_streams
 from .passes.tile import VECTORS as TILE_VECTORS
 from .passes.tile import tile
@@ -88,6 +89,10 @@ def _streams(p: Passed, unit: Unit) -> Passed:
 
 def _tile(p: Passed, unit: Unit) -> Passed:
     return p.after("tile", *tile(p.body))
+
+
+def _jam(p: Passed, unit: Unit) -> Passed:
+    return p.after("jam", *jam(p.body))
 
 
 def _bands(p: Passed, unit: Unit) -> Passed:
@@ -165,9 +170,9 @@ def _coarsen(p: Passed, unit: Unit) -> Passed:
 #: nests the tiled loop, so it is no stream loop, and a stream loop's prefetches never sit
 #: inside a region to be tiled. Column bands reorder the tiled parallel loop; the output
 #: tiles are streamed last, once their loops are final
-C_PASSES: tuple[Pass, ...] = (_streams, _tile, _bands, _stream_output)
+C_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _bands, _stream_output)
 #: a sparse output's single-pass append function: serial, so no bands
-C_APPEND_PASSES: tuple[Pass, ...] = (_streams, _tile)
+C_APPEND_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam)
 #: a default GPU mapping's passes (an explicit schedule is printed as written)
 CUDA_PASSES: tuple[Pass, ...] = (_coarsen,)
 
@@ -282,9 +287,9 @@ def generate(
         said = f"{lowered.sequence}; {said}"
     if spec.derived:
         said = f"{describe_derived(spec)}; {said}"
-    tiled, streamed = done.of("tile"), done.of("streams")
-    if tiled or streamed:
-        notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed)
+    tiled, streamed, jammed = done.of("tile"), done.of("streams"), done.of("jam")
+    if tiled or streamed or jammed:
+        notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed, *jammed)
         said += f"; {'; '.join(notes)}"
     gen = _record(lowered, sig, said, dtype, index_dtype, append=append)
     vectors = TILE_VECTORS if tiled or append_tiled else 0
