@@ -30,5 +30,9 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.taco",
         "side by side with TACO (C++ API, and -march=native): ../shared/taco-bench",
     ),
+    "graphblas": (
+        "bench.graphblas",
+        "side by side with python-graphblas: SpMV, SpGEMM, add, B + C*D, SDDMM, 1 and 2 threads",
+    ),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
 }
