@@ -161,6 +161,8 @@ def test_the_ir_shape_it_rewrites():
         ),
         # the sums read an array the tail stores into
         _loop(_HEAD, (ir.Assign(ir.Load("y", ir.Var("p")), ir.Var("acc")),)),
+        # the tail moves the loop's own variable
+        _loop(_HEAD, (*_STORE, ir.Assign(ir.Var("p"), ir.Bin("+", ir.Var("p"), ir.IntLit(1))))),
         # no compound assignment: nothing to interleave
         ir.For("p", ir.IntLit(0), ir.Var("n"), ir.Block((*_HEAD, _SET_ONLY))),
     ],

@@ -141,6 +141,10 @@ def _jam(loop: ir.For, taken: set[str], ident: int) -> list[ir.Stmt] | None:
         names, stored = _assigned(s)
         tail_names |= names
         tail_stored |= stored
+    if loop.var in tail_names or any(
+        isinstance(s, ir.Assign) and s.target == ir.Var(loop.var) for s in inner.body.body
+    ):
+        return None  # the body moves its own loop variable
     reads, loaded = _reads((*head, inner))
     if (reads & (tail_names - local)) or (loaded & tail_stored):
         return None
