@@ -34,5 +34,9 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.roofline",
         "SpMV, banded SpMV, TTV vs measured bandwidth; SpMM, MTTKRP, SDDMM vs peak FMA rate",
     ),
+    "graphblas": (
+        "bench.graphblas",
+        "side by side with python-graphblas: SpMV, SpGEMM, add, B + C*D, SDDMM, 1 and 2 threads",
+    ),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
 }

@@ -36,6 +36,7 @@ from .passes.bands import BAND, DEPTH, Walks, band
 from .passes.coarsen import BLOCK as COARSE_BLOCK
 from .passes.coarsen import coarsen
 from .passes.dots import vectorize_dots
+from .passes.jam import jam
 from .passes.streams import prefetch_streams
 from .passes.tile import VECTORS as TILE_VECTORS
 from .passes.tile import tile
@@ -89,6 +90,10 @@ def _streams(p: Passed, unit: Unit) -> Passed:
 
 def _tile(p: Passed, unit: Unit) -> Passed:
     return p.after("tile", *tile(p.body))
+
+
+def _jam(p: Passed, unit: Unit) -> Passed:
+    return p.after("jam", *jam(p.body))
 
 
 def _bands(p: Passed, unit: Unit) -> Passed:
@@ -169,11 +174,11 @@ def _coarsen(p: Passed, unit: Unit) -> Passed:
 #: the C kernel's passes, in order. Streams first: a loop that the tile pass will tile
 #: nests the tiled loop, so it is no stream loop, and a stream loop's prefetches never sit
 #: inside a region to be tiled. Column bands reorder the tiled parallel loop; the output
-#: tiles are streamed once their loops are final; dot loops (innermost, serial, untiled)
-#: go on vector lanes last, so no other pass meets their blocks
-C_PASSES: tuple[Pass, ...] = (_streams, _tile, _bands, _stream_output, _dots)
+#: tiles are streamed once their loops are final; dot loops (innermost, serial, untiled;
+#: the jammed ones included) go on vector lanes last, so no other pass meets their blocks
+C_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _bands, _stream_output, _dots)
 #: a sparse output's single-pass append function: serial, so no bands
-C_APPEND_PASSES: tuple[Pass, ...] = (_streams, _tile, _dots)
+C_APPEND_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _dots)
 #: a default GPU mapping's passes (an explicit schedule is printed as written)
 CUDA_PASSES: tuple[Pass, ...] = (_coarsen,)
 
@@ -288,9 +293,10 @@ def generate(
         said = f"{lowered.sequence}; {said}"
     if spec.derived:
         said = f"{describe_derived(spec)}; {said}"
-    tiled, streamed, dots = done.of("tile"), done.of("streams"), done.of("dots")
-    if tiled or streamed or dots:
-        notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed, *dots)
+    tiled, streamed = done.of("tile"), done.of("streams")
+    jammed, dots = done.of("jam"), done.of("dots")
+    if tiled or streamed or jammed or dots:
+        notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed, *jammed, *dots)
         said += f"; {'; '.join(notes)}"
     gen = _record(lowered, sig, said, dtype, index_dtype, append=append)
     vectors = TILE_VECTORS if tiled or append_tiled else 0

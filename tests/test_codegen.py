@@ -257,11 +257,12 @@ def test_pass_lists_run_in_order():
     assert [p.__name__ for p in pipeline.C_PASSES] == [
         "_streams",
         "_tile",
+        "_jam",
         "_bands",
         "_stream_output",
         "_dots",
     ]
-    assert pipeline.C_APPEND_PASSES == (*pipeline.C_PASSES[:2], pipeline.C_PASSES[-1])
+    assert pipeline.C_APPEND_PASSES == (*pipeline.C_PASSES[:3], pipeline.C_PASSES[-1])
     assert [p.__name__ for p in pipeline.CUDA_PASSES] == ["_coarsen"]
     # the schedule's words: the lowerer's, then the tile, band and output-stream notes
     schedule = sparsec.kernel("Y(i,j) = W(i,k) * X(k,j)", {"W": "csr"}).schedule

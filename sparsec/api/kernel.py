@@ -24,7 +24,7 @@ from ..errors import InputError, NotationError, ScheduleError, SparsecError
 from ..frontend.parser import parse_expression
 from ..frontend.semantics import Semantics
 from ..middle.commands import Command, parse_commands
-from ..middle.derive import derive
+from ..middle.derive import contiguous, derive
 from ..middle.regroup import regroup
 from ..middle.spec import FormatsArg, Spec, make_spec
 from ..pipeline import generate, generate_cuda, natural_loops
@@ -93,6 +93,8 @@ class Kernel:
                 # dense factors over fewer variables than a sparse one are combined once
                 # per call (A(i,j) * p(j) / g(j) reads A(i,j) * T(j), T = p / g)
                 self.spec = regroup(self.spec)
+                if target == "c":  # a dense read the innermost loop strides: transposed
+                    self.spec = contiguous(self.spec, natural_loops)
         except SparsecError as err:
             raise err.with_source(expr) from None
         self._schedule_arg = schedule  # what a pickle or copy rebuilds the kernel from

@@ -14,6 +14,16 @@ runtime computes from the caller's tensor once per call, or once per `sparsec.Te
   the cheapest set of sparse reads is fed from a copy of its tensor with the levels in
   another mode ordering (CSR -> CSC), so that a loop order exists.
 
+A third kind feeds a **dense** read from a transposed copy (`contiguous`): where the loop
+order walks a dense operand in its innermost loop along a mode that is not its last level
+(SDDMM ``A(i,j) = B(i,j) * C(i,k) * D(k,j)``, loops ``i, j, k``, reads ``D(k,j)`` down a
+column: a cache line per multiply-add, and a dependent chain the hardware cannot run ahead
+of), and a loop outside its variables reads it again and again (``i``: once per row of
+``B``), its levels are put in loop order (``D`` as ``D(j,k)``), so the innermost loop reads
+it front to back. The copy costs one pass over the array per call; the loops and the
+additions are unchanged (the dots pass may then sum the now contiguous inner loop on vector
+lanes, which reorders each sum: `sparsec/passes/dots.py`).
+
 Cost model of the re-layout: each converted read costs a re-pack, O(nnz log nnz) of its
 tensor, and nnz is not known when the kernel is built; so sets are tried by increasing
 number of converted reads, and among sets of one size the later reads first (the first
@@ -78,6 +88,41 @@ def derive(spec: Spec, probe: Probe | None) -> Spec:
             if found is not None:
                 return found
     return made
+
+
+def contiguous(spec: Spec, probe: Probe) -> Spec:
+    """``spec`` with each dense read that its innermost loop strides, and that loops outside
+    its variables read again, fed from a copy with its levels in loop order (the module's
+    third kind); ``spec`` itself when none qualifies or the loop order would change."""
+    try:
+        order = probe(spec)
+    except SparsecError:
+        return spec  # the lowering reports it
+    if not order:
+        return spec
+    inner = order[-1]
+    derived = {d.name for d in spec.derived}
+    feeds: dict[int, Format] = {}
+    for n, read in enumerate(accesses(spec.assignment.rhs)):
+        if read.name in derived or len(set(read.indices)) < len(read.indices):
+            continue
+        fmt = spec.tensor(read.name).format
+        if not fmt.is_dense or fmt.order < 2 or inner not in read.indices:
+            continue
+        levels = [read.indices[m] for m in fmt.ordering]
+        if levels[-1] == inner or set(order) <= set(read.indices):
+            continue  # read front to back already, or once in all (no reuse to gain)
+        if any(v not in order for v in read.indices):
+            continue
+        by_loop = sorted(range(fmt.order), key=lambda m: order.index(read.indices[m]))
+        feeds[n] = Format(fmt.levels, tuple(by_loop))
+    if not feeds:
+        return spec
+    trial = _build(spec, feeds)
+    try:
+        return trial if probe(trial) == order else spec
+    except SparsecError:
+        return spec
 
 
 def _same_entries(fmt: Format) -> Format:
@@ -229,7 +274,12 @@ def describe(spec: Spec) -> str:
         src = d.source
         read = f"{src.name}({','.join(d.indices)})"
         into = f"{d.name}({','.join(d.distinct)}) ({d.format})"
-        if len(d.distinct) < len(d.indices):
+        if src.format.is_dense and len(d.distinct) == len(d.indices):
+            said.append(
+                f"{read} reads {into}: {src.name} transposed at call time, so that the "
+                "innermost loop reads it contiguously (one pass over it per call)"
+            )
+        elif len(d.distinct) < len(d.indices):
             repeated = sorted({v for v in d.indices if d.indices.count(v) > 1})
             said.append(
                 f"{read} reads the entries of {src.name} with equal {', '.join(repeated)} "

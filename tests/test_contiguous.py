@@ -1,0 +1,125 @@
+"""Dense reads fed transposed (`sparsec.middle.derive.contiguous`).
+
+SDDMM ``A(i,j) = B(i,j) * C(i,k) * D(k,j)`` runs loops ``i, j, k`` and would read ``D``
+down its columns in the innermost loop; it reads a copy of ``D`` with its levels in loop
+order instead. Results are those of dense torch (equal to the strided read's on
+integer-valued data, whatever order the vector lanes sum in), on sparse and dense outputs, both dtypes and
+index widths, 1 and 2 threads, with empty rows and stored zeros. Reads that are already
+contiguous, or read once in all, and kernels with a user schedule or for CUDA are left as
+they were.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import sparse_array
+
+import sparsec
+from sparsec import Tensor
+from sparsec.middle.spec import Derived
+
+SDDMM = "A(i,j) = B(i,j) * C(i,k) * D(k,j)"
+
+
+def _transposed(k: sparsec.Kernel) -> list[str]:
+    return [d.name for d in k.spec.derived if isinstance(d, Derived) and d.source.format.is_dense]
+
+
+def _with_stored_zero(dense: np.ndarray, fmt: str, dtype: str, index_dtype: str) -> Tensor:
+    """``dense`` in ``fmt`` plus one explicit zero in a non-empty row."""
+    rows, cols = np.nonzero(dense)
+    zi, zj = next(
+        (i, j) for i, j in zip(*np.nonzero(dense == 0), strict=True) if i in set(rows.tolist())
+    )
+    coords = np.array([[*rows, zi], [*cols, zj]], dtype=np.int64)
+    values = np.concatenate([dense[rows, cols], [0.0]])
+    return Tensor.from_coo(coords, values, dense.shape, fmt, dtype=dtype, index_dtype=index_dtype)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype,index_dtype", [("float64", "int32"), ("float32", "int64")])
+@pytest.mark.parametrize("out", ["csr", "dense"])
+def test_sddmm_reads_d_transposed_and_matches_torch(out, dtype, index_dtype, threads, rng):
+    b = sparse_array((13, 11), rng)
+    b[4] = 0.0  # an empty row besides the one sparse_array makes
+    B = _with_stored_zero(b, "csr", dtype, index_dtype)
+    C = rng.uniform(-1, 1, (13, 6)).astype(dtype)
+    D = rng.uniform(-1, 1, (6, 11)).astype(dtype)
+    formats = {"B": "csr"} | ({"A": "csr"} if out == "csr" else {})
+    k = sparsec.kernel(SDDMM, formats, dtype=dtype)
+    if out == "csr":  # a dense output runs loops i, k, j: D is read along its rows
+        assert _transposed(k) == ["D_as"]
+        assert "D transposed at call time" in k.schedule
+    got = k(B=B, C=C, D=D, threads=threads)
+    dense_got = got.to_dense() if isinstance(got, Tensor) else np.asarray(got)
+    want = torch.from_numpy(B.to_dense().astype(np.float64)) * (
+        torch.from_numpy(C.astype(np.float64)) @ torch.from_numpy(D.astype(np.float64))
+    )
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(dense_got, want.numpy(), rtol=tol, atol=tol)
+    if isinstance(got, Tensor):  # the output keeps B's pattern, its stored zero included
+        assert got.nnz == B.nnz
+    k.check(B=B, C=C, D=D)
+
+
+def test_sddmm_is_bit_identical_to_the_strided_read(rng):
+    """The user's schedule keeps the strided read: the same sums (integer-valued data, so
+    the dots pass's reordering of the contiguous one cannot hide a wrong element)."""
+    B = Tensor.from_dense(np.round(sparse_array((17, 9), rng) * 8), "csr")
+    C = rng.integers(-4, 5, (17, 300)).astype(np.float64)
+    D = rng.integers(-4, 5, (300, 9)).astype(np.float64)
+    fed = sparsec.kernel(SDDMM, {"B": "csr", "A": "csr"})
+    strided = sparsec.kernel(SDDMM, {"B": "csr", "A": "csr"}, schedule="reorder(i,j,k)")
+    assert _transposed(fed) == ["D_as"] and _transposed(strided) == []
+    for threads in (1, 2):
+        a = fed(B=B, C=C, D=D, threads=threads)
+        b = strided(B=B, C=C, D=D, threads=threads)
+        np.testing.assert_array_equal(a.vals, b.vals)
+        np.testing.assert_array_equal(a.levels[1].crd, b.levels[1].crd)
+
+
+def test_torch_inputs_and_a_non_contiguous_d(rng):
+    B = sparse_array((8, 10), rng)
+    C = torch.from_numpy(rng.uniform(-1, 1, (8, 5)))
+    D = torch.from_numpy(rng.uniform(-1, 1, (10, 5))).T  # a transposed view
+    k = sparsec.kernel(SDDMM, {"B": "csr"})
+    got = k(B=Tensor.from_dense(B, "csr"), C=C, D=D)
+    want = B * (C @ D).numpy()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+
+
+def test_an_order_three_read_gets_its_levels_in_loop_order(rng):
+    """E(l,k,j), which the innermost loop would walk along a mode other than its last,
+    is read with its levels in loop order."""
+    expr = "A(i,j) = B(i,j) * C(i,k) * E(l,k,j) * f(l)"
+    b = sparse_array((6, 5), rng)
+    C, E, f = rng.uniform(-1, 1, (6, 4)), rng.uniform(-1, 1, (3, 4, 5)), rng.uniform(-1, 1, 3)
+    k = sparsec.kernel(expr, {"B": "csr", "A": "csr"})
+    assert _transposed(k) == ["E_as"]
+    (fed,) = [d for d in k.spec.derived if d.name == "E_as"]
+    order = k.generated().loop_order
+    assert [fed.indices[m] for m in fed.format.ordering] == [v for v in order if v in "jkl"]
+    assert order[-1] != "j"
+    got = k(B=Tensor.from_dense(b, "csr"), C=C, E=E, f=f).to_dense()
+    want = b * np.einsum("ik,lkj,l->ij", C, E, f)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "expr,formats",
+    [
+        ("C(i,j) = W(i,k) * X(k,j)", {"W": "csr"}),  # X read along its rows already
+        ("y(i) = A(i,j) * x(j)", {"A": "csr"}),  # a vector
+        ("y(i) = D(j,i) * x(j)", {}),  # D read once in all: a copy would not pay
+        ("A(i,j) = B(i,j) * C(i,k) * D(j,k)", {"B": "csr"}),  # D(j,k) already fits
+    ],
+)
+def test_reads_that_fit_or_are_read_once_are_left_alone(expr, formats):
+    assert _transposed(sparsec.kernel(expr, formats)) == []
+
+
+def test_cuda_and_user_schedules_keep_the_read(rng):
+    assert _transposed(sparsec.kernel(SDDMM, {"B": "csr"}, target="cuda-emulated")) == []
+    assert _transposed(sparsec.kernel(SDDMM, {"B": "csr"}, schedule="serial")) == []
