@@ -25,6 +25,7 @@ from .levels import crd, iterator, level, locate, names, unique
 from .output import flush_run
 from .parallel import inside, loop_setup
 from .positions import distinct, pos_access, whole_coordinates
+from .window import merge_at, window_merge
 
 #: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
 Nest = Callable[[tuple[str, ...], CExpr, Ctx, Sink], ir.Block]
@@ -59,6 +60,15 @@ def space_loop(
     completes = plan.leaves(sname)[-1] == loop
     setup = loop_setup(env, loop, distinct(env, space), ctx, sink, "for", extent, outermost)
     inner = ctx.bind(loopvars={loop: ir.Var(name)})
+    merge = merge_at(env, space, expr, ctx) if completes else None
+    if merge is not None and setup.parallel is None:
+        # a serial piece that completes a split merge: one walk over its coordinates
+        first = _offset(env, sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
+        window = (first, ir.add(first, extent))
+        walk = inside(
+            env, setup, lambda: window_merge(env, space, merge, window, ctx, rest, sink, nest)
+        )
+        return ir.block(*pre, *setup.pre, walk, *setup.post)
 
     # a serial loop over fused positions advances its parents' positions as cursors; a
     # parallel one searches them per iteration
@@ -89,6 +99,10 @@ def space_loop(
         if not completes:
             return nest(rest, expr, inner, target)
         x = _offset(env, sname, inner)
+        if merge is not None:
+            # a parallel piece that completes a split merge: one coordinate each
+            one = (x, ir.add(x, ir.IntLit(1)))
+            return window_merge(env, space, merge, one, inner, rest, target, nest)
         return _bind_space(env, space, x, inner, rest, expr, target, cursors, nest)
 
     loop_body = inside(env, setup, body)
