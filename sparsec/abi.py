@@ -49,6 +49,8 @@ APPEND_NAME = "sparsec_append"
 PACKED_NAME = "sparsec_kernel_packed"
 #: the CUDA emulation's launcher: ``(grid, block, <parameters>)``
 LAUNCH_NAME = "sparsec_launch"
+#: its launcher of a sparse output's counting kernel (``sparsec_assemble``)
+LAUNCH_ASSEMBLE_NAME = "sparsec_launch_assemble"
 
 # Kernel return statuses: the only codes a generated kernel returns, for every target. The
 # runtime turns each non-zero status into the error that names it (the one status -> error

@@ -330,11 +330,6 @@ def generate_cuda(
 ) -> Generated:
     """The CUDA source of ``spec``'s kernel under ``commands`` (or the default GPU mapping,
     then `CUDA_PASSES`)."""
-    if not spec.output.format.is_dense:
-        raise ScheduleError(
-            f"the output {spec.output.name} is sparse ({spec.output.format}); sparse outputs "
-            "have no GPU mapping yet: use target='c', or a dense output"
-        )
     make_names = _names(spec)
     if commands:
         lowered, sig = lower(spec, make_names, commands=commands, target="cuda")
@@ -349,6 +344,11 @@ def generate_cuda(
                 block=COARSE_BLOCK,
                 notes=(*lowered.notes, *done.of("coarsen")),
             )
+    counted = None
+    if not spec.output.format.is_dense:
+        # rows counted (each into its pos slot) by the same mapping, prefix-summed by the
+        # runtime, then filled
+        counted, _ = lower(spec, make_names, counting=True, commands=chosen, target="cuda")
     launch = Launch(
         lowered.grid,
         lowered.block,
@@ -356,6 +356,7 @@ def generate_cuda(
         lowered.body,
         lowered.shuffles,
         semiring(spec.semantics.semiring).identity,
+        counted.body if counted is not None else None,
     )
     schedule = describe_gpu(chosen, not commands, lowered.notes)
     if lowered.sequence:

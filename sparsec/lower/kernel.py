@@ -166,11 +166,7 @@ def _loop_order(
 
 def _gpu_support(env: LowerEnv) -> None:
     """What the CUDA target cannot map (yet), refused before any code exists."""
-    if env.assembler is not None:
-        raise ScheduleError(
-            f"the output {env.lhs.name} is sparse ({env.spec.output.format}); sparse "
-            "outputs have no GPU mapping yet: use target='c', or a dense output"
-        )
+    _gpu_sparse_output(env)
     plan = env.plan
     if plan is None or not any(p.unit in GPU_UNITS for p in plan.parallel.values()):
         raise ScheduleError(
@@ -183,6 +179,20 @@ def _gpu_support(env: LowerEnv) -> None:
     for pre in plan.precompute:
         raise ScheduleError(
             f"{pre.origin}: workspaces (precompute) are supported on the C target only"
+        )
+
+
+def _gpu_sparse_output(env: LowerEnv) -> None:
+    """A sparse output on the GPU: rows counted and filled independently (csr-like, no
+    workspace), else refused."""
+    asm = env.assembler
+    if asm is not None and (not asm.rowwise or env.workspace):
+        what = "through a workspace (SpGEMM)" if env.workspace else "in one sequence"
+        raise ScheduleError(
+            f"the output {env.lhs.name} is sparse ({env.spec.output.format}), assembled "
+            f"{what}; such sparse outputs have no GPU mapping yet (rows counted and filled "
+            "independently, e.g. csr without a workspace, do): use target='c', or a dense "
+            "output"
         )
 
 
@@ -255,7 +265,14 @@ def _apply_schedule(
 def _check_sparse_schedule(env: LowerEnv, plan: Plan) -> None:
     """Sparse outputs are appended in order: only order-keeping commands apply."""
     lhs = env.lhs
+    asm = env.assembler
+    assert asm is not None
+    if env.gpu:
+        _gpu_sparse_output(env)
+    rows = set(asm.vars[: asm.layout.dense_prefix]) if asm.rowwise else set()
     for space in plan.spaces.values():
+        if env.gpu and space.kind == "dense" and set(space.vars) <= rows:
+            continue  # rows are counted and filled independently: GPU threads split them
         if set(space.vars) & set(lhs.indices):
             raise ScheduleError(
                 f"{space.origin}: the output {lhs.name} is sparse "

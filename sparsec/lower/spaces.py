@@ -25,6 +25,7 @@ from .levels import crd, iterator, level, locate, names, unique
 from .output import flush_run
 from .parallel import inside, loop_setup
 from .positions import distinct, pos_access, whole_coordinates
+from .rows import enter_output
 from .window import merge_at, window_merge
 
 #: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
@@ -63,11 +64,8 @@ def space_loop(
     merge = merge_at(env, space, expr, ctx) if completes else None
     if merge is not None and setup.parallel is None:
         # a serial piece that completes a split merge: one walk over its coordinates
-        first = _offset(env, sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
-        window = (first, ir.add(first, extent))
-        walk = inside(
-            env, setup, lambda: window_merge(env, space, merge, window, ctx, rest, sink, nest)
-        )
+        x0 = _offset(env, sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
+        walk = window_merge(env, space, merge, (x0, ir.add(x0, extent)), ctx, rest, sink, nest)
         return ir.block(*pre, *setup.pre, walk, *setup.post)
 
     # a serial loop over fused positions advances its parents' positions as cursors; a
@@ -249,6 +247,14 @@ def _bind_space(
     lhs = env.lhs
     if space.kind in ("dense", "fused"):
         values = _dense_coords(env, space, x)
+        if env.assembler is not None:
+            # a GPU split over a rowwise sparse output's rows: each row opened as usual
+            ((var, value),) = values
+            expr = scheduled_expr(env, space, var, expr, ctx)
+            name = env.var_names[var]
+            inner = ctx.bind({var: ir.Var(name)}, covered=var)
+            row = enter_output(env, var, expr, inner, lambda c, _: nest(rest, expr, c, sink))
+            return ir.block(ir.Decl(ir.I64, name, value), row)
         for var, value in values:
             expr = scheduled_expr(env, space, var, expr, ctx)
             name = env.var_names[var]

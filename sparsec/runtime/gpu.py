@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..abi import KERNEL_NAME, LAUNCH_NAME
+from ..abi import ASSEMBLE_NAME, KERNEL_NAME, LAUNCH_ASSEMBLE_NAME, LAUNCH_NAME
 from ..backends.printer import CUDA
 from ..errors import DTypeError, ShapeError, SparsecError
 from ..ir import nodes as ir
@@ -50,6 +50,15 @@ def emulation_source(generated: Any) -> str:
         "  return 0;\n"
         "}\n"
     )
+    if generated.launch.assemble is not None:
+        launcher += (
+            f'extern "C" int {LAUNCH_ASSEMBLE_NAME}(long long sc_grid, int sc_block,\n'
+            f"    {params}) {{\n"
+            f"  auto sc_body = [&]() {{ {ASSEMBLE_NAME}({names}); }};\n"
+            f"  sc_emu::launch(sc_grid, sc_block, {fibers}, sc_body);\n"
+            "  return 0;\n"
+            "}\n"
+        )
     return f'{shim}\n#line 1 "sparsec_kernel.cu"\n{generated.source}{launcher}'
 
 
@@ -240,6 +249,27 @@ def emulate(
     fn(grid, generated.launch.block, *args)
 
 
+def run_phase(
+    kernel: Any,
+    generated: Any,
+    slots: tuple[Slot, ...],
+    values: Mapping[str, Any],
+    dims: Mapping[str, int],
+    outputs: dict[tuple[str, int], Any],
+    emulated: bool,
+) -> None:
+    """One launch of a sparse output's phase into ``outputs`` (numpy arrays for the
+    emulation's launcher ``kernel``, CuPy arrays for the ``RawKernel`` ``kernel``)."""
+    host = named(slots, arguments(slots, values, dims, outputs, 1, form=HOST))
+    grid = launch_grid(generated.launch, host, emulated)
+    block = generated.launch.block
+    if emulated:
+        kernel(grid, block, *arguments(slots, values, dims, outputs, 1, form=ADDRESSES))
+        return
+    form = _device_form(generated.dtype)
+    kernel((grid,), (block,), tuple(arguments(slots, values, dims, outputs, 1, form=form)))
+
+
 def stage(
     raw: Any,
     generated: Any,
@@ -266,6 +296,7 @@ def stage(
     return launch, out_dev
 
 
-def raw_kernel(source: str) -> Any:
-    """The CuPy ``RawKernel`` of a generated ``.cu`` (compiled by CuPy at its first launch)."""
-    return cupy_device().RawKernel(source, KERNEL_NAME, options=("-std=c++17",))
+def raw_kernel(source: str, name: str = KERNEL_NAME) -> Any:
+    """The CuPy ``RawKernel`` ``name`` of a generated ``.cu`` (compiled by CuPy at its first
+    launch)."""
+    return cupy_device().RawKernel(source, name, options=("-std=c++17",))
