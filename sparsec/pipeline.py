@@ -15,7 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .abi import APPEND_NAME, ASSEMBLE_NAME, INT, KERNEL_NAME, Namer, Param, Signature, signature
+from .abi import (
+    APPEND_NAME,
+    ASSEMBLE_NAME,
+    GPU_WORKSPACE,
+    INT,
+    KERNEL_NAME,
+    Namer,
+    Param,
+    Signature,
+    signature,
+)
 from .backends import Generated, Launch
 from .backends.c import (
     STREAM_OUT,
@@ -357,7 +367,20 @@ def generate_cuda(
         lowered.shuffles,
         semiring(spec.semantics.semiring).identity,
         counted.body if counted is not None else None,
+        lowered.scratch,
     )
+    if lowered.scratch:
+        # the workspace's slices, one per thread of the launch, allocated by the runtime
+        out = spec.output.name
+        sig = Signature(
+            (
+                *sig.params,
+                *(
+                    Param(name, "array", ty, f"ws_{role}", out, writable=True)
+                    for role, (name, ty) in GPU_WORKSPACE.items()
+                ),
+            )
+        )
     schedule = describe_gpu(chosen, not commands, lowered.notes)
     if lowered.sequence:
         schedule = f"{lowered.sequence}; {schedule}"

@@ -45,6 +45,27 @@ CASES = [
         lambda t: t["B"] * (t["C"] @ t["D"]),
         {"B": (R, C), "C": (R, K), "D": (K, C)},
     ),
+    # SpGEMM: each thread's rows scattered into its slice of a dense workspace (Gustavson),
+    # gathered in order; the count phase counts the bitmap's bits
+    (
+        "C(i,j) = A(i,k) * B(k,j)",
+        {"A": "csr", "B": "csr", "C": "csr"},
+        lambda t: t["A"] @ t["B"],
+        {"A": (R, 24), "B": (24, C)},
+    ),
+    # columns across several summary words (4096 coordinates each)
+    (
+        "C(i,j) = A(i,k) * B(k,j)",
+        {"A": "csr", "B": "csr", "C": "csr"},
+        lambda t: t["A"] @ t["B"],
+        {"A": (40, 6), "B": (6, 9000)},
+    ),
+    (
+        "C(i,j) = A(i,k) * B(k,j) + D(i,j)",
+        {"A": "csr", "B": "csr", "D": "csr", "C": "csr"},
+        lambda t: t["A"] @ t["B"] + t["D"],
+        {"A": (R, 24), "B": (24, C), "D": (R, C)},
+    ),
     # rows of a 3-tensor (two dense levels above the compressed one)
     (
         "A(i,j,k) = B(i,j,k) + C(i,j,k)",
@@ -79,6 +100,7 @@ def test_rowwise_sparse_outputs_on_the_gpu(case, dtype, index_dtype):
     kw = {"dtype": dtype, "index_dtype": index_dtype}
     k = sparsec.kernel(expr, fmts, target="cuda-emulated", **kw)
     assert "sparsec_assemble(" in k.source and "GPUThread" in k.schedule
+    assert ("sc_ws_seen" in k.source) == ("A(i,k) * B(k,j)" in expr)
     dense, given = _inputs(fmts, shapes, 5, dtype, index_dtype)
     got = k(**given)
     want = ref({n: torch.from_numpy(v) for n, v in dense.items()}).numpy()
@@ -112,13 +134,41 @@ def test_all_rows_empty_and_one_row():
 @pytest.mark.parametrize(
     ("expr", "fmts"),
     [
-        ("C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"}),
         ("A(i,j) = B(i,j) + C(i,j)", {"B": "dcsr", "C": "dcsr", "A": "dcsr"}),
         ("y(i) = A(i,j) * x(j)", {"A": "csr", "y": "s"}),
     ],
 )
 def test_other_sparse_outputs_are_refused_clearly(expr, fmts):
-    """SpGEMM's workspace and outputs appended in one sequence (dcsr, a sparse vector)
-    have no GPU mapping yet: the usual clear error, never wrong code."""
+    """Outputs appended in one sequence (dcsr, a sparse vector) have no GPU mapping yet:
+    the usual clear error, never wrong code."""
     with pytest.raises(ScheduleError, match="sparse outputs have no GPU mapping yet"):
         sparsec.kernel(expr, fmts, target="cuda-emulated").generated()
+
+
+@needs_compiler
+def test_a_workspace_larger_than_the_budget_shrinks_the_launch(monkeypatch):
+    """The workspace's slices (one per thread) must fit the budget: fewer blocks, then
+    fewer threads per block (the loops are strided, so the result is the same)."""
+    from sparsec.runtime import gpu
+
+    k = sparsec.kernel(
+        "C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"}, target="cuda-emulated"
+    )
+    dense, given = _inputs(
+        {"A": "csr", "B": "csr"}, {"A": (600, 7), "B": (7, 500)}, 2, "float64", "int32"
+    )
+    launches = []
+    real = gpu._workspace
+
+    def spy(*args):
+        launches.append(real(*args))
+        return launches[-1]
+
+    monkeypatch.setattr(gpu, "_workspace", spy)
+    # a thread's slices: 500 values, a list of 504 and 24 bitmap words, 8 bytes each; the
+    # emulation takes a 16th of the budget
+    monkeypatch.setattr(gpu, "WORKSPACE_BYTES", 16 * 40 * (500 + 504 + 24) * 8)
+    got = k(**given)
+    np.testing.assert_array_equal(got.to_dense(), dense["A"] @ dense["B"])
+    assert launches and all(grid * block <= 40 for grid, block in launches), launches
+    assert any(block < 256 for _, block in launches), launches

@@ -31,6 +31,7 @@ def print_cuda(spec: Spec, gen: Generated) -> Generated:
     body = "\n".join(printer.stmts(launch.body))
     semiring = spec.semantics.semiring != "plus_times"
     fields: dict[str, object] = {"assemble": None, "assemble_name": ASSEMBLE_NAME}
+    fields["workspace"] = bool(launch.scratch)
     if launch.assemble is not None:
         fields["assemble"] = "\n".join(printer.stmts(launch.assemble))
     source = render(CUDA, lines, gen, name=KERNEL_NAME, body=body, semiring=semiring, **fields)

@@ -29,6 +29,10 @@ class Launch:
     #: a rowwise sparse output's counting kernel (``sparsec_assemble``: each row's entries
     #: into its pos slot), launched like the fill kernel before it; None for dense outputs
     assemble: ir.Block | None = None
+    #: a GPU workspace (SpGEMM): elements per thread by role (`abi.GPU_WORKSPACE`); the
+    #: runtime allocates one zeroed slice per thread of the launch and passes the threads
+    #: as ``sc_threads``
+    scratch: tuple[tuple[str, ir.Expr], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,8 @@ class LoweredKernel:
     shuffles: bool = False
     #: the statement lowered as a sequence of loop nests, in words ("": one fused nest)
     sequence: str = ""
+    #: CUDA: the workspace's elements per thread, by role (`abi.GPU_WORKSPACE`)
+    scratch: tuple[tuple[str, ir.Expr], ...] = ()
 
 
 def lower_kernel(env: LowerEnv) -> LoweredKernel:
@@ -66,7 +68,7 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         _gpu_support(env)
     frame: OutputFrame = asm if asm is not None else DenseFrame(env)
     if asm is not None:
-        asm.workspace_alloc(env.workspace)
+        asm.workspace_alloc(env.workspace, env.gpu)
     env.zero_in_loop = (
         asm is None
         and not env.gpu
@@ -96,7 +98,17 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         block=block_size(env),
         shuffles=bool(env.warp_reduced),
         sequence=env.sequence,
+        scratch=_scratch(env),
     )
+
+
+def _scratch(env: LowerEnv) -> tuple[tuple[str, ir.Expr], ...]:
+    """A GPU kernel's workspace slices: elements per thread, by role."""
+    ws = env.assembler.ws if env.gpu and env.assembler is not None else None
+    if ws is None:
+        return ()
+    roles = {ws.w: "vals", ws.seen: "seen", ws.reached: "list"}
+    return tuple((roles[name], count) for name, count in ws.strides)
 
 
 def loop_nest(
@@ -186,13 +198,11 @@ def _gpu_sparse_output(env: LowerEnv) -> None:
     """A sparse output on the GPU: rows counted and filled independently (csr-like, no
     workspace), else refused."""
     asm = env.assembler
-    if asm is not None and (not asm.rowwise or env.workspace):
-        what = "through a workspace (SpGEMM)" if env.workspace else "in one sequence"
+    if asm is not None and not asm.rowwise:
         raise ScheduleError(
             f"the output {env.lhs.name} is sparse ({env.spec.output.format}), assembled "
-            f"{what}; such sparse outputs have no GPU mapping yet (rows counted and filled "
-            "independently, e.g. csr without a workspace, do): use target='c', or a dense "
-            "output"
+            "in one sequence; such sparse outputs have no GPU mapping yet (rows counted and "
+            "filled independently, e.g. csr, do): use target='c', or a dense output"
         )
 
 

@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 from ..frontend.concrete import CExpr, accesses
 from ..ir import nodes as ir
-from .ctx import Ctx, unit
+from .ctx import Ctx, Sink, WorkspaceSink, unit
 from .env import LowerEnv
 from .levels import locate
+from .where import Nest
 
 #: the rest of the nest in a context; ``gather``: the output's row is scattered into the
 #: workspace and gathered after (Gustavson)
@@ -44,3 +45,29 @@ def enter_output(env: LowerEnv, var: str, expr: CExpr, ctx: Ctx, inner: Inner) -
     before, after = asm.around(k, bound.pos if bound else None)
     gather = bool(env.workspace) and k == asm.layout.last - 1 and bound is not None
     return ir.block(located, *before, inner(ctx, gather), *after)
+
+
+def split_row(
+    env: LowerEnv,
+    var: str,
+    value: ir.Expr,
+    expr: CExpr,
+    ctx: Ctx,
+    rest: tuple[str, ...],
+    sink: Sink,
+    nest: Nest,
+) -> ir.Block:
+    """A split piece's iteration that binds a rowwise sparse output's row variable
+    ``var`` to ``value`` (a GPU thread's row): the row opened, the rest of the nest inside
+    (scattered into the workspace and gathered, for SpGEMM)."""
+    asm = env.assembler
+    assert asm is not None
+    name = env.var_names[var]
+
+    def inner(c: Ctx, gather: bool) -> ir.Block:
+        if gather:
+            return ir.block(nest(rest, expr, c, WorkspaceSink()), *asm.gather())
+        return nest(rest, expr, c, sink)
+
+    row = enter_output(env, var, expr, ctx.bind({var: ir.Var(name)}, covered=var), inner)
+    return ir.block(ir.Decl(ir.I64, name, value), row)

@@ -25,7 +25,7 @@ from .levels import crd, iterator, level, locate, names, unique
 from .output import flush_run
 from .parallel import inside, loop_setup
 from .positions import distinct, pos_access, whole_coordinates
-from .rows import enter_output
+from .rows import split_row
 from .window import merge_at, window_merge
 
 #: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
@@ -251,10 +251,7 @@ def _bind_space(
             # a GPU split over a rowwise sparse output's rows: each row opened as usual
             ((var, value),) = values
             expr = scheduled_expr(env, space, var, expr, ctx)
-            name = env.var_names[var]
-            inner = ctx.bind({var: ir.Var(name)}, covered=var)
-            row = enter_output(env, var, expr, inner, lambda c, _: nest(rest, expr, c, sink))
-            return ir.block(ir.Decl(ir.I64, name, value), row)
+            return split_row(env, var, value, expr, ctx, rest, sink, nest)
         for var, value in values:
             expr = scheduled_expr(env, space, var, expr, ctx)
             name = env.var_names[var]
