@@ -636,10 +636,7 @@ def test_mttkrp_on_the_device(name):
 def test_core_cases_on_the_device(case, dtype, index_dtype):
     _device_or_skip()
     expr, fmts, ref, shapes = case
-    try:
-        k = sparsec.kernel(expr, fmts, target="cuda")
-    except ScheduleError:
-        return
+    k = sparsec.kernel(expr, fmts, target="cuda")  # all 56 map
     dense, given = _given(fmts, shapes, 11, dtype, index_dtype, integer=True)
     np.testing.assert_allclose(np.asarray(k(**given)), torch_reference(ref, dense), atol=1e-12)
 

@@ -118,6 +118,17 @@ def test_user_splits_of_a_merge(schedule, fmt):
     np.testing.assert_array_equal(k(**given), want)
 
 
+def test_unroll_of_a_merge_piece_is_refused():
+    with pytest.raises(ScheduleError, match="walks a merge"):
+        sparsec.kernel(
+            "a(i) = b(i) + c(i)",
+            {"b": "s", "c": "s"},
+            target="cuda-emulated",
+            schedule="split(i,ib,r,64), split(r,t,q,8), parallelize(ib,GPUBlock,NoRaces), "
+            "parallelize(t,GPUThread,NoRaces), unroll(q,4)",
+        ).generated()
+
+
 def test_a_split_merge_stays_refused_on_the_c_target():
     """The C target walks a merge serially; a split of it is refused as before."""
     with pytest.raises(ScheduleError, match="not a plain range"):
@@ -129,3 +140,15 @@ def test_kernels_without_a_split_merge_are_unchanged():
     """A CSR + CSR sum merges inside a thread's row (j), with no window search."""
     k = sparsec.kernel("A(i,j) = B(i,j) + C(i,j)", {"B": "csr", "C": "csr"}, target="cuda")
     assert "sc_gallop(" not in k.source.split("extern")[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", MERGES, ids=lambda c: f"{c[0]} {c[1]}")
+def test_merges_on_the_device(case):
+    from test_cuda import _device_or_skip
+
+    _device_or_skip()
+    expr, fmts, ref, shapes = case
+    dense, given = _inputs(fmts, shapes, 4)
+    got = sparsec.kernel(expr, fmts, target="cuda")(**given)
+    np.testing.assert_array_equal(got, _want(ref, dense))

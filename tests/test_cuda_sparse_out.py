@@ -172,3 +172,21 @@ def test_a_workspace_larger_than_the_budget_shrinks_the_launch(monkeypatch):
     np.testing.assert_array_equal(got.to_dense(), dense["A"] @ dense["B"])
     assert launches and all(grid * block <= 40 for grid, block in launches), launches
     assert any(block < 256 for _, block in launches), launches
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]} {c[1]}")
+def test_rowwise_sparse_outputs_on_the_device(case):
+    """The same kernels on a GPU (the prefix sum by cupy.cumsum), array by array equal to
+    the C target's output."""
+    from test_cuda import _device_or_skip
+
+    _device_or_skip()
+    expr, fmts, ref, shapes = case
+    dense, given = _inputs(fmts, shapes, 6, "float64", "int32")
+    got = sparsec.kernel(expr, fmts, target="cuda")(**given)
+    cpu = sparsec.kernel(expr, fmts, target="c")(**given)
+    last = len(cpu.levels) - 1
+    np.testing.assert_array_equal(got.levels[last].pos, cpu.levels[last].pos)
+    np.testing.assert_array_equal(got.levels[last].crd, cpu.levels[last].crd)
+    np.testing.assert_array_equal(got.vals, cpu.vals)

@@ -64,6 +64,8 @@ def space_loop(
     merge = merge_at(env, space, expr, ctx) if completes else None
     if merge is not None and setup.parallel is None:
         # a serial piece that completes a split merge: one walk over its coordinates
+        if setup.unroll:
+            raise ScheduleError(f"unroll({loop},{setup.unroll}): {loop}'s piece walks a merge")
         x0 = _offset(env, sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
         walk = window_merge(env, space, merge, (x0, ir.add(x0, extent)), ctx, rest, sink, nest)
         return ir.block(*pre, *setup.pre, walk, *setup.post)
