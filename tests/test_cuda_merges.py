@@ -52,9 +52,11 @@ def _inputs(fmts, shapes, seed, dtype="float64", density=0.2):
     dense, given = {}, {}
     for name, shape in shapes.items():
         arr = sparse_array(shape, rng, density, integer=True).astype(dtype)
-        # runs of empty coordinates longer than a chunk (8) and a block (2048 coordinates)
-        arr[: min(40, shape[0])] = 0.0
-        arr[shape[0] // 2 : shape[0] // 2 + 2100] = 0.0
+        # runs of empty coordinates of the long (merged) mode longer than a chunk (8) and
+        # a block (2048 coordinates)
+        view = np.moveaxis(arr, int(np.argmax(shape)), 0)
+        view[:40] = 0.0
+        view[len(view) // 2 : len(view) // 2 + 2100] = 0.0
         dense[name] = arr
         fmt = fmts.get(name, "dense")
         given[name] = arr if fmt == "dense" else sparsec.Tensor.from_dense(arr, fmt)
@@ -116,6 +118,34 @@ def test_user_splits_of_a_merge(schedule, fmt):
     dense, given = _inputs(fmts, {n: (4321,) for n in "bcd"}, 8)
     want = (dense["b"] + dense["c"]) * 2 + dense["d"]
     np.testing.assert_array_equal(k(**given), want)
+
+
+@needs_compiler
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        # a row per block, chunks of 4 columns per thread
+        "parallelize(i,GPUBlock,NoRaces), split(j,jt,jc,4), parallelize(jt,GPUThread,NoRaces)",
+        # a row per block, a column per thread
+        "parallelize(i,GPUBlock,NoRaces), split(j,jb,jt,64), parallelize(jt,GPUThread,NoRaces)",
+    ],
+)
+@pytest.mark.parametrize("c_fmt", ["csr", "dense"])
+def test_an_inner_merge_split_across_a_blocks_threads(schedule, c_fmt):
+    """The window is searched inside the row's segment (its parent's positions)."""
+    fmts = {"B": "csr", "C": c_fmt}
+    k = sparsec.kernel("A(i,j) = B(i,j) + C(i,j)", fmts, target="cuda-emulated", schedule=schedule)
+    rng = np.random.default_rng(9)
+    dense = {n: sparse_array((50, 2300), rng, 0.05, integer=True) for n in "BC"}
+    dense["B"][:, 300:800] = 0.0  # a gap in every row longer than a block's columns
+    given = {
+        n: dense[n] if fmts[n] == "dense" else sparsec.Tensor.from_dense(dense[n], "csr")
+        for n in "BC"
+    }
+    assert dense["B"].any() and dense["C"].any()
+    np.testing.assert_array_equal(k(**given), dense["B"] + dense["C"])
+    for r in k.verify():
+        assert r.spills == 0, str(r)
 
 
 def test_unroll_of_a_merge_piece_is_refused():
