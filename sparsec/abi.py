@@ -49,6 +49,15 @@ APPEND_NAME = "sparsec_append"
 PACKED_NAME = "sparsec_kernel_packed"
 #: the CUDA emulation's launcher: ``(grid, block, <parameters>)``
 LAUNCH_NAME = "sparsec_launch"
+#: a GPU kernel's workspace (SpGEMM's dense rows), one slice per thread, allocated by the
+#: runtime: role -> (parameter name, element type)
+GPU_WORKSPACE = {
+    "vals": ("sc_ws_vals", "val"),
+    "seen": ("sc_ws_seen", "u64"),
+    "list": ("sc_ws_list", "i64"),
+}
+#: its launcher of a sparse output's counting kernel (``sparsec_assemble``)
+LAUNCH_ASSEMBLE_NAME = "sparsec_launch_assemble"
 
 # Kernel return statuses: the only codes a generated kernel returns, for every target. The
 # runtime turns each non-zero status into the error that names it (the one status -> error

@@ -15,7 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .abi import APPEND_NAME, ASSEMBLE_NAME, INT, KERNEL_NAME, Namer, Param, Signature, signature
+from .abi import (
+    APPEND_NAME,
+    ASSEMBLE_NAME,
+    GPU_WORKSPACE,
+    INT,
+    KERNEL_NAME,
+    Namer,
+    Param,
+    Signature,
+    signature,
+)
 from .backends import Generated, Launch
 from .backends.c import (
     STREAM_OUT,
@@ -342,11 +352,6 @@ def generate_cuda(
 ) -> Generated:
     """The CUDA source of ``spec``'s kernel under ``commands`` (or the default GPU mapping,
     then `CUDA_PASSES`)."""
-    if not spec.output.format.is_dense:
-        raise ScheduleError(
-            f"the output {spec.output.name} is sparse ({spec.output.format}); sparse outputs "
-            "have no GPU mapping yet: use target='c', or a dense output"
-        )
     make_names = _names(spec)
     if commands:
         lowered, sig = lower(spec, make_names, commands=commands, target="cuda")
@@ -361,6 +366,11 @@ def generate_cuda(
                 block=COARSE_BLOCK,
                 notes=(*lowered.notes, *done.of("coarsen")),
             )
+    counted = None
+    if not spec.output.format.is_dense:
+        # rows counted (each into its pos slot) by the same mapping, prefix-summed by the
+        # runtime, then filled
+        counted, _ = lower(spec, make_names, counting=True, commands=chosen, target="cuda")
     launch = Launch(
         lowered.grid,
         lowered.block,
@@ -368,7 +378,21 @@ def generate_cuda(
         lowered.body,
         lowered.shuffles,
         semiring(spec.semantics.semiring).identity,
+        counted.body if counted is not None else None,
+        lowered.scratch,
     )
+    if lowered.scratch:
+        # the workspace's slices, one per thread of the launch, allocated by the runtime
+        out = spec.output.name
+        sig = Signature(
+            (
+                *sig.params,
+                *(
+                    Param(name, "array", ty, f"ws_{role}", out, writable=True)
+                    for role, (name, ty) in GPU_WORKSPACE.items()
+                ),
+            )
+        )
     schedule = describe_gpu(chosen, not commands, lowered.notes)
     if lowered.sequence:
         schedule = f"{lowered.sequence}; {schedule}"

@@ -73,6 +73,9 @@ inline long long __double_as_longlong(double x) { return sc_bits<long long>(x); 
 inline double __longlong_as_double(long long x) { return sc_bits<double>(x); }
 inline unsigned int __float_as_uint(float x) { return sc_bits<unsigned int>(x); }
 inline float __uint_as_float(unsigned int x) { return sc_bits<float>(x); }
+/* bit intrinsics: the first set bit (1-based, 0 when none) and the set bits' count */
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 
 namespace sc_emu {
 

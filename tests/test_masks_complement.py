@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_masks import SPARSE_ON_GPU, TARGETS, TYPES, dense, matrix, pattern, tensor
+from test_masks import TARGETS, TYPES, dense, matrix, pattern, tensor
 
 import sparsec
 
@@ -22,8 +22,6 @@ def product(a: np.ndarray, b: np.ndarray, stored: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("out", ["csr", "dense"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_complement_spgemm(target: str, dtype: str, index: str, out: str, threads: int) -> None:
-    if target != "c" and out == "csr":
-        pytest.skip(SPARSE_ON_GPU)
     a, b = matrix(7, 6, 1), matrix(6, 8, 2)
     stored, m = pattern((7, 8), 3, "csr", index)
     fmts = {"A": "csr", "B": "csr", "C": "csr" if out == "csr" else "dd"}

@@ -137,8 +137,9 @@ def test_the_shared_loop_is_parallel_and_each_step_keeps_its_order():
     assert "int64_t j = B2_crd[pB2]" in body[product:]
 
 
-#: the cases with a thread-per-row GPU mapping (the shared loop i a plain range)
-MAPPED = [c for c in CASES[:7] if c[1].get("A") != "dcsr"]
+#: the cases with a thread-per-row GPU mapping: the shared loop i a plain range, or (A
+#: dcsr merged with the dense D) one coordinate per thread, A's row located by a search
+MAPPED = CASES[:7]
 
 
 @pytest.mark.parametrize(("dtype", "index_dtype"), DTYPES, ids=["f64i32", "f32i64"])
@@ -154,11 +155,11 @@ def test_sequence_under_cuda_emulation(case, dtype, index_dtype):
     np.testing.assert_allclose(got, ref(dense), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("case", [CASES[2], CASES[-1]], ids=[IDS[2], IDS[-1]])
+@pytest.mark.parametrize("case", [CASES[-1]], ids=[IDS[-1]])
 def test_unmapped_sequences_say_no_gpu_mapping(case):
-    """No shared loop, or a shared loop that walks a sparse level merged with a dense
-    operand (not a plain range to split, and its positions skip the dense term's rows):
-    the usual clear error, never wrong code."""
+    """No shared loop: the usual clear error, never wrong code. (A shared loop that walks
+    a sparse level merged with a dense operand maps since split merges locate each
+    thread's coordinate: `test_sequence_under_cuda_emulation`.)"""
     expr, fmts, _, _ = case
     with pytest.raises(ScheduleError, match="no GPU mapping"):
         sparsec.kernel(expr, fmts, target="cuda-emulated").source  # noqa: B018

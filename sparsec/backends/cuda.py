@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..abi import KERNEL_NAME
+from ..abi import ASSEMBLE_NAME, KERNEL_NAME
 from ..middle.spec import Spec
 from .generated import Generated, Launch
 from .printer import CUDA, Printer, header, render
@@ -30,5 +30,9 @@ def print_cuda(spec: Spec, gen: Generated) -> Generated:
     )
     body = "\n".join(printer.stmts(launch.body))
     semiring = spec.semantics.semiring != "plus_times"
-    source = render(CUDA, lines, gen, name=KERNEL_NAME, body=body, semiring=semiring)
+    fields: dict[str, object] = {"assemble": None, "assemble_name": ASSEMBLE_NAME}
+    fields["workspace"] = bool(launch.scratch)
+    if launch.assemble is not None:
+        fields["assemble"] = "\n".join(printer.stmts(launch.assemble))
+    source = render(CUDA, lines, gen, name=KERNEL_NAME, body=body, semiring=semiring, **fields)
     return replace(gen, source=source)

@@ -26,6 +26,13 @@ class Launch:
     shuffles: bool = False
     #: the value the output is filled with before the launch (a semiring's identity)
     fill: float = 0.0
+    #: a rowwise sparse output's counting kernel (``sparsec_assemble``: each row's entries
+    #: into its pos slot), launched like the fill kernel before it; None for dense outputs
+    assemble: ir.Block | None = None
+    #: a GPU workspace (SpGEMM): elements per thread by role (`abi.GPU_WORKSPACE`); the
+    #: runtime allocates one zeroed slice per thread of the launch and passes the threads
+    #: as ``sc_threads``
+    scratch: tuple[tuple[str, ir.Expr], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ zeros, as in TACO.
 
 from __future__ import annotations
 
-from ..abi import CAPACITY_EXCEEDED, Namer, Signature
+from ..abi import CAPACITY_EXCEEDED, GPU_WORKSPACE, Namer, Signature
 from ..frontend.notation import Access
 from ..ir import nodes as ir
 from ..middle.order import level_indices
@@ -296,7 +296,7 @@ class Assembler:
         layout = self.layout
         return layout.fmt.levels[layout.last].unique and not layout.block and not layout.tail
 
-    def workspace_alloc(self, var: str | None) -> None:
+    def workspace_alloc(self, var: str | None, gpu: bool = False) -> None:
         """The workspace over ``var`` (see `workspace`), if any, before the loop nest is
         lowered: one per kernel, or one per thread when rows are filled in parallel (each
         row takes its thread's slice). `opening` allocates it."""
@@ -304,7 +304,8 @@ class Assembler:
             return
         copies = ir.Var(self.sig.threads) if self.rowwise else None
         size = ir.Var(self.sig.dim(var))
-        self.ws, self.ws_alloc = allocate(var, size, self.namer, self.counting, copies)
+        given = {role: name for role, (name, _) in GPU_WORKSPACE.items()} if gpu else None
+        self.ws, self.ws_alloc = allocate(var, size, self.namer, self.counting, copies, given)
 
     def workspace_free(self) -> list[ir.Stmt]:
         return self.ws.free() if self.ws is not None else []

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Iterator as Iter
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
 from ..frontend.concrete import CExpr
@@ -92,11 +92,18 @@ def coiterate(
     sink: Sink,
     outermost: bool,
     body: Body,
+    window: tuple[ir.Expr, ir.Expr] | None = None,
 ) -> ir.Block:
-    """The loops over ``var`` for ``lattice``, ``body`` in each case of each iteration."""
+    """The loops over ``var`` for ``lattice``, ``body`` in each case of each iteration.
+
+    ``window``: only the coordinates ``[lo, hi)`` of ``var`` (a piece of a split merge,
+    `lower.window`): each iterator starts at its first position at or after ``lo``,
+    found by a binary search, and a merge stops at ``hi``."""
     iterators = lattice.iterators
     name = env.var_names[var]
-    if lattice.range_loop:
+    if window is not None:
+        assert iterators and not lattice.position_loop
+    elif lattice.range_loop:
         return _dense_loop(env, var, lattice.points[0], ctx, sink, outermost, body)
     if lattice.position_loop:
         return _position_loop(env, var, lattice.points[0], ctx, sink, outermost, body)
@@ -113,11 +120,14 @@ def coiterate(
             "intersection only"
         )
     state = {it: iterator_state(env, it, ctx) for it in iterators}
+    if window is not None:
+        state = {it: _windowed(env, it, s, window, lattice.full) for it, s in state.items()}
     init = [ir.Decl(ir.I64, s.pos, s.lo) for s in state.values()]
     init += [ir.Decl(ir.I64, s.end, s.hi) for s in state.values()]
     if lattice.full:
         loop_body = _case_body(env, var, lattice, lattice.points, state, ctx, body)
-        loop = ir.For(name, ir.IntLit(0), ir.Var(env.sig.dim(var)), loop_body)
+        first, stop = window or (ir.IntLit(0), ir.Var(env.sig.dim(var)))
+        loop = ir.For(name, first, stop, loop_body)
         return ir.block(*init, loop)
     loops: list[ir.Stmt] = []
     # each step of the merge advances an iterator and appends at most one entry
@@ -127,6 +137,23 @@ def coiterate(
     with capacity_checked(env, var, room) as check:
         loops += _merge_loops(env, var, lattice, state, ctx, body, gallop)
     return ir.block(*init, *check, *loops)
+
+
+def _windowed(
+    env: LowerEnv, it: Iterator, s: IterState, window: tuple[ir.Expr, ir.Expr], full: bool
+) -> IterState:
+    """``s`` restricted to the coordinates ``window``: its first position at or after the
+    window's start, and (unless a dense loop over the window bounds the walk) its first at
+    or after the window's end, both by a binary search of its sorted coordinates."""
+    at = names(env, it.access, it.level).crd
+    if not at:
+        raise ScheduleError(
+            f"{it.access}'s level {it.level + 1} stores no coordinates to search; a split "
+            "of a merge needs compressed levels"
+        )
+    lo = ir.Call("gallop", (ir.Var(at), s.lo, s.hi, window[0]))
+    hi = s.hi if full else ir.Call("gallop", (ir.Var(at), s.lo, s.hi, window[1]))
+    return replace(s, lo=lo, hi=hi)
 
 
 def _merge_loops(

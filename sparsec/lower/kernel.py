@@ -54,6 +54,8 @@ class LoweredKernel:
     shuffles: bool = False
     #: the statement lowered as a sequence of loop nests, in words ("": one fused nest)
     sequence: str = ""
+    #: CUDA: the workspace's elements per thread, by role (`abi.GPU_WORKSPACE`)
+    scratch: tuple[tuple[str, ir.Expr], ...] = ()
 
 
 def lower_kernel(env: LowerEnv) -> LoweredKernel:
@@ -66,7 +68,7 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         _gpu_support(env)
     frame: OutputFrame = asm if asm is not None else DenseFrame(env)
     if asm is not None:
-        asm.workspace_alloc(env.workspace)
+        asm.workspace_alloc(env.workspace, env.gpu)
     env.zero_in_loop = (
         asm is None
         and not env.gpu
@@ -96,7 +98,17 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         block=block_size(env),
         shuffles=bool(env.warp_reduced),
         sequence=env.sequence,
+        scratch=_scratch(env),
     )
+
+
+def _scratch(env: LowerEnv) -> tuple[tuple[str, ir.Expr], ...]:
+    """A GPU kernel's workspace slices: elements per thread, by role."""
+    ws = env.assembler.ws if env.gpu and env.assembler is not None else None
+    if ws is None:
+        return ()
+    roles = {ws.w: "vals", ws.seen: "seen", ws.reached: "list"}
+    return tuple((roles[name], count) for name, count in ws.strides)
 
 
 def loop_nest(
@@ -166,11 +178,7 @@ def _loop_order(
 
 def _gpu_support(env: LowerEnv) -> None:
     """What the CUDA target cannot map (yet), refused before any code exists."""
-    if env.assembler is not None:
-        raise ScheduleError(
-            f"the output {env.lhs.name} is sparse ({env.spec.output.format}); sparse "
-            "outputs have no GPU mapping yet: use target='c', or a dense output"
-        )
+    _gpu_sparse_output(env)
     plan = env.plan
     if plan is None or not any(p.unit in GPU_UNITS for p in plan.parallel.values()):
         raise ScheduleError(
@@ -183,6 +191,18 @@ def _gpu_support(env: LowerEnv) -> None:
     for pre in plan.precompute:
         raise ScheduleError(
             f"{pre.origin}: workspaces (precompute) are supported on the C target only"
+        )
+
+
+def _gpu_sparse_output(env: LowerEnv) -> None:
+    """A sparse output on the GPU: rows counted and filled independently (csr-like, no
+    workspace), else refused."""
+    asm = env.assembler
+    if asm is not None and not asm.rowwise:
+        raise ScheduleError(
+            f"the output {env.lhs.name} is sparse ({env.spec.output.format}), assembled "
+            "in one sequence; such sparse outputs have no GPU mapping yet (rows counted and "
+            "filled independently, e.g. csr, do): use target='c', or a dense output"
         )
 
 
@@ -255,7 +275,14 @@ def _apply_schedule(
 def _check_sparse_schedule(env: LowerEnv, plan: Plan) -> None:
     """Sparse outputs are appended in order: only order-keeping commands apply."""
     lhs = env.lhs
+    asm = env.assembler
+    assert asm is not None
+    if env.gpu:
+        _gpu_sparse_output(env)
+    rows = set(asm.vars[: asm.layout.dense_prefix]) if asm.rowwise else set()
     for space in plan.spaces.values():
+        if env.gpu and space.kind == "dense" and set(space.vars) <= rows:
+            continue  # rows are counted and filled independently: GPU threads split them
         if set(space.vars) & set(lhs.indices):
             raise ScheduleError(
                 f"{space.origin}: the output {lhs.name} is sparse "

@@ -35,12 +35,12 @@ from .ctx import (
     SegmentSink,
     Sink,
     WorkspaceSink,
-    unit,
 )
 from .env import LowerEnv
-from .levels import iterator, locate
+from .levels import iterator
 from .output import flush_run, nothing_written, one_store_per_part, output_slot, store_shared
 from .output import write as write_output
+from .rows import enter_output
 from .semiring import combine, truth
 from .sequence import emit_sequence
 from .spaces import space_loop
@@ -153,33 +153,14 @@ def _private_loops(
 def enter(
     env: LowerEnv, var: str, rest: tuple[str, ...], expr: CExpr, ctx: Ctx, sink: Sink
 ) -> ir.Block:
-    """Code for the body of one iteration that has just bound ``var``."""
-    asm = env.assembler
-    lhs = env.lhs
-    k = asm.level_of(var) if asm is not None else None
-    if asm is None or k is None:
-        located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
-        return ir.block(located, loops(env, rest, expr, ctx, sink))
-    if var == env.workspace:
-        located, ctx = locate(env, ctx, list(accesses(expr)))
-        return ir.block(located, loops(env, rest, expr, ctx, sink))
-    slot = asm.bind(k)
-    if slot is not None:
-        ctx = ctx.bind(levels={(lhs, k): unit(slot)})
-    known = ctx.depth(lhs)
-    located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
-    # the dense levels above the first sparse one may be bound in any order (rowwise
-    # outputs): a row starts where the last of them is located, whichever var that is
-    row = asm.layout.dense_prefix - 1
-    if known <= row < ctx.depth(lhs):
-        k = row
-    bound = ctx.levels.get((lhs, k))
-    before, after = asm.around(k, bound.pos if bound else None)
-    if env.workspace and k == asm.layout.last - 1 and bound is not None:
-        inner = scatter_gather(env, rest, expr, ctx)
-    else:
-        inner = loops(env, rest, expr, ctx, sink)
-    return ir.block(located, *before, inner, *after)
+    """Code for the body of one iteration that has just bound ``var`` (`rows.enter_output`)."""
+
+    def inner(ctx: Ctx, gather: bool) -> ir.Block:
+        if gather:
+            return scatter_gather(env, rest, expr, ctx)
+        return loops(env, rest, expr, ctx, sink)
+
+    return enter_output(env, var, expr, ctx, inner)
 
 
 def scatter_gather(env: LowerEnv, rest: tuple[str, ...], expr: CExpr, ctx: Ctx) -> ir.Block:

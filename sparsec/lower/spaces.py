@@ -25,6 +25,8 @@ from .levels import crd, iterator, level, locate, names, unique
 from .output import flush_run
 from .parallel import inside, loop_setup
 from .positions import distinct, pos_access, whole_coordinates
+from .rows import split_row
+from .window import merge_at, window_merge
 
 #: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
 Nest = Callable[[tuple[str, ...], CExpr, Ctx, Sink], ir.Block]
@@ -59,6 +61,14 @@ def space_loop(
     completes = plan.leaves(sname)[-1] == loop
     setup = loop_setup(env, loop, distinct(env, space), ctx, sink, "for", extent, outermost)
     inner = ctx.bind(loopvars={loop: ir.Var(name)})
+    merge = merge_at(env, space, expr, ctx) if completes else None
+    if merge is not None and setup.parallel is None:
+        # a serial piece that completes a split merge: one walk over its coordinates
+        if setup.unroll:
+            raise ScheduleError(f"unroll({loop},{setup.unroll}): {loop}'s piece walks a merge")
+        x0 = _offset(env, sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
+        walk = window_merge(env, space, merge, (x0, ir.add(x0, extent)), ctx, rest, sink, nest)
+        return ir.block(*pre, *setup.pre, walk, *setup.post)
 
     # a serial loop over fused positions advances its parents' positions as cursors; a
     # parallel one searches them per iteration
@@ -89,6 +99,10 @@ def space_loop(
         if not completes:
             return nest(rest, expr, inner, target)
         x = _offset(env, sname, inner)
+        if merge is not None:
+            # a parallel piece that completes a split merge: one coordinate each
+            one = (x, ir.add(x, ir.IntLit(1)))
+            return window_merge(env, space, merge, one, inner, rest, target, nest)
         return _bind_space(env, space, x, inner, rest, expr, target, cursors, nest)
 
     loop_body = inside(env, setup, body)
@@ -235,6 +249,11 @@ def _bind_space(
     lhs = env.lhs
     if space.kind in ("dense", "fused"):
         values = _dense_coords(env, space, x)
+        if env.assembler is not None:
+            # a GPU split over a rowwise sparse output's rows: each row opened as usual
+            ((var, value),) = values
+            expr = scheduled_expr(env, space, var, expr, ctx)
+            return split_row(env, var, value, expr, ctx, rest, sink, nest)
         for var, value in values:
             expr = scheduled_expr(env, space, var, expr, ctx)
             name = env.var_names[var]

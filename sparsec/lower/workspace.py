@@ -129,10 +129,17 @@ class Workspace:
 
 
 def allocate(
-    var: str, size: ir.Expr, namer: Namer, counting: bool, copies: ir.Expr | None
+    var: str,
+    size: ir.Expr,
+    namer: Namer,
+    counting: bool,
+    copies: ir.Expr | None,
+    given: dict[str, str] | None = None,
 ) -> tuple[Workspace, list[ir.Stmt]]:
     """A workspace over ``var`` (extent ``size``) and the statements allocating it;
-    ``copies``: one per thread (each row takes its thread's slice, `row_slices`)."""
+    ``copies``: one per thread (each row takes its thread's slice, `row_slices`);
+    ``given``: the parameters holding the slices by role ("vals", "seen", "list"),
+    allocated (zeroed) by the runtime (a GPU kernel), so nothing is allocated here."""
     w = namer.fresh("w")
     seen = namer.fresh("w_seen")
     top = namer.fresh("w_top")
@@ -147,7 +154,10 @@ def allocate(
     if not counting:
         strides = {w: size, **strides, lst: _lines(size)}
     bases = {n: namer.fresh(f"{n}_all") for n in strides} if copies is not None else {}
-    allocated = tuple(bases[n] if bases else n for n in strides)
+    if given is not None:
+        roles = {w: "vals", seen: "seen", lst: "list"}
+        bases = {n: given[roles[n]] for n in strides}
+    allocated = tuple(bases[n] if bases else n for n in strides) if given is None else ()
     ws = Workspace(
         var,
         counting,
@@ -165,6 +175,8 @@ def allocate(
         allocated,
     )
     stmts: list[ir.Stmt] = [ir.Comment(f"workspace: a dense row over {var} (Gustavson)")]
+    if given is not None:
+        return ws, stmts
     each = copies if copies is not None else ir.IntLit(1)
     for name, array in zip(strides, allocated, strict=True):
         stmts.append(ir.Alloc(ws._types[name], array, ir.mul(each, strides[name])))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..frontend.concrete import accesses, exact
 from ..frontend.notation import Access
 from ..middle.commands import Command, name_supply
-from ..middle.lattice import Iterator, build
+from ..middle.lattice import Iterator, Lattice, build
 from ..middle.order import level_indices
 from ..middle.spec import Spec
 from ..tensors.layout import OutputLayout
@@ -22,6 +22,8 @@ from ..tensors.layout import OutputLayout
 THREADS_PER_BLOCK = 256
 #: nonzeros per thread of the nonzero mapping (TACO's GPU MTTKRP)
 NONZEROS_PER_THREAD = 8
+#: coordinates per thread of a merge of sparse levels at the outermost loop
+COORDS_PER_THREAD = 8
 
 
 def _cmd(name: str, *args: object) -> Command:
@@ -39,7 +41,11 @@ def gpu_candidates(spec: Spec, order: tuple[str, ...]) -> list[tuple[Command, ..
     an output row per block and its columns across the block's threads, the innermost loop
     moved second, so a warp's loads and stores are contiguous. Otherwise, thread-per-row
     over the outermost loop: a plain range, or a sparse operand's positions; with atomics
-    when that loop's iterations share output elements.
+    when that loop's iterations share output elements. Where sparse operands meet at the
+    outermost loop (a merge, or a sparse operand in a sum with a dense one) and no ``pos``
+    applies, the loop is split as a merge (`sparsec.lower.window`): 8 coordinates per
+    thread when every term needs a sparse operand, else one coordinate per thread; each
+    thread finds its operands' first positions by a binary search.
     """
     if not order:
         return []
@@ -91,16 +97,36 @@ def gpu_candidates(spec: Spec, order: tuple[str, ...]) -> list[tuple[Command, ..
     sparse = [
         tv.name for tv in spec.inputs if not tv.format.is_dense and v in _indices_of(spec, tv.name)
     ]
+    lattice = _outer_lattice(spec, v)
+    # sparse operands meet at v: a pos over one of them (the others located) first; else
+    # a split of the merge (`lower.window`), in chunks of coordinates per thread when no
+    # dense term needs every coordinate
+    meet = bool(lattice.iterators) and not lattice.position_loop
+    chunk, c = fresh(f"{v}_chunk"), fresh(f"{v}_in")
     for races in ("NoRaces", "Atomics"):
         tail = (
             _cmd("parallelize", b, "GPUBlock", races),
             _cmd("parallelize", t, "GPUThread", races),
         )
-        candidates.append((_cmd("split", v, b, t, THREADS_PER_BLOCK), *tail))
-        for name in sparse:
+        plain = (_cmd("split", v, b, t, THREADS_PER_BLOCK), *tail)
+        positions = [
+            (_cmd("pos", v, p, name), _cmd("split", p, b, t, THREADS_PER_BLOCK), *tail)
+            for name in sparse
+        ]
+        if not meet:
+            candidates += [plain, *positions]
+            continue
+        candidates += positions
+        if not lattice.full:
+            per_thread = COORDS_PER_THREAD
             candidates.append(
-                (_cmd("pos", v, p, name), _cmd("split", p, b, t, THREADS_PER_BLOCK), *tail)
+                (
+                    _cmd("split", v, b, chunk, per_thread * THREADS_PER_BLOCK),
+                    _cmd("split", chunk, t, c, per_thread),
+                    *tail,
+                )
             )
+        candidates.append(plain)
     return candidates
 
 
@@ -156,6 +182,18 @@ def _for_loop(spec: Spec, var: str) -> bool:
     equal coordinates. The lattice's `range_loop` / `position_loop` are the shapes the
     co-iteration emitter dispatches on, so the two cannot disagree. An expression with no
     point at ``var`` has no loop at all."""
+    lattice = _outer_lattice(spec, var)
+    if lattice.range_loop:
+        return True
+    if not lattice.position_loop:
+        return False
+    (it,) = lattice.iterators
+    return spec.tensor(it.access.name).format.levels[0].unique
+
+
+def _outer_lattice(spec: Spec, var: str) -> Lattice:
+    """The merge lattice of the right-hand side at the outermost loop, over ``var``: an
+    iterator for each operand whose first level holds ``var`` and iterates positions."""
     rhs = spec.statement.rhs
 
     def first_level(access: Access) -> Iterator | None:
@@ -164,13 +202,7 @@ def _for_loop(spec: Spec, var: str) -> bool:
             return None
         return Iterator(access, 0)
 
-    lattice = build(rhs, first_level, exact(rhs, spec.semantics.division))
-    if lattice.range_loop:
-        return True
-    if not lattice.position_loop:
-        return False
-    (it,) = lattice.iterators
-    return spec.tensor(it.access.name).format.levels[0].unique
+    return build(rhs, first_level, exact(rhs, spec.semantics.division))
 
 
 def _indices_of(spec: Spec, tensor: str) -> set[str]:

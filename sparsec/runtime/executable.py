@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from ..abi import ASSEMBLE_NAME
 from ..backends import Generated
 from ..middle.spec import Spec
 from ..policy.costs import Columns
 from ..tensors.buffers import aligned_empty
-from . import gpu, sparse_out
+from . import gpu, gpu_sparse, sparse_out
 from .args import arguments, slots
 from .binding import VALUE_DTYPES, resolve_threads
 from .inputs import Prepared
@@ -88,6 +89,8 @@ class Executable:
         """The kernel's result for bound inputs: a `Tensor` (sparse output), an array in
         the output's mode order, or a scalar."""
         if self.sparse is not None:
+            if self.target != "c":
+                return self._run_sparse_gpu(prepared)
             return sparse_out.run(self.sparse, prepared, threads, self.poison)
         width = self.columns.width(prepared.dims, prepared.values)
         if width:
@@ -180,6 +183,31 @@ class Executable:
         gen = self.loaded.generated
         gpu.emulate(self.loaded.fn, gen, self.slots, prepared.values, prepared.dims, out)
         return out
+
+    def _run_sparse_gpu(self, prepared: Prepared) -> Any:
+        """A rowwise sparse output: count, prefix-sum and fill (`gpu_sparse`), on the device
+        (CuPy) or through the emulation (numpy)."""
+        assert self.sparse is not None
+        gen = self.loaded.generated
+        emulated = self.target == "cuda-emulated"
+        if emulated:
+            xp: Any = np
+            kernels = {"assemble": self.loaded.assemble, "fill": self.loaded.fn}
+        else:
+            xp = gpu.cupy_device()
+            with self._lock:
+                if self._raw is None:
+                    self._raw = {
+                        "assemble": gpu.raw_kernel(gen.source, ASSEMBLE_NAME),
+                        "fill": gpu.raw_kernel(gen.source),
+                    }
+            kernels = self._raw
+
+        def phase(which: str, outputs: sparse_out.Arrays) -> None:
+            values, dims = prepared.values, prepared.dims
+            gpu.run_phase(kernels[which], gen, self.slots, values, dims, outputs, emulated)
+
+        return gpu_sparse.two_phase(self.sparse, prepared, phase, xp, self.poison)
 
     def _stage(self, prepared: Prepared, out: Any) -> tuple[Callable[[], None], Any]:
         """The arguments in GPU memory and a launch over them (`gpu.stage`)."""

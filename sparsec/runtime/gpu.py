@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..abi import KERNEL_NAME, LAUNCH_NAME
+from ..abi import ASSEMBLE_NAME, GPU_WORKSPACE, KERNEL_NAME, LAUNCH_ASSEMBLE_NAME, LAUNCH_NAME
 from ..backends.printer import CUDA
 from ..errors import DTypeError, ShapeError, SparsecError
 from ..ir import nodes as ir
@@ -30,6 +30,8 @@ from .args import ADDRESSES, HOST, Form, Slot, Source, arguments, named
 
 #: launches never exceed this many blocks (the loops are grid-stride, so any grid is correct)
 MAX_GRID = 1 << 20
+#: the most bytes a GPU workspace's slices take in all (the emulation: a 16th)
+WORKSPACE_BYTES = 1 << 30
 #: the emulation runs at most this many blocks (each block's threads run in turn)
 MAX_EMULATED_GRID = 4096
 
@@ -50,6 +52,15 @@ def emulation_source(generated: Any) -> str:
         "  return 0;\n"
         "}\n"
     )
+    if generated.launch.assemble is not None:
+        launcher += (
+            f'extern "C" int {LAUNCH_ASSEMBLE_NAME}(long long sc_grid, int sc_block,\n'
+            f"    {params}) {{\n"
+            f"  auto sc_body = [&]() {{ {ASSEMBLE_NAME}({names}); }};\n"
+            f"  sc_emu::launch(sc_grid, sc_block, {fibers}, sc_body);\n"
+            "  return 0;\n"
+            "}\n"
+        )
     return f'{shim}\n#line 1 "sparsec_kernel.cu"\n{generated.source}{launcher}'
 
 
@@ -240,6 +251,64 @@ def emulate(
     fn(grid, generated.launch.block, *args)
 
 
+def run_phase(
+    kernel: Any,
+    generated: Any,
+    slots: tuple[Slot, ...],
+    values: Mapping[str, Any],
+    dims: Mapping[str, int],
+    outputs: dict[tuple[str, int], Any],
+    emulated: bool,
+) -> None:
+    """One launch of a sparse output's phase into ``outputs`` (numpy arrays for the
+    emulation's launcher ``kernel``, CuPy arrays for the ``RawKernel`` ``kernel``)."""
+    host = named(slots, arguments(slots, values, dims, outputs, 1, form=HOST))
+    grid = launch_grid(generated.launch, host, emulated)
+    block = generated.launch.block
+    threads = 1
+    if generated.launch.scratch:
+        grid, block = _workspace(generated, host, grid, outputs, emulated)
+        threads = grid * block
+    if emulated:
+        kernel(grid, block, *arguments(slots, values, dims, outputs, threads, form=ADDRESSES))
+        return
+    form = _device_form(generated.dtype)
+    args = tuple(arguments(slots, values, dims, outputs, threads, form=form))
+    kernel((grid,), (block,), args)
+
+
+def _workspace(
+    generated: Any,
+    host: dict[str, Any],
+    grid: int,
+    outputs: dict[tuple[str, int], Any],
+    emulated: bool,
+) -> tuple[int, int]:
+    """A GPU workspace's slices, one per thread of the launch, into ``outputs``; the grid
+    and block, shrunk so that the slices fit in `WORKSPACE_BYTES` (the loops are strided
+    over the grid and the block, so any launch is correct)."""
+    xp: Any = np if emulated else cupy_device()
+    kinds = {"val": np.dtype(generated.dtype), "u64": np.dtype(np.uint64)}
+    kinds["i64"] = np.dtype(np.int64)
+    per: dict[str, int] = {}
+    for role, count in generated.launch.scratch:
+        n = _eval(count, host)
+        if n is None:
+            raise SparsecError(f"internal: the workspace's {role} slice has no size on the host")
+        per[role] = n
+    each = sum(n * kinds[GPU_WORKSPACE[role][1]].itemsize for role, n in per.items())
+    budget = WORKSPACE_BYTES // 16 if emulated else WORKSPACE_BYTES
+    fit = max(1, budget // max(1, each))
+    block = min(generated.launch.block, fit)
+    grid = max(1, min(grid, fit // block))
+    for role, (_, kind) in GPU_WORKSPACE.items():
+        size = max(1, grid * block * per.get(role, 0))
+        # values start at the add's identity (a semiring's), as the C target fills its own
+        fill = generated.launch.fill if role == "vals" else 0
+        outputs[(f"ws_{role}", -1)] = xp.full(size, fill, dtype=kinds[kind])
+    return grid, block
+
+
 def stage(
     raw: Any,
     generated: Any,
@@ -266,6 +335,7 @@ def stage(
     return launch, out_dev
 
 
-def raw_kernel(source: str) -> Any:
-    """The CuPy ``RawKernel`` of a generated ``.cu`` (compiled by CuPy at its first launch)."""
-    return cupy_device().RawKernel(source, KERNEL_NAME, options=("-std=c++17",))
+def raw_kernel(source: str, name: str = KERNEL_NAME) -> Any:
+    """The CuPy ``RawKernel`` ``name`` of a generated ``.cu`` (compiled by CuPy at its first
+    launch)."""
+    return cupy_device().RawKernel(source, name, options=("-std=c++17",))

@@ -5,7 +5,8 @@ Entry points of one library (`sparsec.abi` names them):
 
 - ``sparsec_kernel`` (C) or ``sparsec_launch(grid, block, ...)`` (the CUDA emulation): the
   compute phase; for a sparse output, the fill once the output levels are allocated;
-- ``sparsec_assemble``: a sparse output's symbolic phase (counts each level's positions);
+- ``sparsec_assemble``: a sparse output's symbolic phase (counts each level's positions;
+  ``sparsec_launch_assemble(grid, block, ...)`` under the CUDA emulation);
 - the single-pass entry (`Generated.append`): a sparse output appended into arrays of a
   proven capacity;
 - ``sparsec_kernel_packed``: the compute phase taking the ABI's arguments as one int64
@@ -22,7 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import abi
-from ..abi import ASSEMBLE_NAME, KERNEL_NAME, LAUNCH_NAME, PACKED_NAME, Param
+from ..abi import (
+    ASSEMBLE_NAME,
+    KERNEL_NAME,
+    LAUNCH_ASSEMBLE_NAME,
+    LAUNCH_NAME,
+    PACKED_NAME,
+    Param,
+)
 from ..backends import Generated
 from ..errors import ShapeError, SparsecError
 from . import build, gpu
@@ -54,7 +62,11 @@ def load(generated: Generated, target: str, sparse_output: bool) -> Loaded:
         return Loaded(generated, None)
     if target == "cuda-emulated":
         lib = build.compile_cached(gpu.emulation_source(generated), "c++")
-        return Loaded(generated, _entry(lib, LAUNCH_NAME, [ctypes.c_int64, ctypes.c_int, *types]))
+        launcher = [ctypes.c_int64, ctypes.c_int, *types]
+        fn = _entry(lib, LAUNCH_NAME, launcher)
+        if not sparse_output:
+            return Loaded(generated, fn)
+        return Loaded(generated, fn, _entry(lib, LAUNCH_ASSEMBLE_NAME, launcher))
     lib = build.compile_cached(generated.source)
     fn = _entry(lib, KERNEL_NAME, types)
     packed = _entry(lib, PACKED_NAME, [ctypes.c_char_p]) if generated.packed else None
