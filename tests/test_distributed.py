@@ -292,6 +292,59 @@ def test_refusals(client) -> None:
         k(A=_matrix(5, 4, 0), x=np.ones(4), out="numpy")
 
 
+# ----------------------------------------------------------------- files read on the workers
+
+
+def test_read_mtx_on_workers(client, tmp_path) -> None:
+    import scipy.io
+
+    A = _matrix(31, 17, 8, heavy=True)
+    A.eliminate_zeros()
+    scipy.io.mmwrite(tmp_path / "a.mtx", A)
+    S = A[:17, :17] + A[:17, :17].T
+    scipy.io.mmwrite(tmp_path / "s.mtx", S.tocoo(), symmetry="symmetric")
+    x = np.arange(17.0) - 4
+    spmv = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    for P, chunk in ((1, None), (3, 40), (7, 97)):  # small chunks cut lines everywhere
+        d = sd.read_mtx(tmp_path / "a.mtx", P, client=client, chunk_bytes=chunk)
+        assert d.origin == "files" and d.nnz == A.nnz and d.parts <= P
+        assert sum(d.part_nnz) == A.nnz
+        np.testing.assert_array_equal(d.to_dense(), A.toarray())
+        np.testing.assert_array_equal(spmv(A=d, x=x), A @ x)
+        s = sd.read_mtx(tmp_path / "s.mtx", P, client=client, chunk_bytes=chunk, dtype="float32")
+        assert s.dtype == np.float32
+        np.testing.assert_array_equal(s.to_dense(), S.toarray())
+    c = sd.read_mtx(tmp_path / "a.mtx", 2, client=client, format="csc", index_dtype="int64")
+    assert c.mode == 1 and c.index_dtype == np.int64
+    np.testing.assert_array_equal(c.to_dense(), A.toarray())
+    (tmp_path / "bad.mtx").write_text("%%MatrixMarket matrix array real general\n2 2\n1\n2\n3\n4\n")
+    with pytest.raises(sparsec.InputError, match="coordinate"):
+        sd.read_mtx(tmp_path / "bad.mtx", client=client)
+    (tmp_path / "out.mtx").write_text(
+        "%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1.0\n3 1 2.0\n"
+    )
+    with pytest.raises(sparsec.SparsecError, match="outside the shape"):
+        sd.read_mtx(tmp_path / "out.mtx", client=client)
+
+
+def test_read_tns_on_workers(client, tmp_path) -> None:
+    T = _tensor3((11, 6, 5), 9)
+    coords = np.argwhere(T != 0)
+    lines = ["# a FROSTT tensor"] + [
+        f"{i + 1} {j + 1} {k + 1} {T[i, j, k]:g}" for i, j, k in coords
+    ]
+    (tmp_path / "t.tns").write_text("\n".join(lines) + "\n")
+    D = np.arange(20.0).reshape(5, 4) % 3
+    C = np.arange(24.0).reshape(6, 4) % 4
+    mttkrp = sd.kernel("Y(i,j) = T(i,k,l) * D(l,j) * C(k,j)", {"T": "csf"})
+    for P, chunk in ((2, 50), (3, None)):
+        d = sd.read_tns(tmp_path / "t.tns", P, shape=T.shape, client=client, chunk_bytes=chunk)
+        np.testing.assert_array_equal(d.to_dense(), T)
+        np.testing.assert_array_equal(mttkrp(T=d, D=D, C=C), np.einsum("ikl,lj,kj->ij", T, D, C))
+    guessed = sd.read_tns(tmp_path / "t.tns", 2, client=client)
+    assert guessed.shape == tuple(int(n) + 1 for n in coords.max(axis=0))
+
+
 def test_missing_dask_is_a_clear_error() -> None:
     import subprocess
     import sys

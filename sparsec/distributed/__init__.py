@@ -11,6 +11,7 @@ the workers (`DistributedTensor`) and kernels that run part by part (`kernel`).
 Dask itself is imported on first use, so ``import sparsec`` never needs it.
 """
 
+from .files import read_mtx, read_tns
 from .kernel import DistributedKernel, kernel
 from .plan import Plan
 from .tensor import DistributedTensor, from_dask_array, from_scipy, from_tensor, open_dir
@@ -26,4 +27,6 @@ __all__ = [
     "from_tensor",
     "kernel",
     "open",
+    "read_mtx",
+    "read_tns",
 ]

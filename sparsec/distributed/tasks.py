@@ -121,3 +121,68 @@ def add(a: Any, b: Any, add_args: bytes | None) -> Any:
 
 def meta(t: Tensor) -> tuple[int, str, str]:
     return t.nnz, t.dtype.name, t.index_dtype.name
+
+
+def parse_range(path: str, start: int, end: int, spec: dict[str, Any], first: int) -> Any:
+    """The entries of the lines that start in bytes ``[start, end)``: 0-based int64
+    coordinates ``(order, n)`` and float64 values (``.mtx`` symmetric: mirrored too)."""
+    columns, order = spec["columns"], spec["order"]
+    with open(path, "rb") as f:
+        f.seek(max(first, start - 1))
+        if start > first:
+            f.readline()  # the line under way at `start` belongs to the range before
+        at = f.tell()
+        data = f.read(max(0, end - at)) if at < end else b""
+        if data and not data.endswith(b"\n"):
+            data += f.readline()
+    lines = [ln.split(b"#")[0] for ln in data.splitlines()]
+    words = b" ".join(ln for ln in lines if ln.strip() and not ln.lstrip().startswith(b"%")).split()
+    if len(words) % columns:
+        raise SparsecError(
+            f"{path}: bytes {start}-{end}: each entry line needs {columns} numbers "
+            f"({order} coordinates{' and a value' if columns > order else ''})"
+        )
+    try:
+        table = np.array(words, dtype=np.float64).reshape(-1, columns)
+    except ValueError as err:
+        raise SparsecError(f"{path}: bytes {start}-{end}: {err}") from None
+    coords = table[:, :order].T.astype(np.int64) - 1
+    vals = table[:, order] if columns > order else np.ones(len(table))
+    shape = spec["shape"]
+    bad = (coords < 0).any(axis=0)
+    if shape is not None:
+        bad |= (coords >= np.array(shape)[:, None]).any(axis=0)
+    if bad.any():
+        raise SparsecError(
+            f"{path}: bytes {start}-{end}: coordinate {tuple(coords[:, bad.argmax()] + 1)} is "
+            f"outside the shape {shape} (coordinates are 1-based)"
+        )
+    if spec["symmetric"]:
+        off = coords[0] != coords[1]
+        coords = np.concatenate([coords, coords[::-1, off]], axis=1)
+        vals = np.concatenate([vals, vals[off]])
+    return coords, vals
+
+
+def max_coords(piece: Any, order: int) -> np.ndarray:
+    coords = piece[0]
+    return coords.max(axis=1) if coords.shape[1] else np.full(order, -1)
+
+
+def count_along(piece: Any, mode: int, shape: Sequence[int]) -> np.ndarray:
+    return np.bincount(piece[0][mode], minlength=shape[mode])
+
+
+def gather_range(
+    mode: int,
+    lo: int,
+    hi: int,
+    shape: Sequence[int],
+    fmt: Format,
+    idt: Any,
+    dtype: str,
+    *pieces: Any,
+) -> Tensor:
+    """One part from the parsed ranges: the entries with ``lo <= coords[mode] < hi``."""
+    c, v = split.select(list(pieces), mode, lo, hi)
+    return split.make_part(c, v.astype(dtype), shape, mode, lo, hi, fmt, idt)
