@@ -345,6 +345,80 @@ def test_read_tns_on_workers(client, tmp_path) -> None:
     assert guessed.shape == tuple(int(n) + 1 for n in coords.max(axis=0))
 
 
+# ----------------------------------------------------------------- faults (last: they kill workers)
+
+
+def _kill_holder(client, future) -> None:
+    """SIGKILL the worker process holding ``future`` (its nanny starts a fresh one)."""
+    import os
+    import signal
+
+    addr = next(iter(client.who_has([future])[future.key]))
+    pid = client.run(os.getpid, workers=[addr])[addr]
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_killed_worker_file_loaded_spmv_is_still_right(client, tmp_path) -> None:
+    """The worker holding a part of a file-loaded matrix is killed just before the call (the
+    scheduler has not noticed yet): Dask redoes the lost parts from the file, the call sends
+    its operands again, and the answer is right."""
+    import scipy.io
+
+    A = _matrix(60, 30, 11)
+    A.eliminate_zeros()
+    scipy.io.mmwrite(tmp_path / "a.mtx", A)
+    d = sd.read_mtx(tmp_path / "a.mtx", 4, client=client).persist()
+    x = np.arange(30.0) - 9
+    k = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    _kill_holder(client, d.futures[0])
+    np.testing.assert_array_equal(k(A=d, x=x), A @ x)
+    client.wait_for_workers(2, timeout=60)
+    np.testing.assert_array_equal(k(A=d, x=x), A @ x)
+
+
+def test_lost_scattered_part_is_a_clear_error(client) -> None:
+    import time
+
+    A = _matrix(40, 20, 12)
+    d = sd.from_scipy(A, 4, client=client, name="A").persist()
+    assert d.origin == "scattered"
+    _kill_holder(client, d.futures[0])
+    deadline = time.monotonic() + 30
+    while all(f.status == "finished" for f in d.futures) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    k = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    with pytest.raises(
+        sparsec.SparsecError, match=r"part\(s\) 0.* of distributed tensor A were lost"
+    ):
+        k(A=d, x=np.ones(20))
+    with pytest.raises(sparsec.SparsecError, match="cannot be recomputed"):
+        d.to_tensor()
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_kernel_failing_on_a_part_names_kernel_and_part(client) -> None:
+    A = _matrix(20, 10, 13)
+    good = client.scatter(sparsec.Tensor.from_scipy(A[:10]))
+    bad = client.scatter("not a tensor")
+    d = sd.DistributedTensor(
+        client,
+        [good, bad],
+        [split.Cut(0, 0, 0, 10), split.Cut(0, 0, 10, 20)],
+        A.shape,
+        sparsec.parse_format("csr", 2),
+        0,
+        "float64",
+        "int32",
+        "scattered",
+        "A",
+    )
+    k = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    with pytest.raises(
+        sparsec.SparsecError, match=r"kernel 'y\(i\) = A\(i,j\) \* x\(j\)' failed on part 1 of 2"
+    ):
+        k(A=d, x=np.ones(10))
+
+
 def test_missing_dask_is_a_clear_error() -> None:
     import subprocess
     import sys

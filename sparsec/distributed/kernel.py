@@ -10,6 +10,7 @@ the compiled library from the on-disk cache (or build their own for another CPU)
 from __future__ import annotations
 
 import pickle
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -18,11 +19,15 @@ import numpy as np
 
 from ..api.check import CheckResult, require_torch, verdict
 from ..api.kernel import Kernel
-from ..errors import InputError
+from ..errors import InputError, SparsecError
 from ..tensors.tensor import Tensor, as_tensor
 from . import plan as planner
-from ._dask import client_of
+from ._dask import client_of, lost
 from .tensor import DistributedTensor, default_parts, from_tensor
+
+#: times a call is run again after a failure that is not the kernel's (a worker lost mid-call:
+#: the driver's operands are sent again, parts built by tasks are redone by Dask)
+RETRIES = 2
 
 
 class DistributedKernel:
@@ -170,7 +175,21 @@ class DistributedKernel:
                 inputs[name] = dt.repartition()  # whole slices only
             elif dt.overlapping and self._semiring_not_plus():
                 inputs[name] = dt.repartition()
-        return execute(self, client, kind, index, name, mode, inputs, parts, out, threads)
+        for attempt in range(RETRIES + 1):
+            try:
+                return execute(
+                    self, client, kind, index, name, mode, inputs, parts, out, threads, attempt > 0
+                )
+            except SparsecError:
+                raise
+            except Exception as err:  # a worker lost mid-call (its comm closed, a copy gone)
+                held = inputs[name]
+                if isinstance(held, DistributedTensor) and lost(held.futures):
+                    raise held.lost_error(err) from None
+                if attempt == RETRIES:
+                    raise
+                time.sleep(0.5 * (attempt + 1))  # let the scheduler drop the dead worker
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _semiring_not_plus(self) -> bool:
         return self.kernel.semantics.semiring != "plus_times"

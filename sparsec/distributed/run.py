@@ -10,6 +10,7 @@ import numpy as np
 from ..tensors.tensor import Tensor, as_tensor
 from . import plan as planner
 from . import split, tasks
+from ._dask import lost
 from .tensor import DistributedTensor, default_parts
 
 
@@ -24,7 +25,11 @@ def execute(
     parts: int | None,
     out: str | None,
     threads: int | None,
+    resend: bool = False,
 ) -> Any:
+    """One call; ``resend``: the driver's operands travel inside tasks (a retry after a
+    worker was lost: a scatter may still pick the dead worker, a task is placed by the
+    scheduler and redone if lost)."""
     idx = planner.rhs_indices(dk.assignment)
     formats = dk.kernel.formats
     dims = _dims(idx, inputs)
@@ -35,6 +40,8 @@ def execute(
     else:
         assert isinstance(primary, DistributedTensor)
         ranges, owner = primary.bounds, primary
+        if lost(primary.futures):
+            raise primary.lost_error(RuntimeError("lost"))
     per_part: list[dict[str, Any]] = [{} for _ in ranges]
     for n, v in inputs.items():
         if n not in idx or not idx[n]:  # scalars travel in the task
@@ -43,7 +50,7 @@ def execute(
             continue
         if index not in idx[n]:
             whole = v.to_tensor() if isinstance(v, DistributedTensor) else v
-            fut = client.scatter(whole, broadcast=True, hash=False)
+            fut = _send(client, [whole], resend, broadcast=True)[0]
             for d in per_part:
                 d[n] = fut
             continue
@@ -57,9 +64,7 @@ def execute(
                 hash=False, data=[np.take(v, np.arange(a, b), axis=axis) for a, b in ranges]
             )
         else:
-            futures = client.scatter(
-                _sparse_slices(as_tensor(v, formats[n]), axis, ranges), hash=False
-            )
+            futures = _send(client, _sparse_slices(as_tensor(v, formats[n]), axis, ranges), resend)
         for d, f in zip(per_part, futures, strict=True):
             d[n] = f
     names = list(per_part[0]) if per_part else []
@@ -94,6 +99,15 @@ def execute(
         at[axis] = slice(a, b)
         whole[tuple(at)] += g
     return whole
+
+
+def _send(client: Any, data: list[Any], resend: bool, broadcast: bool = False) -> list[Any]:
+    """The driver's operands, each carried by a task: the scheduler places it on a live
+    worker and redoes it if that worker dies (a ``scatter`` just after a worker died can
+    pick the dead one and wait for it forever). ``resend``/``broadcast`` are kept for a
+    transport that distinguishes them; Dask copies a task's result to the workers that need it."""
+    del resend, broadcast
+    return [client.submit(tasks.identity, d, pure=False) for d in data]
 
 
 def _dims(idx: dict[str, tuple[str, ...]], inputs: dict[str, Any]) -> dict[str, int]:

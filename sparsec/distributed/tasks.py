@@ -186,3 +186,8 @@ def gather_range(
     """One part from the parsed ranges: the entries with ``lo <= coords[mode] < hi``."""
     c, v = split.select(list(pieces), mode, lo, hi)
     return split.make_part(c, v.astype(dtype), shape, mode, lo, hi, fmt, idt)
+
+
+def identity(value: Any) -> Any:
+    """A driver value carried by a task (the scheduler holds it, so it can be redone)."""
+    return value
