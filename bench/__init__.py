@@ -30,5 +30,9 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.taco",
         "side by side with TACO (C++ API, and -march=native): ../shared/taco-bench",
     ),
+    "distributed": (
+        "bench.distributed",
+        "sparsec.distributed on a 2-worker Dask cluster vs one process; sd.model up to P=512",
+    ),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
 }

@@ -292,6 +292,29 @@ def test_refusals(client) -> None:
         k(A=_matrix(5, 4, 0), x=np.ones(4), out="numpy")
 
 
+def test_model_counts_bytes_and_imbalance() -> None:
+    """sd.model on a pattern small enough to count by hand: needs no cluster."""
+    A = sp.csr_matrix(np.diag(np.arange(1.0, 9.0)))  # 8 rows, one entry each, on the diagonal
+    spmv = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    m1, m4 = sd.model(spmv, A, parts=1), sd.model(spmv, A, parts=4)
+    assert (m1.kind, m1.index, m4.parts, m4.imbalance, m4.max_part_nnz) == (
+        "concatenate",
+        "i",
+        4,
+        1.0,
+        2,
+    )
+    assert m1.replicated_bytes == m1.needed_bytes == 8 * 8  # x: 8 float64, all needed
+    assert m4.replicated_bytes == 4 * 64 and m4.needed_bytes == 64  # each part touches 2 of x
+    assert m4.output_bytes == m1.output_bytes == 64  # disjoint slices of y
+    t = sd.model(sd.kernel("y(j) = A(i,j) * x(i)", {"A": "csr"}), A, parts=4)
+    assert t.kind == "reduce" and t.output_bytes == 4 * 64 and t.needed_bytes == 64
+    spmm = sd.model(sd.kernel("Y(i,k) = A(i,j) * X(j,k)", {"A": "csr"}), A, parts=2, dims={"k": 3})
+    assert spmm.replicated_bytes == 2 * 8 * 3 * 8 and spmm.needed_bytes == 8 * 3 * 8
+    heavy = sp.csr_matrix(np.vstack([np.ones((1, 8)), np.eye(8)[:3]]))
+    assert sd.model(spmv, heavy, parts=2).imbalance <= 1.1  # the full row is split
+
+
 # ----------------------------------------------------------------- files read on the workers
 
 

@@ -13,6 +13,7 @@ Dask itself is imported on first use, so ``import sparsec`` never needs it.
 
 from .files import read_mtx, read_tns
 from .kernel import DistributedKernel, kernel
+from .model import Model, model
 from .plan import Plan
 from .tensor import DistributedTensor, from_dask_array, from_scipy, from_tensor, open_dir
 
@@ -26,6 +27,8 @@ __all__ = [
     "from_scipy",
     "from_tensor",
     "kernel",
+    "model",
+    "Model",
     "open",
     "read_mtx",
     "read_tns",
