@@ -287,6 +287,9 @@ def test_refusals(client) -> None:
     k = sd.kernel("y(i) += A(i,j) * x(j)", {"A": "csr"})
     with pytest.raises(sparsec.SparsecError, match="write '='"):
         k(A=sd.from_scipy(_matrix(5, 4, 0), 2, client=client), x=np.ones(4), y=np.ones(5))
+    k = sd.kernel("y(j) = A(i,j) * x(i)", {"A": "csr"}, semiring="min_plus")
+    with pytest.raises(sparsec.SparsecError, match="min_plus"):
+        k(A=sd.from_scipy(_matrix(5, 4, 0), 2, client=client), x=np.ones(5))
     k = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
     with pytest.raises(sparsec.InputError, match="out="):
         k(A=_matrix(5, 4, 0), x=np.ones(4), out="numpy")

@@ -51,6 +51,16 @@ class DistributedKernel:
     # ----------------------------------------------------------------- planning
     def _choose(self, inputs: Mapping[str, Any]) -> tuple[str, str, str, int]:
         """(kind, index, tensor, mode): the class and the split (no data moves)."""
+        found = self._classify(inputs)
+        if found[0] == "reduce" and self._semiring_not_plus():
+            raise SparsecError(
+                f"{self.assignment}: splitting {found[2]} along the summed index {found[1]!r} "
+                f"adds partial outputs with +, not with the {self.kernel.semantics.semiring} "
+                "semiring's add; distribute along an output index instead (another format)"
+            )
+        return found
+
+    def _classify(self, inputs: Mapping[str, Any]) -> tuple[str, str, str, int]:
         formats = self.kernel.formats
         idx = planner.rhs_indices(self.assignment)
         names = [n for n in idx if n in inputs]
