@@ -97,6 +97,7 @@ def test_heavy_row_is_split_by_position(client) -> None:
     x = np.arange(40.0) - 7
     spmv = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
     np.testing.assert_array_equal(spmv(A=d, x=x), A @ x)
+    assert ("float64", "int32") in spmv.kernel._executables  # built on the driver first
     # a sum over rows cannot share a row between parts: the call cuts at whole rows first
     t = sd.kernel("y(j) = A(i,j) * x(i) + x(j)", {"A": "csr"})
     with pytest.raises(sparsec.SparsecError, match="enclose the whole right-hand side"):

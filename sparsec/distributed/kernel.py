@@ -185,6 +185,8 @@ class DistributedKernel:
                 inputs[name] = dt.repartition()  # whole slices only
             elif dt.overlapping and self._semiring_not_plus():
                 inputs[name] = dt.repartition()
+        if isinstance(inputs[name], DistributedTensor):
+            self.build(inputs[name].dtype.name, inputs[name].index_dtype.name)
         for attempt in range(RETRIES + 1):
             try:
                 return execute(
@@ -200,6 +202,18 @@ class DistributedKernel:
                     raise
                 time.sleep(0.5 * (attempt + 1))  # let the scheduler drop the dead worker
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def build(self, dtype: str, index_dtype: str) -> None:
+        """Compile on the driver before the parts run, so that workers sharing its compile
+        cache load the library instead of each building it (a worker on another CPU builds
+        its own: the cache key includes the target). Where it cannot be built here, the
+        workers report why."""
+        try:
+            self.kernel.executable(
+                self.kernel.dtype or dtype, self.kernel.index_dtype or index_dtype
+            )
+        except SparsecError:
+            pass
 
     def _semiring_not_plus(self) -> bool:
         return self.kernel.semantics.semiring != "plus_times"
