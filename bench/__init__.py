@@ -38,5 +38,9 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.graphblas",
         "side by side with python-graphblas: SpMV, SpGEMM, add, B + C*D, SDDMM, 1 and 2 threads",
     ),
+    "distributed": (
+        "bench.distributed",
+        "sparsec.distributed on a 2-worker Dask cluster vs one process; sd.model up to P=512",
+    ),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
 }

@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "sparsec"
 #: the stages, top to bottom: a module may import its own stage and the stages below it
 STAGES = (
     ("sparsec", "sparsec.cli", "sparsec.demo", "sparsec.__main__"),
+    ("sparsec.distributed",),  # on Dask: parts of tensors and kernels run part by part
     ("sparsec.nn",),
     ("sparsec.api",),
     ("sparsec.runtime",),

@@ -1,0 +1,271 @@
+"""`sd.kernel`: a `sparsec.Kernel` whose calls run part by part on Dask workers.
+
+A call picks the split (`plan`), sends each part its inputs (the split tensor's part, slices
+of operands indexed by the split index, the rest broadcast once), runs the kernel on every
+part as a task, and combines the parts' outputs: side by side, by shifting ``pos``, or by a
+tree of additions. Workers rebuild the kernel from its arguments once per process and load
+the compiled library from the on-disk cache (or build their own for another CPU).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..api.check import CheckResult, require_torch, verdict
+from ..api.kernel import Kernel
+from ..errors import InputError, SparsecError
+from ..tensors.tensor import Tensor, as_tensor
+from . import plan as planner
+from ._dask import client_of, lost
+from .tensor import DistributedTensor, default_parts, from_tensor
+
+#: times a call is run again after a failure that is not the kernel's (a worker lost mid-call:
+#: the driver's operands are sent again, parts built by tasks are redone by Dask)
+RETRIES = 2
+
+
+class DistributedKernel:
+    """``sd.kernel(expr, formats, ...)``: the arguments of `sparsec.kernel`."""
+
+    def __init__(self, expr: str, formats: Any = None, **options: Any) -> None:
+        self.kernel = Kernel(expr, formats, **options)
+        self.assignment = self.kernel.assignment
+        self._args = pickle.dumps(self.kernel.__reduce__()[1])
+        out = self.kernel.spec.output
+        self._out_order = out.format.ordering if out.order else ()
+        self._out_dense = out.format.is_dense
+
+    @property
+    def expression(self) -> str:
+        return self.kernel.expression
+
+    def __repr__(self) -> str:
+        return f"DistributedKernel({self.kernel!r})"
+
+    # ----------------------------------------------------------------- planning
+    def _choose(self, inputs: Mapping[str, Any]) -> tuple[str, str, str, int]:
+        """(kind, index, tensor, mode): the class and the split (no data moves)."""
+        found = self._classify(inputs)
+        if found[0] == "reduce" and self._semiring_not_plus():
+            raise SparsecError(
+                f"{self.assignment}: splitting {found[2]} along the summed index {found[1]!r} "
+                f"adds partial outputs with +, not with the {self.kernel.semantics.semiring} "
+                "semiring's add; distribute along an output index instead (another format)"
+            )
+        return found
+
+    def _classify(self, inputs: Mapping[str, Any]) -> tuple[str, str, str, int]:
+        formats = self.kernel.formats
+        idx = planner.rhs_indices(self.assignment)
+        names = [n for n in idx if n in inputs]
+        dist = [n for n in names if isinstance(inputs[n], DistributedTensor)]
+        if dist:
+            name = dist[0]
+            kind, index, mode = planner.classify(
+                self.assignment, self._out_order, self._out_dense, name, inputs[name].mode
+            )
+            return kind, index, name, mode
+        sparse = [n for n in names if idx[n] and not formats[n].is_dense]
+        dense = {n: inputs[n] for n in names if idx[n] and formats[n].is_dense}
+        sparse_bytes = sum(_nbytes(inputs[n]) for n in sparse)
+        rep = planner.replicate_index(self.assignment, dense, sparse)
+        if rep is not None and (not sparse or _nbytes(dense[rep[0]]) > sparse_bytes):
+            return "replicate", rep[1], rep[0], idx[rep[0]].index(rep[1])
+        if not sparse:
+            raise InputError(
+                f"{self.assignment}: nothing to distribute; pass a DistributedTensor "
+                "(sd.from_scipy, sd.read_mtx, sd.open, ...) or a sparse operand"
+            )
+        name = max(sparse, key=lambda n: _nbytes(inputs[n]))
+        fmt = formats[name]
+        kind, index, mode = planner.classify(
+            self.assignment, self._out_order, self._out_dense, name, fmt.ordering[0]
+        )
+        return kind, index, name, mode
+
+    def plan(self, /, *, parts: int | None = None, client: Any = None, **inputs: Any) -> Any:
+        """The class, split, bytes each part receives and imbalance of a call (moves nothing)."""
+        client = client_of(client)
+        kind, index, name, mode = self._choose(inputs)
+        value = inputs[name]
+        if isinstance(value, DistributedTensor):
+            counts = value.part_nnz
+            ranges = value.bounds
+            if kind == "repartition":
+                ranges = planner.even_ranges(value.shape[mode], value.parts)
+                counts = [value.nnz // max(1, len(ranges))] * len(ranges)
+            moved = _entry_bytes(value) * value.nnz if kind == "repartition" else 0
+            own = [n * _entry_bytes(value) for n in counts]
+        else:
+            extent = np.shape(value)[mode] if kind == "replicate" else as_tensor(value).shape[mode]
+            ranges = planner.even_ranges(extent, parts or default_parts(client))
+            counts, moved = [1] * len(ranges), 0
+            own = [int(_nbytes(value) * (b - a) / max(1, extent)) for a, b in ranges]
+        shared = self._broadcast_bytes(inputs, index, name)
+        sliced = self._sliced_bytes(inputs, index, name, ranges)
+        per = tuple(o + shared + s for o, s in zip(own, sliced, strict=True))
+        mean = sum(counts) / max(1, len(counts))
+        imbalance = max(counts) / mean if mean else 1.0
+        return planner.Plan(kind, index, name, len(ranges), per, imbalance, moved, mode)
+
+    def _broadcast_bytes(self, inputs: Mapping[str, Any], index: str, split_name: str) -> int:
+        idx = planner.rhs_indices(self.assignment)
+        return sum(
+            _nbytes(v) for n, v in inputs.items() if n != split_name and index not in idx.get(n, ())
+        )
+
+    def _sliced_bytes(
+        self, inputs: Mapping[str, Any], index: str, split_name: str, ranges: list[tuple[int, int]]
+    ) -> list[int]:
+        idx = planner.rhs_indices(self.assignment)
+        out = [0] * len(ranges)
+        for n, v in inputs.items():
+            if n == split_name or index not in idx.get(n, ()):
+                continue
+            extent = max(
+                1,
+                np.shape(v)[idx[n].index(index)]
+                if not isinstance(v, DistributedTensor)
+                else v.shape[idx[n].index(index)],
+            )
+            for p, (a, b) in enumerate(ranges):
+                out[p] += int(_nbytes(v) * (b - a) / extent)
+        return out
+
+    # ----------------------------------------------------------------- calling
+    def __call__(
+        self,
+        /,
+        *,
+        parts: int | None = None,
+        client: Any = None,
+        out: str | None = None,
+        threads: int | None = 1,
+        **inputs: Any,
+    ) -> Any:
+        """Run on the workers: numpy for a dense output, a `sparsec.Tensor` for a sparse one,
+        or a `DistributedTensor` (parts on the workers) with ``out="distributed"``."""
+        from .run import execute
+
+        client = client_of(client)
+        if out not in (None, "distributed"):
+            raise InputError(f"out={out!r}: give out='distributed' or leave it out")
+        inputs = {n: _host(v) for n, v in inputs.items()}
+        kind, index, name, mode = self._choose(inputs)
+        value = inputs[name]
+        if kind == "repartition":
+            assert isinstance(value, DistributedTensor)
+            moved = _entry_bytes(value) * value.nnz
+            warnings.warn(
+                f"{self.assignment}: {name} is split along mode {value.mode} but the sparse "
+                f"output's outermost level is index {index!r}; repartitioning {name} moves "
+                f"{value.nnz} entries ({moved} bytes) between workers",
+                stacklevel=2,
+            )
+            inputs[name] = value.repartition(mode=mode)
+        elif kind != "replicate" and not isinstance(value, DistributedTensor):
+            inputs[name] = from_tensor(
+                as_tensor(value, self.kernel.formats[name]),
+                parts,
+                client=client,
+                mode=mode,
+                name=name,
+            )
+        if kind != "replicate":
+            dt = inputs[name]
+            if dt.overlapping and (
+                kind == "reduce" or not planner.overlap_safe(self.assignment, name)
+            ):
+                inputs[name] = dt.repartition()  # whole slices only
+            elif dt.overlapping and self._semiring_not_plus():
+                inputs[name] = dt.repartition()
+        if isinstance(inputs[name], DistributedTensor):
+            self.build(inputs[name].dtype.name, inputs[name].index_dtype.name)
+        for attempt in range(RETRIES + 1):
+            try:
+                return execute(
+                    self, client, kind, index, name, mode, inputs, parts, out, threads, attempt > 0
+                )
+            except SparsecError:
+                raise
+            except Exception as err:  # a worker lost mid-call (its comm closed, a copy gone)
+                held = inputs[name]
+                if isinstance(held, DistributedTensor) and lost(held.futures):
+                    raise held.lost_error(err) from None
+                if attempt == RETRIES:
+                    raise
+                time.sleep(0.5 * (attempt + 1))  # let the scheduler drop the dead worker
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def build(self, dtype: str, index_dtype: str) -> None:
+        """Compile on the driver before the parts run, so that workers sharing its compile
+        cache load the library instead of each building it (a worker on another CPU builds
+        its own: the cache key includes the target). Where it cannot be built here, the
+        workers report why."""
+        try:
+            self.kernel.executable(
+                self.kernel.dtype or dtype, self.kernel.index_dtype or index_dtype
+            )
+        except SparsecError:
+            pass
+
+    def _semiring_not_plus(self) -> bool:
+        return self.kernel.semantics.semiring != "plus_times"
+
+    def check(
+        self, /, *, parts: int | None = None, client: Any = None, **inputs: Any
+    ) -> CheckResult:
+        """Run distributed and compare with ``torch.einsum`` on the gathered dense inputs."""
+        require_torch()
+        got = self(parts=parts, client=client, **inputs)
+        local = {
+            n: v.to_tensor() if isinstance(v, DistributedTensor) else v for n, v in inputs.items()
+        }
+        prepared = self.kernel.binder.prepare(local)
+        return verdict(self.assignment, self.kernel.spec, self.kernel.binder.wanted, prepared, got)
+
+
+def kernel(expr: str, formats: Any = None, **options: Any) -> DistributedKernel:
+    """A distributed kernel: the arguments of `sparsec.kernel`."""
+    return DistributedKernel(expr, formats, **options)
+
+
+# ----------------------------------------------------------------------- helpers
+
+
+def _host(value: Any) -> Any:
+    """Driver values as numpy or sparsec tensors (torch dense -> numpy, torch sparse -> Tensor)."""
+    if isinstance(value, DistributedTensor | Tensor | np.ndarray | int | float):
+        return value
+    if hasattr(value, "tocoo"):  # scipy sparse
+        return as_tensor(value)
+    if type(value).__module__.startswith("torch"):
+        if (
+            getattr(value, "is_sparse", False)
+            or getattr(value, "layout", None) is not None
+            and "sparse" in str(value.layout)
+        ):
+            return as_tensor(value)
+        return value.detach().cpu().numpy()
+    return value
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, DistributedTensor):
+        return value.nnz * _entry_bytes(value)
+    if isinstance(value, Tensor):
+        return int(value.vals.nbytes + sum(a.nbytes for st in value.levels for a in st.arrays()))
+    if hasattr(value, "tocoo"):
+        return int(value.data.nbytes * 2 + getattr(value, "indices", value.data).nbytes)
+    return int(np.asarray(value).nbytes)
+
+
+def _entry_bytes(t: DistributedTensor) -> int:
+    """Bytes one stored entry moves as coordinates and a value."""
+    return t.dtype.itemsize + t.order * t.index_dtype.itemsize
