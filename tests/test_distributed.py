@@ -403,6 +403,43 @@ def test_killed_worker_file_loaded_spmv_is_still_right(client, tmp_path) -> None
     np.testing.assert_array_equal(k(A=d, x=x), A @ x)
 
 
+def _die_in_run_part() -> None:
+    """On a worker: make this process's `tasks.run_part` (the function object itself, which
+    the worker's cache of unpickled functions also holds) SIGKILL its own process when a part
+    of a call runs on it."""
+    from sparsec.distributed import tasks
+
+    def killer(args, label, names, threads, *values):  # noqa: ANN001, ANN202
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    tasks.run_part.__code__ = killer.__code__
+
+
+def test_worker_killed_during_a_file_loaded_spmv_call(client, tmp_path) -> None:
+    """The worker holding part 0 of a file-loaded matrix dies while the call's parts run on it
+    (its part task kills the process): Dask reruns the lost file-reading tasks and the part on
+    the surviving or restarted worker, and the call returns the right answer."""
+    import scipy.io
+
+    client.wait_for_workers(2, timeout=60)
+    A = _matrix(80, 40, 13)
+    A.eliminate_zeros()
+    scipy.io.mmwrite(tmp_path / "b.mtx", A)
+    d = sd.read_mtx(tmp_path / "b.mtx", 4, client=client).persist()
+    x = np.arange(40.0) - 11
+    k = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    np.testing.assert_array_equal(k(A=d, x=x), A @ x)  # compiled, every worker warm
+    holder = next(iter(client.who_has([d.futures[0]])[d.futures[0].key]))
+    client.run(_die_in_run_part, workers=[holder])
+    np.testing.assert_array_equal(k(A=d, x=x), A @ x)
+    assert holder not in client.scheduler_info()["workers"]  # it did die mid-call
+    client.wait_for_workers(2, timeout=60)
+    np.testing.assert_array_equal(k(A=d, x=x), A @ x)
+
+
 def test_lost_scattered_part_is_a_clear_error(client) -> None:
     import time
 

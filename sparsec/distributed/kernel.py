@@ -22,7 +22,7 @@ from ..api.kernel import Kernel
 from ..errors import InputError, SparsecError
 from ..tensors.tensor import Tensor, as_tensor
 from . import plan as planner
-from ._dask import client_of, lost
+from ._dask import client_of
 from .tensor import DistributedTensor, default_parts, from_tensor
 
 #: times a call is run again after a failure that is not the kernel's (a worker lost mid-call:
@@ -196,7 +196,7 @@ class DistributedKernel:
                 raise
             except Exception as err:  # a worker lost mid-call (its comm closed, a copy gone)
                 held = inputs[name]
-                if isinstance(held, DistributedTensor) and lost(held.futures):
+                if isinstance(held, DistributedTensor) and held.unrecoverable():
                     raise held.lost_error(err) from None
                 if attempt == RETRIES:
                     raise

@@ -10,7 +10,6 @@ import numpy as np
 from ..tensors.tensor import Tensor, as_tensor
 from . import plan as planner
 from . import split, tasks
-from ._dask import lost
 from .tensor import DistributedTensor, default_parts
 
 
@@ -40,7 +39,7 @@ def execute(
     else:
         assert isinstance(primary, DistributedTensor)
         ranges, owner = primary.bounds, primary
-        if lost(primary.futures):
+        if primary.unrecoverable():
             raise primary.lost_error(RuntimeError("lost"))
     per_part: list[dict[str, Any]] = [{} for _ in ranges]
     for n, v in inputs.items():

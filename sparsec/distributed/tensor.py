@@ -117,6 +117,12 @@ class DistributedTensor:
         except Exception as err:
             raise self.lost_error(err) from None
 
+    def unrecoverable(self) -> bool:
+        """Whether parts are gone for good: scattered from the driver and lost with their
+        worker. Parts made by tasks (files, dask arrays, a kernel's output) read as lost for
+        a moment after their worker dies, and the scheduler recomputes them."""
+        return self.origin == SCATTERED and bool(lost(self.futures))
+
     def lost_error(self, err: BaseException) -> BaseException:
         gone = lost(self.futures)
         if self.origin == SCATTERED and gone:
