@@ -2,7 +2,8 @@
 
 The driver reads only the header; the data is cut into byte ranges, each parsed by a task on a
 worker (a range owns the lines that start inside it). A histogram pass counts the entries per
-slice of the split mode, the driver cuts the slices into parts balanced by nonzeros, and each
+slice of the split mode, the driver cuts the slices into parts balanced by nonzeros (a slice
+heavier than nnz/P split by position between two parts), and each
 part is gathered from the parsed ranges by a task. Every step is a task reading the file, so
 Dask redoes lost parts after a worker dies (the file must be readable from every worker).
 """
@@ -140,7 +141,8 @@ def _build(
     mode = fmt.ordering[0]
     hists = client.map(tasks.count_along, pieces, [mode] * len(pieces), [shape] * len(pieces))
     counts = np.sum(client.gather(hists), axis=0)
-    cuts = split.cuts_from_counts(counts, parts)
+    cuts = split.cuts_from_counts(counts, parts)  # a heavy slice split by position
+    starts = np.concatenate([[0], np.cumsum(counts)])
     idt = np.dtype(
         index_dtype or ("int32" if max(shape) < 2**31 and counts.sum() < 2**31 else "int64")
     )
@@ -148,8 +150,8 @@ def _build(
         client.submit(
             tasks.gather_range,
             mode,
-            c.lo,
-            c.hi,
+            c,
+            int(starts[c.lo]),
             shape,
             fmt,
             idt,

@@ -39,11 +39,23 @@ def cuts(keys: np.ndarray, extent: int, parts: int, split_heavy: bool = True) ->
 
     Ranges cover ``[0, extent)`` in order; consecutive ranges share a slice only where it was
     split by position. Parts with an empty range are dropped (more parts than slices)."""
-    nnz = len(keys)
+    starts = np.searchsorted(keys, np.arange(extent + 1), side="left")
+    return _cuts(starts, extent, parts, split_heavy)
+
+
+def cuts_from_counts(counts: np.ndarray, parts: int, split_heavy: bool = True) -> list[Cut]:
+    """The same cuts from a histogram of entries per slice (files: no sort). A part's
+    entries are then positions ``[start, end)`` of the entries ordered by slice (and within
+    a slice in a fixed order, e.g. the file's), which is how a split slice is shared."""
+    starts = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64))])
+    return _cuts(starts, len(counts), parts, split_heavy)
+
+
+def _cuts(starts: np.ndarray, extent: int, parts: int, split_heavy: bool) -> list[Cut]:
+    """Cuts given ``starts[s]``, the position of slice s's first entry (``starts[extent]``:
+    the number of entries)."""
+    nnz = int(starts[-1]) if len(starts) else 0
     parts = max(1, int(parts))
-    starts = np.searchsorted(
-        keys, np.arange(extent + 1), side="left"
-    )  # slice s: [starts[s], starts[s+1])
     positions = [0]
     bounds = [0]
     shared = [False]
@@ -53,7 +65,7 @@ def cuts(keys: np.ndarray, extent: int, parts: int, split_heavy: bool = True) ->
             pos, s = nnz, extent
             split = False
         else:
-            s = int(keys[target])
+            s = int(np.searchsorted(starts, target, side="right")) - 1  # target's slice
             lo_s, hi_s = int(starts[s]), int(starts[s + 1])
             split = split_heavy and hi_s - lo_s > nnz / parts and lo_s < target < hi_s
             if split:
@@ -77,27 +89,6 @@ def cuts(keys: np.ndarray, extent: int, parts: int, split_heavy: bool = True) ->
             found.append(Cut(positions[p], positions[p + 1], lo, hi))
         elif found and positions[p + 1] > positions[p]:  # pragma: no cover - ranges are monotone
             raise AssertionError("entries in an empty range")
-    return found
-
-
-def cuts_from_counts(counts: np.ndarray, parts: int) -> list[Cut]:
-    """Cuts at slice boundaries from a histogram of entries per slice (files: no sort)."""
-    extent = len(counts)
-    ends = np.cumsum(counts)
-    nnz = int(ends[-1]) if extent else 0
-    found: list[Cut] = []
-    lo = start = 0
-    for p in range(1, max(1, parts) + 1):
-        if p == parts:
-            hi = extent
-        else:
-            target = nnz * p // parts
-            hi = int(np.searchsorted(ends, target, side="left")) + 1
-            hi = min(max(hi, lo), extent)
-        end = int(ends[hi - 1]) if hi else 0
-        if hi > lo:
-            found.append(Cut(start, end, lo, hi))
-            lo, start = hi, end
     return found
 
 

@@ -175,17 +175,23 @@ def count_along(piece: Any, mode: int, shape: Sequence[int]) -> np.ndarray:
 
 def gather_range(
     mode: int,
-    lo: int,
-    hi: int,
+    cut: split.Cut,
+    base: int,
     shape: Sequence[int],
     fmt: Format,
     idt: Any,
     dtype: str,
     *pieces: Any,
 ) -> Tensor:
-    """One part from the parsed ranges: the entries with ``lo <= coords[mode] < hi``."""
-    c, v = split.select(list(pieces), mode, lo, hi)
-    return split.make_part(c, v.astype(dtype), shape, mode, lo, hi, fmt, idt)
+    """One part from the parsed ranges: the entries with ``cut.lo <= coords[mode] < cut.hi``
+    at positions ``[cut.start, cut.end)`` of the entries ordered by slice, within a slice in
+    file order (the ranges' order, then each range's); ``base`` is the position of slice
+    ``cut.lo``'s first entry. Two parts sharing a split slice select it the same way, so
+    each of its entries lands in exactly one of them."""
+    c, v = split.select(list(pieces), mode, cut.lo, cut.hi)
+    order = np.argsort(c[mode], kind="stable")  # by slice, file order within one
+    keep = order[cut.start - base : cut.end - base]
+    return split.make_part(c[:, keep], v[keep].astype(dtype), shape, mode, cut.lo, cut.hi, fmt, idt)
 
 
 def identity(value: Any) -> Any:

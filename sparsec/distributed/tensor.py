@@ -164,7 +164,7 @@ class DistributedTensor:
             [self.shape[mode]] * self.parts,
         )
         counts = np.sum(self.gather_futures(hists), axis=0)
-        found = split.cuts_from_counts(counts, parts)
+        found = split.cuts_from_counts(counts, parts, split_heavy=False)  # whole slices
         return self.aligned(mode, found)
 
     def aligned(self, mode: int, cuts: Sequence[split.Cut], format: Format | None = None) -> Any:
