@@ -16,7 +16,7 @@ A *dot loop* is a `For` that
 
 - runs serially (no parallel unit, no unroll request), not inside a vector loop, and nests
   nothing: its body is declarations, ``acc += value`` into scalars declared outside it and
-  ``flag = 1`` (the "reached" marks of a sparse output; combined by ``max``);
+  ``flag = 1`` (the "reached" marks of a sparse output, declared 0; combined by ``max``);
 - reads every array at an index whose stride in the loop variable is 0 (the same element
   each iteration) or 1 (the next element): no gather (``x[crd[p]]``) and no strided walk,
   which vector lanes would serve with gathers;
@@ -56,33 +56,38 @@ def vectorize_dots(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
     """``body`` with every dot loop summed on vector lanes in blocks, and a note when any
     was."""
     count = [0]
-    scalars = {
-        s.name for s in statements(body) if isinstance(s, ir.Decl) and s.type in (ir.ACC, ir.VAL)
-    }
-    done = _block(body, count, scalars, in_vector=False)
+    decls = [s for s in statements(body) if isinstance(s, ir.Decl)]
+    scalars = {d.name for d in decls if d.type in (ir.ACC, ir.VAL)}
+    # a flag's `max` reduction equals its serial value only from a start of 0
+    flags = {d.name for d in decls if d.type == ir.BOOL and d.init == ir.IntLit(0)}
+    done = _block(body, count, (scalars, flags), in_vector=False)
     if not count[0]:
         return body, ()
     return done, (f"{count[0]} dot loop(s) summed on vector lanes in blocks of {BLOCK}",)
 
 
-def _block(b: ir.Block, count: list[int], scalars: set[str], in_vector: bool) -> ir.Block:
+#: the names a dot loop may sum into, and the flags it may set
+Names = tuple[set[str], set[str]]
+
+
+def _block(b: ir.Block, count: list[int], names: Names, in_vector: bool) -> ir.Block:
     out: list[ir.Stmt] = []
     for s in b.body:
         if isinstance(s, ir.For) and not in_vector:
             sums = _dot(s)
-            if sums is not None and set(sums[0]) <= scalars:
+            if sums is not None and set(sums[0]) <= names[0] and set(sums[1]) <= names[1]:
                 count[0] += 1
                 out.extend(_blocked(s, *sums, uid=count[0]))
                 continue
         vector = in_vector or (
             isinstance(s, ir.For) and s.parallel is not None and s.parallel.unit == "CPUVector"
         )
-        out.append(map_blocks(s, _inside(count, scalars, vector)))
+        out.append(map_blocks(s, _inside(count, names, vector)))
     return ir.Block(tuple(out))
 
 
-def _inside(count: list[int], scalars: set[str], in_vector: bool) -> Callable[[ir.Block], ir.Block]:
-    return lambda b: _block(b, count, scalars, in_vector)
+def _inside(count: list[int], names: Names, in_vector: bool) -> Callable[[ir.Block], ir.Block]:
+    return lambda b: _block(b, count, names, in_vector)
 
 
 def _dot(loop: ir.For) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
