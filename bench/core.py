@@ -295,16 +295,22 @@ def spmm_case(cfg: Config, dtype: Any, seed: int) -> CaseResult:
 
 def triad(cfg: Config) -> dict[int, float]:
     """GB/s of ``a = b + 3 c`` (float64, torch) per thread count: 3 arrays moved once."""
+    counts = sorted({1, cfg.threads, cfg.torch_threads})
+    return triad_gbps(counts, cfg.triad_n, warmup=cfg.warmup, repeats=cfg.repeats)
+
+
+def triad_gbps(counts: list[int], n: int, *, warmup: int, repeats: int) -> dict[int, float]:
+    """GB/s of ``a = b + 3 c`` on float64 torch tensors of n elements at each thread count
+    of ``counts``: three arrays moved once per call."""
     import torch
 
-    n = cfg.triad_n
     a, b, c = (torch.full((n,), v, dtype=torch.float64) for v in (0.0, 1.0, 2.0))
     out: dict[int, float] = {}
-    for t in sorted({1, cfg.threads, cfg.torch_threads}):
+    for t in counts:
         progress(f"triad: {t} thread(s)")
         with torch_threads(t):
             timing = measure(
-                lambda: torch.add(b, c, alpha=3.0, out=a), warmup=cfg.warmup, repeats=cfg.repeats
+                lambda: torch.add(b, c, alpha=3.0, out=a), warmup=warmup, repeats=repeats
             )
         out[t] = 3 * n * 8 / (timing.median_ms * 1e6)
     return out

@@ -32,6 +32,7 @@ import scipy.sparse as sp
 import sparsec
 
 from .common import Table, environment, measure_rounds, progress, settle, write_results
+from .core import random_rows_csr
 
 
 @dataclass
@@ -45,20 +46,6 @@ class Case:
     load: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
-def random_rows_csr(n: int, per_row: int, rng: np.random.Generator) -> sp.csr_matrix:
-    """n x n, exactly ``per_row`` distinct uniformly drawn columns per row, values U(-1,1)
-    (the construction of ``../shared/taco-bench/gen_data.py``)."""
-    cols = np.sort(rng.integers(0, n, size=(n, per_row)), axis=1)
-    while True:
-        bad = np.flatnonzero((np.diff(cols, axis=1) == 0).any(axis=1))
-        if bad.size == 0:
-            break
-        cols[bad] = np.sort(rng.integers(0, n, size=(bad.size, per_row)), axis=1)
-    indptr = np.arange(0, n * per_row + 1, per_row, dtype=np.int64)
-    vals = rng.uniform(-1.0, 1.0, size=n * per_row)
-    return sp.csr_matrix((vals, cols.reshape(-1), indptr), shape=(n, n))
-
-
 def _cases(gb: Any, quick: bool) -> list[Case]:
     rng = np.random.default_rng(20240601)
     scale = 10 if quick else 1
@@ -70,7 +57,7 @@ def _cases(gb: Any, quick: bool) -> list[Case]:
 
     cases = []
     for n in (50_000 // scale, 100_000 // scale):
-        A, x = random_rows_csr(n, 10, rng), rng.uniform(-1, 1, n)
+        A, x = random_rows_csr(n, 10, rng, np.float64), rng.uniform(-1, 1, n)
         k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
         At, gA, gx = T.from_scipy(A), g(A), gb.Vector.from_dense(x)
         cases.append(
@@ -85,7 +72,7 @@ def _cases(gb: Any, quick: bool) -> list[Case]:
             )
         )
     n = 20_000 // scale
-    S = random_rows_csr(n, 10, rng)
+    S = random_rows_csr(n, 10, rng, np.float64)
     k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"})
     St, gS = T.from_scipy(S), g(S)
     cases.append(
@@ -96,7 +83,7 @@ def _cases(gb: Any, quick: bool) -> list[Case]:
             S @ S,
         )
     )
-    B, C = random_rows_csr(n, 10, rng), random_rows_csr(n, 10, rng)
+    B, C = random_rows_csr(n, 10, rng, np.float64), random_rows_csr(n, 10, rng, np.float64)
     D = C.copy()
     D.data = rng.uniform(-1, 1, D.nnz)
     Bt, Ct, Dt = T.from_scipy(B), T.from_scipy(C), T.from_scipy(D)
@@ -124,7 +111,7 @@ def _cases(gb: Any, quick: bool) -> list[Case]:
             B + C.multiply(D),
         )
     )
-    P = random_rows_csr(n, 10, rng)
+    P = random_rows_csr(n, 10, rng, np.float64)
     L, R = rng.uniform(-1, 1, (n, 64)), rng.uniform(-1, 1, (64, n))
     sddmm = sparsec.kernel("A(i,j) = B(i,j) * C(i,k) * D(k,j)", {"A": "csr", "B": "csr"})
     Pt, gP, gL = T.from_scipy(P), g(P), gb.Matrix.from_dense(L)

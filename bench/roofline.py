@@ -49,7 +49,8 @@ import scipy.sparse as sp
 import sparsec
 from sparsec.policy.machine import machine
 
-from .common import Table, environment, measure, measure_rounds, progress, write_results
+from .common import Table, environment, measure_rounds, progress, write_results
+from .core import random_rows_csr, triad_gbps
 
 #: independent FMA chains per thread: enough to cover an FMA's latency on two pipes
 CHAINS = 12
@@ -123,20 +124,6 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def triad_gbps(threads: int, n: int) -> float:
-    """GB/s of ``a = b + 3 c`` on float64 torch tensors of n elements (three arrays)."""
-    import torch
-
-    a, b, c = (torch.full((n,), v, dtype=torch.float64) for v in (0.0, 1.0, 2.0))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        timing = measure(lambda: torch.add(b, c, alpha=3.0, out=a), warmup=3, repeats=10)
-    finally:
-        torch.set_num_threads(before)
-    return 3 * n * 8 / (timing.median_ms * 1e6)
-
-
 # --------------------------------------------------------------------------- cases
 
 
@@ -166,22 +153,12 @@ def _bytes(*arrays: Any) -> int:
     return total
 
 
-def _random_rows(n: int, per_row: int, rng: np.random.Generator) -> sp.csr_matrix:
-    cols = np.sort(rng.choice(n, size=(n, per_row), replace=True), axis=1)
-    A = sp.csr_matrix(
-        (rng.uniform(-1, 1, n * per_row), cols.ravel(), np.arange(0, n * per_row + 1, per_row)),
-        shape=(n, n),
-    )
-    A.sum_duplicates()
-    return A
-
-
 def cases(quick: bool, rng: np.random.Generator) -> list[Case]:
     scale = 8 if quick else 1
     found: list[Case] = []
 
     n = 1_000_000 // scale
-    A = _random_rows(n, 10, rng)
+    A = random_rows_csr(n, 10, rng, np.float64)
     x = rng.uniform(-1, 1, n)
     At = sparsec.Tensor.from_scipy(A)
     k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
@@ -232,7 +209,7 @@ def cases(quick: bool, rng: np.random.Generator) -> list[Case]:
     )  # fmt: skip
 
     n = 20_000 // scale
-    S = _random_rows(n, 10, rng)
+    S = random_rows_csr(n, 10, rng, np.float64)
     Cd, Dd = rng.uniform(-1, 1, (n, 64)), rng.uniform(-1, 1, (64, n))
     sddmm = sparsec.kernel("A(i,j) = B(i,j) * C(i,k) * D(k,j)", {"A": "csr", "B": "csr"})
     r = np.repeat(np.arange(n), np.diff(S.indptr))
@@ -270,9 +247,11 @@ def main(argv: list[str] | None = None) -> int:
 
     ceilings: dict[str, dict[int, float]] = {"triad GB/s": {}, "float64 GFLOP/s": {},
                                              "float32 GFLOP/s": {}}  # fmt: skip
+    progress("ceilings: bandwidth")
+    n = (1 << 22) if args.quick else (1 << 25)
+    ceilings["triad GB/s"] = triad_gbps(counts, n, warmup=3, repeats=10)
     for t in counts:
-        progress(f"ceilings at {t} thread(s)")
-        ceilings["triad GB/s"][t] = triad_gbps(t, (1 << 22) if args.quick else (1 << 25))
+        progress(f"ceilings: peak FMA at {t} thread(s)")
         for dtype in ("float64", "float32"):
             ceilings[f"{dtype} GFLOP/s"][t] = peak_flops(dtype, t, 0.05 if args.quick else 0.3)
 
