@@ -396,12 +396,28 @@ def test_read_tns_on_workers(client, tmp_path) -> None:
 # ----------------------------------------------------------------- faults (last: they kill workers)
 
 
+def _holder(client, future) -> str:
+    """The address of a worker holding ``future``'s data."""
+    return next(iter(client.who_has([future])[future.key]))
+
+
+def _file_loaded(client, path, m: int, n: int, seed: int):
+    """A random m x n matrix written to ``path`` as Matrix Market and read on the workers in
+    4 parts (persisted): (the scipy matrix, the distributed tensor)."""
+    import scipy.io
+
+    A = _matrix(m, n, seed)
+    A.eliminate_zeros()
+    scipy.io.mmwrite(path, A)
+    return A, sd.read_mtx(path, 4, client=client).persist()
+
+
 def _kill_holder(client, future) -> None:
     """SIGKILL the worker process holding ``future`` (its nanny starts a fresh one)."""
     import os
     import signal
 
-    addr = next(iter(client.who_has([future])[future.key]))
+    addr = _holder(client, future)
     pid = client.run(os.getpid, workers=[addr])[addr]
     os.kill(pid, signal.SIGKILL)
 
@@ -410,12 +426,7 @@ def test_killed_worker_file_loaded_spmv_is_still_right(client, tmp_path) -> None
     """The worker holding a part of a file-loaded matrix is killed just before the call (the
     scheduler has not noticed yet): Dask redoes the lost parts from the file, the call sends
     its operands again, and the answer is right."""
-    import scipy.io
-
-    A = _matrix(60, 30, 11)
-    A.eliminate_zeros()
-    scipy.io.mmwrite(tmp_path / "a.mtx", A)
-    d = sd.read_mtx(tmp_path / "a.mtx", 4, client=client).persist()
+    A, d = _file_loaded(client, tmp_path / "a.mtx", 60, 30, 11)
     x = np.arange(30.0) - 9
     k = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
     _kill_holder(client, d.futures[0])
@@ -443,17 +454,12 @@ def test_worker_killed_during_a_file_loaded_spmv_call(client, tmp_path) -> None:
     """The worker holding part 0 of a file-loaded matrix dies while the call's parts run on it
     (its part task kills the process): Dask reruns the lost file-reading tasks and the part on
     the surviving or restarted worker, and the call returns the right answer."""
-    import scipy.io
-
     client.wait_for_workers(2, timeout=60)
-    A = _matrix(80, 40, 13)
-    A.eliminate_zeros()
-    scipy.io.mmwrite(tmp_path / "b.mtx", A)
-    d = sd.read_mtx(tmp_path / "b.mtx", 4, client=client).persist()
+    A, d = _file_loaded(client, tmp_path / "b.mtx", 80, 40, 13)
     x = np.arange(40.0) - 11
     k = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
     np.testing.assert_array_equal(k(A=d, x=x), A @ x)  # compiled, every worker warm
-    holder = next(iter(client.who_has([d.futures[0]])[d.futures[0].key]))
+    holder = _holder(client, d.futures[0])
     client.run(_die_in_run_part, workers=[holder])
     np.testing.assert_array_equal(k(A=d, x=x), A @ x)
     assert holder not in client.scheduler_info()["workers"]  # it did die mid-call
