@@ -60,14 +60,30 @@ def split_row(
     """A split piece's iteration that binds a rowwise sparse output's row variable
     ``var`` to ``value`` (a GPU thread's row): the row opened, the rest of the nest inside
     (scattered into the workspace and gathered, for SpGEMM)."""
-    asm = env.assembler
-    assert asm is not None
     name = env.var_names[var]
+    inner = ctx.bind({var: ir.Var(name)}, covered=var)
+    return ir.block(
+        ir.Decl(ir.I64, name, value), rest_of_nest(env, var, expr, inner, rest, sink, nest)
+    )
+
+
+def rest_of_nest(
+    env: LowerEnv,
+    var: str,
+    expr: CExpr,
+    ctx: Ctx,
+    rest: tuple[str, ...],
+    sink: Sink,
+    nest: Nest,
+) -> ir.Block:
+    """The loops ``rest`` inside an iteration of a schedule space's piece that has just
+    bound ``var`` in ``ctx``: a sparse output's level opened there (`enter_output`), and
+    its row scattered into the workspace and gathered, for SpGEMM."""
+    asm = env.assembler
 
     def inner(c: Ctx, gather: bool) -> ir.Block:
-        if gather:
+        if gather and asm is not None:
             return ir.block(nest(rest, expr, c, WorkspaceSink()), *asm.gather())
         return nest(rest, expr, c, sink)
 
-    row = enter_output(env, var, expr, ctx.bind({var: ir.Var(name)}, covered=var), inner)
-    return ir.block(ir.Decl(ir.I64, name, value), row)
+    return enter_output(env, var, expr, ctx, inner)
