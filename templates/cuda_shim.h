@@ -120,8 +120,9 @@ inline void run_fibers(int threads, void (*body)(void*), void* arg) {
   b.done = static_cast<char*>(calloc(threads, 1));
   b.slots = static_cast<double*>(calloc(threads, sizeof(double)));
   b.results = static_cast<double*>(calloc(threads, sizeof(double)));
-  b.arrived = static_cast<int*>(calloc(warps, sizeof(int)));
-  b.generation = static_cast<int*>(calloc(warps, sizeof(int)));
+  // a shuffle's meeting is kept at the first lane of its mask (a warp or a lane group)
+  b.arrived = static_cast<int*>(calloc(warps * 32, sizeof(int)));
+  b.generation = static_cast<int*>(calloc(warps * 32, sizeof(int)));
   if (stacks_size < kStack * threads) {
     free(stacks);
     stacks_size = kStack * threads;
@@ -177,22 +178,37 @@ void launch(long long grid, int block, bool fibers, F& kernel) {
 
 }  // namespace sc_emu
 
-/* every lane of the warp deposits its value and waits for the others (a fiber switch),
-   then reads the value `delta` lanes up, as the hardware shuffle does */
+/* the lanes named in `mask` (those of the warp that exist) deposit their values and wait
+   for each other (fiber switches), then each reads the value `delta` lanes up within its
+   segment of `width` lanes, as the hardware shuffle does: a source past the segment, or
+   outside the mask, gives the lane its own value. A lane missing from its own mask, or a
+   named lane that exits before the meeting (a hang or undefined on a GPU), aborts. */
 template <class T>
-inline T __shfl_down_sync(unsigned, T value, int delta) {
+inline T __shfl_down_sync(unsigned mask, T value, int delta, int width = 32) {
   sc_emu::Block* b = sc_emu::running;
   int t = b->current, w = t / 32, lane = t % 32;
   int size = b->threads - w * 32 < 32 ? b->threads - w * 32 : 32;
+  unsigned present = size == 32 ? 0xffffffffu : (1u << size) - 1u;
+  unsigned members = mask & present;
+  if (!((members >> lane) & 1u)) abort();
+  int meet = w * 32 + __builtin_ctz(members);
+  int count = __builtin_popcount(members);
   b->slots[t] = (double)value;
-  int gen = b->generation[w];
-  if (++b->arrived[w] == size) {
-    b->arrived[w] = 0;
-    for (int l = 0; l < size; l++) b->results[w * 32 + l] = b->slots[w * 32 + l];
-    b->generation[w]++;
+  int gen = b->generation[meet];
+  if (++b->arrived[meet] == count) {
+    b->arrived[meet] = 0;
+    for (int l = 0; l < 32; l++)
+      if ((members >> l) & 1u) b->results[w * 32 + l] = b->slots[w * 32 + l];
+    b->generation[meet]++;
   } else {
-    while (b->generation[w] == gen) sc_emu::yield();
+    while (b->generation[meet] == gen) {
+      for (int l = 0; l < 32; l++)
+        if (((members >> l) & 1u) && b->done[w * 32 + l]) abort();
+      sc_emu::yield();
+    }
   }
   int source = lane + delta;
-  return source < size ? (T)b->results[w * 32 + source] : value;
+  int end = (lane & ~(width - 1)) + width;
+  if (source >= end || source >= 32 || !((members >> source) & 1u)) return value;
+  return (T)b->results[w * 32 + source];
 }

@@ -33,6 +33,8 @@ class Launch:
     #: runtime allocates one zeroed slice per thread of the launch and passes the threads
     #: as ``sc_threads``
     scratch: tuple[tuple[str, ir.Expr], ...] = ()
+    #: lanes reduce in groups smaller than a warp (the template's ``sc_group_*``)
+    groups: bool = False
 
 
 @dataclass(frozen=True, slots=True)

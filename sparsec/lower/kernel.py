@@ -52,6 +52,8 @@ class LoweredKernel:
     block: int = 1
     #: CUDA: the kernel reduces across a warp's lanes with shuffles
     shuffles: bool = False
+    #: CUDA: lanes reduce in groups smaller than a warp (the template's group shuffles)
+    groups: bool = False
     #: the statement lowered as a sequence of loop nests, in words ("": one fused nest)
     sequence: str = ""
     #: CUDA: the workspace's elements per thread, by role (`abi.GPU_WORKSPACE`)
@@ -97,6 +99,7 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         grid=env.grid,
         block=block_size(env),
         shuffles=bool(env.warp_reduced),
+        groups=bool(env.group_reduced),
         sequence=env.sequence,
         scratch=_scratch(env),
     )

@@ -68,6 +68,14 @@ def store_shared(env: LowerEnv, acc: str, ctx: Ctx) -> list[ir.Stmt]:
             store = write(env, ctx, ir.Var(acc))
     if not reduced:
         return [store]
+    lanes = env.group_reduced.get(acc)
+    if lanes is not None:
+        # a group of lanes (CSR-vector): shuffles within the group, its first lane stores
+        width = ir.IntLit(lanes)
+        return [
+            ir.Assign(ir.Var(acc), ir.Call("group_sum", (ir.Var(acc), width))),
+            ir.If(((ir.Bin("==", ir.Call("group_lane", (width,)), ir.IntLit(0)), store),)),
+        ]
     return [
         ir.Assign(ir.Var(acc), ir.Call("warp_sum", (ir.Var(acc),))),
         ir.If(((ir.Bin("==", ir.Call("lane", ()), ir.IntLit(0)), store),)),

@@ -10,6 +10,8 @@ to the user's commands; `describe_cpu` tells what ran.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..frontend.concrete import accesses, exact
 from ..frontend.notation import Access
 from ..middle.commands import Command, name_supply
@@ -128,6 +130,40 @@ def gpu_candidates(spec: Spec, order: tuple[str, ...]) -> list[tuple[Command, ..
             )
         candidates.append(plain)
     return candidates
+
+
+def vector_schedule(
+    row: str,
+    col: str,
+    tensor: str,
+    lanes: int,
+    fresh: Callable[[str], str] | None = None,
+) -> tuple[Command, ...]:
+    """CSR-vector: each row of loop ``row`` taken by a group of ``lanes`` lanes of a warp
+    (2, 4, 8, 16 or 32), whose lanes stride over ``tensor``'s positions of ``col`` and add
+    their parts by shuffles within the group; 256 threads per block. Under 32 lanes the
+    rows are split into the warp's groups (`lower.gpu`): ``split(row, b, rows, 8 * R),
+    split(rows, warp, group, R)`` with R = 32 / lanes, ``group`` a GPUThread loop over the
+    warp's groups and the positions a GPUThread loop over a group's lanes."""
+    name = fresh or (lambda base: base)
+    b, rows, warp, group = (name(f"{row}_{part}") for part in ("block", "rows", "warp", "group"))
+    p = name(f"{col}_pos")
+    warps = THREADS_PER_BLOCK // 32
+    per_warp = 32 // lanes
+    head = [_cmd("pos", col, p, tensor)]
+    tail = [
+        _cmd("parallelize", b, "GPUBlock", "NoRaces"),
+        _cmd("parallelize", warp, "GPUWarp", "NoRaces"),
+    ]
+    if per_warp == 1:
+        head.insert(0, _cmd("split", row, b, warp, warps))
+    else:
+        head[:0] = [
+            _cmd("split", row, b, rows, warps * per_warp),
+            _cmd("split", rows, warp, group, per_warp),
+        ]
+        tail.append(_cmd("parallelize", group, "GPUThread", "NoRaces"))
+    return (*head, *tail, _cmd("parallelize", p, "GPUThread", "ParallelReduction"))
 
 
 def cpu_default(
