@@ -13,7 +13,7 @@ from test_cuda import _no_spills, needs_compiler
 
 import sparsec
 from sparsec import ScheduleError
-from sparsec.policy.schedules import vector_schedule
+from sparsec.policy.schedules import vector_lanes, vector_schedule
 
 SPMV = "y(i) = A(i,j) * x(j)"
 #: row lengths, cycled: empty rows, single nonzeros, and rows around and past a group,
@@ -132,3 +132,94 @@ BAD_GROUPS = [
 def test_bad_lane_groups_are_schedule_errors(schedule, why):
     with pytest.raises(ScheduleError, match=why):
         sparsec.kernel(SPMV, {"A": "csr"}, target="cuda", schedule=schedule)
+
+
+# ------------------------------------------------ the default: lanes chosen per call
+def test_lanes_per_row_from_the_average_row_length():
+    assert [vector_lanes(a) for a in (0, 1, 3.99, 4, 7.9, 8, 10, 16, 31, 32, 33, 1e6)] == [
+        0,
+        0,
+        0,
+        4,
+        4,
+        8,
+        8,
+        16,
+        16,
+        32,
+        32,
+        32,
+    ]
+    assert vector_lanes(float("nan")) == 0
+
+
+VECTOR_ELIGIBLE = [
+    (SPMV, {"A": "csr"}, ("i", "j", "A")),
+    ("y(i) = A(i,j)", {"A": "csr"}, ("i", "j", "A")),
+    ("y(i) = A(i,j) * x(j) * z(j)", {"A": "csr"}, ("i", "j", "A")),
+    (SPMV, {"A": "coo"}, None),  # non-unique rows: nonzero-parallel stays
+    (SPMV, {"A": "dcsr"}, None),  # compressed rows
+    (SPMV, {"A": "dense"}, None),
+    ("y(i) = A(i,j) * x(j) + b(i)", {"A": "csr"}, None),  # a sum: lanes would add b(i) each
+    ("y(i) = A(i,j) * B(i,j)", {"A": "csr", "B": "csr"}, None),  # a merge of two rows
+    ("C(i,k) = A(i,j) * X(j,k)", {"A": "csr"}, None),  # SpMM: row per block
+    ("y(j) = A(i,j) * x(i)", {"A": "csr"}, None),  # rows scattered into the output
+]
+
+
+@pytest.mark.parametrize(("expr", "fmts", "want"), VECTOR_ELIGIBLE, ids=range(len(VECTOR_ELIGIBLE)))
+def test_which_defaults_may_take_rows_by_lane_groups(expr, fmts, want):
+    k = sparsec.kernel(expr, fmts, target="cuda")
+    assert k._vector == want
+    assert ("group of lanes" in k.schedule) == (want is not None)
+
+
+def _rows_of(average: int, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Rows around ``average`` nonzeros: empty ones, single ones and some past a warp."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 2 * average + 1, rows)
+    lengths[::7], lengths[1::11], lengths[2::29] = 0, 1, min(cols, average + 33)
+    a = np.zeros((rows, cols))
+    for i, n in enumerate(lengths):
+        a[i, rng.choice(cols, n, replace=False)] = rng.integers(-5, 6, n)
+    return a
+
+
+@needs_compiler
+@pytest.mark.parametrize(("average", "lanes"), [(2, 0), (5, 4), (10, 8), (24, 16), (45, 32)])
+def test_default_spmv_gives_long_rows_to_lane_groups(average, lanes):
+    k = sparsec.Kernel(SPMV, {"A": "csr"}, target="cuda-emulated")  # not memoized: fresh
+    a = _rows_of(average, 150, 120, average)
+    t = sparsec.Tensor.from_dense(a, "csr")
+    assert vector_lanes(t.nnz / 150) == lanes
+    x = np.random.default_rng(0).integers(-4, 5, 120).astype(np.float64)
+    np.testing.assert_array_equal(k(A=t, x=x), a @ x)
+    assert k.check(A=t, x=x).max_abs_error == 0
+    ran = [s for s, _, _ in k._candidates]
+    if lanes in (0,):
+        assert ran == []  # thread-per-row: the kernel of k.source
+    elif lanes == 32:
+        assert len(ran) == 1 and "GPUWarp" in ran[0] and "i_group" not in ran[0]
+    else:
+        assert len(ran) == 1 and f"split(i_rows,i_warp,i_group,{32 // lanes})" in ran[0]
+    # the same group size again: the kept kernel
+    np.testing.assert_array_equal(k(A=t, x=2 * x), 2 * (a @ x))
+    assert len(k._candidates) == len(ran)
+
+
+@needs_compiler
+def test_one_kernel_several_row_lengths():
+    """Calls with short and long rows each run their own kernel, all matching numpy."""
+    k = sparsec.Kernel("y(i) = A(i,j)", {"A": "csr"}, target="cuda-emulated", dtype="float32")
+    for average in (1, 6, 12, 3, 40, 6):
+        a = _rows_of(average, 90, 100, average).astype(np.float32)
+        np.testing.assert_array_equal(k(A=sparsec.Tensor.from_dense(a, "csr")), a.sum(axis=1))
+    assert len(k._candidates) == 3  # groups of 4, 8 and 16 lanes
+
+
+@needs_compiler
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+def test_default_vector_kernels_compile_without_spills(lanes):
+    for dtype in ("float32", "float64"):
+        k = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda", schedule=_groups(lanes), dtype=dtype)
+        _no_spills(k)
