@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cuda import _no_spills, needs_compiler
+from test_cuda import _device_or_skip, _no_spills, needs_compiler
 
 import sparsec
 from sparsec import ScheduleError
@@ -223,3 +223,29 @@ def test_default_vector_kernels_compile_without_spills(lanes):
     for dtype in ("float32", "float64"):
         k = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda", schedule=_groups(lanes), dtype=dtype)
         _no_spills(k)
+
+
+# ------------------------------------------------------------------- device
+@pytest.mark.gpu
+@pytest.mark.parametrize("lanes", [2, 4, 8, 16, 32])
+def test_lane_groups_on_the_device(lanes):
+    _device_or_skip()
+    k = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda", schedule=_groups(lanes))
+    _spmv(k, rows=3001, cols=700, seed=lanes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("average", "dtype"), [(2, "float64"), (10, "float64"), (45, "float32")])
+def test_default_spmv_on_the_device(average, dtype):
+    """The default's per-call choice on a GPU, with device-resident x and through
+    `device_launch` (what `bench gpu` times)."""
+    cp = _device_or_skip()
+    k = sparsec.Kernel(SPMV, {"A": "csr"}, target="cuda", dtype=dtype)
+    a = _rows_of(average, 5000, 400, average).astype(dtype)
+    t = sparsec.Tensor.from_dense(a, "csr")
+    x = (np.arange(400) % 9 - 4).astype(dtype)
+    np.testing.assert_array_equal(k(A=t, x=x), a @ x)
+    np.testing.assert_array_equal(cp.asnumpy(k(A=t, x=cp.asarray(x))), a @ x)
+    launch, out = k.device_launch(A=t, x=x)
+    launch()
+    np.testing.assert_array_equal(cp.asnumpy(out), a @ x)
