@@ -249,3 +249,59 @@ def test_default_spmv_on_the_device(average, dtype):
     launch, out = k.device_launch(A=t, x=x)
     launch()
     np.testing.assert_array_equal(cp.asnumpy(out), a @ x)
+
+
+# ------------------------------- warp-segmented runs before atomics (nonzero-parallel)
+def _nonzeros(block: int, per_thread: int, fmt: str = "csr") -> str:
+    fused = "fuse(i,j,f), pos(f,fp,A)" if fmt == "csr" else "pos(i,fp,A)"
+    return (
+        f"{fused}, split(fp,b,fp1,{block * per_thread}), split(fp1,t,n,{per_thread}), "
+        "parallelize(b,GPUBlock,Atomics), parallelize(t,GPUThread,Atomics)"
+    )
+
+
+@needs_compiler
+@pytest.mark.parametrize(
+    ("block", "per_thread"),
+    [(256, 8), (32, 3), (48, 2), (64, 1), (96, 5)],
+    ids=["256x8", "32x3", "48x2-partial-warp", "64x1", "96x5"],
+)
+@pytest.mark.parametrize("rows", [1, 7, 203])
+def test_nonzero_parallel_lanes_combine_runs_before_atomics(block, per_thread, rows):
+    """Each thread's last run is combined with its neighbours' (rows across several
+    lanes' chunks: up to 100 nonzeros here) before the segments' first lanes add
+    atomically; blocks of 48 threads leave a warp half empty."""
+    k = sparsec.kernel(
+        SPMV, {"A": "csr"}, target="cuda-emulated", schedule=_nonzeros(block, per_thread)
+    )
+    assert "sc_segment_sum(run, run_at, t" in k.source and "if (run_head)" in k.source
+    _spmv(k, rows=rows, cols=150, seed=rows)
+    if rows == 203:
+        _no_spills(k)
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_default_nonzero_mapping_of_a_tensor_combines_runs(dtype):
+    """TTV's default (CSF's levels fused, 8 nonzeros per thread): fibers of up to 60
+    nonzeros span several lanes, and empty slices sit between them."""
+    expr = "A(i,j) = B(i,j,k) * c(k)"
+    k = sparsec.kernel(expr, {"B": "csf"}, target="cuda-emulated", dtype=dtype)
+    assert "sc_segment_sum" in k.source
+    rng = np.random.default_rng(4)
+    b = np.zeros((9, 7, 60), dtype=dtype)
+    for i, j in [(0, 0), (0, 3), (2, 1), (2, 2), (5, 6), (8, 0)]:
+        n = int(rng.integers(1, 61))
+        b[i, j, rng.choice(60, n, replace=False)] = rng.integers(-3, 4, n)
+    c = (np.arange(60) % 5 - 2).astype(dtype)
+    got = k(B=sparsec.Tensor.from_dense(b, "csf"), c=c)
+    np.testing.assert_array_equal(got, np.einsum("ijk,k->ij", b, c))
+    _no_spills(k)
+
+
+def test_runs_stay_per_thread_under_a_semiring():
+    """A semiring's add is not a sum of lanes: each thread adds its last run itself."""
+    k = sparsec.kernel(
+        SPMV, {"A": "csr"}, target="cuda", schedule=_nonzeros(256, 8), semiring="min_plus"
+    )
+    assert "sc_segment" not in k.source and "sc_atomic_min" in k.source

@@ -35,6 +35,8 @@ class Launch:
     scratch: tuple[tuple[str, ir.Expr], ...] = ()
     #: lanes reduce in groups smaller than a warp (the template's ``sc_group_*``)
     groups: bool = False
+    #: a warp's lanes combine runs of atomic stores (the template's ``sc_segment_*``)
+    segments: bool = False
 
 
 @dataclass(frozen=True, slots=True)

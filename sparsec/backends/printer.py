@@ -77,6 +77,8 @@ CALLS = {
         "group_max",
         "group_or",
         "group_lane",
+        "segment_sum",
+        "segment_head",
         "warp_min",
         "warp_max",
         "warp_or",

@@ -45,6 +45,9 @@ class Flags:
     #: lanes per group of the enclosing "group" loop (a GPUThread loop over sub-warp
     #: groups; 32: a whole warp)
     group_lanes: int = 32
+    #: the innermost plain GPUThread loop (strided by the block's threads): its variable
+    #: and trip count, which tell the lanes of a warp that run an iteration
+    thread_loop: tuple[str, ir.Expr] | None = None
     #: the store is lane 0's (a warp's sum) / one part of a shared accumulator, atomic
     lane0: bool = False
     partial: bool = False
@@ -127,6 +130,8 @@ class LowerEnv:
         self.warp_reduced: set[str] = set()
         #: of those, the ones a group of fewer lanes adds up, with the group's lanes
         self.group_reduced: dict[str, int] = {}
+        #: a warp's lanes combine their last runs of atomic stores (`output.flush_runs`)
+        self.segmented = False
         #: accumulators that a GPU loop with Atomics shares (its threads, warps or blocks
         #: each hold a part), so each part is added atomically into the output
         self.partial_accs: set[str] = set()

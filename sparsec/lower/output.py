@@ -135,6 +135,29 @@ def flush_run(env: LowerEnv, run: SegmentSink) -> ir.Stmt:
     return ir.If(((ir.Bin(">=", ir.Var(run.at), ir.IntLit(0)), ir.block(store)),))
 
 
+def flush_runs(env: LowerEnv, run: SegmentSink) -> list[ir.Stmt]:
+    """Store a thread's last run after its serial loop. Inside a plain GPUThread loop (a
+    warp's lanes take consecutive iterations, under plus_times) the lanes first combine
+    their last runs: lanes next to each other whose runs hit one element (a row across
+    their chunks) add them up by shuffles (`sc_segment_sum`, segmented by the element), and
+    only each segment's first lane adds the sum atomically."""
+    flush = flush_run(env, run)
+    where = env.flags.thread_loop
+    units = env.flags.gpu_units
+    if where is None or "GPUWarp" in units or env.spec.semantics.semiring != "plus_times":
+        return [flush]
+    env.segmented = True
+    var, trip = where
+    lanes = (ir.Var(var), trip)
+    head = env.namer.fresh(f"{run.acc}_head")
+    total = ir.Call("segment_sum", (ir.Var(run.acc), ir.Var(run.at), *lanes))
+    return [
+        ir.Decl(ir.BOOL, head, ir.Call("segment_head", (ir.Var(run.at), *lanes))),
+        ir.Assign(ir.Var(run.acc), total),
+        ir.If(((ir.Var(head), ir.block(flush)),)),
+    ]
+
+
 def output_size(env: LowerEnv, skip: int = 0) -> ir.Expr:
     """The elements of a dense output below its first ``skip`` levels."""
     levels = level_indices(env.lhs, env.spec.output.format)[skip:]

@@ -32,7 +32,9 @@ BLOCK = 128
 _THREADS = ir.Call("block_threads", ())
 _THREAD = ir.Call("thread_in_block", ())
 #: calls whose value differs between the lanes of a warp, or that exchange values
-_LANE_CALLS = frozenset({"warp_sum", "lane", "thread_id", "group_sum", "group_lane"})
+_LANE_CALLS = frozenset(
+    {"warp_sum", "lane", "thread_id", "group_sum", "group_lane", "segment_sum", "segment_head"}
+)
 
 
 def coarsen(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
