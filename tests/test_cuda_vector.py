@@ -305,3 +305,20 @@ def test_runs_stay_per_thread_under_a_semiring():
         SPMV, {"A": "csr"}, target="cuda", schedule=_nonzeros(256, 8), semiring="min_plus"
     )
     assert "sc_segment" not in k.source and "sc_atomic_min" in k.source
+
+
+@needs_compiler
+def test_runs_below_a_data_dependent_loop_stay_per_thread():
+    """A serial walk inside a loop whose trips differ between lanes (each row's own
+    positions, split): lanes would not all reach a shuffle, so each adds its runs."""
+    schedule = (
+        "split(i,b,t,64), pos(j,jp,A), split(jp,j0,j1,4), parallelize(b,GPUBlock,Atomics), "
+        "parallelize(t,GPUThread,Atomics)"
+    )
+    k = sparsec.kernel(
+        "y(j) = A(i,j) * x(i)", {"A": "csr"}, target="cuda-emulated", schedule=schedule
+    )
+    assert "sc_segment" not in k.source
+    a = _matrix(150, 90, 2)
+    x = np.arange(150.0) % 7 - 3
+    np.testing.assert_array_equal(k(A=sparsec.Tensor.from_dense(a, "csr"), x=x), x @ a)

@@ -45,9 +45,9 @@ class Flags:
     #: lanes per group of the enclosing "group" loop (a GPUThread loop over sub-warp
     #: groups; 32: a whole warp)
     group_lanes: int = 32
-    #: the innermost plain GPUThread loop (strided by the block's threads): its variable
-    #: and trip count, which tell the lanes of a warp that run an iteration
-    thread_loop: tuple[str, ir.Expr] | None = None
+    #: the innermost plain GPUThread loop (strided by the block's threads): its schedule
+    #: name, variable and trip count, which tell the lanes of a warp that run an iteration
+    thread_loop: tuple[str, str, ir.Expr] | None = None
     #: the store is lane 0's (a warp's sum) / one part of a shared accumulator, atomic
     lane0: bool = False
     partial: bool = False

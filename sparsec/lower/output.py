@@ -135,19 +135,30 @@ def flush_run(env: LowerEnv, run: SegmentSink) -> ir.Stmt:
     return ir.If(((ir.Bin(">=", ir.Var(run.at), ir.IntLit(0)), ir.block(store)),))
 
 
-def flush_runs(env: LowerEnv, run: SegmentSink) -> list[ir.Stmt]:
-    """Store a thread's last run after its serial loop. Inside a plain GPUThread loop (a
-    warp's lanes take consecutive iterations, under plus_times) the lanes first combine
-    their last runs: lanes next to each other whose runs hit one element (a row across
-    their chunks) add them up by shuffles (`sc_segment_sum`, segmented by the element), and
-    only each segment's first lane adds the sum atomically."""
+def flush_runs(env: LowerEnv, run: SegmentSink, loop: str) -> list[ir.Stmt]:
+    """Store a thread's last run after its serial loop over ``loop``. Where that loop is
+    the piece of a split directly inside its sibling, a plain GPUThread loop (so a warp's
+    lanes take consecutive iterations and every lane that runs one reaches the store;
+    under plus_times), the lanes first combine their last runs: lanes next to each other
+    whose runs hit one element (a row across their chunks) add them up by shuffles
+    (`sc_segment_sum`, segmented by the element), and only each segment's first lane adds
+    the sum atomically."""
     flush = flush_run(env, run)
     where = env.flags.thread_loop
-    units = env.flags.gpu_units
-    if where is None or "GPUWarp" in units or env.spec.semantics.semiring != "plus_times":
+    plan = env.plan
+    piece = plan.pieces.get(loop) if plan is not None else None
+    if (
+        where is None
+        or plan is None
+        or piece is None
+        or piece.sibling != where[0]
+        or plan.order.index(loop) != plan.order.index(where[0]) + 1
+        or "GPUWarp" in env.flags.gpu_units
+        or env.spec.semantics.semiring != "plus_times"
+    ):
         return [flush]
     env.segmented = True
-    var, trip = where
+    _, var, trip = where
     lanes = (ir.Var(var), trip)
     head = env.namer.fresh(f"{run.acc}_head")
     total = ir.Call("segment_sum", (ir.Var(run.acc), ir.Var(run.at), *lanes))

@@ -93,7 +93,7 @@ def space_loop(
         acc, at = env.namer.fresh("run"), env.namer.fresh("run_at")
         pre += [ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)), ir.Decl(ir.I64, at, ir.IntLit(-1))]
         target = SegmentSink(acc, at)
-        flush += flush_runs(env, target)
+        flush += flush_runs(env, target, loop)
 
     def body() -> ir.Block:
         if not completes:
@@ -107,7 +107,7 @@ def space_loop(
 
     par = setup.parallel
     if par is not None and par.unit == "GPUThread" and not par.schedule:
-        setup.flags["thread_loop"] = (name, extent)
+        setup.flags["thread_loop"] = (loop, name, extent)
     loop_body = inside(env, setup, body)
     for_loop = ir.For(name, ir.IntLit(0), extent, loop_body, setup.parallel, setup.unroll)
     return ir.block(*pre, *setup.pre, for_loop, *flush, *setup.post)
