@@ -322,3 +322,113 @@ def test_runs_below_a_data_dependent_loop_stay_per_thread():
     a = _matrix(150, 90, 2)
     x = np.arange(150.0) % 7 - 3
     np.testing.assert_array_equal(k(A=sparsec.Tensor.from_dense(a, "csr"), x=x), x @ a)
+
+
+# ----------------------------------------------- the emulation's shuffles themselves
+_SHIM_PROGRAM = r"""
+#include "cuda_shim.h"
+#include <stdio.h>
+static int out[2][64];
+int main(int argc, char** argv) {
+  int mode = argv[1][0] - '0';
+  auto body = [&]() {
+    int t = threadIdx.x, lane = t & 31;
+    if (mode == 0) {  // groups of 8: each group's mask, width 8
+      unsigned mask = 0xffu << (lane & ~7);
+      out[0][t] = __shfl_down_sync(mask, 100 + t, 3, 8);
+      out[1][t] = __shfl_up_sync(mask, 100 + t, 2, 8);
+    } else if (mode == 1) {  // the third group of each warp skips its shuffle
+      if ((lane >> 3) == 2) return;
+      out[0][t] = __shfl_down_sync(0xffu << (lane & ~7), 100 + t, 1, 8);
+    } else if (mode == 2) {  // a prefix of 20 lanes, the whole width
+      if (lane >= 20) return;
+      out[0][t] = __shfl_down_sync((1u << 20) - 1, 100 + t, 4);
+      out[1][t] = __shfl_up_sync((1u << 20) - 1, 100 + t, 4);
+    } else if (mode == 3) {  // a lane outside its own mask
+      __shfl_down_sync(0xfffffffeu, t, 1);
+    } else {  // a named lane exits before the meeting
+      if (lane == 5) return;
+      __shfl_down_sync(0xffffffffu, t, 1);
+    }
+  };
+  sc_emu::launch(1, 48, true, body);  // a warp and a half: lanes 32-47 exist
+  for (int r = 0; r < 2; r++) {
+    for (int t = 0; t < 48; t++) printf("%d ", out[r][t]);
+    printf("\n");
+  }
+  return 0;
+}
+"""
+
+
+def _read(t: int, source: int, width: int, named: set[int]) -> int:
+    """CUDA's shuffle for thread ``t`` (of a 48-thread block) reading lane ``source``: its
+    value when it lies in the caller's segment of ``width`` lanes, is named by the mask
+    and exists, else the caller's own."""
+    lane, base = t % 32, t - t % 32
+    lo = lane - lane % width
+    ok = lo <= source < lo + width and source in named and source < min(32, 48 - base)
+    return 100 + base + source if ok else 100 + t
+
+
+def _shuffled(mode: int) -> list[list[int]]:
+    out = [[0] * 48, [0] * 48]
+    prefix = set(range(20))
+    for t in range(48):
+        lane = t % 32
+        group = set(range(lane - lane % 8, lane - lane % 8 + 8))
+        if mode == 0:
+            out[0][t], out[1][t] = _read(t, lane + 3, 8, group), _read(t, lane - 2, 8, group)
+        elif mode == 1 and lane // 8 != 2:
+            out[0][t] = _read(t, lane + 1, 8, group)
+        elif mode == 2 and lane < 20:
+            out[0][t] = _read(t, lane + 4, 32, prefix)
+            out[1][t] = _read(t, lane - 4, 32, prefix)
+    return out
+
+
+def _shim_binary(tmp_path):
+    import shlex
+    import shutil
+    import subprocess
+
+    from sparsec.resources import data_dir
+
+    cxx = shlex.split(__import__("os").environ.get("SPARSEC_CXX", "c++")) or ["c++"]
+    if shutil.which(cxx[0]) is None:
+        pytest.skip(f"no C++ compiler {cxx[0]!r} for the CUDA emulation")
+    (tmp_path / "shuffles.cpp").write_text(_SHIM_PROGRAM)
+    binary = tmp_path / "shuffles"
+    include = f"-I{data_dir('templates')}"
+    subprocess.run(
+        [
+            *cxx,
+            "-std=c++20",
+            "-O1",
+            "-fopenmp",
+            include,
+            str(tmp_path / "shuffles.cpp"),
+            "-o",
+            str(binary),
+        ],
+        check=True,
+    )
+    return binary
+
+
+def test_emulated_shuffles_follow_masks_and_widths(tmp_path):
+    """The shim's shuffles on their own, against CUDA's rules: groups of 8 lanes with
+    their own masks (one group absent), a running prefix of 20 lanes, a partial warp;
+    a lane outside its own mask, or a named lane that exits first, aborts instead of
+    hanging or reading garbage."""
+    import subprocess
+
+    binary = _shim_binary(tmp_path)
+    for mode in (0, 1, 2):
+        done = subprocess.run([str(binary), str(mode)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        got = [[int(v) for v in line.split()] for line in done.stdout.splitlines()]
+        assert got == _shuffled(mode), mode
+    for mode in (3, 4):
+        done = subprocess.run([str(binary), str(mode)], capture_output=True, timeout=60)
+        assert done.returncode != 0, mode
