@@ -432,3 +432,17 @@ def test_emulated_shuffles_follow_masks_and_widths(tmp_path):
     for mode in (3, 4):
         done = subprocess.run([str(binary), str(mode)], capture_output=True, timeout=60)
         assert done.returncode != 0, mode
+
+
+@needs_compiler
+def test_default_lane_groups_for_accumulate_and_scipy_inputs():
+    """``y(i) += ...`` adds each group's sum to the given y once; a scipy CSR input is
+    measured like a Tensor."""
+    import scipy.sparse as sp
+
+    k = sparsec.Kernel("y(i) += A(i,j) * x(j)", {"A": "csr"}, target="cuda-emulated")
+    a = _rows_of(12, 100, 80, 3)
+    x, y = np.arange(80.0) % 5, np.arange(100.0) % 3 - 1
+    np.testing.assert_array_equal(k(A=sp.csr_array(a), x=x, y=y.copy()), y + a @ x)
+    (ran,) = [s for s, _, _ in k._candidates]
+    assert "split(i_rows,i_warp,i_group,4)" in ran  # 8 lanes
