@@ -234,7 +234,7 @@ class Kernel:
         prepared = self.binder.prepare(inputs)
         executable = self._executable_for(prepared, threads)
         out = executable.run(prepared, threads)
-        if fast is None and not self.auto and self._vector is None:
+        if fast is None and not self.auto:
             self._fast = fastpath.build(self.binder, executable, prepared, inputs)
         return prepared.wrap(out)
 
