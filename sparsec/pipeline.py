@@ -380,6 +380,8 @@ def generate_cuda(
         semiring(spec.semantics.semiring).identity,
         counted.body if counted is not None else None,
         lowered.scratch,
+        lowered.groups,
+        lowered.segments,
     )
     if lowered.scratch:
         # the workspace's slices, one per thread of the launch, allocated by the runtime

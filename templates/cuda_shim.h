@@ -120,8 +120,9 @@ inline void run_fibers(int threads, void (*body)(void*), void* arg) {
   b.done = static_cast<char*>(calloc(threads, 1));
   b.slots = static_cast<double*>(calloc(threads, sizeof(double)));
   b.results = static_cast<double*>(calloc(threads, sizeof(double)));
-  b.arrived = static_cast<int*>(calloc(warps, sizeof(int)));
-  b.generation = static_cast<int*>(calloc(warps, sizeof(int)));
+  // a shuffle's meeting is kept at the first lane of its mask (a warp or a lane group)
+  b.arrived = static_cast<int*>(calloc(warps * 32, sizeof(int)));
+  b.generation = static_cast<int*>(calloc(warps * 32, sizeof(int)));
   if (stacks_size < kStack * threads) {
     free(stacks);
     stacks_size = kStack * threads;
@@ -177,22 +178,54 @@ void launch(long long grid, int block, bool fibers, F& kernel) {
 
 }  // namespace sc_emu
 
-/* every lane of the warp deposits its value and waits for the others (a fiber switch),
-   then reads the value `delta` lanes up, as the hardware shuffle does */
-template <class T>
-inline T __shfl_down_sync(unsigned, T value, int delta) {
-  sc_emu::Block* b = sc_emu::running;
+namespace sc_emu {
+/* the lanes named in `mask` (those of the warp that exist) deposit their values and wait
+   for each other (fiber switches); then each reads the deposited values, as the hardware
+   shuffles do. A lane missing from its own mask, or a named lane that exits before the
+   meeting (a hang or undefined on a GPU), aborts. Returns the lanes that met. */
+inline unsigned meet(unsigned mask, double value) {
+  Block* b = running;
   int t = b->current, w = t / 32, lane = t % 32;
   int size = b->threads - w * 32 < 32 ? b->threads - w * 32 : 32;
-  b->slots[t] = (double)value;
-  int gen = b->generation[w];
-  if (++b->arrived[w] == size) {
-    b->arrived[w] = 0;
-    for (int l = 0; l < size; l++) b->results[w * 32 + l] = b->slots[w * 32 + l];
-    b->generation[w]++;
+  unsigned present = size == 32 ? 0xffffffffu : (1u << size) - 1u;
+  unsigned members = mask & present;
+  if (!((members >> lane) & 1u)) abort();
+  int at = w * 32 + __builtin_ctz(members);
+  int count = __builtin_popcount(members);
+  b->slots[t] = value;
+  int gen = b->generation[at];
+  if (++b->arrived[at] == count) {
+    b->arrived[at] = 0;
+    for (int l = 0; l < 32; l++)
+      if ((members >> l) & 1u) b->results[w * 32 + l] = b->slots[w * 32 + l];
+    b->generation[at]++;
   } else {
-    while (b->generation[w] == gen) sc_emu::yield();
+    while (b->generation[at] == gen) {
+      for (int l = 0; l < 32; l++)
+        if (((members >> l) & 1u) && b->done[w * 32 + l]) abort();
+      yield();
+    }
   }
-  int source = lane + delta;
-  return source < size ? (T)b->results[w * 32 + source] : value;
+  return members;
 }
+}  // namespace sc_emu
+
+/* the value `delta` lanes up within this lane's segment of `width` lanes; a source past
+   the segment, or outside the mask, gives the lane its own value */
+template <class T>
+inline T __shfl_down_sync(unsigned mask, T value, int delta, int width = 32) {
+  unsigned members = sc_emu::meet(mask, (double)value);
+  int t = sc_emu::running->current, lane = t % 32, source = lane + delta;
+  int end = (lane & ~(width - 1)) + width;
+  if (source >= end || source >= 32 || !((members >> source) & 1u)) return value;
+  return (T)sc_emu::running->results[t - lane + source];
+}
+/* the value `delta` lanes down within this lane's segment, likewise */
+template <class T>
+inline T __shfl_up_sync(unsigned mask, T value, int delta, int width = 32) {
+  unsigned members = sc_emu::meet(mask, (double)value);
+  int t = sc_emu::running->current, lane = t % 32, source = lane - delta;
+  if (source < (lane & ~(width - 1)) || !((members >> source) & 1u)) return value;
+  return (T)sc_emu::running->results[t - lane + source];
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }

@@ -17,8 +17,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from ..backends import Generated
 from ..errors import InputError, NotationError, ScheduleError, SparsecError
 from ..frontend.parser import parse_expression
@@ -30,7 +28,7 @@ from ..middle.spec import FormatsArg, Spec, make_spec
 from ..pipeline import generate, generate_cuda, natural_loops
 from ..policy import tuning
 from ..policy.costs import Columns
-from ..policy.machine import machine
+from ..policy.schedules import vector_rows
 from ..runtime import fastpath, nvrtc
 from ..runtime.binding import INDEX_DTYPES, VALUE_DTYPES, resolve_threads
 from ..runtime.executable import Executable
@@ -39,6 +37,8 @@ from ..runtime.inputs import Binder, Prepared, dtype_name
 from ..tensors.formats import Format
 from . import autograd, autotune, check, footprint
 from .check import CheckResult
+from .memo import _memo_key
+from .vector import VECTOR_NOTE, by_lane_groups
 
 #: "c": OpenMP C; "cuda": CUDA through CuPy; "cuda-emulated": the CUDA kernel on the CPU
 TARGETS = ("c", "cuda", "cuda-emulated")
@@ -116,6 +116,8 @@ class Kernel:
         self.index_dtype = dtype_name(index_dtype, INDEX_DTYPES, "index dtype")
         if self.commands or target != "c":
             self.generated()  # a schedule (or GPU mapping) is checked now, not at the first call
+        #: the GPU default's rows that a call may give to lane groups (CSR-vector)
+        self._vector = None if self.commands or target == "c" else vector_rows(self.spec)
         self._executables: dict[tuple[str, str], Executable] = {}
         self._lock = threading.Lock()
         #: SPARSEC_POISON=1 fills fresh outputs with NaN before each call (used by the tests)
@@ -147,7 +149,10 @@ class Kernel:
             return (
                 f"auto: {tuned['schedule'] or 'default'} (medians on the tuning inputs: {medians})"
             )
-        return self.generated().schedule
+        said = self.generated().schedule
+        if self._vector is not None:
+            said += f"; {VECTOR_NOTE}"
+        return said
 
     def generated(self, dtype: str | None = None, index_dtype: str | None = None) -> Generated:
         """The generated code for these dtypes (the kernel's own, else float64 and int32)."""
@@ -236,6 +241,12 @@ class Kernel:
     def _executable_for(self, prepared: Prepared, threads: int | None) -> Executable:
         """The executable a call runs: schedule="auto" tunes it per kind of input."""
         if not self.auto:
+            vector = self._vector and by_lane_groups(self.spec, self._vector, prepared.values)
+            if vector:  # rows long enough for groups of lanes: the kernel for that group size
+                try:
+                    return self._candidate(vector, prepared.dtype, prepared.index_dtype)
+                except ScheduleError:
+                    self._vector = None  # not mappable by groups: thread-per-row stays
             return self.executable(prepared.dtype, prepared.index_dtype)
         dtype, index_dtype = prepared.dtype, prepared.index_dtype
         entry = autotune.key(
@@ -316,7 +327,7 @@ class Kernel:
                 "fixed schedule"
             )
         prepared = self.binder.prepare(inputs)
-        return self.executable(prepared.dtype, prepared.index_dtype).device_launch(prepared)
+        return self._executable_for(prepared, None).device_launch(prepared)
 
 
 def _rebuild_kernel(
@@ -410,41 +421,5 @@ def kernel(
 
 
 KERNEL_MEMO = 256
-_MEMO_ENVIRONMENT = (
-    "SPARSEC_POISON",
-    "SPARSEC_CC",
-    "SPARSEC_CFLAGS",
-    "SPARSEC_CXX",
-    "SPARSEC_CXXFLAGS",
-    "SPARSEC_CACHE_DIR",
-)
 _memo: OrderedDict[tuple[Any, ...], Kernel] = OrderedDict()
 _memo_lock = threading.Lock()
-
-
-def _memo_key(*args: Any) -> tuple[Any, ...] | None:
-    """A hashable key for `kernel`'s arguments, or None when one of them has no exact
-    frozen spelling (then the kernel is built anew, never confused with another)."""
-
-    def freeze(v: Any) -> Any:
-        if v is None or isinstance(v, str | int | float | Format):
-            return (type(v).__name__, v)
-        if isinstance(v, np.dtype):
-            return ("dtype", v.str)
-        if isinstance(v, type) and issubclass(v, np.generic):
-            return ("dtype", np.dtype(v).str)
-        if isinstance(v, Mapping):
-            return ("map", tuple(sorted((freeze(k), freeze(x)) for k, x in v.items())))
-        if isinstance(v, list | tuple):
-            return (type(v).__name__, tuple(freeze(x) for x in v))
-        raise TypeError
-
-    try:
-        # a kernel keeps the library it built: a changed toolchain or cache gets a new one,
-        # and so does another machine (its generated code holds the machine's facts)
-        env = tuple(os.environ.get(name) for name in _MEMO_ENVIRONMENT)
-        key = (*(freeze(a) for a in args), *env, machine())
-        hash(key)
-    except TypeError:
-        return None
-    return key

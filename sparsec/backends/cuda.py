@@ -32,6 +32,8 @@ def print_cuda(spec: Spec, gen: Generated) -> Generated:
     semiring = spec.semantics.semiring != "plus_times"
     fields: dict[str, object] = {"assemble": None, "assemble_name": ASSEMBLE_NAME}
     fields["workspace"] = bool(launch.scratch)
+    fields["groups"] = launch.groups
+    fields["segments"] = launch.segments
     if launch.assemble is not None:
         fields["assemble"] = "\n".join(printer.stmts(launch.assemble))
     source = render(CUDA, lines, gen, name=KERNEL_NAME, body=body, semiring=semiring, **fields)

@@ -33,6 +33,10 @@ class Launch:
     #: runtime allocates one zeroed slice per thread of the launch and passes the threads
     #: as ``sc_threads``
     scratch: tuple[tuple[str, ir.Expr], ...] = ()
+    #: lanes reduce in groups smaller than a warp (the template's ``sc_group_*``)
+    groups: bool = False
+    #: a warp's lanes combine runs of atomic stores (the template's ``sc_segment_*``)
+    segments: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,13 @@ CALLS = {
         "gallop",
         "gallop_row",
         "warp_sum",
+        "group_sum",
+        "group_min",
+        "group_max",
+        "group_or",
+        "group_lane",
+        "segment_sum",
+        "segment_head",
         "warp_min",
         "warp_max",
         "warp_or",
@@ -193,10 +200,15 @@ class Target:
         if par is None or self.openmp:
             head.append(f"for ({i64} {var} = {start}; {var} < {end}; {var}++) {{")
             return head
-        key = "lane" if par.schedule == "lane" else par.unit
+        key = "lane" if par.schedule in ("lane", "group") else par.unit
         if key not in self.strides:
             raise ValueError(f"target {self.name} cannot run {par.unit} loops")
         first, stride = self.strides[key]
+        if par.schedule == "group":  # the warp's groups of par.lanes lanes
+            shift = par.lanes.bit_length() - 1
+            first, stride = f"(long long)((threadIdx.x & 31) >> {shift})", str(32 // par.lanes)
+        elif par.lanes != 32:  # a group's lanes
+            first, stride = f"(long long)(threadIdx.x & {par.lanes - 1})", str(par.lanes)
         init = first if start == "0" else f"{start} + {first}"
         head.append(f"for ({i64} {var} = {init}; {var} < {end}; {var} += {stride}) {{")
         return head

@@ -118,6 +118,9 @@ class Parallel:
     only_if: str = ""
     #: loops shared out as one (OpenMP ``collapse``): this loop and the ones directly in it
     collapse: int = 1
+    #: GPU lanes per group: a "lane" loop strides over a group of this many lanes of a
+    #: warp, a "group" loop over the warp's 32 / lanes groups (see `lower.gpu`)
+    lanes: int = 32
 
 
 @dataclass(frozen=True, slots=True)

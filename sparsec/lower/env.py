@@ -42,6 +42,12 @@ class Flags:
     in_sequence: bool = False
     #: GPU units of the loops enclosing the point, outermost first
     gpu_units: tuple[str, ...] = ()
+    #: lanes per group of the enclosing "group" loop (a GPUThread loop over sub-warp
+    #: groups; 32: a whole warp)
+    group_lanes: int = 32
+    #: the innermost plain GPUThread loop (strided by the block's threads): its schedule
+    #: name, variable and trip count, which tell the lanes of a warp that run an iteration
+    thread_loop: tuple[str, str, ir.Expr] | None = None
     #: the store is lane 0's (a warp's sum) / one part of a shared accumulator, atomic
     lane0: bool = False
     partial: bool = False
@@ -125,6 +131,10 @@ class LowerEnv:
         #: per-thread accumulators whose lanes a warp adds up (ParallelReduction on a lane
         #: loop in the accumulator's scope) before lane 0 stores the warp's sum
         self.warp_reduced: set[str] = set()
+        #: of those, the ones a group of fewer lanes adds up, with the group's lanes
+        self.group_reduced: dict[str, int] = {}
+        #: a warp's lanes combine their last runs of atomic stores (`output.flush_runs`)
+        self.segmented = False
         #: accumulators that a GPU loop with Atomics shares (its threads, warps or blocks
         #: each hold a part), so each part is added atomically into the output
         self.partial_accs: set[str] = set()

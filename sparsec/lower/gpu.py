@@ -1,6 +1,12 @@
 """Loops mapped to the GPU: how GPUBlock, GPUWarp and GPUThread loops nest, and the
 race strategies a GPU loop takes (atomicAdd into the output, per-thread partial sums
-added atomically, a warp's shuffle reduction with lane 0 storing)."""
+added atomically, a warp's or a lane group's shuffle reduction with its first lane
+storing).
+
+Inside a GPUWarp loop a GPUThread loop runs over the warp's 32 lanes. Two nested ones
+split the warp into groups (CSR-vector): the outer is the inner piece of a split with
+factor R (2, 4, 8 or 16) and gives each of the warp's R groups of 32 / R lanes one
+iteration; the inner one runs over a group's lanes."""
 
 from __future__ import annotations
 
@@ -49,13 +55,19 @@ def gpu_setup(
         env.grid = trip
     units = env.flags.gpu_units
     lane = unit == "GPUThread" and "GPUWarp" in units
-    setup.flags["gpu_units"] = (*units, unit)
+    lanes = env.flags.group_lanes
+    group = lane and "group" not in units and _encloses_lanes(env, loop)
+    if group:
+        lanes = _group_lanes(env, cmd, loop)
+        setup.flags["group_lanes"] = lanes
+    setup.flags["gpu_units"] = (*units, "group" if group else unit)
     out = env.lhs.name
     target_acc = isinstance(sink, AccSink)
     why = race(env, loop, distinct, sink)
-    par = ir.Parallel(unit, "lane" if lane else "")
+    schedule = "group" if group else "lane" if lane else ""
+    par = ir.Parallel(unit, schedule, lanes=lanes) if lanes != 32 else ir.Parallel(unit, schedule)
     if isinstance(sink, AccSink):
-        env.acc_units.setdefault(sink.name, set()).add("lane" if lane else unit)
+        env.acc_units.setdefault(sink.name, set()).add("lane" if lane and not group else unit)
     if why is None:
         setup.parallel = par
         env.notes.append(f"{loop}: {unit}, race-free")
@@ -77,11 +89,18 @@ def gpu_setup(
             env.partial_accs.add(sink.name)
             setup.parallel = par
             env.notes.append(f"{loop}: {unit}, per-thread partial sums, atomicAdd into {out}")
-        case "ParallelReduction" if target_acc and lane:
+        case "ParallelReduction" if target_acc and lane and not group:
             assert isinstance(sink, AccSink)
             env.warp_reduced.add(sink.name)
             setup.parallel = par
-            env.notes.append(f"{loop}: {unit} lanes, warp shuffle reduction, lane 0 stores")
+            if lanes == 32:
+                env.notes.append(f"{loop}: {unit} lanes, warp shuffle reduction, lane 0 stores")
+                return setup
+            env.group_reduced[sink.name] = lanes
+            env.notes.append(
+                f"{loop}: {unit} lanes of a group of {lanes}, group shuffle reduction, "
+                "the group's first lane stores"
+            )
         case _:
             raise ScheduleError(
                 f"{cmd}: {req.races} does not apply here ({why}); on the GPU use Atomics "
@@ -111,6 +130,38 @@ def _gpu_nesting(env: LowerEnv, cmd: str, unit: str) -> None:
         )
     if unit == "GPUThread" and "GPUThread" in units:
         raise ScheduleError(f"{cmd}: a GPUThread loop inside another GPUThread loop")
+    if unit == "GPUThread" and "lane" in units:
+        raise ScheduleError(
+            f"{cmd}: a GPUThread loop inside a warp's lane loop; lanes split into groups "
+            "once (a GPUThread loop over groups, then one over a group's lanes)"
+        )
+
+
+def _encloses_lanes(env: LowerEnv, loop: str) -> bool:
+    """Whether another GPUThread loop of the schedule lies inside ``loop``: then
+    ``loop``, a GPUThread loop inside a GPUWarp loop, runs over groups of lanes."""
+    plan = env.plan
+    if plan is None:
+        return False
+    order = plan.order
+    if loop not in order:
+        return False
+    inner = order[order.index(loop) + 1 :]
+    return any(plan.parallel[v].unit == "GPUThread" for v in inner if v in plan.parallel)
+
+
+def _group_lanes(env: LowerEnv, cmd: str, loop: str) -> int:
+    """The lanes of each group of a GPUThread loop over groups: 32 / its split factor."""
+    piece = env.plan.pieces.get(loop) if env.plan is not None else None
+    factor = piece.factor if piece is not None and not piece.outer and not piece.divide else 0
+    if factor not in (2, 4, 8, 16):
+        raise ScheduleError(
+            f"{cmd}: a GPUThread loop over groups of a warp's lanes (another GPUThread loop "
+            f"lies inside it) must be the inner piece of a split by 2, 4, 8 or 16 (the "
+            f"groups per warp: 16, 8, 4 or 2 lanes each); {loop} is not (e.g. split(i,iw,"
+            f"{loop},4) for groups of 8 lanes)"
+        )
+    return 32 // factor
 
 
 def _gpu_rows(env: LowerEnv, cmd: str, loop: str) -> None:

@@ -54,6 +54,10 @@ class LoweredKernel:
     block: int = 1
     #: CUDA: the kernel reduces across a warp's lanes with shuffles
     shuffles: bool = False
+    #: CUDA: lanes reduce in groups smaller than a warp (the template's group shuffles)
+    groups: bool = False
+    #: CUDA: a warp's lanes combine their runs of atomic stores (`output.flush_runs`)
+    segments: bool = False
     #: the statement lowered as a sequence of loop nests, in words ("": one fused nest)
     sequence: str = ""
     #: CUDA: the workspace's elements per thread, by role (`abi.GPU_WORKSPACE`)
@@ -99,7 +103,9 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         zero_before=env.gpu and isinstance(frame, DenseFrame) and not frame.zeroed,
         grid=env.grid,
         block=block_size(env),
-        shuffles=bool(env.warp_reduced),
+        shuffles=bool(env.warp_reduced) or env.segmented,
+        groups=bool(env.group_reduced),
+        segments=env.segmented,
         sequence=env.sequence,
         scratch=_scratch(env),
     )

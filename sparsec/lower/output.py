@@ -74,6 +74,14 @@ def store_shared(env: LowerEnv, acc: str, ctx: Ctx) -> list[ir.Stmt]:
             store = write(env, ctx, ir.Var(acc))
     if not reduced:
         return [store]
+    lanes = env.group_reduced.get(acc)
+    if lanes is not None:
+        # a group of lanes (CSR-vector): shuffles within the group, its first lane stores
+        width = ir.IntLit(lanes)
+        return [
+            ir.Assign(ir.Var(acc), ir.Call("group_sum", (ir.Var(acc), width))),
+            ir.If(((ir.Bin("==", ir.Call("group_lane", (width,)), ir.IntLit(0)), store),)),
+        ]
     return [
         ir.Assign(ir.Var(acc), ir.Call("warp_sum", (ir.Var(acc),))),
         ir.If(((ir.Bin("==", ir.Call("lane", ()), ir.IntLit(0)), store),)),
@@ -131,6 +139,40 @@ def flush_run(env: LowerEnv, run: SegmentSink) -> ir.Stmt:
     vals = env.flags.out_redirect or env.sig.array(env.lhs.name, "vals")
     store = ir.Assign(ir.Load(vals, ir.Var(run.at)), ir.Var(run.acc), "+=", atomic=True)
     return ir.If(((ir.Bin(">=", ir.Var(run.at), ir.IntLit(0)), ir.block(store)),))
+
+
+def flush_runs(env: LowerEnv, run: SegmentSink, loop: str) -> list[ir.Stmt]:
+    """Store a thread's last run after its serial loop over ``loop``. Where that loop is
+    the piece of a split directly inside its sibling, a plain GPUThread loop (so a warp's
+    lanes take consecutive iterations and every lane that runs one reaches the store;
+    under plus_times), the lanes first combine their last runs: lanes next to each other
+    whose runs hit one element (a row across their chunks) add them up by shuffles
+    (`sc_segment_sum`, segmented by the element), and only each segment's first lane adds
+    the sum atomically."""
+    flush = flush_run(env, run)
+    where = env.flags.thread_loop
+    plan = env.plan
+    piece = plan.pieces.get(loop) if plan is not None else None
+    if (
+        where is None
+        or plan is None
+        or piece is None
+        or piece.sibling != where[0]
+        or plan.order.index(loop) != plan.order.index(where[0]) + 1
+        or "GPUWarp" in env.flags.gpu_units
+        or env.spec.semantics.semiring != "plus_times"
+    ):
+        return [flush]
+    env.segmented = True
+    _, var, trip = where
+    lanes = (ir.Var(var), trip)
+    head = env.namer.fresh(f"{run.acc}_head")
+    total = ir.Call("segment_sum", (ir.Var(run.acc), ir.Var(run.at), *lanes))
+    return [
+        ir.Decl(ir.BOOL, head, ir.Call("segment_head", (ir.Var(run.at), *lanes))),
+        ir.Assign(ir.Var(run.acc), total),
+        ir.If(((ir.Var(head), ir.block(flush)),)),
+    ]
 
 
 def output_size(env: LowerEnv, skip: int = 0) -> ir.Expr:

@@ -83,6 +83,8 @@ class _Rewrite:
             case ir.Assign(value=ir.Call(fn="warp_sum", args=args)):
                 # a warp's lanes combine with the add (the templates' shuffle loops)
                 return [replace(s, value=ir.Call(f"warp_{self.ring.add}", args))]
+            case ir.Assign(value=ir.Call(fn="group_sum", args=args)):
+                return [replace(s, value=ir.Call(f"group_{self.ring.add}", args))]
             case ir.Decl(type=ty, init=ir.FloatLit(value=0.0)) if ty in _VALUE_TYPES:
                 return [replace(s, init=self.identity)]
             case ir.Assign(value=ir.FloatLit(value=0.0), op="="):

@@ -22,7 +22,7 @@ from ..tensors.formats import Dense, LevelNames, dense_extent
 from .ctx import Ctx, OutputSink, SegmentSink, Sink, SpaceState, unit
 from .env import LowerEnv
 from .levels import crd, iterator, level, locate, names, unique
-from .output import flush_run
+from .output import flush_runs
 from .parallel import inside, loop_setup
 from .positions import distinct, pos_access, whole_coordinates
 from .rows import split_row
@@ -93,7 +93,7 @@ def space_loop(
         acc, at = env.namer.fresh("run"), env.namer.fresh("run_at")
         pre += [ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)), ir.Decl(ir.I64, at, ir.IntLit(-1))]
         target = SegmentSink(acc, at)
-        flush.append(flush_run(env, target))
+        flush += flush_runs(env, target, loop)
 
     def body() -> ir.Block:
         if not completes:
@@ -105,6 +105,9 @@ def space_loop(
             return window_merge(env, space, merge, one, inner, rest, target, nest)
         return _bind_space(env, space, x, inner, rest, expr, target, cursors, nest)
 
+    par = setup.parallel
+    if par is not None and par.unit == "GPUThread" and not par.schedule:
+        setup.flags["thread_loop"] = (loop, name, extent)
     loop_body = inside(env, setup, body)
     for_loop = ir.For(name, ir.IntLit(0), extent, loop_body, setup.parallel, setup.unroll)
     return ir.block(*pre, *setup.pre, for_loop, *flush, *setup.post)

@@ -32,7 +32,9 @@ BLOCK = 128
 _THREADS = ir.Call("block_threads", ())
 _THREAD = ir.Call("thread_in_block", ())
 #: calls whose value differs between the lanes of a warp, or that exchange values
-_LANE_CALLS = frozenset({"warp_sum", "lane", "thread_id"})
+_LANE_CALLS = frozenset(
+    {"warp_sum", "lane", "thread_id", "group_sum", "group_lane", "segment_sum", "segment_head"}
+)
 
 
 def coarsen(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
@@ -56,7 +58,7 @@ def _stmt(s: ir.Stmt, notes: list[str], ids: count[int], outer: frozenset[str]) 
         case ir.For(parallel=par, end=end) if par is not None and par.unit == "GPUThread":
             # a thread loop bounded by an outer loop's variable is a split piece of a
             # row range (thread-per-row), not a range of output columns
-            plain = par.schedule != "lane" and not free_vars(end) & outer
+            plain = par.schedule not in ("lane", "group") and not free_vars(end) & outer
             done = _coarsen(s, next(ids)) if plain else None
             if done is None:
                 return s

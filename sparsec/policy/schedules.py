@@ -10,8 +10,10 @@ to the user's commands; `describe_cpu` tells what ran.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..frontend.concrete import accesses, exact
-from ..frontend.notation import Access
+from ..frontend.notation import Access, factors
 from ..middle.commands import Command, name_supply
 from ..middle.lattice import Iterator, Lattice, build
 from ..middle.order import level_indices
@@ -128,6 +130,82 @@ def gpu_candidates(spec: Spec, order: tuple[str, ...]) -> list[tuple[Command, ..
             )
         candidates.append(plain)
     return candidates
+
+
+def vector_schedule(
+    row: str,
+    col: str,
+    tensor: str,
+    lanes: int,
+    fresh: Callable[[str], str] | None = None,
+) -> tuple[Command, ...]:
+    """CSR-vector: each row of loop ``row`` taken by a group of ``lanes`` lanes of a warp
+    (2, 4, 8, 16 or 32), whose lanes stride over ``tensor``'s positions of ``col`` and add
+    their parts by shuffles within the group; 256 threads per block. Under 32 lanes the
+    rows are split into the warp's groups (`lower.gpu`): ``split(row, b, rows, 8 * R),
+    split(rows, warp, group, R)`` with R = 32 / lanes, ``group`` a GPUThread loop over the
+    warp's groups and the positions a GPUThread loop over a group's lanes."""
+    name = fresh or (lambda base: base)
+    b, rows, warp, group = (name(f"{row}_{part}") for part in ("block", "rows", "warp", "group"))
+    p = name(f"{col}_pos")
+    warps = THREADS_PER_BLOCK // 32
+    per_warp = 32 // lanes
+    head = [_cmd("pos", col, p, tensor)]
+    tail = [
+        _cmd("parallelize", b, "GPUBlock", "NoRaces"),
+        _cmd("parallelize", warp, "GPUWarp", "NoRaces"),
+    ]
+    if per_warp == 1:
+        head.insert(0, _cmd("split", row, b, warp, warps))
+    else:
+        head[:0] = [
+            _cmd("split", row, b, rows, warps * per_warp),
+            _cmd("split", rows, warp, group, per_warp),
+        ]
+        tail.append(_cmd("parallelize", group, "GPUThread", "NoRaces"))
+    return (*head, *tail, _cmd("parallelize", p, "GPUThread", "ParallelReduction"))
+
+
+#: the GPU default's lanes per row (CSR-vector) for rows of this many nonzeros on average
+#: or more: thread-per-row below (see `vector_lanes`)
+VECTOR_MIN_ROW = 4
+
+
+def vector_rows(spec: Spec) -> tuple[str, str, str] | None:
+    """(row, col, tensor) where the GPU default may give each row a group of lanes
+    (`vector_schedule`; the lanes are chosen per call by `vector_lanes`): an SpMV-like
+    kernel, a dense output over ``row`` alone, a product of one CSR-like operand (a dense
+    level over ``row``, then a compressed unique level over ``col``) and dense operands
+    over ``col``, reduced over ``col``. Else None (the default stays as is)."""
+    lhs = spec.statement.lhs
+    if len(lhs.indices) != 1 or not spec.output.format.is_dense:
+        return None
+    parts = factors(spec.statement.rhs)
+    found = [a for a in parts if isinstance(a, Access) and not spec.tensor(a.name).format.is_dense]
+    if len(found) != 1 or found[0].complement:
+        return None
+    (access,) = found
+    fmt = spec.tensor(access.name).format
+    levels = level_indices(access, fmt)
+    if len(levels) != 2 or levels[0] != lhs.indices[0] or levels[1] in lhs.indices:
+        return None
+    row, col = levels
+    others = [a for a in parts if isinstance(a, Access) and a is not access]
+    if any(set(a.indices) - {col} for a in others):
+        return None
+    first, second = fmt.levels
+    if first.position_iteration or not second.position_iteration or not second.unique:
+        return None
+    return row, col, access.name
+
+
+def vector_lanes(average: float) -> int:
+    """Lanes per row for rows of ``average`` nonzeros: 0 (thread-per-row) under
+    `VECTOR_MIN_ROW`, else the largest power of two at most the average, up to a warp, so
+    that most lanes of a group have a nonzero to load in each sweep of the row."""
+    if not average >= VECTOR_MIN_ROW:
+        return 0
+    return min(32, 1 << (int(average).bit_length() - 1))
 
 
 def cpu_default(
