@@ -42,6 +42,7 @@ from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower
 from .middle.commands import Command
 from .middle.derive import describe as describe_derived
 from .middle.spec import Spec
+from .middle.staging import needs_staging, staged, staging_format
 from .passes.bands import BAND, DEPTH, Walks, band
 from .passes.coarsen import BLOCK as COARSE_BLOCK
 from .passes.coarsen import coarsen
@@ -351,7 +352,15 @@ def generate_cuda(
     commands: tuple[Command, ...] = (),
 ) -> Generated:
     """The CUDA source of ``spec``'s kernel under ``commands`` (or the default GPU mapping,
-    then `CUDA_PASSES`)."""
+    then `CUDA_PASSES`). A sparse output that is not filled row by row is computed into
+    its rowwise staging output (`staging`), which the runtime compacts."""
+    stage_note = ""
+    if needs_staging(spec):
+        stage_note = (
+            f"output {spec.output.name} ({spec.output.format}) computed as rows "
+            f"({staging_format(spec.output.format)}), then compacted"
+        )
+        spec = staged(spec)
     make_names = _names(spec)
     if commands:
         lowered, sig = lower(spec, make_names, commands=commands, target="cuda")
@@ -394,6 +403,8 @@ def generate_cuda(
             )
         )
     schedule = describe_gpu(chosen, not commands, lowered.notes)
+    if stage_note:
+        schedule = f"{stage_note}; {schedule}"
     if lowered.sequence:
         schedule = f"{lowered.sequence}; {schedule}"
     if spec.derived:

@@ -16,14 +16,15 @@ it is refused (`spaces.scheduled_expr`), as before.
 
 from __future__ import annotations
 
-from ..frontend.concrete import CExpr, accesses
+from ..frontend.concrete import CExpr
 from ..ir import nodes as ir
 from ..middle.lattice import Lattice, UnionLattice, build
 from ..middle.plan import Space
 from .coiterate import coiterate
 from .ctx import Ctx, Sink
 from .env import LowerEnv
-from .levels import iterator, locate
+from .levels import iterator
+from .rows import enter_bound
 from .where import Nest
 
 
@@ -57,7 +58,7 @@ def window_merge(
     (var,) = space.vars
 
     def body(expr: CExpr, inner: Ctx) -> ir.Block:
-        located, inner = locate(env, inner, [env.lhs, *accesses(expr)])
-        return ir.block(located, nest(rest, expr, inner, sink))
+        # a sparse output's row (a merged variable binds it) is opened as usual
+        return enter_bound(env, var, expr, inner, rest, sink, nest)
 
     return coiterate(env, var, lattice, ctx, sink, False, body, window=window)

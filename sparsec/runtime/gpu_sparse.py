@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import DTypeError
+from ..middle.spec import TensorVar
 from ..tensors.tensor import LevelStorage, Tensor
+from . import compaction
 from .binding import INDEX_DTYPES, VALUE_DTYPES
 from .inputs import Prepared
 from .sparse_out import Arrays, SparseOutput
@@ -25,9 +27,43 @@ _INT32_MAX = 2**31 - 1
 Phase = Callable[[str, Arrays], None]
 
 
-def two_phase(out: SparseOutput, prepared: Prepared, phase: Phase, xp: Any, poison: bool) -> Tensor:
+def run(
+    out: SparseOutput,
+    final: TensorVar | None,
+    prepared: Prepared,
+    phase: Phase,
+    xp: Any,
+    poison: bool,
+) -> Tensor:
+    """``out``'s rows by `two_phase`; when the output asked for is ``final`` (a format
+    that is not filled row by row: ``out`` is its staging output, `sparsec.middle.staging`)
+    compacted into it where the rows are (`compaction`; ``prepared`` binds the staging's
+    leading index, `staging.ROW`, for a vector). The result is a host `Tensor`."""
+    pos, crd, vals = two_phase(out, prepared, phase, xp, poison)
+    host = (lambda a: a) if xp is np else (lambda a: a.get())
+    index_dtype = crd.dtype
+    if final is None:
+        levels = [LevelStorage() for _ in range(out.layout.last)]
+        levels.append(LevelStorage(host(pos), host(crd)))
+        return Tensor(
+            out.shape(prepared), out.output.format, tuple(levels), host(vals), index_dtype
+        )
+    extents = tuple(out.extent(prepared, k) for k in range(out.output.order))
+    lead = out.output.order - final.order
+    made, values = compaction.compact((pos, crd, vals), extents, lead, final.format, xp)
+    storage = tuple(
+        LevelStorage(None if p is None else host(p), None if c is None else host(c))
+        for p, c in made
+    )
+    shape = out.shape(prepared)[lead:]
+    return Tensor(shape, final.format, storage, host(values), index_dtype)
+
+
+def two_phase(
+    out: SparseOutput, prepared: Prepared, phase: Phase, xp: Any, poison: bool
+) -> tuple[Any, Any, Any]:
     """Count, prefix-sum, allocate exactly, fill; ``xp`` is numpy or cupy (where the
-    arrays live)."""
+    arrays live). Returns the last level's ``pos`` and ``crd`` and the values."""
     out_t, layout = out.output, out.layout
     last = layout.last
     assert layout.rowwise and last == out_t.order - 1, layout
@@ -51,7 +87,4 @@ def two_phase(out: SparseOutput, prepared: Prepared, phase: Phase, xp: Any, pois
     arrays: Arrays = {("sizes", -1): sizes, ("pos", last): counts, ("crd", last): crd}
     arrays[("vals", -1)] = vals
     phase("fill", arrays)
-    host = (lambda a: a) if xp is np else (lambda a: a.get())
-    levels = [LevelStorage() for _ in range(last)]
-    levels.append(LevelStorage(host(counts), host(crd)))
-    return Tensor(out.shape(prepared), out_t.format, tuple(levels), host(vals), index_dtype)
+    return counts, crd, vals
