@@ -149,3 +149,42 @@ def test_staged_outputs_on_the_device(case, rng):
     _same_arrays(got, sparsec.kernel(expr, fmts, target="c")(**given))
     ref = {n: torch.from_numpy(v) for n, v in dense.items()}
     assert got.nnz >= 0 and ref is not None
+
+
+def test_kept_device_arrays_are_not_uploaded_again():
+    """A sparse output computed on a device keeps the arrays the launches wrote as its
+    device copies (`Tensor.keep_device_arrays`): a next call reads them, no upload."""
+    t = sparsec.Tensor.from_dense(np.eye(3), "csr")
+    marker = object()
+    t.keep_device_arrays({("crd", 1): marker})
+
+    def upload(host):
+        raise AssertionError("uploaded a kept array")
+
+    assert t.device_array("crd", 1, upload) is marker
+    assert t.device_array("pos", 1, lambda h: "copied") == "copied"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["csr", "dcsr", "coo"])
+def test_a_sparse_output_stays_on_the_device(fmt, rng):
+    """SpGEMM on a GPU: the result's arrays stay on the device as its device copies, and
+    a chained product reads them there; both equal the C target's."""
+    from test_cuda import _device_or_skip
+
+    _device_or_skip()
+    import cupy
+
+    fmts = {"A": "csr", "B": "csr", "C": fmt}
+    expr = "C(i,j) = A(i,k) * B(k,j)"
+    a = sparsec.Tensor.from_dense(sparse_array((300, 40), rng, integer=True), "csr")
+    b = sparsec.Tensor.from_dense(sparse_array((40, 40), rng, integer=True), "csr")
+    got = sparsec.kernel(expr, fmts, target="cuda")(A=a, B=b)
+    want = sparsec.kernel(expr, fmts, target="c")(A=a, B=b)
+    _same_arrays(got, want)
+    kept = got.device_array("vals", -1, lambda h: None)
+    assert isinstance(kept, cupy.ndarray)
+    np.testing.assert_array_equal(kept.get(), want.vals)
+    chained = {"A": fmt, "B": "csr", "C": "csr"}
+    again = sparsec.kernel(expr, chained, target="cuda")(A=got, B=b)
+    _same_arrays(again, sparsec.kernel(expr, chained, target="c")(A=want, B=b))

@@ -69,7 +69,11 @@ def compact(
         new = xp.ones(nnz, dtype=bool)
         if level.unique and nnz > 1:
             new[1:] = (parent[1:] != parent[:-1]) | (c[1:] != c[:-1])
-        counts = xp.bincount(parent[new], minlength=parents)
+        counts = (
+            xp.bincount(parent[new], minlength=parents)
+            if nnz
+            else xp.zeros(parents, dtype=np.int64)
+        )
         level_pos = xp.zeros(parents + 1, dtype=index)
         level_pos[1:] = xp.cumsum(counts)
         levels.append((level_pos, c[new].astype(index)))

@@ -3,8 +3,9 @@ counts its entries into its slot of ``pos`` (``sparsec_assemble``), a prefix sum
 counts (on the device: ``cupy.cumsum``) makes them offsets, the exact ``crd`` and ``vals``
 are allocated, and each row appends from its offset (``sparsec_kernel``). The same code
 runs with numpy arrays under the CUDA emulation (``target="cuda-emulated"``), so the
-device path's logic is what the tests check. The result is a host `Tensor`: rows come out
-sorted and unique, as on the C target."""
+device path's logic is what the tests check. Rows come out sorted and unique, as on the C
+target. Any other sparse output is computed as rows and compacted (`run`). The result is
+a `Tensor`, whose arrays live on the host; on a device it also keeps the device arrays."""
 
 from __future__ import annotations
 
@@ -38,25 +39,32 @@ def run(
     """``out``'s rows by `two_phase`; when the output asked for is ``final`` (a format
     that is not filled row by row: ``out`` is its staging output, `sparsec.middle.staging`)
     compacted into it where the rows are (`compaction`; ``prepared`` binds the staging's
-    leading index, `staging.ROW`, for a vector). The result is a host `Tensor`."""
+    leading index, `staging.ROW`, for a vector). The result is a `Tensor` (host arrays,
+    as every `Tensor`); on a device it keeps the device arrays the launches wrote as its
+    device copies (`Tensor.keep_device_arrays`), so a chained CUDA call uploads nothing."""
     pos, crd, vals = two_phase(out, prepared, phase, xp, poison)
-    host = (lambda a: a) if xp is np else (lambda a: a.get())
     index_dtype = crd.dtype
     if final is None:
-        levels = [LevelStorage() for _ in range(out.layout.last)]
-        levels.append(LevelStorage(host(pos), host(crd)))
-        return Tensor(
-            out.shape(prepared), out.output.format, tuple(levels), host(vals), index_dtype
-        )
-    extents = tuple(out.extent(prepared, k) for k in range(out.output.order))
-    lead = out.output.order - final.order
-    made, values = compaction.compact((pos, crd, vals), extents, lead, final.format, xp)
+        fmt, shape, values = out.output.format, out.shape(prepared), vals
+        made: list[compaction.Level] = [(None, None)] * out.layout.last + [(pos, crd)]
+    else:
+        extents = tuple(out.extent(prepared, k) for k in range(out.output.order))
+        lead = out.output.order - final.order
+        made, values = compaction.compact((pos, crd, vals), extents, lead, final.format, xp)
+        fmt, shape = final.format, out.shape(prepared)[lead:]
+    if xp is np:
+        return Tensor(shape, fmt, tuple(LevelStorage(p, c) for p, c in made), values, index_dtype)
     storage = tuple(
-        LevelStorage(None if p is None else host(p), None if c is None else host(c))
+        LevelStorage(None if p is None else p.get(), None if c is None else c.get())
         for p, c in made
     )
-    shape = out.shape(prepared)[lead:]
-    return Tensor(shape, final.format, storage, host(values), index_dtype)
+    result = Tensor(shape, fmt, storage, values.get(), index_dtype)
+    # the arrays stay on the device too: a next CUDA call reads them with no upload
+    kept: dict[tuple[str, int], Any] = {("vals", -1): values}
+    for k, (p, c) in enumerate(made):
+        kept.update({(f, k): a for f, a in (("pos", p), ("crd", c)) if a is not None})
+    result.keep_device_arrays(kept)
+    return result
 
 
 def two_phase(
