@@ -18,6 +18,7 @@ from typing import Any
 from .abi import (
     APPEND_NAME,
     ASSEMBLE_NAME,
+    GPU_HASH,
     GPU_WORKSPACE,
     INT,
     KERNEL_NAME,
@@ -398,7 +399,7 @@ def generate_cuda(
                 *sig.params,
                 *(
                     Param(name, "array", ty, f"ws_{role}", out, writable=True)
-                    for role, (name, ty) in GPU_WORKSPACE.items()
+                    for role, (name, ty) in {**GPU_WORKSPACE, **GPU_HASH}.items()
                 ),
             )
         )

@@ -188,3 +188,22 @@ def test_a_sparse_output_stays_on_the_device(fmt, rng):
     chained = {"A": fmt, "B": "csr", "C": "csr"}
     again = sparsec.kernel(expr, chained, target="cuda")(A=got, B=b)
     _same_arrays(again, sparsec.kernel(expr, chained, target="c")(A=want, B=b))
+
+
+#: the suite's cases whose GPU kernels scatter into a workspace (SpGEMM, y = Aᵀx)
+SCATTERED = [c for c in CASES if "sc_ws_" in sparsec.kernel(c[0], c[1], target="cuda").source]
+
+
+@pytest.mark.parametrize("case", SCATTERED, ids=[case_id(c) for c in SCATTERED])
+def test_the_workspace_cases_through_hash_tables(case, rng, monkeypatch):
+    """The same cases with each row's hash table forced (`gpu.HASH_WORKSPACE`): the
+    arrays of the C target, staged or not."""
+    from sparsec.runtime import gpu
+
+    monkeypatch.setattr(gpu, "HASH_WORKSPACE", True)
+    assert len(SCATTERED) >= 4
+    expr, fmts = case[0], case[1]
+    _, given = _given(case, rng, "float64", "int64")
+    kw = {"index_dtype": "int64"}
+    got = sparsec.kernel(expr, fmts, target="cuda-emulated", **kw)(**given)
+    _same_arrays(got, sparsec.kernel(expr, fmts, target="c", **kw)(**given))

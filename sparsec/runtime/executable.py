@@ -217,7 +217,13 @@ class Executable:
             values, dims = prepared.values, prepared.dims
             gpu.run_phase(kernels[which], gen, self.slots, values, dims, outputs, emulated)
 
-        return gpu_sparse.run(self.sparse, self.final, prepared, phase, xp, self.poison)
+        workspace = None
+        if gen.launch.scratch:
+            values, dims = prepared.values, prepared.dims
+            fits = gpu.dense_rows_fit(gen, self.slots, values, dims, emulated)
+            hashed = not fits if gpu.HASH_WORKSPACE is None else gpu.HASH_WORKSPACE
+            workspace = (hashed, gen.launch.fill, gpu.workspace_budget(emulated))
+        return gpu_sparse.run(self.sparse, self.final, prepared, phase, xp, self.poison, workspace)
 
     def _stage(self, prepared: Prepared, out: Any) -> tuple[Callable[[], None], Any]:
         """The arguments in GPU memory and a launch over them (`gpu.stage`)."""
