@@ -113,7 +113,9 @@ def test_a_sparse_vector_from_a_reduction_keeps_cancellations(rng):
 @pytest.mark.parametrize(
     ("spelling", "shape"),
     [("ss", (6, 5)), ("ss:1,0", (6, 5)), ("uq", (6, 5)), ("sss", (4, 3, 5)), ("dss", (4, 3, 5))]
-    + [("ssd", (4, 3, 5)), ("sd", (6, 5)), ("uqq", (4, 3, 5)), ("s", (9,))],
+    + [("ssd", (4, 3, 5)), ("sd", (6, 5)), ("uqq", (4, 3, 5)), ("s", (9,))]
+    # extents of zero (found by the fuzzer: a COO output of 0 x 0)
+    + [("uq", (0, 0)), ("ss", (0, 5)), ("uq", (4, 0)), ("sss", (2, 0, 3)), ("s", (0,))],
 )
 def test_compact_builds_what_packing_builds(spelling, shape, rng):
     """The compaction on its own: from a tensor's rows (its ``d...ds`` storage) to the

@@ -49,8 +49,8 @@ def compact(
     coords: list[Any] = []
     stride = math.prod(extents[:-1])
     for n in extents[:-1]:
-        stride //= n
-        coords.append((row // stride) % n)
+        stride //= max(n, 1)  # an extent of 0: no entries, no coordinates to find
+        coords.append((row // max(stride, 1)) % max(n, 1))
     coords = [*coords[lead:], crd]
     dims = extents[lead:]
     parent = xp.zeros(nnz, dtype=np.int64)
