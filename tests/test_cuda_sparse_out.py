@@ -14,6 +14,7 @@ from conftest import sparse_array
 from test_cuda import needs_compiler
 
 import sparsec
+from sparsec import ScheduleError
 
 R, C, K = 700, 37, 5
 
@@ -64,6 +65,22 @@ CASES = [
         {"A": "csr", "B": "csr", "D": "csr", "C": "csr"},
         lambda t: t["A"] @ t["B"] + t["D"],
         {"A": (R, 24), "B": (24, C), "D": (R, C)},
+    ),
+    # found by the fuzzer: a reduction under a dense operand's rows (the default GPU
+    # mapping put the columns of a row across threads, each appending at its own offset);
+    # and the rows of a non-unique level merged with a dense vector (the window merge never
+    # opened the row)
+    (
+        "O(i,j) = -(T0(i,j,k) + T1(i))",
+        {"T0": "ddd", "O": "ds"},
+        lambda t: -(t["T0"].sum(2) + t["T1"][:, None]),
+        {"T0": (R, 6, 3), "T1": (R,)},
+    ),
+    (
+        "O(i,j) = -(T0(i,j,k) + T1(i))",
+        {"T0": "uqq", "O": "ds"},
+        lambda t: -(t["T0"].sum(2) + t["T1"][:, None]),
+        {"T0": (R, 6, 3), "T1": (R,)},
     ),
     # rows of a 3-tensor (two dense levels above the compressed one)
     (
@@ -153,6 +170,28 @@ def test_other_sparse_outputs_map_through_a_compaction(expr, fmts):
             if u is not None:
                 np.testing.assert_array_equal(u, v)
     np.testing.assert_array_equal(got.vals, want.vals)
+
+
+def test_gpu_loops_inside_a_sparse_output_row_are_refused():
+    """A row appends from its own offset, so one thread fills it: a GPU loop over its
+    columns (or a reduction inside it) is a clear ScheduleError, not threads that each
+    append from the row's start."""
+    sched = ["split(i,ib,it,32)", "parallelize(ib,GPUBlock,NoRaces)"]
+
+    def make(extra: str) -> sparsec.Kernel:
+        k = sparsec.kernel(
+            "A(i,j) = B(i,j) * C(i,k) * D(k,j)",
+            {"B": "csr", "A": "csr"},
+            target="cuda-emulated",
+            schedule=[*sched, extra],
+        )
+        k.generated()
+        return k
+
+    assert "sparsec_assemble(" in make("parallelize(it,GPUThread,NoRaces)").source
+    for loop in ("j", "k"):
+        with pytest.raises(ScheduleError, match="filled a whole row per GPU thread"):
+            make(f"parallelize({loop},GPUThread,Atomics)")
 
 
 @needs_compiler

@@ -395,10 +395,15 @@ def test_source_is_readable_c():
 ZEROING = [
     # (expression, formats, output zeroed up front, stores with "=")
     ("y(i) = A(i,j) * x(j)", {"A": "csr"}, False, True),
-    ("y(i) = A(i,j) * x(j)", {"A": "dcsr"}, True, False),  # empty rows are never visited
+    # empty rows are never visited (zeroed); a visited row is stored once
+    ("y(i) = A(i,j) * x(j)", {"A": "dcsr"}, True, True),
+    ("y(i) = A(i,j) * x(j)", {"A": "coo"}, True, True),  # a run of equal rows, stored once
     ("y(i) = A(i,j) * x(j)", {"A": "csc"}, True, False),  # scatter over rows
     ("C(i,j) = A(i,k) * B(k,j)", {"A": "csr"}, False, False),  # row slice zeroed in the loop
-    ("a(i) = b(i) + c(i)", {"b": "s"}, True, False),  # co-iteration: cases, not one store
+    ("a(i) = b(i) + c(i)", {"b": "s"}, True, True),  # co-iteration: one case stores each i
+    ("A(i,j) = B(i,j,k) * c(k)", {"B": "csf"}, True, True),  # TTV: each fiber's sum once
+    # a sequence of nests adds into each row (zeroed in the loop)
+    ("A(i,j) = B(i,j) + C(i,k) * D(k,j)", {"B": "csr", "C": "csr", "D": "csr"}, False, False),
     ("A(i,j) = B(i,j) * c(j)", {"B": "dense"}, False, True),
 ]
 

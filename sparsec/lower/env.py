@@ -69,6 +69,7 @@ class LowerEnv:
         *,
         parallel: bool = True,
         exclusive: bool = False,
+        once: bool = False,
         counting: bool = False,
         append: bool = False,
         commands: tuple[Command, ...] = (),
@@ -94,7 +95,9 @@ class LowerEnv:
         self.ring = semiring(spec.semantics.semiring)
         #: second pass: output writes are known to be exclusive (see `lower`)
         self.exclusive = exclusive
-        self.out_op = "=" if exclusive else "+="
+        #: second pass: no element is written twice, but some may never be (zeroed first)
+        self.once = once
+        self.out_op = "=" if exclusive or once else "+="
         self.var_names = {i: namer.fresh(i) for i in spec.indices}
         #: sparse output: the kernel assembles pos/crd/vals (``counting``: sizes only)
         self.assembler = (
@@ -140,6 +143,8 @@ class LowerEnv:
         self.bottom: list[ir.Stmt] = []
         #: per output write site: does it write each element exactly once?
         self.write_sites: list[bool] = []
+        #: some write may store into an element another write (or iteration) stored into
+        self.repeats = False
         self.parallel_loops: list[str] = []
         #: the outermost loop zeroed the output's slices itself
         self.zeroed_slices = False

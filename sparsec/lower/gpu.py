@@ -39,6 +39,7 @@ def gpu_setup(
             f"with pos({loop},...)"
         )
     _gpu_nesting(env, cmd, unit)
+    _gpu_rows(env, cmd, loop)
     if unit == "GPUBlock":
         if env.grid is not None:
             raise ScheduleError(
@@ -110,3 +111,23 @@ def _gpu_nesting(env: LowerEnv, cmd: str, unit: str) -> None:
         )
     if unit == "GPUThread" and "GPUThread" in units:
         raise ScheduleError(f"{cmd}: a GPUThread loop inside another GPUThread loop")
+
+
+def _gpu_rows(env: LowerEnv, cmd: str, loop: str) -> None:
+    """A sparse output on the GPU is counted and filled a whole row per thread (each row
+    appends from its own offset): only loops over its rows (dense levels above the first
+    sparse one), or pieces of them, may map to GPU units."""
+    asm = env.assembler
+    if asm is None:
+        return
+    plan = env.plan
+    space = plan.space_of(loop) if plan is not None else None
+    binds = plan.spaces[space].vars if plan is not None and space is not None else (loop,)
+    rows = asm.vars[: asm.layout.dense_prefix]
+    if not set(binds) <= set(rows):
+        raise ScheduleError(
+            f"{cmd}: the sparse output {env.lhs.name} ({env.spec.output.format}) is filled "
+            f"a whole row per GPU thread, each row appending from its own offset; map only "
+            f"its row loop{'s' if len(rows) > 1 else ''} ({', '.join(rows)}) or pieces of "
+            f"{'them' if len(rows) > 1 else 'it'} to GPU units, not {', '.join(binds)}"
+        )

@@ -42,6 +42,8 @@ class LoweredKernel:
     parallel_loops: tuple[str, ...] = ()
     #: every output element is written exactly once (no zeroing; ``=`` stores)
     exclusive: bool = False
+    #: no output element is written twice (zeroed first, then ``=`` stores)
+    once: bool = False
     #: how each parallel loop runs, in words (header comment and `Kernel.schedule`)
     notes: tuple[str, ...] = ()
     #: what each `bound` promises (the kernel returns BOUND_VIOLATED when one fails)
@@ -92,6 +94,7 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         order,
         tuple(env.parallel_loops),
         bool(sites) and all(sites) and not stmt.accumulate,
+        bool(sites) and not (env.repeats or stmt.accumulate or env.sequence or env.gpu),
         tuple(env.notes),
         tuple(env.bound_messages),
         zero_before=env.gpu and isinstance(frame, DenseFrame) and not frame.zeroed,
@@ -341,8 +344,9 @@ def lower(
     commands: tuple[Command, ...] = (),
     target: str = "c",
 ) -> tuple[LoweredKernel, Signature]:
-    """Lower ``spec``; a second pass drops the output zeroing when every element is
-    written exactly once (plain dense loops over all output indices), storing with ``=``.
+    """Lower ``spec``; a second pass stores with ``=`` when no element is written twice
+    (the loops around each write bind exactly the output's indices), and drops the output
+    zeroing when every element is written exactly once (plain dense loops over them all).
 
     ``make_names()`` returns a fresh ``(Signature, Namer)``, so both passes name alike.
     ``counting`` lowers the assemble kernel of a sparse output (sizes only); ``append``
@@ -357,7 +361,9 @@ def lower(
         env = LowerEnv(spec, sig, namer, counting=counting, append=append, **options)
         return lower_kernel(env), sig
     first = lower_kernel(LowerEnv(spec, sig, namer, **options))
-    if not first.exclusive:
+    if not (first.exclusive or first.once):
         return first, sig
     sig, namer = make_names()
-    return lower_kernel(LowerEnv(spec, sig, namer, exclusive=True, **options)), sig
+    # every element written once: no zeroing, ``=``; at most once: zeroing, ``=``
+    again = LowerEnv(spec, sig, namer, exclusive=first.exclusive, once=True, **options)
+    return lower_kernel(again), sig

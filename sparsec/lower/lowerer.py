@@ -195,6 +195,7 @@ def compute(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
                 assert value is not None
                 one_store_per_part(env)
                 env.write_sites.append(False)
+                env.repeats = True
                 slot = output_slot(env, ctx).index
                 restart = ir.block(
                     flush_run(env, sink),

@@ -33,6 +33,7 @@ def write(env: LowerEnv, ctx: Ctx, value: ir.Expr | None) -> ir.Block:
     if flags.partial:
         # every thread adds its own partial sum: several writes, each atomic
         env.write_sites.append(False)
+        env.repeats = True
         return ir.block(ir.Assign(output_slot(env, ctx), value, "+=", atomic=True))
     if not flags.lane0:
         one_store_per_part(env)
@@ -40,7 +41,12 @@ def write(env: LowerEnv, ctx: Ctx, value: ir.Expr | None) -> ir.Block:
     # over output indices (a split of i: every i once)
     spaces = env.plan.spaces if env.plan is not None else {}
     in_spaces = all(set(spaces[n].vars) <= lhs & ctx.covered for n in ctx.spaces)
-    env.write_sites.append(lhs <= ctx.covered and set(ctx.coords) <= lhs and in_spaces)
+    # the loops around the write bind the output's indices and nothing else: every loop
+    # visits a coordinate at most once (canonical levels; merges and runs of a non-unique
+    # level bind each once), so no element is written twice
+    distinct = set(ctx.coords) == lhs and in_spaces
+    env.write_sites.append(distinct and lhs <= ctx.covered)
+    env.repeats |= not distinct
     slot = output_slot(env, ctx)
     return ir.block(ir.Assign(slot, value, env.out_op, atomic=flags.atomic_writes))
 

@@ -58,13 +58,16 @@ def split_row(
     nest: Nest,
 ) -> ir.Block:
     """A split piece's iteration that binds a rowwise sparse output's row variable
-    ``var`` to ``value`` (a GPU thread's row): the row opened (`open_row`)."""
+    ``var`` to ``value`` (a GPU thread's row): the row opened, the rest of the nest inside
+    (scattered into the workspace and gathered, for SpGEMM)."""
     name = env.var_names[var]
-    row = open_row(env, var, expr, ctx.bind({var: ir.Var(name)}, covered=var), rest, sink, nest)
-    return ir.block(ir.Decl(ir.I64, name, value), row)
+    inner = ctx.bind({var: ir.Var(name)}, covered=var)
+    return ir.block(
+        ir.Decl(ir.I64, name, value), rest_of_nest(env, var, expr, inner, rest, sink, nest)
+    )
 
 
-def open_row(
+def rest_of_nest(
     env: LowerEnv,
     var: str,
     expr: CExpr,
@@ -73,34 +76,14 @@ def open_row(
     sink: Sink,
     nest: Nest,
 ) -> ir.Block:
-    """An iteration of a schedule's space (a split piece, a merge's window, a position
-    loop) that has bound ``var`` of a sparse output: its level opened as the lowerer's
-    own loops open it, the rest of the nest inside (scattered into the workspace and
-    gathered, for SpGEMM)."""
+    """The loops ``rest`` inside an iteration of a schedule space's piece that has just
+    bound ``var`` in ``ctx``: a sparse output's level opened there (`enter_output`), and
+    its row scattered into the workspace and gathered, for SpGEMM."""
     asm = env.assembler
-    assert asm is not None
 
     def inner(c: Ctx, gather: bool) -> ir.Block:
-        if gather:
+        if gather and asm is not None:
             return ir.block(nest(rest, expr, c, WorkspaceSink()), *asm.gather())
         return nest(rest, expr, c, sink)
 
     return enter_output(env, var, expr, ctx, inner)
-
-
-def enter_bound(
-    env: LowerEnv,
-    var: str,
-    expr: CExpr,
-    ctx: Ctx,
-    rest: tuple[str, ...],
-    sink: Sink,
-    nest: Nest,
-) -> ir.Block:
-    """A space's iteration that has bound ``var``: a sparse output's level opened there
-    (`open_row`), else the accesses located and the rest of the nest inside."""
-    asm = env.assembler
-    if asm is not None and var in asm.vars:
-        return open_row(env, var, expr, ctx, rest, sink, nest)
-    located, ctx = locate(env, ctx, [env.lhs, *accesses(expr)])
-    return ir.block(located, nest(rest, expr, ctx, sink))

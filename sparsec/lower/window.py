@@ -24,7 +24,7 @@ from .coiterate import coiterate
 from .ctx import Ctx, Sink
 from .env import LowerEnv
 from .levels import iterator
-from .rows import enter_bound
+from .rows import rest_of_nest
 from .where import Nest
 
 
@@ -58,7 +58,6 @@ def window_merge(
     (var,) = space.vars
 
     def body(expr: CExpr, inner: Ctx) -> ir.Block:
-        # a sparse output's row (a merged variable binds it) is opened as usual
-        return enter_bound(env, var, expr, inner, rest, sink, nest)
+        return rest_of_nest(env, var, expr, inner, rest, sink, nest)
 
     return coiterate(env, var, lattice, ctx, sink, False, body, window=window)
