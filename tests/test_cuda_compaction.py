@@ -209,3 +209,27 @@ def test_the_workspace_cases_through_hash_tables(case, rng, monkeypatch):
     kw = {"index_dtype": "int64"}
     got = sparsec.kernel(expr, fmts, target="cuda-emulated", **kw)(**given)
     _same_arrays(got, sparsec.kernel(expr, fmts, target="c", **kw)(**given))
+
+
+def test_user_schedules_on_staged_outputs():
+    """A user's GPU mapping applies to the staging output's rows: a split of DCSR's row
+    loop runs (equal to the C target); a GPU loop over a sparse vector's coordinates,
+    which its single row appends in order, is refused, never wrong."""
+    expr, fmts = "A(i,j) = B(i,j) * C(i,j)", {"A": "dcsr", "B": "csr", "C": "csr"}
+    schedule = (
+        "split(i,i0,i1,32), parallelize(i0,GPUBlock,NoRaces), parallelize(i1,GPUThread,NoRaces)"
+    )
+    k = sparsec.kernel(expr, fmts, target="cuda-emulated", schedule=schedule)
+    assert "then compacted" in k.schedule
+    rng = np.random.default_rng(3)
+    given = {
+        n: sparsec.Tensor.from_dense(sparse_array((100, 9), rng, integer=True), "csr") for n in "BC"
+    }
+    _same_arrays(k(**given), sparsec.kernel(expr, fmts, target="c")(**given))
+    with pytest.raises(sparsec.ScheduleError, match="filled a whole row per GPU thread"):
+        sparsec.kernel(
+            "a(i) = b(i)",
+            {"a": "s", "b": "dense"},
+            target="cuda-emulated",
+            schedule="parallelize(i,GPUBlock,NoRaces)",
+        ).generated()
