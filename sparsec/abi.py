@@ -56,6 +56,15 @@ GPU_WORKSPACE = {
     "seen": ("sc_ws_seen", "u64"),
     "list": ("sc_ws_list", "i64"),
 }
+#: its per-row hash tables (`sparsec.lower.workspace.Hash`): the mode (one element: 0 the
+#: dense rows above, 1 the tables, 2 a tally of scatters), each row's offset into the
+#: tables (rows + 1), the keys (-1: empty) and the values
+GPU_HASH = {
+    "mode": ("sc_ws_mode", "i64"),
+    "off": ("sc_ws_off", "i64"),
+    "keys": ("sc_ws_keys", "i64"),
+    "hvals": ("sc_ws_hvals", "val"),
+}
 #: its launcher of a sparse output's counting kernel (``sparsec_assemble``)
 LAUNCH_ASSEMBLE_NAME = "sparsec_launch_assemble"
 

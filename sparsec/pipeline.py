@@ -18,6 +18,7 @@ from typing import Any
 from .abi import (
     APPEND_NAME,
     ASSEMBLE_NAME,
+    GPU_HASH,
     GPU_WORKSPACE,
     INT,
     KERNEL_NAME,
@@ -42,6 +43,7 @@ from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower
 from .middle.commands import Command
 from .middle.derive import describe as describe_derived
 from .middle.spec import Spec
+from .middle.staging import needs_staging, staged, staging_format
 from .passes.bands import BAND, DEPTH, Walks, band
 from .passes.coarsen import BLOCK as COARSE_BLOCK
 from .passes.coarsen import coarsen
@@ -351,7 +353,15 @@ def generate_cuda(
     commands: tuple[Command, ...] = (),
 ) -> Generated:
     """The CUDA source of ``spec``'s kernel under ``commands`` (or the default GPU mapping,
-    then `CUDA_PASSES`)."""
+    then `CUDA_PASSES`). A sparse output that is not filled row by row is computed into
+    its rowwise staging output (`staging`), which the runtime compacts."""
+    stage_note = ""
+    if needs_staging(spec):
+        stage_note = (
+            f"output {spec.output.name} ({spec.output.format}) computed as rows "
+            f"({staging_format(spec.output.format)}), then compacted"
+        )
+        spec = staged(spec)
     make_names = _names(spec)
     if commands:
         lowered, sig = lower(spec, make_names, commands=commands, target="cuda")
@@ -391,11 +401,13 @@ def generate_cuda(
                 *sig.params,
                 *(
                     Param(name, "array", ty, f"ws_{role}", out, writable=True)
-                    for role, (name, ty) in GPU_WORKSPACE.items()
+                    for role, (name, ty) in {**GPU_WORKSPACE, **GPU_HASH}.items()
                 ),
             )
         )
     schedule = describe_gpu(chosen, not commands, lowered.notes)
+    if stage_note:
+        schedule = f"{stage_note}; {schedule}"
     if lowered.sequence:
         schedule = f"{lowered.sequence}; {schedule}"
     if spec.derived:

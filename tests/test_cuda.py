@@ -529,12 +529,13 @@ GPU_ILLEGAL = [
         "split(i,i0,i1,8), parallelize(i0,GPUBlock,NoRaces), parallelize(i1,GPUWarp,NoRaces)",
         "store into y runs outside the GPUThread loops",
     ),
-    # SpGEMM into CSR maps (test_cuda_sparse_out); an output appended in one sequence not
+    # SpGEMM into CSR maps (test_cuda_sparse_out), into DCSR too, through a compaction
+    # (test_cuda_compaction); a sparse output's loop still cannot be split by a user
     (
         "C(i,j) = A(i,k) * B(k,j)",
         {"A": "csr", "B": "csr", "C": "dcsr"},
-        None,
-        "sparse outputs have no GPU mapping",
+        "split(j,j0,j1,4), parallelize(i,GPUBlock,NoRaces), parallelize(j0,GPUThread,NoRaces)",
+        "appended in loop order",
     ),
     (MTTKRP, {"B": "csf"}, "precompute(B(i,k,l)*D(l,j), j, jw)", "GPU mapping|C target only"),
     (SPMV, {"A": "csr"}, "split(i,i0,i1,4)", "the CUDA target needs a GPU mapping"),

@@ -147,6 +147,7 @@ def test_all_rows_empty_and_one_row():
         np.testing.assert_array_equal(got.to_dense(), b)
 
 
+@needs_compiler
 @pytest.mark.parametrize(
     ("expr", "fmts"),
     [
@@ -154,11 +155,21 @@ def test_all_rows_empty_and_one_row():
         ("y(i) = A(i,j) * x(j)", {"A": "csr", "y": "s"}),
     ],
 )
-def test_other_sparse_outputs_are_refused_clearly(expr, fmts):
-    """Outputs appended in one sequence (dcsr, a sparse vector) have no GPU mapping yet:
-    the usual clear error, never wrong code."""
-    with pytest.raises(ScheduleError, match="sparse outputs have no GPU mapping yet"):
-        sparsec.kernel(expr, fmts, target="cuda-emulated").generated()
+def test_other_sparse_outputs_map_through_a_compaction(expr, fmts):
+    """Outputs appended in one sequence (dcsr, a sparse vector) were refused; they now run
+    as rows and are compacted (tests/test_cuda_compaction.py runs the whole suite)."""
+    k = sparsec.kernel(expr, fmts, target="cuda-emulated")
+    assert "then compacted" in k.schedule and "sparsec_assemble(" in k.source
+    shapes = {"B": (R, C), "C": (R, C)} if "B" in fmts else {"A": (R, C), "x": (C,)}
+    dense, given = _inputs(fmts, shapes, 3, "float64", "int32")
+    got = k(**given)
+    want = sparsec.kernel(expr, fmts, target="c")(**given)
+    for x, y in zip(got.levels, want.levels, strict=True):
+        for u, v in ((x.pos, y.pos), (x.crd, y.crd)):
+            assert (u is None) == (v is None)
+            if u is not None:
+                np.testing.assert_array_equal(u, v)
+    np.testing.assert_array_equal(got.vals, want.vals)
 
 
 def test_gpu_loops_inside_a_sparse_output_row_are_refused():
@@ -204,8 +215,10 @@ def test_a_workspace_larger_than_the_budget_shrinks_the_launch(monkeypatch):
 
     monkeypatch.setattr(gpu, "_workspace", spy)
     # a thread's slices: 500 values, a list of 504 and 24 bitmap words, 8 bytes each; the
-    # emulation takes a 16th of the budget
+    # emulation takes a 16th of the budget. Dense rows forced (by the size rule this
+    # budget takes hash tables: `test_hash_tables_when_dense_rows_would_shrink_the_launch`)
     monkeypatch.setattr(gpu, "WORKSPACE_BYTES", 16 * 40 * (500 + 504 + 24) * 8)
+    monkeypatch.setattr(gpu, "HASH_WORKSPACE", False)
     got = k(**given)
     np.testing.assert_array_equal(got.to_dense(), dense["A"] @ dense["B"])
     assert launches and all(grid * block <= 40 for grid, block in launches), launches
@@ -228,3 +241,116 @@ def test_rowwise_sparse_outputs_on_the_device(case):
     np.testing.assert_array_equal(got.levels[last].pos, cpu.levels[last].pos)
     np.testing.assert_array_equal(got.levels[last].crd, cpu.levels[last].crd)
     np.testing.assert_array_equal(got.vals, cpu.vals)
+
+
+@needs_compiler
+def test_hash_tables_when_dense_rows_would_shrink_the_launch(monkeypatch):
+    """The size rule: where a dense row per thread of the whole launch would not fit the
+    budget, each row takes a hash table sized from its count (a tally of its scatters for
+    the count phase, its exact count for the fill): the launch keeps its size, and the
+    rows come out sorted, equal to the C target's."""
+    from sparsec.runtime import gpu
+
+    fmts = {"A": "csr", "B": "csr", "C": "csr"}
+    k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", fmts, target="cuda-emulated")
+    dense, given = _inputs(
+        {"A": "csr", "B": "csr"}, {"A": (600, 7), "B": (7, 500)}, 2, "float64", "int32"
+    )
+    modes, launches = [], []
+    real_phase, real_ws = gpu.run_phase, gpu._workspace
+
+    def phase(kernel, generated, slots, values, dims, outputs, emulated):
+        modes.append(int(outputs[("ws_mode", -1)][0]))
+        return real_phase(kernel, generated, slots, values, dims, outputs, emulated)
+
+    def workspace(*args):
+        launches.append(real_ws(*args))
+        return launches[-1]
+
+    monkeypatch.setattr(gpu, "run_phase", phase)
+    monkeypatch.setattr(gpu, "_workspace", workspace)
+    # dense rows for the launch's 768 threads: 6.3 MB; the tables (rows of ~75 columns
+    # reached, 256 slots each): 1.2 MB of keys to count, at most 2.5 MB to fill
+    monkeypatch.setattr(gpu, "WORKSPACE_BYTES", 16 * 3_000_000)
+    got = k(**given)
+    assert modes == [2, 1, 1], modes  # the tally, the counted tables, the filled tables
+    assert all(block == 256 for _, block in launches), launches
+    want = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", fmts, target="c")(**given)
+    np.testing.assert_array_equal(got.levels[1].pos, want.levels[1].pos)
+    np.testing.assert_array_equal(got.levels[1].crd, want.levels[1].crd)
+    np.testing.assert_array_equal(got.vals, want.vals)
+    np.testing.assert_array_equal(got.to_dense(), dense["A"] @ dense["B"])
+    # tables too large for the budget: that phase runs on dense rows (the launch shrunk)
+    modes.clear()
+    monkeypatch.setattr(gpu, "WORKSPACE_BYTES", 16 * 8 * 64)
+    got = k(**given)
+    assert modes[0] == 2 and modes[1:] == [0, 0], modes
+    np.testing.assert_array_equal(got.vals, want.vals)
+
+
+@needs_compiler
+@pytest.mark.parametrize(
+    ("dtype", "index_dtype"), [("float64", "int32"), ("float32", "int64")], ids=["f64i32", "f32i64"]
+)
+@pytest.mark.parametrize(
+    "case",
+    [c for c in CASES if "sc_ws" in sparsec.kernel(c[0], c[1], target="cuda-emulated").source],
+    ids=lambda c: f"{c[0]} {c[1]}",
+)
+def test_hash_tables_give_the_dense_rows_output(case, dtype, index_dtype, monkeypatch):
+    """Every workspace case with hash tables forced: the same arrays as the C target."""
+    from sparsec.runtime import gpu
+
+    monkeypatch.setattr(gpu, "HASH_WORKSPACE", True)
+    expr, fmts, _, shapes = case
+    kw = {"dtype": dtype, "index_dtype": index_dtype}
+    dense, given = _inputs(fmts, shapes, 8, dtype, index_dtype)
+    got = sparsec.kernel(expr, fmts, target="cuda-emulated", **kw)(**given)
+    cpu = sparsec.kernel(expr, fmts, target="c", **kw)(**given)
+    np.testing.assert_array_equal(got.levels[1].pos, cpu.levels[1].pos)
+    np.testing.assert_array_equal(got.levels[1].crd, cpu.levels[1].crd)
+    np.testing.assert_array_equal(got.vals, cpu.vals)
+
+
+@needs_compiler
+@pytest.mark.parametrize("ring", ["min_plus", "max_times", "or_and"])
+@pytest.mark.parametrize("hashed", [False, True], ids=["dense", "hash"])
+def test_semiring_spgemm_through_either_workspace(ring, hashed, monkeypatch):
+    """Under a semiring the tables' values start at its add's identity, as the dense
+    rows do: both give the C target's arrays."""
+    from sparsec.runtime import gpu
+
+    monkeypatch.setattr(gpu, "HASH_WORKSPACE", hashed)
+    fmts = {"A": "csr", "B": "csr", "C": "csr"}
+    rng = np.random.default_rng(4)
+    a = (rng.random((300, 40)) < 0.1) * rng.integers(1, 5, (300, 40)).astype(float)
+    b = (rng.random((40, 60)) < 0.2) * rng.integers(1, 5, (40, 60)).astype(float)
+    given = {"A": sparsec.Tensor.from_dense(a, "csr"), "B": sparsec.Tensor.from_dense(b, "csr")}
+    expr = "C(i,j) = A(i,k) * B(k,j)"
+    got = sparsec.kernel(expr, fmts, semiring=ring, target="cuda-emulated")(**given)
+    want = sparsec.kernel(expr, fmts, semiring=ring, target="c")(**given)
+    np.testing.assert_array_equal(got.levels[1].pos, want.levels[1].pos)
+    np.testing.assert_array_equal(got.levels[1].crd, want.levels[1].crd)
+    np.testing.assert_array_equal(got.vals, want.vals)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hashed", [False, True], ids=["dense", "hash"])
+def test_spgemm_workspaces_on_the_device(hashed, monkeypatch):
+    """Both workspace forms on a GPU (the tables' probing and heapsort in CUDA), wide
+    enough for several summary words, equal to the C target's arrays."""
+    from test_cuda import _device_or_skip
+
+    from sparsec.runtime import gpu
+
+    _device_or_skip()
+    monkeypatch.setattr(gpu, "HASH_WORKSPACE", hashed)
+    fmts = {"A": "csr", "B": "csr", "C": "csr"}
+    dense, given = _inputs(
+        {"A": "csr", "B": "csr"}, {"A": (2000, 30), "B": (30, 20000)}, 9, "float64", "int32"
+    )
+    got = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", fmts, target="cuda")(**given)
+    want = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", fmts, target="c")(**given)
+    np.testing.assert_array_equal(got.levels[1].pos, want.levels[1].pos)
+    np.testing.assert_array_equal(got.levels[1].crd, want.levels[1].crd)
+    np.testing.assert_array_equal(got.vals, want.vals)

@@ -23,7 +23,7 @@ zeros, as in TACO.
 
 from __future__ import annotations
 
-from ..abi import CAPACITY_EXCEEDED, GPU_WORKSPACE, Namer, Signature
+from ..abi import CAPACITY_EXCEEDED, GPU_HASH, GPU_WORKSPACE, Namer, Signature
 from ..frontend.notation import Access
 from ..ir import nodes as ir
 from ..middle.order import level_indices
@@ -233,7 +233,7 @@ class Assembler:
             row = self.levels[last]
             row_start, _ = row.bounds((ctx_pos, ctx_pos), self._at(last))
             before.append(ir.Decl(ir.I64, row_count, ir.IntLit(0) if self.counting else row_start))
-            before += self.ws.row_slices() if self.ws is not None else []
+            before += self.ws.row_slices(ctx_pos) if self.ws is not None else []
             if self.counting:
                 after.append(row.append_edges(ctx_pos, ir.Var(row_count), self._at(last)))
         elif k == layout.dense_prefix - 1 and ctx_pos is not None:
@@ -304,7 +304,8 @@ class Assembler:
             return
         copies = ir.Var(self.sig.threads) if self.rowwise else None
         size = ir.Var(self.sig.dim(var))
-        given = {role: name for role, (name, _) in GPU_WORKSPACE.items()} if gpu else None
+        roles = {**GPU_WORKSPACE, **GPU_HASH}
+        given = {role: name for role, (name, _) in roles.items()} if gpu else None
         self.ws, self.ws_alloc = allocate(var, size, self.namer, self.counting, copies, given)
 
     def workspace_free(self) -> list[ir.Stmt]:

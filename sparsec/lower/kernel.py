@@ -22,6 +22,7 @@ from .env import LowerEnv
 from .levels import locate
 from .lowerer import loops, scatter_gather
 from .output import DenseFrame, OutputFrame, block_size, epilogue
+from .positions import pos_access
 from .semiring import apply as apply_semiring
 from .sequence import sequence_order
 from .where import plan_where
@@ -281,6 +282,18 @@ def _apply_schedule(
     return tuple(plan.order)
 
 
+def _distinct_rows(env: LowerEnv, space: Space, rows: set[str]) -> bool:
+    """A position space over one row variable of a rowwise sparse output at a level whose
+    coordinates are unique (with unique levels above it): each position is its own row
+    (DCSR's rows), so threads count and fill them independently."""
+    if space.kind != "pos" or len(space.vars) != 1 or not set(space.vars) <= rows:
+        return False
+    access = pos_access(env, space)
+    fmt = env.formats[access.name]
+    k = level_indices(access, fmt).index(space.vars[0])
+    return all(level.unique for level in fmt.levels[: k + 1])
+
+
 def _check_sparse_schedule(env: LowerEnv, plan: Plan) -> None:
     """Sparse outputs are appended in order: only order-keeping commands apply."""
     lhs = env.lhs
@@ -292,6 +305,8 @@ def _check_sparse_schedule(env: LowerEnv, plan: Plan) -> None:
     for space in plan.spaces.values():
         if env.gpu and space.kind == "dense" and set(space.vars) <= rows:
             continue  # rows are counted and filled independently: GPU threads split them
+        if env.gpu and _distinct_rows(env, space, rows):
+            continue  # a position per row: threads split the rows as above
         if set(space.vars) & set(lhs.indices):
             raise ScheduleError(
                 f"{space.origin}: the output {lhs.name} is sparse "

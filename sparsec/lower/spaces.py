@@ -25,7 +25,7 @@ from .levels import crd, iterator, level, locate, names, unique
 from .output import flush_runs
 from .parallel import inside, loop_setup
 from .positions import distinct, pos_access, whole_coordinates
-from .rows import split_row
+from .rows import rest_of_nest, split_row
 from .window import merge_at, window_merge
 
 #: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
@@ -309,6 +309,8 @@ def _bind_space(
         if meets is not None:
             stmts += _locate_cases(env, space, var, meets, ctx, rest, sink, nest)
             return ir.block(*stmts)
+        if n == len(space.vars) - 1:  # a GPU position loop over a sparse output's rows
+            return ir.block(*stmts, rest_of_nest(env, var, expr, ctx, rest, sink, nest))
         located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
         stmts.append(located)
     return ir.block(*stmts, nest(rest, expr, ctx, sink))
@@ -391,8 +393,8 @@ def _locate_cases(
     for point in lattice.points:
         its = [it for it in ordered(point.iterators) if it in here]
         inner = ctx.bind(levels={(it.access, it.level): unit(found[it]) for it in its})
-        located, inner = locate(env, inner, [env.lhs, *accesses(point.expr)])
-        case = ir.block(located, nest(rest, point.expr, inner, sink))
+        # a sparse output's row is opened in each case (its count starts at zero)
+        case = rest_of_nest(env, var, point.expr, inner, rest, sink, nest)
         if not its:
             orelse = case
             break

@@ -28,6 +28,7 @@ import numpy as np
 from ..abi import ASSEMBLE_NAME
 from ..backends import Generated
 from ..middle.spec import Spec
+from ..middle.staging import ROW, needs_staging, staged
 from ..policy.costs import Columns
 from ..tensors.buffers import aligned_empty
 from . import gpu, gpu_sparse, sparse_out
@@ -51,6 +52,7 @@ class Executable:
         "columns",
         "out_identity",
         "sparse",
+        "final",
         "poison",
         "_raw",
         "_lock",
@@ -69,6 +71,12 @@ class Executable:
         self.columns = columns
         self.out_identity = spec.output.format.ordering == tuple(range(spec.output.order))
         self.sparse = None if spec.output.is_dense else SparseOutput(spec, loaded, self.slots)
+        #: a CUDA kernel computes an output the GPU cannot fill row by row into its rowwise
+        #: staging output (`sparsec.middle.staging`), compacted into this one after
+        self.final = None
+        if target != "c" and needs_staging(spec):
+            self.final = spec.output
+            self.sparse = SparseOutput(staged(spec), loaded, self.slots)
         self.poison = poison
         self._raw: Any = None  # target="cuda": CuPy's RawKernel, made at the first launch
         self._lock = threading.Lock()
@@ -190,6 +198,8 @@ class Executable:
         assert self.sparse is not None
         gen = self.loaded.generated
         emulated = self.target == "cuda-emulated"
+        if self.final is not None:  # a staged vector's row (a harmless extra elsewhere)
+            prepared = replace(prepared, dims={**prepared.dims, ROW: 1})
         if emulated:
             xp: Any = np
             kernels = {"assemble": self.loaded.assemble, "fill": self.loaded.fn}
@@ -207,7 +217,13 @@ class Executable:
             values, dims = prepared.values, prepared.dims
             gpu.run_phase(kernels[which], gen, self.slots, values, dims, outputs, emulated)
 
-        return gpu_sparse.two_phase(self.sparse, prepared, phase, xp, self.poison)
+        workspace = None
+        if gen.launch.scratch:
+            values, dims = prepared.values, prepared.dims
+            fits = gpu.dense_rows_fit(gen, self.slots, values, dims, emulated)
+            hashed = not fits if gpu.HASH_WORKSPACE is None else gpu.HASH_WORKSPACE
+            workspace = (hashed, gen.launch.fill, gpu.workspace_budget(emulated))
+        return gpu_sparse.run(self.sparse, self.final, prepared, phase, xp, self.poison, workspace)
 
     def _stage(self, prepared: Prepared, out: Any) -> tuple[Callable[[], None], Any]:
         """The arguments in GPU memory and a launch over them (`gpu.stage`)."""

@@ -32,6 +32,9 @@ from .args import ADDRESSES, HOST, Form, Slot, Source, arguments, named
 MAX_GRID = 1 << 20
 #: the most bytes a GPU workspace's slices take in all (the emulation: a 16th)
 WORKSPACE_BYTES = 1 << 30
+#: a GPU workspace's form: None picks per call (hash tables per row when a dense row per
+#: thread of the whole launch would not fit `WORKSPACE_BYTES`), True or False forces it
+HASH_WORKSPACE: bool | None = None
 #: the emulation runs at most this many blocks (each block's threads run in turn)
 MAX_EMULATED_GRID = 4096
 
@@ -286,19 +289,14 @@ def _workspace(
 ) -> tuple[int, int]:
     """A GPU workspace's slices, one per thread of the launch, into ``outputs``; the grid
     and block, shrunk so that the slices fit in `WORKSPACE_BYTES` (the loops are strided
-    over the grid and the block, so any launch is correct)."""
+    over the grid and the block, so any launch is correct). Nothing when the runtime
+    chose the hash tables for this launch (``outputs`` then holds placeholder slices)."""
+    if ("ws_vals", -1) in outputs:
+        return grid, generated.launch.block
     xp: Any = np if emulated else cupy_device()
-    kinds = {"val": np.dtype(generated.dtype), "u64": np.dtype(np.uint64)}
-    kinds["i64"] = np.dtype(np.int64)
-    per: dict[str, int] = {}
-    for role, count in generated.launch.scratch:
-        n = _eval(count, host)
-        if n is None:
-            raise SparsecError(f"internal: the workspace's {role} slice has no size on the host")
-        per[role] = n
-    each = sum(n * kinds[GPU_WORKSPACE[role][1]].itemsize for role, n in per.items())
-    budget = WORKSPACE_BYTES // 16 if emulated else WORKSPACE_BYTES
-    fit = max(1, budget // max(1, each))
+    kinds = _kinds(generated)
+    per, each = _slices(generated, host)
+    fit = max(1, workspace_budget(emulated) // max(1, each))
     block = min(generated.launch.block, fit)
     grid = max(1, min(grid, fit // block))
     for role, (_, kind) in GPU_WORKSPACE.items():
@@ -307,6 +305,43 @@ def _workspace(
         fill = generated.launch.fill if role == "vals" else 0
         outputs[(f"ws_{role}", -1)] = xp.full(size, fill, dtype=kinds[kind])
     return grid, block
+
+
+def workspace_budget(emulated: bool) -> int:
+    return WORKSPACE_BYTES // 16 if emulated else WORKSPACE_BYTES
+
+
+def _kinds(generated: Any) -> dict[str, np.dtype]:
+    kinds = {"val": np.dtype(generated.dtype), "u64": np.dtype(np.uint64)}
+    kinds["i64"] = np.dtype(np.int64)
+    return kinds
+
+
+def _slices(generated: Any, host: dict[str, Any]) -> tuple[dict[str, int], int]:
+    """A thread's dense workspace slices: elements by role, and bytes in all."""
+    kinds = _kinds(generated)
+    per: dict[str, int] = {}
+    for role, count in generated.launch.scratch:
+        n = _eval(count, host)
+        if n is None:
+            raise SparsecError(f"internal: the workspace's {role} slice has no size on the host")
+        per[role] = n
+    return per, sum(n * kinds[GPU_WORKSPACE[role][1]].itemsize for role, n in per.items())
+
+
+def dense_rows_fit(
+    generated: Any,
+    slots: tuple[Slot, ...],
+    values: Mapping[str, Any],
+    dims: Mapping[str, int],
+    emulated: bool,
+) -> bool:
+    """Whether a dense workspace row per thread of the full launch fits the budget (else
+    `_workspace` would shrink the launch: the runtime takes hash tables per row instead)."""
+    host = named(slots, arguments(slots, values, dims, {}, 1, form=HOST))
+    grid = launch_grid(generated.launch, host, emulated)
+    _, each = _slices(generated, host)
+    return grid * generated.launch.block * each <= workspace_budget(emulated)
 
 
 def stage(

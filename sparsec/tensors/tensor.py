@@ -191,6 +191,16 @@ class Tensor(ArrayOps):
             array = found[key] = to_device(host)
         return array
 
+    def keep_device_arrays(self, arrays: dict[tuple[str, int], Any]) -> None:
+        """Device copies of this tensor's storage arrays that already exist (a sparse
+        output computed on the GPU: the arrays the kernel wrote), kept as `device_array`
+        would keep its own copies, so the next CUDA call reads them with no upload."""
+        found = self._device
+        if found is None:
+            found = {}
+            object.__setattr__(self, "_device", found)
+        found.update(arrays)
+
     @property
     def order(self) -> int:
         return len(self.shape)
