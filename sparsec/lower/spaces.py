@@ -285,12 +285,9 @@ def _bind_space(
         lo, hi = state.levels[n]
         if cursors is not None:
             cur = ir.Var(cursors[k + 1])
-            stmts.append(
-                ir.While(
-                    ir.Bin("<=", ir.Load(arr, ir.add(cur, ir.IntLit(1))), below),
-                    ir.block(ir.Assign(cur, ir.add(cur, ir.IntLit(1)))),
-                )
-            )
+            ahead = ir.add(cur, ir.IntLit(1))
+            step = ir.block(ir.Assign(cur, ahead))
+            stmts.append(ir.While(ir.Bin("<=", ir.Load(arr, ahead), below), step))
             positions[k] = cur
         else:
             found = env.namer.fresh(f"p{access.name}{k + 1}")
@@ -309,11 +306,11 @@ def _bind_space(
         if meets is not None:
             stmts += _locate_cases(env, space, var, meets, ctx, rest, sink, nest)
             return ir.block(*stmts)
-        if n == len(space.vars) - 1:  # a GPU position loop over a sparse output's rows
-            return ir.block(*stmts, rest_of_nest(env, var, expr, ctx, rest, sink, nest))
-        located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
-        stmts.append(located)
-    return ir.block(*stmts, nest(rest, expr, ctx, sink))
+        if n < len(space.vars) - 1:
+            located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
+            stmts.append(located)
+    # the last variable may open a sparse output's row (a GPU position loop over its rows)
+    return ir.block(*stmts, rest_of_nest(env, space.vars[-1], expr, ctx, rest, sink, nest))
 
 
 def _meets_sparse(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) -> Lattice | None:
