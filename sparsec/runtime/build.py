@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..errors import CompileError
 from ..policy.machine import compiler_target, host
+from ..resources import cache_dir
 
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
 REQUIRED_CFLAGS = ("-shared", "-fPIC", "-std=gnu11", "-Werror=implicit-function-declaration")
@@ -46,18 +47,6 @@ class Toolchain:
     #: the target the compiler resolves ``flags`` to (`compiler_target`), so a library is
     #: keyed by the CPU it was built for, not by the literal ``-march=native``
     target: tuple[str, ...] = ()
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("SPARSEC_CACHE_DIR")
-    if env:
-        return Path(env)
-    try:
-        import platformdirs
-
-        return Path(platformdirs.user_cache_dir("sparsec"))
-    except ImportError:  # pragma: no cover - platformdirs is a dependency
-        return Path.home() / ".cache" / "sparsec"
 
 
 @cache
