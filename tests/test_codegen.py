@@ -348,3 +348,29 @@ def test_cpu_default_reaches_lowering_as_commands(
     gen = pipeline.generate(spec, parallel=parallel, commands=user)
     assert seen and set(seen) == {commands}
     assert gen.schedule.startswith(words)
+
+
+def test_the_templates_compiled_code_is_cached(tmp_path, monkeypatch):
+    """The C template's compiled code is written to the cache directory by the first
+    environment and loaded (not recompiled) by later ones; the kernel source is the same
+    either way, and without a usable cache directory too."""
+    from sparsec.backends import printer
+
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path / "cache"))
+    sources: list[str] = []
+    stamp = None
+    try:
+        for _ in range(2):
+            printer.environment.cache_clear()
+            k = sparsec.Kernel("y(i) = A(i,j) * x(j) + z(i)", {"A": "csr"})
+            sources.append(k.source)
+            (code,) = (tmp_path / "cache").glob("template-*.jinja")
+            stamp = stamp or code.stat().st_mtime_ns
+            assert code.stat().st_mtime_ns == stamp  # written once, then only read
+        (tmp_path / "file").write_text("")
+        monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path / "file" / "cache"))
+        printer.environment.cache_clear()
+        sources.append(sparsec.Kernel("y(i) = A(i,j) * x(j) + z(i)", {"A": "csr"}).source)
+    finally:
+        printer.environment.cache_clear()
+    assert sources[0] == sources[1] == sources[2]

@@ -137,8 +137,14 @@ def _wait(procs: list[subprocess.Popen]) -> None:
 
 def _only_libraries(cache: Path) -> list[Path]:
     """The cache's libraries, after checking that it holds nothing else: each ``.so`` with
-    its ``.sha256`` sidecar (see `sparsec.runtime.build`), no temporary ``.c``/``.tmp`` files."""
-    entries = sorted(cache.iterdir())
+    its ``.sha256`` sidecar (see `sparsec.runtime.build`), no temporary ``.c``/``.tmp`` files.
+    Beside them: one file of the parser's tables (`sparsec.frontend.parser._tables`) and
+    one of the C template's compiled code (`sparsec.backends.printer.environment`)."""
+    tables = sorted(cache.glob("grammar-*.lark"))
+    templates = sorted(cache.glob("template-*.jinja"))
+    assert len(tables) == 1 and tables[0].is_file(), tables
+    assert len(templates) == 1 and templates[0].is_file(), templates
+    entries = sorted(e for e in cache.iterdir() if e not in tables + templates)
     assert entries and all(e.is_file() and e.suffix in (".so", ".sha256") for e in entries), [
         e.name for e in entries
     ]

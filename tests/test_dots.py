@@ -96,3 +96,21 @@ def test_float32_long_dot_keeps_double_precision(rng):
 def test_the_schedule_note_says_so():
     k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "dense"})
     assert "summed on vector lanes" in k.source
+
+
+@pytest.mark.parametrize("t", [0, 1, BLOCK + 1])
+def test_reached_flags_are_set_outside_the_lanes(t, rng):
+    """A dot loop sets a sparse output's "reached" flag every iteration, so the flag is
+    set once before the blocks when the loop runs at all (no ``max`` reduction on the
+    lanes): an empty sum (t = 0) stores no entry, any other stores W's pattern."""
+    k = sparsec.kernel("dW(o,i) = W(o,i) * dY(o,t) * X(i,t)", {"W": "csr", "dW": "csr"})
+    assert "omp simd reduction(+:sc_dot" in k.source
+    assert "reduction(max:" not in k.source
+    W = _csr(11, 7, 0.5, rng, np.float64)
+    dY = rng.integers(-3, 4, (11, t)).astype(np.float64)
+    X = rng.integers(-3, 4, (7, t)).astype(np.float64)
+    want = torch.from_numpy(W.toarray()) * (torch.from_numpy(dY) @ torch.from_numpy(X).T)
+    for threads in (1, 2):
+        got = k(W=W, dY=dY, X=X, threads=threads)
+        assert np.array_equal(got.to_dense(), want.numpy())
+        assert got.to_scipy().nnz == (W.nnz if t else 0)

@@ -350,3 +350,37 @@ def test_any_text_gives_an_assignment_or_a_sparsec_error(text: str) -> None:
         assert str(err).startswith(err.message)
     else:
         assert isinstance(result, Assignment)
+
+
+def test_parser_tables_are_cached_and_a_bad_file_is_rebuilt(tmp_path, monkeypatch) -> None:
+    """The grammar's LALR tables are written to the cache directory by the first process
+    and loaded by later ones; a corrupt file is rebuilt, and an unusable cache directory
+    only costs the analysis: every parse gives the same assignment."""
+    from sparsec.frontend import parser as p
+
+    text = "A(i,j) = B(i,k) * C(k,j) + 2 * -D(i,j)"
+    want = parse(text)
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        p._lark.cache_clear()
+        assert parse(text) == want
+        (tables,) = (tmp_path / "cache").glob("grammar-*.lark")
+        written, stamp = tables.read_bytes(), tables.stat().st_mtime_ns
+        p._lark.cache_clear()
+        assert parse(text) == want  # loaded from the file, which is left as it was
+        assert tables.read_bytes() == written and tables.stat().st_mtime_ns == stamp
+        tables.write_bytes(b"not lark's tables\n" + written[: len(written) // 2])
+        p._lark.cache_clear()
+        assert parse(text) == want
+        rebuilt = tables.read_bytes()  # rewritten whole: headed by lark's digest again
+        assert rebuilt.split(b"\n", 1)[0] == written.split(b"\n", 1)[0]
+        stamp = tables.stat().st_mtime_ns
+        p._lark.cache_clear()
+        assert parse(text) == want
+        assert tables.stat().st_mtime_ns == stamp  # and loaded, not rebuilt, next time
+        (tmp_path / "file").write_text("")
+        monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path / "file" / "cache"))
+        p._lark.cache_clear()
+        assert parse(text) == want
+    finally:
+        p._lark.cache_clear()

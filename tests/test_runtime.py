@@ -225,3 +225,72 @@ def test_repeated_kernel_requests_return_the_same_kernel(monkeypatch):
     assert other is not k
     a = sparsec.Tensor.from_dense(np.eye(3), "csr")
     np.testing.assert_array_equal(other(A=a, x=np.arange(3.0)), [0.0, 1.0, 2.0])
+
+
+LIBC_SOURCE = """#include <stddef.h>
+#include <stdint.h>
+void* calloc(size_t count, size_t size);
+void free(void* p);
+void* memcpy(void* restrict to, const void* restrict from, size_t n);
+int sparsec_kernel(void) {
+  int64_t b[4] = {1, 2, 3, 4}, s = 0;
+  int64_t* a = (int64_t*)calloc(4, sizeof *a);
+  memcpy(a, b, sizeof b);
+  #pragma omp parallel for reduction(+:s) num_threads(2)
+  for (int i = 0; i < 4; i++) s += a[i];
+  free(a);
+  return (int)s - 3;
+}
+"""
+
+
+def test_c_kernels_link_lean_and_bind_the_c_library_when_loaded(tmp_path, monkeypatch):
+    """No -lc: calloc, free and memcpy are bound when the library is loaded; OpenMP's
+    runtime is still linked (by -fopenmp)."""
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime, "_lean_failed", set())
+    assert runtime.toolchain().link == runtime.LEAN_LINK
+    assert runtime.toolchain("c++").link == runtime.FULL_LINK
+    assert runtime.compile_cached(LIBC_SOURCE).sparsec_kernel() == 7
+    # a source that does not compile is the source's fault, not the lean link's
+    with pytest.raises(CompileError):
+        runtime.compile_cached("this is not C\n")
+    assert not runtime._lean_failed and runtime.toolchain().link == runtime.LEAN_LINK
+
+
+def test_a_lean_link_that_fails_is_retried_in_full(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime, "_lean_failed", set())
+    monkeypatch.setattr(runtime, "LEAN_LINK", ("-nodefaultlibs", "-lsparsec_no_such_library"))
+    lean = runtime.toolchain()
+    assert runtime.compile_cached(LIBC_SOURCE + "/* f */\n").sparsec_kernel() == 7
+    assert runtime._lean_failed == {lean}
+    assert runtime.toolchain().link == runtime.FULL_LINK  # for the rest of the process
+    runtime._loaded.clear()
+    assert runtime.compile_cached(LIBC_SOURCE + "/* f */\n").sparsec_kernel() == 7
+    assert len(list(tmp_path.glob("*.so"))) == 1  # the full build, found again
+
+
+def test_a_lean_library_that_does_not_load_is_rebuilt_in_full(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime, "_lean_failed", set())
+    lean = runtime.toolchain()
+    lean_path = str(tmp_path / f"{runtime.cache_key(LIBC_SOURCE, lean)}.so")
+    real = runtime.ctypes.CDLL
+
+    def cdll(path, *args, **kwargs):
+        if str(path) == lean_path:
+            raise OSError(f"{path}: undefined symbol: calloc")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(runtime.ctypes, "CDLL", cdll)
+    assert runtime.compile_cached(LIBC_SOURCE).sparsec_kernel() == 7
+    assert runtime._lean_failed == {lean}
+    assert runtime.toolchain().link == runtime.FULL_LINK
+    # another process: the lean library still does not load, the full one is found
+    runtime._loaded.clear()
+    runtime._lean_failed.clear()
+    full = sorted(tmp_path.glob("*.so"), key=lambda f: str(f) == lean_path)[0]
+    stamp = full.stat().st_mtime_ns
+    assert runtime.compile_cached(LIBC_SOURCE).sparsec_kernel() == 7
+    assert full.stat().st_mtime_ns == stamp and len(list(tmp_path.glob("*.so"))) == 2

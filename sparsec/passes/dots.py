@@ -16,7 +16,8 @@ A *dot loop* is a `For` that
 
 - runs serially (no parallel unit, no unroll request), not inside a vector loop, and nests
   nothing: its body is declarations, ``acc += value`` into scalars declared outside it and
-  ``flag = 1`` (the "reached" marks of a sparse output, declared 0; combined by ``max``);
+  ``flag = 1`` (the "reached" marks of a sparse output, declared 0; set once before the
+  blocks when the loop runs at all, since every iteration sets them);
 - reads every array at an index whose stride in the loop variable is 0 (the same element
   each iteration) or 1 (the next element): no gather (``x[crd[p]]``) and no strided walk,
   which vector lanes would serve with gathers;
@@ -58,7 +59,7 @@ def vectorize_dots(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
     count = [0]
     decls = [s for s in statements(body) if isinstance(s, ir.Decl)]
     scalars = {d.name for d in decls if d.type in (ir.ACC, ir.VAL)}
-    # a flag's `max` reduction equals its serial value only from a start of 0
+    # flags declared 0: set before the loop when it runs, as its iterations would
     flags = {d.name for d in decls if d.type == ir.BOOL and d.init == ir.IntLit(0)}
     done = _block(body, count, (scalars, flags), in_vector=False)
     if not count[0]:
@@ -185,13 +186,14 @@ def _blocked(
         if isinstance(s, ir.Assign) and isinstance(s.target, ir.Var) and s.target.name in parts
         else s
         for s in loop.body.body
+        if not _sets_flag(s, flags)
     )
     inner = ir.For(
         v,
         ir.Var(lo),
         ir.Var(hi),
         ir.Block(inner_body),
-        parallel=ir.Parallel("CPUVector", reduction=tuple(parts.values()), flags=flags),
+        parallel=ir.Parallel("CPUVector", reduction=tuple(parts.values())),
     )
     block = ir.block(
         ir.Decl(ir.I64, lo, ir.add(start, ir.Bin("*", ir.Var(blk), ir.IntLit(BLOCK)))),
@@ -200,7 +202,23 @@ def _blocked(
         inner,
         *(ir.Assign(ir.Var(name), ir.Var(part), "+=") for name, part in parts.items()),
     )
+    # every iteration sets the flags: they are set once before the loop when it runs at
+    # all, rather than combined by `max` on the lanes (measured: that reduction cost ~20 %
+    # of the -O3 compile of SDDMM's jammed dot loops, 145 -> 114 ms of cc CPU time)
+    ran = ir.If(
+        (
+            (
+                ir.Bin("<", start, loop.end),
+                ir.Block(tuple(ir.Assign(ir.Var(f), ir.IntLit(1)) for f in flags)),
+            ),
+        )
+    )
     return [
         ir.Decl(ir.I64, start.name, loop.start),
+        *((ran,) if flags else ()),
         ir.For(blk, ir.IntLit(0), count, block),
     ]
+
+
+def _sets_flag(s: ir.Stmt, flags: tuple[str, ...]) -> bool:
+    return isinstance(s, ir.Assign) and isinstance(s.target, ir.Var) and s.target.name in flags
