@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import DTypeError
+from ..tensors.halves import storage_fill
 from ..tensors.tensor import LevelStorage, Tensor
 from .binding import INDEX_DTYPES, VALUE_DTYPES
 from .inputs import Prepared
-from .sparse_out import Arrays, SparseOutput
+from .sparse_out import Arrays, SparseOutput, readable_vals
 
 _INT32_MAX = 2**31 - 1
 #: runs one phase ("assemble" or "fill") into the given output arrays
@@ -44,14 +45,16 @@ def two_phase(out: SparseOutput, prepared: Prepared, phase: Phase, xp: Any, pois
         )
     xp.cumsum(counts, out=counts)  # each row's count becomes its end offset
     crd = xp.empty(total, dtype=index_dtype)
-    vals = xp.empty(total, dtype=VALUE_DTYPES[prepared.dtype])
+    wide = out.loaded.generated.wide_output  # 16-bit values added into as float32
+    vals = xp.empty(total, dtype=np.float32 if wide else VALUE_DTYPES[prepared.dtype])
     if poison:
         crd.fill(-1)
-        vals.fill(np.nan)
+        vals.fill(np.nan if wide else storage_fill(np.nan, prepared.dtype))
     arrays: Arrays = {("sizes", -1): sizes, ("pos", last): counts, ("crd", last): crd}
     arrays[("vals", -1)] = vals
     phase("fill", arrays)
     host = (lambda a: a) if xp is np else (lambda a: a.get())
     levels = [LevelStorage() for _ in range(last)]
     levels.append(LevelStorage(host(counts), host(crd)))
-    return Tensor(out.shape(prepared), out_t.format, tuple(levels), host(vals), index_dtype)
+    vals = readable_vals(host(vals), prepared.dtype, wide)
+    return Tensor(out.shape(prepared), out_t.format, tuple(levels), vals, index_dtype)

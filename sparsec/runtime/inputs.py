@@ -18,7 +18,9 @@ import numpy as np
 
 from ..errors import DTypeError, InputError, ShapeError
 from ..middle.spec import Derived, Folded, Spec, TensorVar
+from ..pipeline import check_c_dtype
 from ..tensors.convert import derive_dense
+from ..tensors.halves import HALF
 from ..tensors.tensor import Tensor
 from . import gpu
 from .binding import (
@@ -70,19 +72,21 @@ class Prepared:
         """A kernel's result as the caller's kind of array (torch in, torch out)."""
         if isinstance(out, Tensor):
             return out  # a sparse output is a sparsec.Tensor (to_torch()/to_scipy() convert)
+        # a bfloat16 result comes as float32 (numpy and CuPy have no bfloat16): torch's own
+        bf16 = self.use_torch and self.dtype == "bfloat16"
         if self.device and np.ndim(out):
             out = gpu.cupy_device().ascontiguousarray(out)
             if self.use_torch:
                 import torch
 
-                return torch.as_tensor(out, device="cuda")
+                got = torch.as_tensor(out, device="cuda")
+                return got.to(torch.bfloat16) if bf16 else got
             return out
         if self.use_torch:
             import torch
 
-            return (
-                torch.from_numpy(np.ascontiguousarray(out)) if np.ndim(out) else torch.tensor(out)
-            )
+            got = torch.from_numpy(np.ascontiguousarray(out)) if np.ndim(out) else torch.tensor(out)
+            return got.to(torch.bfloat16) if bf16 else got
         return np.ascontiguousarray(out) if np.ndim(out) else out
 
 
@@ -170,6 +174,8 @@ class Binder:
         if self._renamed:
             inputs = {t.name: inputs[t.argument] for t in self.wanted}
         dtype = self.dtype or common_dtype(self.wanted, inputs)
+        if self.target == "c" and dtype in HALF:
+            check_c_dtype(dtype)
         index_dtype = self.index_dtype or common_index_dtype(self.wanted, inputs)
         values = {}
         device = False
