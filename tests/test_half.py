@@ -158,14 +158,19 @@ def test_spmv_with_and_without_atomics(dtype, schedule):
 
 
 @pytest.mark.parametrize("dtype", HALVES)
-def test_mttkrp_adds_atomically_into_16_bit_elements(dtype):
-    """The default 3-tensor mapping adds with atomics into neighbouring 16-bit elements (a
-    compare-and-swap on their shared 32-bit word)."""
+def test_mttkrp_adds_atomically_into_a_float_output(dtype):
+    """The default 3-tensor mapping adds into its output with atomics: a 16-bit kernel that
+    adds into its output gets a float32 one (rounded after the kernel), so its sums and
+    atomics are float32's."""
     B = _sparse((20, 15, 12), 9, dtype, density=0.2, integer=True)
     D, C = _dense((12, 9), 10, dtype, integer=True), _dense((15, 9), 11, dtype, integer=True)
     k = sparsec.kernel(MTTKRP, {"B": "csf"}, target="cuda-emulated")
     want = torch.einsum("ikl,lj,kj->ij", B.float(), D.float(), C.float())
-    assert "sc_atomic_add_half" in k.generated(dtype).source
+    gen = k.generated(dtype)
+    assert gen.wide_output and "sc_acc_t* __restrict__ A_vals" in gen.source
+    assert (
+        "atomicAdd(&A_vals[" in gen.source and "const sc_val_t* __restrict__ B_vals" in gen.source
+    )
     assert torch.equal(k(B=B.to_sparse(), D=D, C=C), want.to(_tdt(dtype)))
 
 
@@ -249,6 +254,8 @@ def test_half_kernels_source():
     assert "typedef unsigned short sc_val_t;" in src and "typedef float sc_acc_t;" in src
     assert "sc_ld(W_vals[" in src and "= sc_st(" in src
     assert "values bfloat16 stored as unsigned short, computed in float" in src
+    assert not k.generated("bfloat16").wide_output  # rows of C are stored once, in 16 bits
+    assert "sc_val_t* __restrict__ C_vals" in src
     for dtype in ("float32", "float64"):
         assert "sc_ld" not in k.generated(dtype).source
 

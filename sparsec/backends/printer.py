@@ -15,7 +15,6 @@ from typing import assert_never
 
 import jinja2
 
-from ..errors import DTypeError
 from ..ir import nodes as ir
 from ..middle.spec import Spec
 from ..resources import data_dir
@@ -78,23 +77,11 @@ class Printer:
         return self.t.types[ty]
 
     def _half_store(self, target: ir.Load, op: str, value: ir.Expr, atomic: bool) -> list[str]:
-        """The lines storing float ``value`` into 16-bit element ``target`` by ``op``."""
-        lhs, rhs = self.expr(ir.Load(target.array, target.index)), self.expr(value)
-        raw = f"{target.array}[{self.expr(target.index)}]"
-        if atomic:
-            if op != "+=":
-                raise DTypeError(
-                    f"a semiring's {op[:-1]} cannot update float16/bfloat16 values that "
-                    "threads share: use float32 values"
-                )
-            return self.t.half_atomic.format(target=raw, value=rhs).split("\n")
-        if op == "=":
-            new = rhs
-        elif op in SEMIRING_VALUES:
-            new = SEMIRING_VALUES[op].format(target=lhs, value=rhs)
-        else:
-            new = f"{lhs} {op[:-1]} {self._wrap(value, PRECEDENCE[op[:-1]], strict=True)}"
-        return [f"{raw} = sc_st({new});"]
+        """The line storing float ``value`` into 16-bit element ``target``: only plain
+        stores reach 16-bit values (an output added into is float, `adds_into_output`)."""
+        if op != "=" or atomic:
+            raise AssertionError(f"internal: a 16-bit element updated by {op!r}")
+        return [f"{target.array}[{self.expr(target.index)}] = sc_st({self.expr(value)});"]
 
     # ------------------------------------------------------------ statements
     def stmts(self, node: ir.Stmt, depth: int = 1) -> list[str]:

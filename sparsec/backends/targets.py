@@ -127,8 +127,6 @@ class Target:
     index_types: Mapping[str, str] = field(default_factory=dict)
     #: a 16-bit dtype -> the type its values are stored in (see `HALF_DTYPES`)
     half_types: Mapping[str, str] = field(default_factory=dict)
-    #: the line of an atomic add of a float ``{value}`` into a 16-bit element ``{target}``
-    half_atomic: str = ""
 
     def param(self, p: Param, half: bool = False, wide: bool = False) -> str:
         """``p``'s declaration; ``half``: a 16-bit kernel's (scalar values are floats),
@@ -203,7 +201,6 @@ C = Target(
     index_types={"int32": "int32_t", "int64": "int64_t"},
     # the compiler's own types where it has them (`policy.machine.c_half_types`)
     half_types={"float16": "_Float16", "bfloat16": "__bf16"},
-    half_atomic="#pragma omp atomic\n{target} += {value};",
 )
 
 #: CUDA: GPU loops are strided over the grid, the warps of a block, its threads or a
@@ -232,8 +229,6 @@ CUDA = Target(
     index_types={"int32": "int", "int64": "long long"},
     # the bits, converted by the template's sc_ld/sc_st (NVRTC has no cuda_fp16.h built in)
     half_types={"float16": "unsigned short", "bfloat16": "unsigned short"},
-    # a compare-and-swap loop on the aligned 32-bit word holding the element (the template)
-    half_atomic="sc_atomic_add_half(&{target}, {value});",
 )
 
 

@@ -30,7 +30,7 @@ from ..backends import Generated
 from ..middle.spec import Spec
 from ..policy.costs import Columns
 from ..tensors.buffers import aligned_empty
-from ..tensors.halves import HALF, readable, result_dtype, rounded, storage_fill
+from ..tensors.halves import readable, result_dtype, rounded, storage_fill
 from . import gpu, gpu_sparse, sparse_out
 from .args import arguments, slots
 from .binding import VALUE_DTYPES, resolve_threads
@@ -141,23 +141,19 @@ class Executable:
         np_dtype = np.dtype(np.float32) if wide else VALUE_DTYPES[dtype]
         level_shape = self._level_shape(prepared)
         size = math.prod(level_shape)
-        # 16-bit values: one element more, so that an atomic add's 32-bit word stays inside
-        whole = size + (dtype in HALF)
         # the output lives where the inputs do: in GPU memory when any input does
         xp: Any = gpu.cupy_device() if prepared.device else np
         if self.accumulate:
             # the current value, already in level order: the kernel adds into a copy
             current = prepared.values[self.output.name]
-            out = xp.empty(whole, dtype=np_dtype)
+            out = xp.empty(size, dtype=np_dtype)
             out[:size] = readable(xp.asarray(current), dtype).astype(np_dtype).reshape(-1)
         elif gen.launch is not None and gen.launch.zero_before:
             # CUDA kernels only add (a semiring's add: from its identity)
             fill = gen.launch.fill if wide else storage_fill(gen.launch.fill, dtype)
-            out = xp.full(whole, fill, dtype=np_dtype)
+            out = xp.full(size, fill, dtype=np_dtype)
         else:
-            out = (
-                aligned_empty(whole, np.dtype(np_dtype)) if xp is np else xp.empty(whole, np_dtype)
-            )
+            out = aligned_empty(size, np.dtype(np_dtype)) if xp is np else xp.empty(size, np_dtype)
             if self.poison:
                 # test mode: an element the kernel fails to write shows
                 out.fill(np.nan if wide else storage_fill(np.nan, dtype))
@@ -235,7 +231,7 @@ class Executable:
         size = math.prod(self._level_shape(prepared))
         gen = self.loaded.generated
         kind = np.float32 if gen.wide_output else VALUE_DTYPES[prepared.dtype]
-        out = gpu.cupy_device().zeros(size + 1, dtype=kind)[:size]
+        out = gpu.cupy_device().zeros(size, dtype=kind)
         kernel_only, out_dev = self._stage(prepared, out)
         if not self.loaded.generated.launch.zero_before:
             return kernel_only, out_dev
