@@ -325,7 +325,7 @@ def check_c_dtype(dtype: str) -> None:
     if dtype in HALF_DTYPES and dtype not in c_half_types():
         raise DTypeError(
             f"{dtype} values on the C target need a C compiler with a {dtype} type "
-            f"({C.half_types[dtype]} with conversions: GCC 13 or Clang 17 and later; this "
+            f"({C.half_types[dtype]} with conversions, as in recent GCC and Clang; this "
             f"one has {' and '.join(sorted(c_half_types())) or 'neither'}): cast the inputs "
             "to float32, pass dtype='float32', or use target='cuda-emulated'"
         )

@@ -344,3 +344,29 @@ def test_half_inputs_promote_on_the_c_target_with_float64():
     got = k(A=np.eye(3, dtype=np.float16), x=np.ones(3))
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, np.ones(3))
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_folded_factors_combine_in_float(dtype):
+    """A(i,j)*p(j)/g(j) folds p/g into one input at call time: 16-bit factors are combined
+    in float32 and stored once (bfloat16 bits are no numbers to multiply)."""
+    A = _sparse((9, 7), 29, dtype)
+    p, g = _dense((7,), 30, dtype), _dense((7,), 31, dtype).abs() + 0.5
+    k = sparsec.kernel("y(i) = A(i,j) * p(j) / g(j)", {"A": "csr"}, target="cuda-emulated")
+    got = k(A=A.to_sparse_csr(), p=p, g=g)
+    folded = (p.float() / g.float()).to(_tdt(dtype)).float()
+    assert "p_fold" in k.schedule
+    _close(got, A.float() @ folded, dtype)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_check_compares_16_bit_results(dtype):
+    k = sparsec.kernel(SDDMM, {"S": "csr"}, target="cuda-emulated")
+    S, U, V = _sparse((30, 20), 32, dtype), _dense((30, 8), 33, dtype), _dense((8, 20), 34, dtype)
+    result = k.check(S=S.to_sparse_csr(), U=U, V=V)
+    assert result.dtype == dtype and result.max_abs_error > 0
+    scalar = sparsec.kernel("y(i) = a * A(i,j) * x(j)", {"A": "csr"}, target="cuda-emulated")
+    A, x = _sparse((12, 9), 35, dtype), _dense((9,), 36, dtype)
+    got = scalar(a=1.5, A=A.to_sparse_csr(), x=x)
+    _close(got, 1.5 * (A.float() @ x.float()), dtype)
+    assert scalar.check(a=1.5, A=A.to_sparse_csr(), x=x).dtype == dtype

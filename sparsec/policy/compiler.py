@@ -69,7 +69,7 @@ def compiler_target(cc: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, .
 
 #: per 16-bit value dtype, a translation unit that compiles where the C compiler has a
 #: type for it with conversions to and from float (GCC 12 has _Float16 on x86-64 but a
-#: __bf16 without conversions, which came in GCC 13; Clang has both from 17 on x86)
+#: __bf16 without conversions, which came in GCC 13)
 HALF_PROBES = {
     "float16": "_Float16 sc_to(float x) { return (_Float16)x; }\n"
     "float sc_from(_Float16 x) { return (float)x; }\n",

@@ -20,7 +20,7 @@ from ..errors import DTypeError, InputError, ShapeError
 from ..middle.spec import Derived, Folded, Spec, TensorVar
 from ..pipeline import check_c_dtype
 from ..tensors.convert import derive_dense
-from ..tensors.halves import HALF
+from ..tensors.halves import HALF, readable, rounded, to_storage
 from ..tensors.tensor import Tensor
 from . import gpu
 from .binding import (
@@ -194,7 +194,7 @@ class Binder:
         dims = self.dims(values)  # checks the extents a repeated index ties together
         for d in self.derived:
             if isinstance(d, Folded):
-                values[d.name] = _fold(d, values)
+                values[d.name] = _fold(d, values, dtype)
             else:
                 values[d.name] = _derive(d, values[d.source.name])
         use_torch = any(is_torch(v) for v in inputs.values())
@@ -250,11 +250,18 @@ def _derive(d: Derived, value: Any) -> Any:
     return derive_dense(value, level_indices, out)
 
 
-def _fold(d: Folded, values: Mapping[str, Any]) -> Any:
+def _fold(d: Folded, values: Mapping[str, Any], dtype: str) -> Any:
     """Folded input ``d`` from its factors' values (dense arrays in level order, in the
     kernel's dtype; on the GPU when they are): each brought to ``d``'s level order (a
     view), then combined as `Folded` says, into a C-ordered array. Computed on every
-    call, so it always follows the values passed."""
+    call, so it always follows the values passed. 16-bit values are combined in float32
+    (as the kernel would) and stored back, rounded once."""
+    if dtype in HALF:
+        as_float = {f.source.name: readable(values[f.source.name], dtype) for f in d.factors}
+        combined = _fold(d, {n: v.astype(np.float32) for n, v in as_float.items()}, "float32")
+        if gpu.on_device(combined):
+            return rounded(combined, dtype) if dtype == "float16" else _device_bits(combined)
+        return to_storage(combined, dtype)
     levels = [d.distinct[m] for m in d.format.ordering]
     parts = []
     for f in d.factors:
@@ -271,3 +278,10 @@ def _fold(d: Folded, values: Mapping[str, Any]) -> Any:
                 out = out / part if f.divides else out * part
     xp = gpu.cupy_device() if gpu.on_device(out) else np
     return xp.ascontiguousarray(out)
+
+
+def _device_bits(values: Any) -> Any:
+    """float32 values on the GPU as bfloat16 storage (rounded on the host, as
+    `gpu.device_dense` does)."""
+    cp = gpu.cupy_device()
+    return cp.asarray(to_storage(cp.asnumpy(values), "bfloat16"))
