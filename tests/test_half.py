@@ -16,7 +16,9 @@ import sparsec
 from sparsec import DTypeError, SparsecError
 from sparsec.policy.machine import c_half_types, use
 from sparsec.runtime import gpu, nvrtc
+from sparsec.runtime.binding import widen
 from sparsec.tensors.halves import from_storage, to_storage
+from sparsec.tensors.stored import Stored, stored
 
 HALVES = ("float16", "bfloat16")
 #: the rounding of one result to the type: half its precision, relative (2^-11, 2^-8)
@@ -370,3 +372,26 @@ def test_check_compares_16_bit_results(dtype):
     got = scalar(a=1.5, A=A.to_sparse_csr(), x=x)
     _close(got, 1.5 * (A.float() @ x.float()), dtype)
     assert scalar.check(a=1.5, A=A.to_sparse_csr(), x=x).dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_operands_widened_to_int64_keep_their_16_bit_values(dtype):
+    """An int64 operand widens the others' indices (in `convert_input`, and in `prepare`
+    when a large input forced int64): they stay 16-bit valued."""
+    B, C = _sparse((20, 15), 37, dtype), _sparse((20, 15), 38, dtype)
+    k = sparsec.kernel(
+        "A(i,j) = B(i,j) * C(i,j) * 2",
+        {"B": "csr", "C": "csr"},
+        target="cuda-emulated",
+        dtype=dtype,
+    )
+    wide = sparsec.Tensor.from_torch(B.float().to_sparse_csr()).astype(index_dtype="int64")
+    got = k(
+        B=wide,
+        C=C.to_sparse_csr(),
+    )
+    assert torch.equal(got, (B.float() * C.float() * 2).to(_tdt(dtype)))
+    narrow = stored(sparsec.Tensor.from_torch(C.float().to_sparse_csr()), dtype)
+    widened = widen(narrow)
+    assert widened.index_dtype == np.int64 and isinstance(widened, Stored)
+    np.testing.assert_array_equal(widened.stored, narrow.stored)

@@ -179,7 +179,9 @@ def common_index_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any])
 
 def widen(value: Any) -> Any:
     if isinstance(value, Tensor) and value.order and value.index_dtype != INT64:
-        return value.astype(index_dtype="int64")
+        wide = value.astype(index_dtype="int64")
+        # a 16-bit kernel's operand keeps its 16-bit values (astype gives a plain Tensor)
+        return stored(wide, value.value_dtype) if isinstance(value, Stored) else wide
     return value
 
 

@@ -23,6 +23,11 @@ class Stored(Tensor):
     #: the values in the kernel's 16-bit storage (read-only)
     stored: np.ndarray = None  # type: ignore[assignment]  # always given by `stored`
 
+    @property
+    def value_dtype(self) -> str:
+        """The 16-bit dtype ``stored`` holds."""
+        return "float16" if self.stored.dtype == np.float16 else "bfloat16"
+
     def addresses(self) -> dict[tuple[str, int], int]:
         found = Tensor.addresses(self)
         found[("vals", -1)] = address(self.stored)
