@@ -395,3 +395,13 @@ def test_operands_widened_to_int64_keep_their_16_bit_values(dtype):
     widened = widen(narrow)
     assert widened.index_dtype == np.int64 and isinstance(widened, Stored)
     np.testing.assert_array_equal(widened.stored, narrow.stored)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_a_repeated_index_reads_the_diagonal_in_16_bits(dtype):
+    """A(i,i) is a copy of A's diagonal made at call time: a 16-bit kernel's is stored too."""
+    A, x = _sparse((9, 9), 39, dtype, density=0.6), _dense((9,), 40, dtype)
+    A[2, 2] = 3.0
+    k = sparsec.kernel("y(i) = A(i,i) * x(i)", {"A": "csr"}, target="cuda-emulated")
+    got = k(A=A.to_sparse_csr(), x=x)
+    assert torch.equal(got, (A.float().diagonal() * x.float()).to(_tdt(dtype)))

@@ -21,6 +21,7 @@ from ..middle.spec import Derived, Folded, Spec, TensorVar
 from ..pipeline import check_c_dtype
 from ..tensors.convert import derive_dense
 from ..tensors.halves import HALF, readable, rounded, to_storage
+from ..tensors.stored import Stored, stored
 from ..tensors.tensor import Tensor
 from . import gpu
 from .binding import (
@@ -236,6 +237,8 @@ def _derive(d: Derived, value: Any) -> Any:
     """Derived input ``d`` from its source's value in kernel layout: a sparse source's copy
     is kept on the `Tensor` (`Tensor.derived`), so a Tensor passed again costs nothing; a
     dense source (an array in level order) gives its diagonal, a C-ordered copy."""
+    if isinstance(value, Stored):  # a 16-bit kernel's: the copy's values stored too
+        return stored(value.derived(d.indices, d.format), value.value_dtype)
     if isinstance(value, Tensor):
         return value.derived(d.indices, d.format)
     source = d.source.format
