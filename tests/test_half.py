@@ -28,6 +28,7 @@ SPMV = "y(i) = A(i,j) * x(j)"
 SDDMM = "A(i,j) = S(i,j) * U(i,k) * V(k,j)"
 ADD = "A(i,j) = B(i,j) + C(i,j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
+SPGEMM = "A(i,j) = B(i,k) * C(k,j)"
 NONZERO_SPMV = (
     "fuse(i,j,f), pos(f,fp,A), split(fp,b,fp1,256), split(fp1,t,n,4), "
     "parallelize(b,GPUBlock,Atomics), parallelize(t,GPUThread,Atomics)"
@@ -208,6 +209,22 @@ def test_sparse_add_into_csr_is_the_c_targets(dtype):
         np.testing.assert_array_equal(mine.vals, got.vals)
 
 
+@pytest.mark.parametrize("dtype", HALVES)
+def test_spgemm_sums_rows_in_a_float_workspace(dtype):
+    """SpGEMM's per-thread dense rows (`sc_ws_vals`) are float: each output entry is one
+    float32 sum, rounded once (equal to torch's on integer data)."""
+    B, C = _sparse((30, 25), 41, dtype, integer=True), _sparse((25, 20), 42, dtype, integer=True)
+    fmts = {"A": "csr", "B": "csr", "C": "csr"}
+    k = sparsec.kernel(SPGEMM, fmts, target="cuda-emulated")
+    assert "sc_acc_t* __restrict__ sc_ws_vals" in k.generated(dtype).source
+    got = k(B=B.to_sparse_csr(), C=C.to_sparse_csr())
+    want = (B.float() @ C.float()).to(_tdt(dtype)).float()
+    assert torch.equal(torch.from_numpy(got.to_dense()), want)
+    if _c_or_refused(dtype):
+        on_c = sparsec.kernel(SPGEMM, fmts)(B=B.to_sparse_csr(), C=C.to_sparse_csr())
+        np.testing.assert_array_equal(on_c.to_dense(), got.to_dense())
+
+
 # ------------------------------------------------------------------ inputs and dtypes
 def test_numpy_float16_in_float16_out():
     rng = np.random.default_rng(3)
@@ -274,8 +291,9 @@ def test_half_kernels_source():
         (SDDMM, {"S": "csr", "A": "csr"}, None),
         (ADD, {"A": "csr", "B": "csr", "C": "csr"}, None),
         (MTTKRP, {"B": "csf"}, None),
+        (SPGEMM, {"A": "csr", "B": "csr", "C": "csr"}, None),
     ],
-    ids=["spmm", "spmv", "spmv-atomics", "sddmm-csr", "add-csr", "mttkrp"],
+    ids=["spmm", "spmv", "spmv-atomics", "sddmm-csr", "add-csr", "mttkrp", "spgemm"],
 )
 def test_nvrtc_compiles_without_spills(dtype, expr, formats, schedule):
     k = sparsec.kernel(expr, formats, target="cuda", schedule=schedule, dtype=dtype)

@@ -233,9 +233,14 @@ CUDA = Target(
 
 
 def param(target: Target, p: Param, gen: Generated) -> str:
-    """``p``'s declaration in ``gen``'s kernel on ``target``."""
-    wide = gen.wide_output and p.name == _output_vals(gen.signature)
-    return target.param(p, gen.dtype in HALF_DTYPES, wide)
+    """``p``'s declaration in ``gen``'s kernel on ``target``: under a 16-bit dtype, a GPU
+    workspace's values (SpGEMM's rows, `abi.GPU_WORKSPACE`) and an output added into are
+    float, as `storage_arrays` leaves them out."""
+    half = gen.dtype in HALF_DTYPES
+    wide = half and (
+        p.field == "ws_vals" or (gen.wide_output and p.name == _output_vals(gen.signature))
+    )
+    return target.param(p, half, wide)
 
 
 def _output_vals(sig: Signature) -> str:
