@@ -423,3 +423,10 @@ def test_a_repeated_index_reads_the_diagonal_in_16_bits(dtype):
     k = sparsec.kernel("y(i) = A(i,i) * x(i)", {"A": "csr"}, target="cuda-emulated")
     got = k(A=A.to_sparse_csr(), x=x)
     assert torch.equal(got, (A.float().diagonal() * x.float()).to(_tdt(dtype)))
+
+
+def test_torch_integer_operands_do_not_widen_the_call():
+    """As before 16-bit values: a torch integer tensor takes no part in the promotion."""
+    A = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    got = sparsec.kernel(SPMV, {"A": "csr"})(A=A, x=torch.tensor([3, 4]))
+    assert got.dtype == torch.float32 and got.tolist() == [3.0, 8.0]

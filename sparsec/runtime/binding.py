@@ -134,15 +134,15 @@ _NARROW = {"float16": 0, "bfloat16": 0, "float32": 1}
 
 
 def _value_dtype_of(value: Any) -> str | None:
-    """The name of ``value``'s value dtype ("int64" and the like for integers); None when
-    it has none (a nested list)."""
+    """The name of ``value``'s value dtype ("int64" and the like for numpy integers); None
+    when it has none (a nested list) or is a torch tensor of no floating dtype (ignored,
+    as before 16-bit values)."""
     if isinstance(value, Tensor):
         return value.vals.dtype.name
     dt: Any = getattr(value, "dtype", None)
     if dt is None or isinstance(dt, np.dtype):
         return None if dt is None else dt.name
-    text = str(dt)
-    return _TORCH_FLOATS.get(text, text.removeprefix("torch."))
+    return _TORCH_FLOATS.get(str(dt))
 
 
 def common_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
