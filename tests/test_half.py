@@ -430,3 +430,17 @@ def test_torch_integer_operands_do_not_widen_the_call():
     A = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     got = sparsec.kernel(SPMV, {"A": "csr"})(A=A, x=torch.tensor([3, 4]))
     assert got.dtype == torch.float32 and got.tolist() == [3.0, 8.0]
+
+
+@pytest.mark.gpu
+def test_cupy_float16_in_cupy_float16_out():
+    try:
+        cp = gpu.cupy_device()
+    except SparsecError as err:
+        pytest.skip(str(err))
+    W, X = _sparse((200, 96), 43, "float16", integer=True), _dense((96, 300), 44, "float16", True)
+    k = sparsec.kernel(SPMM, {"W": "csr"}, target="cuda")
+    got = k(W=W.to_sparse_csr(), X=cp.asarray(X.numpy()))
+    assert isinstance(got, cp.ndarray) and got.dtype == np.float16
+    want = (W.float() @ X.float()).half().numpy()
+    np.testing.assert_array_equal(cp.asnumpy(got), want)
