@@ -25,7 +25,7 @@ from ..backends.printer import CUDA, param
 from ..errors import DTypeError, ShapeError, SparsecError
 from ..ir import nodes as ir
 from ..resources import data_dir
-from ..tensors.halves import compute_dtype, to_storage
+from ..tensors.halves import bfloat16_bits, compute_dtype
 from ..tensors.tensor import Tensor
 from .args import ADDRESSES, HOST, Form, Slot, Source, arguments, named
 
@@ -208,8 +208,8 @@ def device_dense(order: int, ordering: tuple[int, ...], value: Any, dtype: Any, 
         )
     if ordering != tuple(range(order)):
         array = cp.transpose(array, ordering)
-    if dtype == np.uint16:  # bfloat16 storage: rounded on the host (numpy), then back
-        return cp.asarray(to_storage(cp.asnumpy(array), "bfloat16"))
+    if dtype == np.uint16:  # bfloat16 storage: rounded on the device, through float32
+        return bfloat16_bits(cp.ascontiguousarray(array, dtype=cp.float32))
     return cp.ascontiguousarray(array, dtype=dtype)
 
 

@@ -20,7 +20,7 @@ from ..errors import DTypeError, InputError, ShapeError
 from ..middle.spec import Derived, Folded, Spec, TensorVar
 from ..pipeline import check_c_dtype
 from ..tensors.convert import derive_dense
-from ..tensors.halves import HALF, readable, rounded, to_storage
+from ..tensors.halves import HALF, bfloat16_bits, readable, rounded, to_storage
 from ..tensors.stored import Stored, stored
 from ..tensors.tensor import Tensor
 from . import gpu
@@ -284,7 +284,5 @@ def _fold(d: Folded, values: Mapping[str, Any], dtype: str) -> Any:
 
 
 def _device_bits(values: Any) -> Any:
-    """float32 values on the GPU as bfloat16 storage (rounded on the host, as
-    `gpu.device_dense` does)."""
-    cp = gpu.cupy_device()
-    return cp.asarray(to_storage(cp.asnumpy(values), "bfloat16"))
+    """float32 values on the GPU as bfloat16 storage (rounded there)."""
+    return bfloat16_bits(gpu.cupy_device().ascontiguousarray(values, dtype="float32"))

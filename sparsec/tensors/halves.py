@@ -46,11 +46,16 @@ def to_storage(values: Any, dtype: str) -> np.ndarray:
     if array.dtype == np.uint16:
         raise TypeError("internal: bfloat16 bits passed where values were expected")
     single = _round_to_odd_single(array) if array.dtype == np.float64 else array
-    bits = np.ascontiguousarray(single, dtype=np.float32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    quiet = (bits >> np.uint32(16)) | np.uint32(0x0040)
-    return np.where(nan, quiet, rounded).astype(np.uint16)
+    return bfloat16_bits(np.ascontiguousarray(single, dtype=np.float32))
+
+
+def bfloat16_bits(single: Any) -> Any:
+    """C-ordered float32 values (numpy or CuPy: array methods only) as bfloat16 bits
+    (uint16), rounded to nearest even; a NaN stays a (quiet) NaN."""
+    bits = single.view("uint32")
+    near = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = ((bits & 0x7FFFFFFF) > 0x7F800000).astype("uint32")
+    return (near * (1 - nan) + ((bits >> 16) | 0x40) * nan).astype("uint16")
 
 
 def _round_to_odd_single(x: np.ndarray) -> np.ndarray:
@@ -88,11 +93,7 @@ def rounded(values: Any, dtype: str) -> Any:
     gives a storage array's: float16, or float32 holding bfloat16 values."""
     if dtype == "float16":
         return values.astype("float16")
-    bits = values.astype("float32").view("uint32")
-    near = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    nan = ((bits & 0x7FFFFFFF) > 0x7F800000).astype("uint32")
-    near = near * (1 - nan) + ((bits >> 16) | 0x40) * nan
-    return (near << 16).view("float32")
+    return readable(bfloat16_bits(values.astype("float32")), dtype)
 
 
 def result_dtype(dtype: str) -> np.dtype:
