@@ -28,6 +28,11 @@ included (wall clock, median of 10). Baselines, timed the same way on
 device-resident operands and checked: cuSPARSE through ``cupyx.scipy.sparse`` and through
 torch's sparse CSR tensors (each call includes that library's per-call setup: descriptors,
 buffers, the output's allocation), and torch's dense matmul for SpMM.
+
+The float16 and bfloat16 SpMM rows run kernels built for that dtype (values stored in 16
+bits, float32 arithmetic) on float32 inputs holding values of the type, checked against the
+float64 product within the type's rounding; their baselines are torch's sparse CSR and
+dense matmul in the same 16-bit type (``cupyx.scipy.sparse`` has no 16-bit matrices).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import numpy as np
 import sparsec
 from sparsec.policy.schedules import vector_lanes, vector_schedule
 from sparsec.runtime import gpu
+from sparsec.tensors.halves import HALF, from_storage, readable, to_storage
 
 from .common import Table, environment, progress, write_results
 from .core import WrongResult, pruned_csr, random_rows_csr
@@ -93,6 +99,12 @@ class Workload:
     reference: np.ndarray
     #: the labels of SCHEDULES[kind] to run (all when empty)
     only: tuple[str, ...] = ()
+    #: the kernels' value dtype when it is a 16-bit one (None: the inputs')
+    dtype: str | None = None
+
+    @property
+    def value_name(self) -> str:
+        return self.dtype or str(next(iter(self.inputs.values())).dtype)
 
 
 def workloads(quick: bool) -> list[Workload]:
@@ -115,17 +127,28 @@ def workloads(quick: bool) -> list[Workload]:
         (768, 3072, 0.8, 512, np.float32),
         (768, 3072, 0.8, 2048, np.float32),
         (768, 768, 0.7, 768, np.float32),
+        # a pruned model's 16-bit weights (float32 inputs holding values of the type)
+        (3072, 768, 0.9, 512, "float16"),
+        (3072, 768, 0.9, 512, "bfloat16"),
+        (768, 3072, 0.8, 2048, "float16"),
     )
-    for n, (rows, cols, sparsity, batch, dtype) in enumerate(spmm[:2] if quick else spmm):
+    chosen = spmm if not quick else (*spmm[:2], spmm[-3])
+    for n, (rows, cols, sparsity, batch, dtype) in enumerate(chosen):
         if quick:
             rows, cols, batch = rows // 32, cols // 12, batch // 16
-        w = pruned_csr(rows, cols, sparsity, rng).astype(dtype)
-        xs = rng.standard_normal((cols, batch)).astype(dtype)
-        size = np.dtype(dtype).itemsize
+        half = dtype if dtype in HALF else None
+        w = pruned_csr(rows, cols, sparsity, rng).astype(np.float32 if half else dtype)
+        xs = rng.standard_normal((cols, batch)).astype(np.float32 if half else dtype)
+        if half:  # values of the 16-bit type, so that the float64 reference is exact
+            w.data = from_storage(to_storage(w.data, half), half)
+            xs = from_storage(to_storage(xs, half), half).reshape(xs.shape)
+        size = 2 if half else np.dtype(dtype).itemsize
         spmm_bytes = w.nnz * (size + 4) + (rows + 1) * 4 + (cols + rows) * batch * size
-        detail = f"W {rows}x{cols} {sparsity:.0%} pruned, X {cols}x{batch}, {np.dtype(dtype).name}"
+        name = half or np.dtype(dtype).name
+        detail = f"W {rows}x{cols} {sparsity:.0%} pruned, X {cols}x{batch}, {name}"
         only = () if n == 0 else (next(iter(SCHEDULES["spmm"])),)
-        found.append(Workload("spmm", detail, spmm_bytes, {"W": w, "X": xs}, w @ xs, only))
+        reference = w.astype(np.float64) @ xs.astype(np.float64)
+        found.append(Workload("spmm", detail, spmm_bytes, {"W": w, "X": xs}, reference, only, half))
     dim, nnz, rank = (40, 4000, 8) if quick else (2000, 1_000_000, 32)
     flat = np.unique(rng.integers(0, dim**3, size=int(nnz * 1.01)))[:nnz]
     coords = np.stack(np.unravel_index(flat, (dim, dim, dim)))
@@ -199,8 +222,13 @@ def _event_median(run: Any, repeats: int = 30, batch: int = 10) -> float:
     return statistics.median(samples)
 
 
-def _close(got: np.ndarray, want: np.ndarray) -> bool:
-    tol = 1e-4 if got.dtype == np.float32 else 1e-9
+#: the relative tolerance of a result by value dtype (16-bit ones: twice their rounding)
+TOLERANCES = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-3, "bfloat16": 8e-3}
+
+
+def _close(got: np.ndarray, want: np.ndarray, dtype: str | None = None) -> bool:
+    tol = TOLERANCES[dtype or ("float32" if got.dtype == np.float32 else "float64")]
+    got = np.asarray(got, dtype=np.float64)
     return bool(np.allclose(got, want, rtol=tol, atol=tol * np.abs(want).max()))
 
 
@@ -214,7 +242,9 @@ def _device_times(k: sparsec.Kernel, w: Workload) -> tuple[float, float, float] 
     launch, out = k.device_launch(**w.inputs)
     launch()
     got = cp.asnumpy(out).reshape(w.reference.shape)
-    if not _close(got, w.reference):
+    if w.dtype is not None and got.dtype == np.uint16:  # bfloat16 storage: its bits
+        got = readable(got, w.dtype)
+    if not _close(got, w.reference, w.dtype):
         raise WrongResult(f"{w.kind} {w.detail}: the device result disagrees with the reference")
     kernel_ms = _event_median(launch)
     # what a caller repeating the product holds: dense operands in GPU memory, the sparse
@@ -226,7 +256,7 @@ def _device_times(k: sparsec.Kernel, w: Workload) -> tuple[float, float, float] 
         for n, v in w.inputs.items()
     }
     got = cp.asnumpy(k(**on_device)).reshape(w.reference.shape)
-    if not _close(got, w.reference):
+    if not _close(got, w.reference, w.dtype):
         raise WrongResult(f"{w.kind} {w.detail}: a call on device inputs disagrees")
     device_call_ms = _event_median(lambda: k(**on_device))
     k(**w.inputs)
@@ -252,28 +282,37 @@ def _baseline_times(w: Workload) -> dict[str, float]:
     m, dense = (
         (w.inputs["A"], w.inputs["x"]) if w.kind == "spmv" else (w.inputs["W"], w.inputs["X"])
     )
-    dm, dd = csp.csr_matrix(m), cp.asarray(dense)
-    if not _close(cp.asnumpy(dm @ dd), w.reference):
-        raise WrongResult(f"{w.kind}: cuSPARSE (CuPy) disagrees with the reference")
-    found = {"cuSPARSE (CuPy)": _event_median(lambda: dm @ dd)}
+    found = {}
+    if w.dtype is None:  # cupyx.scipy.sparse has no 16-bit matrices
+        dm, dd = csp.csr_matrix(m), cp.asarray(dense)
+        if not _close(cp.asnumpy(dm @ dd), w.reference):
+            raise WrongResult(f"{w.kind}: cuSPARSE (CuPy) disagrees with the reference")
+        found["cuSPARSE (CuPy)"] = _event_median(lambda: dm @ dd)
     try:
         import torch
     except ImportError:
         return found
     if not torch.cuda.is_available():
         return found
+    kind = getattr(torch, w.dtype) if w.dtype is not None else None
     tm = torch.sparse_csr_tensor(
         torch.as_tensor(m.indptr.astype(np.int64)),
         torch.as_tensor(m.indices.astype(np.int64)),
-        torch.as_tensor(m.data),
+        torch.as_tensor(m.data).to(kind),
         size=m.shape,
     ).to("cuda")
-    td = torch.as_tensor(dense, device="cuda")
-    if not _close((tm @ td).cpu().numpy(), w.reference):
-        raise WrongResult(f"{w.kind}: torch sparse CSR disagrees with the reference")
-    found["cuSPARSE (torch CSR)"] = _event_median(lambda: tm @ td)
+    td = torch.as_tensor(dense, device="cuda").to(kind)
+    try:
+        product = tm @ td
+    except RuntimeError as err:  # a 16-bit sparse product this torch build lacks
+        progress(f"{w.kind} {w.detail}: no torch sparse CSR baseline ({err})")
+        product = None
+    if product is not None:
+        if not _close(product.float().cpu().numpy(), w.reference, w.dtype):
+            raise WrongResult(f"{w.kind}: torch sparse CSR disagrees with the reference")
+        found["cuSPARSE (torch CSR)"] = _event_median(lambda: tm @ td)
     if w.kind == "spmm":
-        tw = torch.as_tensor(m.toarray(), device="cuda")
+        tw = torch.as_tensor(m.toarray(), device="cuda").to(kind)
         found["torch dense"] = _event_median(lambda: tw @ td)
     return found
 
@@ -313,13 +352,16 @@ def main(argv: list[str] | None = None) -> int:
             if w.only and label not in w.only:
                 continue
             expr, fmts = EXPRS[w.kind], FORMATS[w.kind]
-            emulated = sparsec.kernel(expr, fmts, target="cuda-emulated", schedule=schedule)
-            small, want = small_instance(w.kind)
-            got = np.asarray(emulated(**small))
+            emulated = sparsec.kernel(
+                expr, fmts, target="cuda-emulated", schedule=schedule, dtype=w.dtype
+            )
+            small, want = small_instance(w.kind)  # integers: exact in 16 bits too
+            got = np.asarray(emulated(**small), dtype=np.float64)
             if not np.allclose(got, want):
                 raise WrongResult(f"{w.kind} {label}: the emulation disagrees with numpy")
             (sm90,) = [r for r in _verified(emulated, w) if r.arch == "sm_90"]
-            times = _device_times(sparsec.kernel(expr, fmts, target="cuda", schedule=schedule), w)
+            on_gpu = sparsec.kernel(expr, fmts, target="cuda", schedule=schedule, dtype=w.dtype)
+            times = _device_times(on_gpu, w)
             kernel_ms, device_call_ms, call_ms = times if times is not None else (None,) * 3
             roofline_us = w.traffic / (args.bandwidth * 1e12) * 1e6
             cusparse = min(
@@ -328,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             table.add(
                 w.kind
                 if w.kind != "spmm"
-                else f"spmm {w.detail.split(' pruned')[0][2:]} x{w.inputs['X'].shape[1]} {w.inputs['X'].dtype}",
+                else f"spmm {w.detail.split(' pruned')[0][2:]} x{w.inputs['X'].shape[1]} {w.value_name}",
                 label,
                 sm90.registers,
                 sm90.spills,

@@ -125,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="i=100,j=200",
         help="extents of index variables for --check (others get small defaults)",
     )
-    c.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    c.add_argument(
+        "--dtype", default="float64", choices=["float32", "float64", "float16", "bfloat16"]
+    )
     c.add_argument("--index-dtype", default="int32", choices=["int32", "int64"])
     c.add_argument(
         "--division",

@@ -35,7 +35,8 @@ from .backends.c import (
     print_c,
 )
 from .backends.cuda import print_cuda
-from .errors import ScheduleError, SparsecError
+from .backends.printer import HALF_DTYPES, C
+from .errors import DTypeError, ScheduleError, SparsecError
 from .frontend.semirings import semiring
 from .ir import nodes as ir
 from .ir.visit import map_blocks
@@ -52,7 +53,7 @@ from .passes.jam import jam
 from .passes.streams import prefetch_streams
 from .passes.tile import VECTORS as TILE_VECTORS
 from .passes.tile import tile
-from .policy.machine import machine
+from .policy.machine import c_half_types, machine
 from .policy.schedules import (
     cpu_default,
     describe_cpu,
@@ -251,6 +252,10 @@ def generate(
     (`cpu_default`; none with ``parallel`` off): ``sparsec_kernel`` and, for a sparse
     output, also ``sparsec_assemble``, which only counts the output's positions into
     ``sc_sizes``, and where it applies ``sparsec_append`` (serial: no default)."""
+    half = dtype in HALF_DTYPES
+    check_c_dtype(dtype)
+    # 16-bit values are computed in float: the passes' vector tiles would compute in them
+    c_passes, append_passes = ((), ()) if half else (C_PASSES, C_APPEND_PASSES)
     make_names = _names(spec)
     # the user's commands, then the default's (none for schedule="serial")
     schedule = commands
@@ -279,7 +284,7 @@ def generate(
             except RowsOutOfOrder:
                 pass  # rows visited out of storage order: counted and filled, two phases
         if single is not None:
-            appended = run_passes(C_APPEND_PASSES, single.body, unit)
+            appended = run_passes(append_passes, single.body, unit)
             append_tiled = appended.of("tile")
             functions.append(
                 Function(
@@ -294,7 +299,7 @@ def generate(
             append = KERNEL_NAME  # a serial kernel appends into any arrays large enough
         # else a user schedule's rows fill in parallel, or rows come out of storage
         # order: the two phases only
-    done = run_passes(C_PASSES, lowered.body, unit)
+    done = run_passes(c_passes, lowered.body, unit)
     fields = {BAND: "band", DEPTH: "depth"}
     sig = Signature((*sig.params, *(Param(n, "value", INT, fields[n]) for n in done.params)))
     functions.append(Function(KERNEL_NAME, comment, done.body))
@@ -313,6 +318,19 @@ def generate(
     gen = _record(lowered, sig, said, dtype, index_dtype, append=append)
     vectors = TILE_VECTORS if tiled or append_tiled else 0
     return print_c(spec, gen, functions, vectors=vectors, stream_out_bytes=unit.llc)
+
+
+def check_c_dtype(dtype: str) -> None:
+    """A `DTypeError` where C kernels cannot store ``dtype`` (a 16-bit type the compiler
+    lacks, `policy.machine.c_half_types`): asked at each generation and each call, since
+    generated code and compiled kernels are cached across machines' facts."""
+    if dtype in HALF_DTYPES and dtype not in c_half_types():
+        raise DTypeError(
+            f"{dtype} values on the C target need a C compiler with a {dtype} type "
+            f"({C.half_types[dtype]} with conversions, as in recent GCC and Clang; this "
+            f"one has {' and '.join(sorted(c_half_types())) or 'neither'}): cast the inputs "
+            "to float32, pass dtype='float32', or use target='cuda-emulated'"
+        )
 
 
 def _gpu_default(

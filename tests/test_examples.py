@@ -111,6 +111,7 @@ def test_bench_gpu_quick_smoke() -> None:
     for case in ("spmv", "spmm", "mttkrp"):
         assert f"\n{case} " in done.stdout
     assert "roofline us" in done.stdout and "occupancy" in done.stdout
+    assert "x32 float16" in done.stdout  # a 16-bit SpMM, run by the emulation and verified
 
 
 def test_bench_e2e_quick_smoke() -> None:

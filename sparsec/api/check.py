@@ -15,6 +15,7 @@ from ..frontend.semirings import semiring
 from ..middle.spec import Spec, TensorVar
 from ..runtime import gpu
 from ..runtime.inputs import Prepared
+from ..tensors.halves import HALF, readable
 from ..tensors.tensor import Tensor
 from . import footprint
 
@@ -70,8 +71,10 @@ def verdict(
             mask[tuple(v.coords()[0])] = True
             stored[t.argument] = torch.from_numpy(mask)
             v = v.to_dense()
-        elif t.order and t.format.ordering != tuple(range(t.order)):
-            v = np.transpose(v, np.argsort(t.format.ordering))  # back to mode order
+        elif t.order:
+            v = readable(v, prepared.dtype)  # bfloat16 storage: its values, as float32
+            if t.format.ordering != tuple(range(t.order)):
+                v = np.transpose(v, np.argsort(t.format.ordering))  # back to mode order
         dense[t.argument] = torch.from_numpy(np.array(v, dtype=np.float64))
     current = dense.pop(spec.output.name, None)
     stored.pop(spec.output.name, None)
@@ -164,7 +167,8 @@ def random_inputs(
     parts = footprint.check_parts(spec, dims, density=density, check=False)
     footprint.ensure_fits(parts, f"random inputs for {assignment} ({shown})")
     rng = np.random.default_rng(seed)
-    dtype = dtype or "float64"
+    # a 16-bit kernel rounds float32 inputs to its type (as it binds them)
+    dtype = "float32" if dtype in HALF else dtype or "float64"
     accesses = {a.name: a for a in (*spec.assignment.accesses(), *assignment.accesses())}
     inputs: dict[str, Any] = {}
     for n, t in enumerate(wanted):

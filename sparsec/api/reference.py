@@ -39,7 +39,8 @@ Labelled = tuple[torch.Tensor, tuple[str, ...]]
 #: where a node is structurally present, over its labels (None: everywhere)
 Presence = torch.Tensor | None
 
-RTOL = {"float32": 1e-4, "float64": 1e-9}
+#: 16-bit results: twice the rounding of the result (float32 sums, 2^-11 and 2^-8)
+RTOL = {"float32": 1e-4, "float64": 1e-9, "float16": 1e-3, "bfloat16": 8e-3}
 
 
 def _align(t: torch.Tensor, labels: tuple[str, ...], target: tuple[str, ...]) -> torch.Tensor:

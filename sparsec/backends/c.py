@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..abi import KERNEL_NAME, PACKED_NAME, Signature
+from ..abi import KERNEL_NAME, PACKED_NAME
 from ..ir import nodes as ir
 from ..middle.spec import Spec
 from .generated import Generated
-from .printer import C, Printer, header, render
+from .printer import C, Printer, adds_into_output, header, param, render, storage_arrays
 
 #: the kernel's flag for storing output tiles non-temporally, and the template's macro for
 #: the output size (in values) from which it is set
@@ -37,16 +37,17 @@ class _Printed:
     body: str
 
 
-def _packed(sig: Signature) -> list[str]:
+def _packed(gen: Generated) -> list[str]:
     """The arguments ``sparsec_kernel_packed`` passes on, read from its int64 array ``a``
     (arrays as addresses, in ABI order), or none where a parameter is a value of the
     kernel's value type (a scalar input), which no int64 holds."""
     out = []
-    for n, p in enumerate(sig.params):
+    for n, p in enumerate(gen.signature.params):
         ty = C.types[p.type]
         if p.kind == "array":
-            const = "" if p.writable else "const "
-            out.append(f"({const}{ty}*)(uintptr_t)a[{n}]")
+            # the pointer type as declared ("T* restrict name", less the name)
+            declared = param(C, p, gen).removesuffix(f"{C.restrict} {p.name}").strip()
+            out.append(f"({declared})(uintptr_t)a[{n}]")
         elif p.type == ir.VAL:
             return []
         else:
@@ -67,8 +68,12 @@ def print_c(
     ``vectors``: the register tile's vectors where a body was tiled (0: the template leaves
     the vector helpers out); ``stream_out_bytes``: the output size from which tiles are
     stored non-temporally."""
-    printer = Printer(C, threads=gen.signature.threads)
-    packed = _packed(gen.signature)
+    bodies = tuple(f.body for f in functions)
+    wide = adds_into_output(gen.dtype, gen.signature, *bodies)
+    gen = replace(gen, wide_output=wide)
+    storage = storage_arrays(gen.dtype, gen.signature, *bodies, wide=wide)
+    printer = Printer(C, threads=gen.signature.threads, storage=storage)
+    packed = _packed(gen)
     source = render(
         C,
         header(spec, gen, C),

@@ -12,14 +12,18 @@ from dataclasses import replace
 from ..abi import ASSEMBLE_NAME, KERNEL_NAME
 from ..middle.spec import Spec
 from .generated import Generated, Launch
-from .printer import CUDA, Printer, header, render
+from .printer import CUDA, Printer, adds_into_output, header, render, storage_arrays
 
 
 def print_cuda(spec: Spec, gen: Generated) -> Generated:
     """``gen`` with its source: the CUDA translation unit of its launch's body, whose
     header tells the launch (``gen.launch``: the grid, the block, the output's zeroing)."""
     launch: Launch = gen.launch
-    printer = Printer(CUDA, threads=gen.signature.threads)
+    bodies = (launch.body, *((launch.assemble,) if launch.assemble is not None else ()))
+    wide = adds_into_output(gen.dtype, gen.signature, *bodies)
+    gen = replace(gen, wide_output=wide)
+    storage = storage_arrays(gen.dtype, gen.signature, *bodies, wide=wide)
+    printer = Printer(CUDA, threads=gen.signature.threads, storage=storage)
     grid = printer.expr(launch.grid) if launch.grid is not None else "(set by the runtime)"
     lines = header(spec, gen, CUDA)
     lines.insert(

@@ -64,6 +64,10 @@ class Generated:
     #: sparse output: the function that fills the output in one serial pass, given arrays
     #: of a proven capacity ("": none; the two phases run)
     append: str = ""
+    #: a 16-bit kernel that adds into its output (sums, atomics): the output's values are
+    #: float32 (``sc_acc_t``), so that its sums accumulate in float32, and the runtime
+    #: rounds them to 16 bits after the kernel
+    wide_output: bool = False
     #: whether the C source also defines ``sparsec_kernel_packed`` (its arguments in one
     #: int64 array; none where a parameter is a scalar value)
     packed: bool = False

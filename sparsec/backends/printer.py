@@ -10,19 +10,29 @@ a target's template (a dumb skeleton: includes, typedefs, signature, bodies).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from functools import cache
 from typing import assert_never
 
 import jinja2
 
-from ..abi import INT, Param
-from ..frontend.functions import FUNCTIONS
 from ..ir import nodes as ir
 from ..middle.spec import Spec
 from ..resources import cache_dir, data_dir
 from .generated import Generated
+from .targets import (  # noqa: F401 - the targets, re-exported for the backends and tests
+    CALLS,
+    CUDA,
+    GPU_STRIDES,
+    HALF_DTYPES,
+    SEMIRING_UPDATES,
+    SEMIRING_VALUES,
+    VALUE_TYPES,
+    C,
+    Target,
+    adds_into_output,
+    param,
+    storage_arrays,
+)
 
 # C operator precedence (higher binds tighter).
 PRECEDENCE = {
@@ -45,228 +55,33 @@ PRECEDENCE = {
 }
 
 
-#: the accumulating updates of a semiring's add (`lower.semiring`), ``op`` -> statement
-SEMIRING_UPDATES = {
-    "min=": "{target} = sc_vmin({target}, {value});",
-    "max=": "{target} = sc_vmax({target}, {value});",
-    "or=": "{target} = {target} || ({value});",
-}
-
-#: intrinsic spellings: the templates define each ``sc_*`` helper (C and CUDA alike)
-CALLS = {
-    name: f"sc_{name}"
-    for name in (
-        "min",
-        "max",
-        "vmin",
-        "vmax",
-        "sort_reached",
-        "mark",
-        "mark_bits",
-        "count_reached",
-        "hash_add_key",
-        "hash_slot",
-        "hash_sort",
-        "bit_test",
-        "bit_set",
-        "bit_clear",
-        "thread_id",
-        "search",
-        "gallop",
-        "gallop_row",
-        "warp_sum",
-        "group_sum",
-        "group_min",
-        "group_max",
-        "group_or",
-        "group_lane",
-        "segment_sum",
-        "segment_head",
-        "warp_min",
-        "warp_max",
-        "warp_or",
-        "lane",
-        "block_threads",
-        "thread_in_block",
-        "vload",
-        "vstore",
-        "vstore_out",
-        "rows_aligned",
-        "store_fence",
-        "vzero",
-        "prefetch",
-        "prefetch_stream",
-    )
-}
-
-#: the language's functions (``fn_sqrt``, as the lowerer emits them) per target: GCC/Clang
-#: builtins in C (no ``<math.h>`` needed), the CUDA math API's overloads on CUDA
-C_FUNCTIONS = {f"fn_{f.name}": f.c for f in FUNCTIONS.values() if f.c}
-CUDA_FUNCTIONS = {f"fn_{f.name}": f.cuda for f in FUNCTIONS.values() if f.cuda}
-
-#: the loop IR's types that both targets spell alike (the template typedefs the value,
-#: accumulator and index types per kernel)
-_SHARED_TYPES = {
-    ir.VAL: "sc_val_t",
-    ir.ACC: "sc_acc_t",
-    ir.IDX: "sc_idx_t",
-    ir.BOOL: "int",
-    INT: "int",
-}
-
-#: dtype -> the value type (``ir.VAL``), on every target
-VALUE_TYPES = {"float32": "float", "float64": "double"}
-
-#: (first index, stride) of each GPU unit's grid/block/warp-strided loop; "lane" is a
-#: GPUThread loop inside a warp
-GPU_STRIDES = {
-    "GPUBlock": ("(long long)blockIdx.x", "(long long)gridDim.x"),
-    "GPUWarp": ("(long long)(threadIdx.x >> 5)", "(long long)(blockDim.x >> 5)"),
-    "GPUThread": ("(long long)threadIdx.x", "(long long)blockDim.x"),
-    "lane": ("(long long)(threadIdx.x & 31)", "32"),
-}
-
-
-@dataclass(frozen=True)
-class Target:
-    """Everything the printer does differently per target, as data: type spellings, the
-    restrict keyword, how a loop is unrolled, how a parallel loop runs (OpenMP pragmas on
-    CPU units, grid-strided loops on GPU units) and how an atomic update is written."""
-
-    name: str
-    types: Mapping[str, str]
-    restrict: str
-    #: the pragma asking the compiler to unroll a loop ``{}`` times
-    unroll: str
-    #: the lines of an atomic ``{target} {op} {value}``
-    atomic_lines: tuple[str, ...]
-    #: the update operators an atomic may use (empty: any)
-    atomic_ops: tuple[str, ...] = ()
-    #: the lines of an atomic semiring update (``min=``, ``max=``, ``or=``), which no
-    #: instruction does for floating point: ``{target}``, ``{value}`` as in `atomic_lines`
-    semiring_atomics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    #: whether an atomic update may target a local variable (OpenMP: a shared local; CUDA
-    #: atomics need global or shared memory)
-    atomic_locals: bool = True
-    #: parallel loops on CPU units become OpenMP pragmas
-    openmp: bool = False
-    #: GPU units whose loops are strided over the launch (see `GPU_STRIDES`)
-    strides: Mapping[str, tuple[str, str]] = field(default_factory=dict)
-    calls: Mapping[str, str] = field(default_factory=lambda: CALLS)
-    indent: str = "  "
-    #: the translation unit's skeleton (in ``templates/``)
-    template: str = ""
-    #: dtype -> the type reductions accumulate in (``ir.ACC``)
-    acc_types: Mapping[str, str] = field(default_factory=dict)
-    #: index dtype -> the index type (``ir.IDX``)
-    index_types: Mapping[str, str] = field(default_factory=dict)
-
-    def param(self, p: Param) -> str:
-        ty = self.types[p.type]
-        if p.kind == "value":
-            return f"{ty} {p.name}"
-        const = "" if p.writable else "const "
-        return f"{const}{ty}* {self.restrict} {p.name}"
-
-    def openmp_pragma(self, par: ir.Parallel, threads: str) -> str:
-        reduce = f" reduction(+:{', '.join(par.reduction)})" if par.reduction else ""
-        if par.flags:
-            reduce += f" reduction(max:{', '.join(par.flags)})"
-        match par.unit:
-            case "CPUThread":
-                sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
-                collapse = f" collapse({par.collapse})" if par.collapse > 1 else ""
-                cond = f"{threads} > 1" + (f" && {par.only_if}" if par.only_if else "")
-                return (
-                    f"#pragma omp parallel for schedule({sched}){collapse} num_threads({threads}) "
-                    f"if({cond}){reduce}"
-                )
-            case "CPUVector":
-                return f"#pragma omp simd{reduce}"
-            case _:
-                raise ValueError(f"target {self.name} cannot run {par.unit} loops")
-
-    def atomic(self, target: str, op: str, value: str) -> list[str]:
-        if self.atomic_ops and op not in self.atomic_ops:
-            raise ValueError(f"no atomic {op!r} on {self.name}")
-        return [line.format(target=target, op=op, value=value) for line in self.atomic_lines]
-
-    def loop_head(
-        self, var: str, start: str, end: str, par: ir.Parallel | None, unroll: int, threads: str
-    ) -> list[str]:
-        """The lines that open ``for var in [start, end)``: a CPU unit's pragma before the
-        loop, a GPU unit's loop strided from this thread's first index."""
-        head = [self.openmp_pragma(par, threads)] if par is not None and self.openmp else []
-        if unroll:
-            head.append(self.unroll.format(unroll))
-        i64 = self.types[ir.I64]
-        if par is None or self.openmp:
-            head.append(f"for ({i64} {var} = {start}; {var} < {end}; {var}++) {{")
-            return head
-        key = "lane" if par.schedule in ("lane", "group") else par.unit
-        if key not in self.strides:
-            raise ValueError(f"target {self.name} cannot run {par.unit} loops")
-        first, stride = self.strides[key]
-        if par.schedule == "group":  # the warp's groups of par.lanes lanes
-            shift = par.lanes.bit_length() - 1
-            first, stride = f"(long long)((threadIdx.x & 31) >> {shift})", str(32 // par.lanes)
-        elif par.lanes != 32:  # a group's lanes
-            first, stride = f"(long long)(threadIdx.x & {par.lanes - 1})", str(par.lanes)
-        init = first if start == "0" else f"{start} + {first}"
-        head.append(f"for ({i64} {var} = {init}; {var} < {end}; {var} += {stride}) {{")
-        return head
-
-
-C = Target(
-    name="c",
-    types={**_SHARED_TYPES, ir.I64: "int64_t", ir.U64: "uint64_t", ir.VEC: "sc_vec_t"},
-    restrict="restrict",
-    unroll="#pragma GCC unroll {}",
-    atomic_lines=("#pragma omp atomic", "{target} {op} {value};"),
-    # one thread at a time (OpenMP's atomics update only with arithmetic operators)
-    semiring_atomics={
-        op: ("#pragma omp critical(sc_semiring)", line) for op, line in SEMIRING_UPDATES.items()
-    },
-    openmp=True,
-    calls={**CALLS, **C_FUNCTIONS},
-    template="kernel.c.j2",
-    # float32 sums in double: as fast as summing in float (the conversion is off the add
-    # chain) and exact far longer (docs/decisions.md, "float32 sums accumulate in double")
-    acc_types={"float32": "double", "float64": "double"},
-    index_types={"int32": "int32_t", "int64": "int64_t"},
-)
-
-#: CUDA: GPU loops are strided over the grid, the warps of a block, its threads or a
-#: warp's lanes (correct for any launch size); stores shared by threads use atomicAdd
-CUDA = Target(
-    name="cuda",
-    types={**_SHARED_TYPES, ir.I64: "long long", ir.U64: "unsigned long long"},
-    restrict="__restrict__",
-    unroll="#pragma unroll {}",
-    atomic_lines=("atomicAdd(&{target}, {value});",),
-    atomic_ops=("+=",),
-    # compare-and-swap loops of the template (``kernel.cu.j2``; the emulation's shim too)
-    semiring_atomics={
-        "min=": ("sc_atomic_min(&{target}, {value});",),
-        "max=": ("sc_atomic_max(&{target}, {value});",),
-        "or=": ("sc_atomic_or(&{target}, {value});",),
-    },
-    atomic_locals=False,
-    strides=GPU_STRIDES,
-    calls={**CALLS, **CUDA_FUNCTIONS},
-    template="kernel.cu.j2",
-    # the value type: unlike the C target's, since most GPUs run double arithmetic at 1/32
-    # to 1/64 of the float rate, which would make float32 SpMM several times slower; sums
-    # across a GPU mapping's threads are also split into shorter per-thread parts
-    acc_types={"float32": "float", "float64": "double"},
-    index_types={"int32": "int", "int64": "long long"},
-)
-
-
 class Printer:
-    def __init__(self, target: Target, threads: str = "sc_threads") -> None:
+    """Prints statements and expressions for ``target``. ``storage``: the arrays of 16-bit
+    values (a half dtype's tensors' ``vals``, `storage_arrays`), whose loads and stores
+    convert; with any, every other value (locals, literals, workspaces) is a float."""
+
+    def __init__(
+        self, target: Target, threads: str = "sc_threads", storage: frozenset[str] = frozenset()
+    ) -> None:
         self.t = target
         self.threads = threads
+        self.storage = storage
+        #: the type of value locals and literals
+        self.value_type = "sc_acc_t" if storage else target.types[ir.VAL]
+
+    def _type(self, ty: str, name: str = "") -> str:
+        """``ty``'s spelling for a declaration of ``name``: a value in the accumulator type
+        under a half dtype, unless ``name`` holds 16-bit values."""
+        if self.storage and ty == ir.VAL and name not in self.storage:
+            return "sc_acc_t"
+        return self.t.types[ty]
+
+    def _half_store(self, target: ir.Load, op: str, value: ir.Expr, atomic: bool) -> list[str]:
+        """The line storing float ``value`` into 16-bit element ``target``: only plain
+        stores reach 16-bit values (an output added into is float, `adds_into_output`)."""
+        if op != "=" or atomic:
+            raise AssertionError(f"internal: a 16-bit element updated by {op!r}")
+        return [f"{target.array}[{self.expr(target.index)}] = sc_st({self.expr(value)});"]
 
     # ------------------------------------------------------------ statements
     def stmts(self, node: ir.Stmt, depth: int = 1) -> list[str]:
@@ -276,7 +91,11 @@ class Printer:
                 return [line for s in body for line in self.stmts(s, depth)]
             case ir.Decl(type=ty, name=name, init=init):
                 rhs = f" = {self.expr(init)}" if init is not None else ""
-                return [f"{pad}{self.t.types[ty]} {name}{rhs};"]
+                return [f"{pad}{self._type(ty)} {name}{rhs};"]
+            case ir.Assign(target=ir.Load(array=a) as lo, value=value, op=op, atomic=atomic) if (
+                a in self.storage
+            ):
+                return [pad + line for line in self._half_store(lo, op, value, atomic)]
             case ir.Assign(target=target, value=value, op=op, atomic=atomic):
                 lhs, rhs = self.expr(target), self.expr(value)
                 if op in SEMIRING_UPDATES:
@@ -314,13 +133,13 @@ class Printer:
             case ir.Comment(text=text):
                 return [f"{pad}// {text}"]
             case ir.Alloc(type=ty, name=name, count=count, when=when):
-                t = self.t.types[ty]
+                t = self._type(ty, name)
                 call = f"({t}*)calloc({self.expr(count)}, sizeof({t}))"
                 if when is not None:
                     call = f"{self._wrap(when, PRECEDENCE['?:'], True)} ? {call} : NULL"
                 return [f"{pad}{t}* {name} = {call};"]
             case ir.Pointer(type=ty, name=name, base=base, offset=offset, fallback=fallback):
-                t = self.t.types[ty]
+                t = self._type(ty, name)
                 at = f"{base} + {self.expr(offset)}"
                 if fallback:
                     at = f"{base} ? {at} : {fallback}"
@@ -345,9 +164,11 @@ class Printer:
                 return str(v)
             case ir.FloatLit(value=v) if math.isinf(v):
                 # a semiring's identity: C and CUDA have no infinity literal
-                return f"(({self.t.types[ir.VAL]})({'-' if v < 0 else ''}1.0 / 0.0))"
+                return f"(({self.value_type})({'-' if v < 0 else ''}1.0 / 0.0))"
             case ir.FloatLit(value=v):
-                return f"(({self.t.types[ir.VAL]}){float(v)!r})"
+                return f"(({self.value_type}){float(v)!r})"
+            case ir.Load(array=array, index=index) if array in self.storage:
+                return f"sc_ld({array}[{self.expr(index)}])"
             case ir.Load(array=array, index=index):
                 return f"{array}[{self.expr(index)}]"
             case ir.Bin(op=op, left=left, right=right):
@@ -423,7 +244,10 @@ def header(spec: Spec, gen: Generated, target: Target) -> list[str]:
         + (f" ({t.format.spelling})" if str(t.format) != t.format.spelling else "")
         for t in spec.tensors
     )
-    types = f"values {VALUE_TYPES[gen.dtype]}, indices {target.index_types[gen.index_dtype]}"
+    values = VALUE_TYPES.get(gen.dtype) or (
+        f"{gen.dtype} stored as {target.half_types[gen.dtype]}, computed in float"
+    )
+    types = f"values {values}, indices {target.index_types[gen.index_dtype]}"
     return [
         _comment_safe(f"sparsec kernel: {spec.assignment}"),
         _comment_safe(f"concrete index notation: {spec.statement}"),
@@ -448,15 +272,17 @@ def render(target: Target, lines: list[str], gen: Generated, **fields: object) -
     """``target``'s translation unit for ``gen`` (its types and parameters): the template
     filled with the header comment ``lines`` and ``fields`` (printed bodies and the
     template's switches)."""
+    half = gen.dtype in HALF_DTYPES
     return (
         environment()
         .get_template(target.template)
         .render(
             header=lines,
-            val_type=VALUE_TYPES[gen.dtype],
+            val_type=target.half_types[gen.dtype] if half else VALUE_TYPES[gen.dtype],
             acc_type=target.acc_types[gen.dtype],
             idx_type=target.index_types[gen.index_dtype],
-            params=[target.param(p) for p in gen.signature.params],
+            params=[param(target, p, gen) for p in gen.signature.params],
+            half=gen.dtype if half else "",
             **fields,
         )
     )

@@ -16,7 +16,9 @@ Keys of ``SPARSEC_MACHINE``: ``l2`` (the cache private to a core, bytes, with an
 K/M/G suffix), ``l3`` (the last-level cache), ``cores``, ``vector`` (bytes per SIMD
 register: 16, 32 for AVX2, 64 for AVX-512), ``flags`` (CPU flags joined by ``+``),
 ``target`` (a name for what ``-march=native`` resolves to) and ``busy`` (cores busy with
-other work; fixed instead of measured, ``busy=0`` turns the load adaptation off), ``memory``.
+other work; fixed instead of measured, ``busy=0`` turns the load adaptation off), ``memory``,
+``half`` (the 16-bit value dtypes the C compiler supports, joined by ``+``: ``float16``,
+``bfloat16``; ``half=none`` for neither; by default the compiler is asked, `c_half_types`).
 
 The simulated facts steer sparsec's decisions only: kernels are still compiled for, and run
 on, the real CPU (the compile cache's key holds what the compiler really targets).
@@ -29,10 +31,7 @@ import dataclasses
 import functools
 import math
 import os
-import platform
 import shlex
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MachineError
+from .compiler import HALF_PROBES, native_target, probe_half
+from .compiler import compiler_target as compiler_target  # re-exported: build and tests use it
 
 #: the environment variable that overrides the host's facts
 ENV = "SPARSEC_MACHINE"
@@ -66,6 +67,8 @@ class Machine:
     busy: float | None = None
     #: bytes of physical memory (what a dense conversion may use a share of); None: unknown
     memory: int | None = None
+    #: the 16-bit value dtypes the C compiler has types for; None: ask it (`c_half_types`)
+    half: frozenset[str] | None = None
 
 
 #: the fields of a `Machine` by their ``SPARSEC_MACHINE`` keys
@@ -79,6 +82,7 @@ _KEYS = {
     "target": "target",
     "busy": "busy",
     "memory": "memory",
+    "half": "half",
 }
 _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 #: assumed when the host does not say (no sysfs): a small machine's caches
@@ -116,7 +120,7 @@ def host() -> Machine:
         cores=_quota(len(cpus) or os.cpu_count() or 1),
         vector_bytes=_vector_bytes(flags),
         flags=flags,
-        target=_native_target(),
+        target=native_target(),
         memory=(
             os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
             if "SC_PHYS_PAGES" in getattr(os, "sysconf_names", ())
@@ -182,7 +186,7 @@ def _replace(base: Machine, facts: dict[str, Any]) -> Machine:
     for name, value in facts.items():
         if isinstance(value, str):
             facts[name] = _value(name, value)
-        elif name == "flags":
+        elif name in ("flags", "half"):
             facts[name] = frozenset(value)
     made = dataclasses.replace(base, **facts)
     positive = ("core_cache", "last_level_cache", "cores", "vector_bytes", "memory")
@@ -199,6 +203,11 @@ def _value(name: str, text: str) -> Any:
     """A fact's value from its text."""
     if name == "flags":
         return frozenset(f for f in text.replace(" ", "+").split("+") if f)
+    if name == "half":
+        found = frozenset(f for f in text.replace(" ", "+").split("+") if f and f != "none")
+        if found - set(HALF_PROBES):
+            raise MachineError(f"{ENV}: half names {' and '.join(HALF_PROBES)}, not {text!r}")
+        return found
     if name == "target":
         return text
     if name == "busy":
@@ -293,58 +302,18 @@ def _vector_bytes(flags: frozenset[str]) -> int:
     return 16
 
 
-def _native_target() -> str:
-    """What ``-march=native`` resolves to for the default compiler, else the
-    architecture's name."""
+# ------------------------------------------------------------------------ 16-bit values
+
+
+def c_half_types(on: Machine | None = None) -> frozenset[str]:
+    """The 16-bit value dtypes (``float16``, ``bfloat16``) that C kernels can store: the
+    machine's ``half`` fact when set, else what the C compiler (``SPARSEC_CC``) compiles,
+    asked once per process."""
+    given = (on or machine()).half
+    if given is not None:
+        return given
     cc = tuple(shlex.split(os.environ.get("SPARSEC_CC", "cc"))) or ("cc",)
-    resolved = compiler_target(cc, ("-march=native",))
-    for i, token in enumerate(resolved):
-        if token.startswith("-march="):
-            return token.removeprefix("-march=")
-        if token == "-target-cpu" and i + 1 < len(resolved):
-            return resolved[i + 1]
-    return platform.machine() or "unknown"
-
-
-#: cc1 options (gcc) and -cc1 options (clang) whose value is the next token and names the
-#: target: gcc's cache sizes, clang's CPU, tuning and features
-_TARGET_PAIRS = frozenset({"--param", "-target-cpu", "-tune-cpu", "-target-feature", "-triple"})
-
-
-@functools.cache
-def compiler_target(cc: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, ...]:
-    """The target ``cc`` compiles for under ``flags``, as the compiler resolves it: the
-    ``-m`` options and target parameters of its compiler proper (``cc -###``), so
-    ``-march=native`` shows as ``-march=znver3 -mavx2 ... -mtune=znver3``. Empty when the
-    compiler cannot say. Runs the driver once per process and (compiler, flags); it
-    compiles nothing."""
-    if shutil.which(cc[0]) is None:
-        return ()
-    cmd = [*cc, *flags, "-###", "-x", "c", "-c", os.devnull, "-o", os.devnull]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ()
-    for line in (out.stderr + out.stdout).splitlines():
-        try:
-            tokens = shlex.split(line)
-        except ValueError:
-            continue
-        if not tokens or not (tokens[0].endswith("cc1") or "-cc1" in tokens):
-            continue
-        found: list[str] = []
-        pair = False
-        for token in tokens[1:]:
-            if pair:
-                found.append(token)
-                pair = False
-            elif token in _TARGET_PAIRS:
-                found.append(token)
-                pair = True
-            elif token.startswith("-m"):
-                found.append(token)
-        return tuple(found)
-    return ()
+    return probe_half(cc)
 
 
 # ------------------------------------------------------------------------ the load

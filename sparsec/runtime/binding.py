@@ -3,8 +3,10 @@ the checks that run before any pointer reaches C.
 
 A scalar operand becomes a float; a dense operand a C-ordered ndarray *in level order* of
 the kernel's value dtype; a sparse operand a validated `Tensor` in the declared format
-(converted when it was passed in another one). Unsupported dtypes (float16, bfloat16,
-complex, strings) are refused rather than converted.
+(converted when it was passed in another one). Unsupported dtypes (complex, strings) are
+refused rather than converted. A float16/bfloat16 kernel takes its values in 16-bit storage
+(`sparsec.tensors.halves`): dense operands as storage arrays, sparse ones as `Stored`
+tensors.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from ..errors import DTypeError, InputError, ShapeError, SparsecError
 from ..middle.spec import TensorVar
 from ..policy import machine as policy_machine
 from ..policy.machine import LOAD_INTERVAL_S, Machine, busy, machine, threads_for
+from ..tensors.halves import HALF, STORAGE, to_storage
+from ..tensors.stored import Stored, stored
 from ..tensors.tensor import Tensor, as_tensor
 
-VALUE_DTYPES = {"float32": np.float32, "float64": np.float64}
+#: value dtype name -> the host dtype of its kernel's value arrays (16-bit storage for
+#: float16/bfloat16: numpy float16, and the bits as uint16 for bfloat16)
+VALUE_DTYPES = dict(STORAGE)
 INDEX_DTYPES = {"int32": np.int32, "int64": np.int64}
 
 
@@ -117,28 +123,45 @@ def is_torch(value: Any) -> bool:
 
 FLOAT32, FLOAT64, INT64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64)
 INT32 = np.dtype(np.int32)
-_TORCH_FLOATS: dict[str, np.dtype] = {"torch.float32": FLOAT32, "torch.float64": FLOAT64}
+_TORCH_FLOATS = {
+    "torch.float32": "float32",
+    "torch.float64": "float64",
+    "torch.float16": "float16",
+    "torch.bfloat16": "bfloat16",
+}
+#: the value dtypes a call's inputs promote to, narrowest first (torch's rule among them)
+_NARROW = {"float16": 0, "bfloat16": 0, "float32": 1}
 
 
-def _value_dtype_of(value: Any) -> np.dtype | None:
+def _value_dtype_of(value: Any) -> str | None:
+    """The name of ``value``'s value dtype ("int64" and the like for numpy integers); None
+    when it has none (a nested list) or is a torch tensor of no floating dtype (ignored,
+    as before 16-bit values)."""
     if isinstance(value, Tensor):
-        return value.vals.dtype
+        return value.vals.dtype.name
     dt: Any = getattr(value, "dtype", None)
     if dt is None or isinstance(dt, np.dtype):
-        return dt
+        return None if dt is None else dt.name
     return _TORCH_FLOATS.get(str(dt))
 
 
 def common_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
-    """float32 only when every floating input is float32; float64 otherwise (torch rule)."""
-    found = False
+    """The value dtype of a call, as torch promotes floating dtypes: float16 (bfloat16)
+    when every floating input is float16 (bfloat16); float32 when every one is float16,
+    bfloat16 or float32; float64 otherwise, and when none has a dtype."""
+    found: set[str] = set()
     for t in wanted:
         if t.order:
             dt = _value_dtype_of(inputs[t.name])
-            if dt is not None and dt != FLOAT32:
+            if dt is not None and dt not in _NARROW:
                 return "float64"
-            found = found or dt is not None
-    return "float32" if found else "float64"
+            if dt is not None:
+                found.add(dt)
+    if not found:
+        return "float64"
+    if len(found) == 1:
+        return found.pop()
+    return "float32"
 
 
 def common_index_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
@@ -156,7 +179,9 @@ def common_index_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any])
 
 def widen(value: Any) -> Any:
     if isinstance(value, Tensor) and value.order and value.index_dtype != INT64:
-        return value.astype(index_dtype="int64")
+        wide = value.astype(index_dtype="int64")
+        # a 16-bit kernel's operand keeps its 16-bit values (astype gives a plain Tensor)
+        return stored(wide, value.value_dtype) if isinstance(value, Stored) else wide
     return value
 
 
@@ -168,15 +193,20 @@ def convert_input(t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any
     if t.is_dense:
         return _dense(t, value, dtype, where)
     _reject_dtype(value, where)
-    np_dtype = VALUE_DTYPES[dtype]
+    half = dtype in HALF
+    np_dtype = FLOAT32 if half else VALUE_DTYPES[dtype]
+    if half and isinstance(value, Stored):
+        value = value.astype(FLOAT32)  # its float values, stored anew below
     if not (
         isinstance(value, Tensor)
         and (value.format is t.format or value.format == t.format)
-        and value.vals.dtype == np_dtype
+        and (value.vals.dtype == np_dtype or (half and value.vals.dtype == FLOAT64))
         and value.order == t.order
     ):
         try:
-            value = as_tensor(value, t.format, name=t.name, dtype=dtype)
+            # a half kernel's sparse operand: its values in float32 (exact for 16-bit
+            # inputs), stored in 16 bits below
+            value = as_tensor(value, t.format, name=t.name, dtype=np_dtype.name)
         except SparsecError:
             raise
         except Exception as err:  # a foreign object we could not read
@@ -197,7 +227,7 @@ def convert_input(t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any
             raise DTypeError(
                 f"{where}: the kernel was built for int32 indices, but {err}"
             ) from None
-    return value
+    return stored(value, dtype) if half else value
 
 
 def _scalar(value: Any, where: str) -> float:
@@ -210,12 +240,12 @@ def _scalar(value: Any, where: str) -> float:
     arr = np.asarray(value)
     if arr.ndim != 0:
         raise ShapeError(f"{where} is a scalar operand but has shape {arr.shape}")
-    if arr.dtype.kind not in "fiu" or arr.dtype == np.float16:
+    if arr.dtype.kind not in "fiu":
         raise DTypeError(f"{where}: {arr.dtype} values are not supported; use float32 or float64")
     return float(arr)
 
 
-_BAD_TORCH = ("torch.float16", "torch.bfloat16", "torch.complex64", "torch.complex128")
+_BAD_TORCH = ("torch.complex64", "torch.complex128")
 
 
 def _reject_dtype(value: Any, where: str) -> None:
@@ -224,9 +254,7 @@ def _reject_dtype(value: Any, where: str) -> None:
     if dt is None or dt is FLOAT64 or dt is FLOAT32:
         return
     text = str(dt)
-    if text in _BAD_TORCH or (
-        isinstance(dt, np.dtype) and (dt.kind not in "fiub" or dt == np.float16)
-    ):
+    if text in _BAD_TORCH or (isinstance(dt, np.dtype) and dt.kind not in "fiub"):
         shown = text[6:] if text.startswith("torch.") else text
         raise DTypeError(f"{where}: {shown} values are not supported; use float32 or float64")
 
@@ -241,7 +269,10 @@ def _dense(t: TensorVar, value: Any, dtype: str, where: str) -> np.ndarray:
                 raise InputError(f"{where} is a CUDA tensor; the C target takes CPU tensors")
             _reject_dtype(value, where)
             value = value.detach()
-            value = (value if value.layout == _torch_strided() else value.to_dense()).cpu().numpy()
+            value = value if value.layout == _torch_strided() else value.to_dense()
+            if str(value.dtype) == "torch.bfloat16":  # no numpy dtype: float32 holds it exactly
+                value = value.float()
+            value = value.cpu().numpy()
         elif hasattr(value, "toarray") and hasattr(value, "tocoo"):
             value = value.toarray()
         else:
@@ -259,6 +290,8 @@ def _dense(t: TensorVar, value: Any, dtype: str, where: str) -> np.ndarray:
     ordering = t.format.ordering
     if ordering != tuple(range(t.order)):
         value = np.transpose(value, ordering)
+    if dtype in HALF:
+        return to_storage(value, dtype)
     return np.ascontiguousarray(value, dtype=VALUE_DTYPES[dtype])
 
 

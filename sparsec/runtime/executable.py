@@ -31,6 +31,7 @@ from ..middle.spec import Spec
 from ..middle.staging import ROW, needs_staging, staged
 from ..policy.costs import Columns
 from ..tensors.buffers import aligned_empty
+from ..tensors.halves import readable, result_dtype, rounded, storage_fill
 from . import gpu, gpu_sparse, sparse_out
 from .args import arguments, slots
 from .binding import VALUE_DTYPES, resolve_threads
@@ -118,7 +119,7 @@ class Executable:
         j = self.columns.index
         assert j is not None
         n = prepared.dims[j]
-        out = np.empty(self._level_shape(prepared), dtype=VALUE_DTYPES[prepared.dtype])
+        out = np.empty(self._level_shape(prepared), dtype=result_dtype(prepared.dtype))
         starts = range(0, n, width)
         total = resolve_threads(threads)
         workers = min(total, len(starts))
@@ -143,7 +144,9 @@ class Executable:
     def run_whole(self, prepared: Prepared, threads: int | None) -> Any:
         """A dense output in one run of the kernel."""
         gen = self.loaded.generated
-        np_dtype = VALUE_DTYPES[prepared.dtype]
+        dtype = prepared.dtype
+        wide = gen.wide_output  # a 16-bit kernel adding into float32 values
+        np_dtype = np.dtype(np.float32) if wide else VALUE_DTYPES[dtype]
         level_shape = self._level_shape(prepared)
         size = math.prod(level_shape)
         # the output lives where the inputs do: in GPU memory when any input does
@@ -151,14 +154,17 @@ class Executable:
         if self.accumulate:
             # the current value, already in level order: the kernel adds into a copy
             current = prepared.values[self.output.name]
-            out = xp.array(current, dtype=np_dtype, order="C").reshape(-1)
+            out = xp.empty(size, dtype=np_dtype)
+            out[:size] = readable(xp.asarray(current), dtype).astype(np_dtype).reshape(-1)
         elif gen.launch is not None and gen.launch.zero_before:
             # CUDA kernels only add (a semiring's add: from its identity)
-            out = xp.full(size, gen.launch.fill, dtype=np_dtype)
+            fill = gen.launch.fill if wide else storage_fill(gen.launch.fill, dtype)
+            out = xp.full(size, fill, dtype=np_dtype)
         else:
             out = aligned_empty(size, np.dtype(np_dtype)) if xp is np else xp.empty(size, np_dtype)
             if self.poison:
-                out.fill(np.nan)  # test mode: an element the kernel fails to write shows
+                # test mode: an element the kernel fails to write shows
+                out.fill(np.nan if wide else storage_fill(np.nan, dtype))
         if gen.target == "cuda":
             out = self._launch_gpu(prepared, out)
         else:
@@ -175,8 +181,9 @@ class Executable:
             status = self.loaded.fn(*args)
             if status != 0:
                 raise status_error(status, gen)
+        out = rounded(out[:size], dtype) if wide else readable(out[:size], dtype)
         if self.output.order == 0:
-            return np_dtype(float(out[0]) if prepared.device else out[0])
+            return result_dtype(dtype).type(float(out[0]) if prepared.device else out[0])
         if self.out_identity:
             return out.reshape(level_shape)
         return out.reshape(level_shape).transpose(tuple(np.argsort(self.output.format.ordering)))
@@ -238,7 +245,9 @@ class Executable:
         the kernel on them into the flat device array ``out``, zeroing it first when the
         kernel only adds into it (atomics), so every launch computes the whole result."""
         size = math.prod(self._level_shape(prepared))
-        out = gpu.cupy_device().zeros(size, dtype=VALUE_DTYPES[prepared.dtype])
+        gen = self.loaded.generated
+        kind = np.float32 if gen.wide_output else VALUE_DTYPES[prepared.dtype]
+        out = gpu.cupy_device().zeros(size, dtype=kind)
         kernel_only, out_dev = self._stage(prepared, out)
         if not self.loaded.generated.launch.zero_before:
             return kernel_only, out_dev

@@ -25,6 +25,7 @@ import numpy as np
 from ..policy import costs  # noqa: F401 - read by the generated source
 from ..tensors.buffers import ALIGN_FROM_BYTES, address, aligned_empty  # noqa: F401
 from ..tensors.formats import canonical
+from ..tensors.halves import HALF
 from ..tensors.tensor import Tensor
 from .args import Source
 from .binding import INDEX_DTYPES, MAX_THREADS, VALUE_DTYPES, resolve_threads, use_threads  # noqa: F401
@@ -53,6 +54,8 @@ def build(
     reordered output, an input that was converted, an extent no input gives)."""
     if executable.accumulate or prepared.use_torch or executable.sparse is not None:
         return None
+    if prepared.dtype in HALF:
+        return None  # outputs in 16-bit storage are converted and padded (`Executable`)
     if binder.derived:
         return None  # derived inputs are computed from the passed ones on every call
     if executable.target != "c" or not executable.out_identity:

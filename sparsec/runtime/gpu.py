@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from ..abi import ASSEMBLE_NAME, GPU_WORKSPACE, KERNEL_NAME, LAUNCH_ASSEMBLE_NAME, LAUNCH_NAME
-from ..backends.printer import CUDA
+from ..backends.printer import CUDA, param
 from ..errors import DTypeError, ShapeError, SparsecError
 from ..ir import nodes as ir
 from ..resources import data_dir
+from ..tensors.halves import bfloat16_bits, compute_dtype
 from ..tensors.tensor import Tensor
 from .args import ADDRESSES, HOST, Form, Slot, Source, arguments, named
 
@@ -43,7 +44,7 @@ MAX_EMULATED_GRID = 4096
 def emulation_source(generated: Any) -> str:
     """The ``.cu`` text behind the shim, plus ``sparsec_launch(grid, block, <arguments>)``."""
     shim = (data_dir("templates") / "cuda_shim.h").read_text()
-    params = ",\n    ".join(CUDA.param(p) for p in generated.signature.params)
+    params = ",\n    ".join(param(CUDA, p, generated) for p in generated.signature.params)
     names = ", ".join(p.name for p in generated.signature.params)
     fibers = "true" if generated.launch.shuffles else "false"
     launcher = (
@@ -199,8 +200,10 @@ def device_dense(order: int, ordering: tuple[int, ...], value: Any, dtype: Any, 
         value = value.detach()
         if str(value.layout) != "torch.strided":
             value = value.to_dense()
+        if str(value.dtype) == "torch.bfloat16":  # no CuPy dtype: float32 holds it exactly
+            value = value.float()
     array = cp.asarray(value)
-    if array.dtype.kind != "f" or array.dtype.itemsize not in (4, 8):
+    if array.dtype.kind != "f":
         raise DTypeError(f"{where}: {array.dtype} values are not supported; use float32 or float64")
     if array.ndim != order:
         raise ShapeError(
@@ -208,6 +211,8 @@ def device_dense(order: int, ordering: tuple[int, ...], value: Any, dtype: Any, 
         )
     if ordering != tuple(range(order)):
         array = cp.transpose(array, ordering)
+    if dtype == np.uint16:  # bfloat16 storage: rounded on the device, through float32
+        return bfloat16_bits(cp.ascontiguousarray(array, dtype=cp.float32))
     return cp.ascontiguousarray(array, dtype=dtype)
 
 
@@ -220,7 +225,7 @@ def to_device(host: Any) -> Any:
 def _device_form(dtype: str) -> Form:
     """CuPy arrays (a `Tensor`'s copied once per tensor and kept; host arrays per call;
     device arrays where they are) and scalars typed as the kernel declares them."""
-    value = np.dtype(dtype).type
+    value = compute_dtype(dtype).type
     typed = {"val": value, "int": np.int32, "i64": np.int64}
 
     def tensor(t: Tensor, key: tuple[str, int]) -> Any:
@@ -312,7 +317,8 @@ def workspace_budget(emulated: bool) -> int:
 
 
 def _kinds(generated: Any) -> dict[str, np.dtype]:
-    kinds = {"val": np.dtype(generated.dtype), "u64": np.dtype(np.uint64)}
+    # workspace values are the kernel's compute type (float for 16-bit values)
+    kinds = {"val": compute_dtype(generated.dtype), "u64": np.dtype(np.uint64)}
     kinds["i64"] = np.dtype(np.int64)
     return kinds
 

@@ -17,11 +17,12 @@ import numpy as np
 
 from ..errors import DTypeError
 from ..middle.spec import TensorVar
+from ..tensors.halves import HALF, compute_dtype, storage_fill
 from ..tensors.tensor import LevelStorage, Tensor
 from . import compaction
 from .binding import INDEX_DTYPES, VALUE_DTYPES
 from .inputs import Prepared
-from .sparse_out import Arrays, SparseOutput
+from .sparse_out import Arrays, SparseOutput, readable_vals
 
 _INT32_MAX = 2**31 - 1
 #: runs one phase ("assemble" or "fill") into the given output arrays
@@ -53,13 +54,19 @@ def run(
         lead = out.output.order - final.order
         made, values = compaction.compact((pos, crd, vals), extents, lead, final.format, xp)
         fmt, shape = final.format, out.shape(prepared)[lead:]
+    wide = out.loaded.generated.wide_output
     if xp is np:
-        return Tensor(shape, fmt, tuple(LevelStorage(p, c) for p, c in made), values, index_dtype)
+        readable = readable_vals(values, prepared.dtype, wide)
+        return Tensor(shape, fmt, tuple(LevelStorage(p, c) for p, c in made), readable, index_dtype)
     storage = tuple(
         LevelStorage(None if p is None else p.get(), None if c is None else c.get())
         for p, c in made
     )
-    result = Tensor(shape, fmt, storage, values.get(), index_dtype)
+    result = Tensor(
+        shape, fmt, storage, readable_vals(values.get(), prepared.dtype, wide), index_dtype
+    )
+    if prepared.dtype in HALF:
+        return result  # float32 values on the host: the device's 16-bit ones are not theirs
     # the arrays stay on the device too: a next CUDA call reads them with no upload
     kept: dict[tuple[str, int], Any] = {("vals", -1): values}
     for k, (p, c) in enumerate(made):
@@ -89,7 +96,7 @@ def two_phase(
     counts = xp.zeros(rows + 1, dtype=index_dtype)
     tables = None
     if workspace is not None:
-        tables = Tables(rows, xp, VALUE_DTYPES[prepared.dtype], *workspace)
+        tables = Tables(rows, xp, compute_dtype(prepared.dtype), *workspace)
     if tables is not None and tables.hashed:
         phase("assemble", {("sizes", -1): sizes, ("pos", last): counts, **tables.tally()})
         bounds = counts[1:].copy()
@@ -107,10 +114,11 @@ def two_phase(
     fill_tables = tables.fill(counts[1:]) if tables is not None else {}
     xp.cumsum(counts, out=counts)  # each row's count becomes its end offset
     crd = xp.empty(total, dtype=index_dtype)
-    vals = xp.empty(total, dtype=VALUE_DTYPES[prepared.dtype])
+    wide = out.loaded.generated.wide_output  # 16-bit values added into as float32
+    vals = xp.empty(total, dtype=np.float32 if wide else VALUE_DTYPES[prepared.dtype])
     if poison:
         crd.fill(-1)
-        vals.fill(np.nan)
+        vals.fill(np.nan if wide else storage_fill(np.nan, prepared.dtype))
     arrays: Arrays = {("sizes", -1): sizes, ("pos", last): counts, ("crd", last): crd}
     arrays[("vals", -1)] = vals
     phase("fill", {**arrays, **fill_tables})

@@ -18,7 +18,10 @@ import numpy as np
 
 from ..errors import DTypeError, InputError, ShapeError
 from ..middle.spec import Derived, Folded, Spec, TensorVar
+from ..pipeline import check_c_dtype
 from ..tensors.convert import derive_dense
+from ..tensors.halves import HALF, bfloat16_bits, readable, rounded, to_storage
+from ..tensors.stored import Stored, stored
 from ..tensors.tensor import Tensor
 from . import gpu
 from .binding import (
@@ -70,19 +73,21 @@ class Prepared:
         """A kernel's result as the caller's kind of array (torch in, torch out)."""
         if isinstance(out, Tensor):
             return out  # a sparse output is a sparsec.Tensor (to_torch()/to_scipy() convert)
+        # a bfloat16 result comes as float32 (numpy and CuPy have no bfloat16): torch's own
+        bf16 = self.use_torch and self.dtype == "bfloat16"
         if self.device and np.ndim(out):
             out = gpu.cupy_device().ascontiguousarray(out)
             if self.use_torch:
                 import torch
 
-                return torch.as_tensor(out, device="cuda")
+                got = torch.as_tensor(out, device="cuda")
+                return got.to(torch.bfloat16) if bf16 else got
             return out
         if self.use_torch:
             import torch
 
-            return (
-                torch.from_numpy(np.ascontiguousarray(out)) if np.ndim(out) else torch.tensor(out)
-            )
+            got = torch.from_numpy(np.ascontiguousarray(out)) if np.ndim(out) else torch.tensor(out)
+            return got.to(torch.bfloat16) if bf16 else got
         return np.ascontiguousarray(out) if np.ndim(out) else out
 
 
@@ -170,6 +175,8 @@ class Binder:
         if self._renamed:
             inputs = {t.name: inputs[t.argument] for t in self.wanted}
         dtype = self.dtype or common_dtype(self.wanted, inputs)
+        if self.target == "c" and dtype in HALF:
+            check_c_dtype(dtype)
         index_dtype = self.index_dtype or common_index_dtype(self.wanted, inputs)
         values = {}
         device = False
@@ -188,7 +195,7 @@ class Binder:
         dims = self.dims(values)  # checks the extents a repeated index ties together
         for d in self.derived:
             if isinstance(d, Folded):
-                values[d.name] = _fold(d, values)
+                values[d.name] = _fold(d, values, dtype)
             else:
                 values[d.name] = _derive(d, values[d.source.name])
         use_torch = any(is_torch(v) for v in inputs.values())
@@ -230,6 +237,8 @@ def _derive(d: Derived, value: Any) -> Any:
     """Derived input ``d`` from its source's value in kernel layout: a sparse source's copy
     is kept on the `Tensor` (`Tensor.derived`), so a Tensor passed again costs nothing; a
     dense source (an array in level order) gives its diagonal, a C-ordered copy."""
+    if isinstance(value, Stored):  # a 16-bit kernel's: the copy's values stored too
+        return stored(value.derived(d.indices, d.format), value.value_dtype)
     if isinstance(value, Tensor):
         return value.derived(d.indices, d.format)
     source = d.source.format
@@ -244,11 +253,18 @@ def _derive(d: Derived, value: Any) -> Any:
     return derive_dense(value, level_indices, out)
 
 
-def _fold(d: Folded, values: Mapping[str, Any]) -> Any:
+def _fold(d: Folded, values: Mapping[str, Any], dtype: str) -> Any:
     """Folded input ``d`` from its factors' values (dense arrays in level order, in the
     kernel's dtype; on the GPU when they are): each brought to ``d``'s level order (a
     view), then combined as `Folded` says, into a C-ordered array. Computed on every
-    call, so it always follows the values passed."""
+    call, so it always follows the values passed. 16-bit values are combined in float32
+    (as the kernel would) and stored back, rounded once."""
+    if dtype in HALF:
+        as_float = {f.source.name: readable(values[f.source.name], dtype) for f in d.factors}
+        combined = _fold(d, {n: v.astype(np.float32) for n, v in as_float.items()}, "float32")
+        if gpu.on_device(combined):
+            return rounded(combined, dtype) if dtype == "float16" else _device_bits(combined)
+        return to_storage(combined, dtype)
     levels = [d.distinct[m] for m in d.format.ordering]
     parts = []
     for f in d.factors:
@@ -265,3 +281,8 @@ def _fold(d: Folded, values: Mapping[str, Any]) -> Any:
                 out = out / part if f.divides else out * part
     xp = gpu.cupy_device() if gpu.on_device(out) else np
     return xp.ascontiguousarray(out)
+
+
+def _device_bits(values: Any) -> Any:
+    """float32 values on the GPU as bfloat16 storage (rounded there)."""
+    return bfloat16_bits(gpu.cupy_device().ascontiguousarray(values, dtype="float32"))

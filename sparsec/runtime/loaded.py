@@ -35,7 +35,13 @@ from ..backends import Generated
 from ..errors import ShapeError, SparsecError
 from . import build, gpu
 
-_VALUE_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double}
+#: a scalar value parameter's type (16-bit kernels compute, and take scalars, in float)
+_VALUE_CTYPES = {
+    "float32": ctypes.c_float,
+    "float64": ctypes.c_double,
+    "float16": ctypes.c_float,
+    "bfloat16": ctypes.c_float,
+}
 
 
 @dataclass(frozen=True, slots=True)

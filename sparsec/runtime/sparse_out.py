@@ -27,6 +27,7 @@ from ..middle.bound import entry_bound
 from ..middle.spec import Spec
 from ..policy import costs
 from ..tensors.formats import Singleton
+from ..tensors.halves import HALF, from_storage, storage_fill, to_storage
 from ..tensors.layout import OutputLayout
 from ..tensors.tensor import LevelStorage, Tensor
 from .args import Slot, arguments
@@ -139,7 +140,8 @@ def single_pass(out: SparseOutput, prepared: Prepared, bound: int, poison: bool)
             crd = _cut(st.crd, parents)
         cut.append(LevelStorage(pos, crd))
     index_dtype = np.dtype(INDEX_DTYPES[prepared.index_dtype])
-    return Tensor(out.shape(prepared), out_t.format, tuple(cut), _cut(vals, parents), index_dtype)
+    vals = readable_vals(_cut(vals, parents), prepared.dtype, out.loaded.generated.wide_output)
+    return Tensor(out.shape(prepared), out_t.format, tuple(cut), vals, index_dtype)
 
 
 def two_phase(out: SparseOutput, prepared: Prepared, nthreads: int, poison: bool) -> Tensor:
@@ -169,7 +171,11 @@ def two_phase(out: SparseOutput, prepared: Prepared, nthreads: int, poison: bool
     out.check(out.call(out.loaded.fn, prepared, arrays, nthreads))
     used = len(vals) - out.block_slack(prepared)
     return Tensor(
-        out.shape(prepared), out_t.format, tuple(levels), vals[:used], np.dtype(index_dtype)
+        out.shape(prepared),
+        out_t.format,
+        tuple(levels),
+        readable_vals(vals[:used], prepared.dtype, out.loaded.generated.wide_output),
+        np.dtype(index_dtype),
     )
 
 
@@ -201,9 +207,11 @@ def allocate(
         levels.append(LevelStorage(pos, crd))
         parents = count
     slack = out.block_slack(prepared)
-    vals = arrays[("vals", -1)] = np.empty(parents + slack, dtype=VALUE_DTYPES[prepared.dtype])
+    wide = out.loaded.generated.wide_output  # 16-bit values added into as float32
+    kind = np.float32 if wide else VALUE_DTYPES[prepared.dtype]
+    vals = arrays[("vals", -1)] = np.empty(parents + slack, dtype=kind)
     if poison:
-        vals.fill(np.nan)
+        vals.fill(np.nan if wide else storage_fill(np.nan, prepared.dtype))
         for key, arr in arrays.items():
             if key[0] == "crd" or (key[0] == "pos" and not out.layout.rowwise):
                 arr.fill(-1)
@@ -214,3 +222,11 @@ def _cut(array: np.ndarray, n: int) -> np.ndarray:
     """The first ``n`` elements: a view when they are most of ``array``, else a copy (so a
     loose capacity does not stay allocated behind a small result)."""
     return array[:n] if 2 * n >= len(array) else array[:n].copy()
+
+
+def readable_vals(vals: np.ndarray, dtype: str, wide: bool) -> np.ndarray:
+    """A sparse result's values as a `Tensor` holds them: 16-bit results as float32 (exact;
+    a `Tensor` holds float32 or float64 values), ``wide`` ones (float32 sums) rounded."""
+    if dtype not in HALF:
+        return vals
+    return from_storage(to_storage(vals, dtype) if wide else vals, dtype)

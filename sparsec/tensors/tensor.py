@@ -135,6 +135,8 @@ class Tensor(ArrayOps):
     _derived: dict[tuple[tuple[int, ...], Format], Tensor] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    #: copies with 16-bit values (`sparsec.tensors.stored`) by value dtype, made on first use
+    _stored: dict[str, Tensor] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", check_shape(self.shape))

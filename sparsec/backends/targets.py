@@ -1,0 +1,310 @@
+"""The targets the printer prints for (`C`, `CUDA`), as data: type spellings, the restrict
+keyword, operator and intrinsic spellings, how parallel loops and atomics are written, the
+translation unit's template with its value, accumulator and index types; and how a 16-bit
+kernel's values are typed (`storage_arrays`, `adds_into_output`, `param`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..abi import INT, Param, Signature
+from ..frontend.functions import FUNCTIONS
+from ..ir import nodes as ir
+from .generated import Generated
+
+#: the value a semiring's add (`lower.semiring`) stores, ``op`` -> expression
+SEMIRING_VALUES = {
+    "min=": "sc_vmin({target}, {value})",
+    "max=": "sc_vmax({target}, {value})",
+    "or=": "{target} || ({value})",
+}
+#: the accumulating updates of a semiring's add, ``op`` -> statement
+SEMIRING_UPDATES = {op: f"{{target}} = {e};" for op, e in SEMIRING_VALUES.items()}
+
+#: intrinsic spellings: the templates define each ``sc_*`` helper (C and CUDA alike)
+CALLS = {
+    name: f"sc_{name}"
+    for name in (
+        "min",
+        "max",
+        "vmin",
+        "vmax",
+        "sort_reached",
+        "mark",
+        "mark_bits",
+        "count_reached",
+        "hash_add_key",
+        "hash_slot",
+        "hash_sort",
+        "bit_test",
+        "bit_set",
+        "bit_clear",
+        "thread_id",
+        "search",
+        "gallop",
+        "gallop_row",
+        "warp_sum",
+        "group_sum",
+        "group_min",
+        "group_max",
+        "group_or",
+        "group_lane",
+        "segment_sum",
+        "segment_head",
+        "warp_min",
+        "warp_max",
+        "warp_or",
+        "lane",
+        "block_threads",
+        "thread_in_block",
+        "vload",
+        "vstore",
+        "vstore_out",
+        "rows_aligned",
+        "store_fence",
+        "vzero",
+        "prefetch",
+        "prefetch_stream",
+    )
+}
+
+#: the language's functions (``fn_sqrt``, as the lowerer emits them) per target: GCC/Clang
+#: builtins in C (no ``<math.h>`` needed), the CUDA math API's overloads on CUDA
+C_FUNCTIONS = {f"fn_{f.name}": f.c for f in FUNCTIONS.values() if f.c}
+CUDA_FUNCTIONS = {f"fn_{f.name}": f.cuda for f in FUNCTIONS.values() if f.cuda}
+
+#: the loop IR's types that both targets spell alike (the template typedefs the value,
+#: accumulator and index types per kernel)
+_SHARED_TYPES = {
+    ir.VAL: "sc_val_t",
+    ir.ACC: "sc_acc_t",
+    ir.IDX: "sc_idx_t",
+    ir.BOOL: "int",
+    INT: "int",
+}
+
+#: dtype -> the value type (``ir.VAL``), on every target; a 16-bit dtype's is its target's
+#: storage type (`Target.half_types`)
+VALUE_TYPES = {"float32": "float", "float64": "double"}
+#: the 16-bit value dtypes: stored in 16 bits, loaded with ``sc_ld`` into the accumulator
+#: type (float), which every local, literal and sum uses, and stored back with ``sc_st``
+#: (round to nearest even); the templates define both per dtype
+HALF_DTYPES = ("float16", "bfloat16")
+
+#: (first index, stride) of each GPU unit's grid/block/warp-strided loop; "lane" is a
+#: GPUThread loop inside a warp
+GPU_STRIDES = {
+    "GPUBlock": ("(long long)blockIdx.x", "(long long)gridDim.x"),
+    "GPUWarp": ("(long long)(threadIdx.x >> 5)", "(long long)(blockDim.x >> 5)"),
+    "GPUThread": ("(long long)threadIdx.x", "(long long)blockDim.x"),
+    "lane": ("(long long)(threadIdx.x & 31)", "32"),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Everything the printer does differently per target, as data: type spellings, the
+    restrict keyword, how a loop is unrolled, how a parallel loop runs (OpenMP pragmas on
+    CPU units, grid-strided loops on GPU units) and how an atomic update is written."""
+
+    name: str
+    types: Mapping[str, str]
+    restrict: str
+    #: the pragma asking the compiler to unroll a loop ``{}`` times
+    unroll: str
+    #: the lines of an atomic ``{target} {op} {value}``
+    atomic_lines: tuple[str, ...]
+    #: the update operators an atomic may use (empty: any)
+    atomic_ops: tuple[str, ...] = ()
+    #: the lines of an atomic semiring update (``min=``, ``max=``, ``or=``), which no
+    #: instruction does for floating point: ``{target}``, ``{value}`` as in `atomic_lines`
+    semiring_atomics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: whether an atomic update may target a local variable (OpenMP: a shared local; CUDA
+    #: atomics need global or shared memory)
+    atomic_locals: bool = True
+    #: parallel loops on CPU units become OpenMP pragmas
+    openmp: bool = False
+    #: GPU units whose loops are strided over the launch (see `GPU_STRIDES`)
+    strides: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    calls: Mapping[str, str] = field(default_factory=lambda: CALLS)
+    indent: str = "  "
+    #: the translation unit's skeleton (in ``templates/``)
+    template: str = ""
+    #: dtype -> the type reductions accumulate in (``ir.ACC``)
+    acc_types: Mapping[str, str] = field(default_factory=dict)
+    #: index dtype -> the index type (``ir.IDX``)
+    index_types: Mapping[str, str] = field(default_factory=dict)
+    #: a 16-bit dtype -> the type its values are stored in (see `HALF_DTYPES`)
+    half_types: Mapping[str, str] = field(default_factory=dict)
+
+    def param(self, p: Param, half: bool = False, wide: bool = False) -> str:
+        """``p``'s declaration; ``half``: a 16-bit kernel's (scalar values are floats),
+        ``wide``: ``p`` holds float values under it (`Generated.wide_output`)."""
+        ty = "sc_acc_t" if (wide or (half and p.kind == "value")) and p.type == ir.VAL else None
+        ty = ty or self.types[p.type]
+        if p.kind == "value":
+            return f"{ty} {p.name}"
+        const = "" if p.writable else "const "
+        return f"{const}{ty}* {self.restrict} {p.name}"
+
+    def openmp_pragma(self, par: ir.Parallel, threads: str) -> str:
+        reduce = f" reduction(+:{', '.join(par.reduction)})" if par.reduction else ""
+        if par.flags:
+            reduce += f" reduction(max:{', '.join(par.flags)})"
+        match par.unit:
+            case "CPUThread":
+                sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
+                collapse = f" collapse({par.collapse})" if par.collapse > 1 else ""
+                cond = f"{threads} > 1" + (f" && {par.only_if}" if par.only_if else "")
+                return (
+                    f"#pragma omp parallel for schedule({sched}){collapse} num_threads({threads}) "
+                    f"if({cond}){reduce}"
+                )
+            case "CPUVector":
+                return f"#pragma omp simd{reduce}"
+            case _:
+                raise ValueError(f"target {self.name} cannot run {par.unit} loops")
+
+    def atomic(self, target: str, op: str, value: str) -> list[str]:
+        if self.atomic_ops and op not in self.atomic_ops:
+            raise ValueError(f"no atomic {op!r} on {self.name}")
+        return [line.format(target=target, op=op, value=value) for line in self.atomic_lines]
+
+    def loop_head(
+        self, var: str, start: str, end: str, par: ir.Parallel | None, unroll: int, threads: str
+    ) -> list[str]:
+        """The lines that open ``for var in [start, end)``: a CPU unit's pragma before the
+        loop, a GPU unit's loop strided from this thread's first index."""
+        head = [self.openmp_pragma(par, threads)] if par is not None and self.openmp else []
+        if unroll:
+            head.append(self.unroll.format(unroll))
+        i64 = self.types[ir.I64]
+        if par is None or self.openmp:
+            head.append(f"for ({i64} {var} = {start}; {var} < {end}; {var}++) {{")
+            return head
+        key = "lane" if par.schedule in ("lane", "group") else par.unit
+        if key not in self.strides:
+            raise ValueError(f"target {self.name} cannot run {par.unit} loops")
+        first, stride = self.strides[key]
+        if par.schedule == "group":  # the warp's groups of par.lanes lanes
+            shift = par.lanes.bit_length() - 1
+            first, stride = f"(long long)((threadIdx.x & 31) >> {shift})", str(32 // par.lanes)
+        elif par.lanes != 32:  # a group's lanes
+            first, stride = f"(long long)(threadIdx.x & {par.lanes - 1})", str(par.lanes)
+        init = first if start == "0" else f"{start} + {first}"
+        head.append(f"for ({i64} {var} = {init}; {var} < {end}; {var} += {stride}) {{")
+        return head
+
+
+C = Target(
+    name="c",
+    types={**_SHARED_TYPES, ir.I64: "int64_t", ir.U64: "uint64_t", ir.VEC: "sc_vec_t"},
+    restrict="restrict",
+    unroll="#pragma GCC unroll {}",
+    atomic_lines=("#pragma omp atomic", "{target} {op} {value};"),
+    # one thread at a time (OpenMP's atomics update only with arithmetic operators)
+    semiring_atomics={
+        op: ("#pragma omp critical(sc_semiring)", line) for op, line in SEMIRING_UPDATES.items()
+    },
+    openmp=True,
+    calls={**CALLS, **C_FUNCTIONS},
+    template="kernel.c.j2",
+    # float32 sums in double: as fast as summing in float (the conversion is off the add
+    # chain) and exact far longer (docs/decisions.md, "float32 sums accumulate in double")
+    acc_types={"float32": "double", "float64": "double", "float16": "float", "bfloat16": "float"},
+    index_types={"int32": "int32_t", "int64": "int64_t"},
+    # the compiler's own types where it has them (`policy.machine.c_half_types`)
+    half_types={"float16": "_Float16", "bfloat16": "__bf16"},
+)
+
+#: CUDA: GPU loops are strided over the grid, the warps of a block, its threads or a
+#: warp's lanes (correct for any launch size); stores shared by threads use atomicAdd
+CUDA = Target(
+    name="cuda",
+    types={**_SHARED_TYPES, ir.I64: "long long", ir.U64: "unsigned long long"},
+    restrict="__restrict__",
+    unroll="#pragma unroll {}",
+    atomic_lines=("atomicAdd(&{target}, {value});",),
+    atomic_ops=("+=",),
+    # compare-and-swap loops of the template (``kernel.cu.j2``; the emulation's shim too)
+    semiring_atomics={
+        "min=": ("sc_atomic_min(&{target}, {value});",),
+        "max=": ("sc_atomic_max(&{target}, {value});",),
+        "or=": ("sc_atomic_or(&{target}, {value});",),
+    },
+    atomic_locals=False,
+    strides=GPU_STRIDES,
+    calls={**CALLS, **CUDA_FUNCTIONS},
+    template="kernel.cu.j2",
+    # the value type: unlike the C target's, since most GPUs run double arithmetic at 1/32
+    # to 1/64 of the float rate, which would make float32 SpMM several times slower; sums
+    # across a GPU mapping's threads are also split into shorter per-thread parts
+    acc_types={"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float"},
+    index_types={"int32": "int", "int64": "long long"},
+    # the bits, converted by the template's sc_ld/sc_st (NVRTC has no cuda_fp16.h built in)
+    half_types={"float16": "unsigned short", "bfloat16": "unsigned short"},
+)
+
+
+def param(target: Target, p: Param, gen: Generated) -> str:
+    """``p``'s declaration in ``gen``'s kernel on ``target``: under a 16-bit dtype, a GPU
+    workspace's values (SpGEMM's rows, `abi.GPU_WORKSPACE`) and an output added into are
+    float, as `storage_arrays` leaves them out."""
+    half = gen.dtype in HALF_DTYPES
+    wide = half and (
+        p.field == "ws_vals" or (gen.wide_output and p.name == _output_vals(gen.signature))
+    )
+    return target.param(p, half, wide)
+
+
+def _output_vals(sig: Signature) -> str:
+    return sig.array(sig.params[0].tensor or "", "vals")
+
+
+def adds_into_output(dtype: str, sig: Signature, *bodies: ir.Block) -> bool:
+    """Whether a 16-bit kernel updates its output's values other than by plain stores
+    (then they are float: `Generated.wide_output`)."""
+    if dtype not in HALF_DTYPES:
+        return False
+    out = _output_vals(sig)
+    return any(
+        isinstance(s, ir.Assign)
+        and isinstance(s.target, ir.Load)
+        and s.target.array == out
+        and (s.op != "=" or s.atomic)
+        for b in bodies
+        for s in _statements(b)
+    )
+
+
+def storage_arrays(
+    dtype: str, sig: Signature, *bodies: ir.Block, wide: bool = False
+) -> frozenset[str]:
+    """The arrays of 16-bit values under ``dtype`` (none for float32/float64): the tensors'
+    ``vals`` (the output's unless ``wide``), and a workspace whose pointer falls back to one
+    of them (a thread's copy of the output, `lower.parallel`), so both are read alike."""
+    if dtype not in HALF_DTYPES:
+        return frozenset()
+    found = {p.name for p in sig.params if p.field == "vals"} - (
+        {_output_vals(sig)} if wide else set()
+    )
+    pointers = [s for b in bodies for s in _statements(b) if isinstance(s, ir.Pointer)]
+    for s in pointers:
+        if s.fallback in found:
+            found |= {s.name, s.base}
+    return frozenset(found)
+
+
+def _statements(node: ir.Stmt) -> list[ir.Stmt]:
+    """``node`` and every statement nested in it."""
+    match node:
+        case ir.Block(body=body):
+            return [x for s in body for x in _statements(s)]
+        case ir.For(body=body) | ir.While(body=body):
+            return [node, *_statements(body)]
+        case ir.If(branches=branches, orelse=orelse):
+            inner = [x for _, b in branches for x in _statements(b)]
+            return [node, *inner, *(_statements(orelse) if orelse is not None else [])]
+        case _:
+            return [node]
