@@ -209,14 +209,22 @@ def test_sparse_add_into_csr_is_the_c_targets(dtype):
         np.testing.assert_array_equal(mine.vals, got.vals)
 
 
+@pytest.mark.parametrize("hashed", [False, True], ids=["dense-rows", "hash-tables"])
 @pytest.mark.parametrize("dtype", HALVES)
-def test_spgemm_sums_rows_in_a_float_workspace(dtype):
-    """SpGEMM's per-thread dense rows (`sc_ws_vals`) are float: each output entry is one
-    float32 sum, rounded once (equal to torch's on integer data)."""
+def test_spgemm_sums_rows_in_a_float_workspace(dtype, hashed, monkeypatch):
+    """SpGEMM's per-thread dense rows (`sc_ws_vals`) and its hash tables' values
+    (`sc_ws_hvals`, `gpu.HASH_WORKSPACE`) are float: each output entry is one float32 sum,
+    rounded once (equal to torch's on integer data)."""
+    from sparsec.runtime import gpu
+
+    monkeypatch.setattr(gpu, "HASH_WORKSPACE", hashed)
     B, C = _sparse((30, 25), 41, dtype, integer=True), _sparse((25, 20), 42, dtype, integer=True)
     fmts = {"A": "csr", "B": "csr", "C": "csr"}
     k = sparsec.kernel(SPGEMM, fmts, target="cuda-emulated")
-    assert "sc_acc_t* __restrict__ sc_ws_vals" in k.generated(dtype).source
+    src = k.generated(dtype).source
+    assert (
+        "sc_acc_t* __restrict__ sc_ws_vals" in src and "sc_acc_t* __restrict__ sc_ws_hvals" in src
+    )
     got = k(B=B.to_sparse_csr(), C=C.to_sparse_csr())
     want = (B.float() @ C.float()).to(_tdt(dtype)).float()
     assert torch.equal(torch.from_numpy(got.to_dense()), want)

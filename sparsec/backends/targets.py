@@ -253,7 +253,8 @@ def param(target: Target, p: Param, gen: Generated) -> str:
     float, as `storage_arrays` leaves them out."""
     half = gen.dtype in HALF_DTYPES
     wide = half and (
-        p.field == "ws_vals" or (gen.wide_output and p.name == _output_vals(gen.signature))
+        p.field in ("ws_vals", "ws_hvals")
+        or (gen.wide_output and p.name == _output_vals(gen.signature))
     )
     return target.param(p, half, wide)
 
