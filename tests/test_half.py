@@ -452,3 +452,30 @@ def test_cupy_float16_in_cupy_float16_out():
     assert isinstance(got, cp.ndarray) and got.dtype == np.float16
     want = (W.float() @ X.float()).half().numpy()
     np.testing.assert_array_equal(cp.asnumpy(got), want)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_compacted_outputs_and_lane_groups_in_16_bits(dtype):
+    """16-bit values through the GPU's other mappings: sparse add into DCSR and COO (rows,
+    then a compaction) and SpMV rows long enough for a group of lanes per row (CSR-vector,
+    the group's float sum rounded once), against torch on integer data."""
+    tdt = _tdt(dtype)
+    gen = torch.Generator().manual_seed(7)
+    B = torch.randint(-3, 4, (50, 40), generator=gen) * (torch.rand(50, 40, generator=gen) < 0.2)
+    C = torch.randint(-3, 4, (50, 40), generator=gen) * (torch.rand(50, 40, generator=gen) < 0.2)
+    B[:10], C[:5] = 0, 0  # empty rows in one operand, in both
+    B, C = B.to(tdt), C.to(tdt)
+    for fmt in ("dcsr", "coo"):
+        fmts = {"B": "csr", "C": "csr", "A": fmt}
+        k = sparsec.kernel("A(i,j) = B(i,j) + C(i,j)", fmts, target="cuda-emulated")
+        got = k(B=B.to_sparse_csr(), C=C.to_sparse_csr())
+        assert str(got.format) == fmt
+        want = (B.float() + C.float()).to(tdt).float()
+        assert torch.equal(torch.from_numpy(got.to_dense()), want)
+    A = torch.randint(-3, 4, (64, 300), generator=gen) * (torch.rand(64, 300, generator=gen) < 0.5)
+    A[3] = 0
+    A, x = A.to(tdt), torch.randint(-2, 3, (300,), generator=gen).to(tdt)
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, target="cuda-emulated")
+    got = k(A=A.to_sparse_csr(), x=x)
+    assert "group of lanes" in k.schedule
+    assert torch.equal(torch.as_tensor(got), (A.float() @ x.float()).to(tdt))
