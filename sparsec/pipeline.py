@@ -38,7 +38,7 @@ from .errors import ScheduleError, SparsecError
 from .frontend.semirings import semiring
 from .ir import nodes as ir
 from .ir.visit import map_blocks
-from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower
+from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower, wrap_chunks
 from .middle.commands import Command
 from .middle.derive import describe as describe_derived
 from .middle.spec import Spec
@@ -187,6 +187,14 @@ def _coarsen(p: Passed, unit: Unit) -> Passed:
 #: tiles are streamed once their loops are final; dot loops (innermost, serial, untiled;
 #: the jammed ones included) go on vector lanes last, so no other pass meets their blocks
 C_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _bands, _stream_output, _dots)
+APPEND_SERIAL = (
+    "single pass for one thread: append in order into arrays of a capacity the runtime "
+    "proved (plus a row of slack); the final sizes are in pos"
+)
+APPEND_CHUNKED = (
+    "single pass in chunks of rows, one region of a capacity the runtime proved each, "
+    "then moved into place (sparsec.lower.chunks); the final sizes are in pos"
+)
 #: a sparse output's single-pass append function: serial, so no bands
 C_APPEND_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _dots)
 #: a default GPU mapping's passes (an explicit schedule is printed as written)
@@ -260,6 +268,7 @@ def generate(
     # whether the append function was tiled: the template's vector helpers serve it too
     append_tiled: tuple[str, ...] = ()
     comment = append = ""
+    chunked = False
     if not spec.output.format.is_dense:
         counted, _ = lower(spec, make_names, parallel=parallel, counting=True, commands=schedule)
         functions.append(
@@ -273,18 +282,28 @@ def generate(
         single = None
         if not commands:
             try:
-                single, _ = lower(spec, make_names, parallel=False, append=True)
+                single, _ = lower(spec, make_names, parallel=False, append=True, chunked=parallel)
             except RowsOutOfOrder:
                 pass  # rows visited out of storage order: counted and filled, two phases
         if single is not None:
             appended = run_passes(C_APPEND_PASSES, single.body, unit)
             append_tiled = appended.of("tile")
+            body = appended.body
+            chunked = single.chunks is not None
+            if single.chunks is not None:
+                wrapped = wrap_chunks(body, single.chunks)
+                if wrapped is None:  # rows not in one plain loop: the serial pass
+                    single, _ = lower(spec, make_names, parallel=False, append=True)
+                    appended = run_passes(C_APPEND_PASSES, single.body, unit)
+                    append_tiled = appended.of("tile")
+                    body, chunked = appended.body, False
+                else:
+                    body = wrapped
             functions.append(
                 Function(
                     APPEND_NAME,
-                    "single pass for one thread: append in order into arrays of a capacity "
-                    "the runtime proved (plus a row of slack); the final sizes are in pos",
-                    appended.body,
+                    APPEND_CHUNKED if chunked else APPEND_SERIAL,
+                    body,
                 )
             )
             append = APPEND_NAME
@@ -308,7 +327,7 @@ def generate(
     if tiled or streamed or jammed or dots:
         notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed, *jammed, *dots)
         said += f"; {'; '.join(notes)}"
-    gen = _record(lowered, sig, said, dtype, index_dtype, append=append)
+    gen = _record(lowered, sig, said, dtype, index_dtype, append=append, chunked=chunked)
     vectors = TILE_VECTORS if tiled or append_tiled else 0
     return print_c(spec, gen, functions, vectors=vectors, stream_out_bytes=unit.llc)
 

@@ -60,6 +60,9 @@ class Generated:
     #: sparse output: the function that fills the output in one serial pass, given arrays
     #: of a proven capacity ("": none; the two phases run)
     append: str = ""
+    #: ``append`` runs in chunks of rows (`sparsec.lower.chunks`): it reads the chunk
+    #: table after the output's sizes in ``sc_sizes``
+    chunked: bool = False
     #: whether the C source also defines ``sparsec_kernel_packed`` (its arguments in one
     #: int64 array; none where a parameter is a scalar value)
     packed: bool = False

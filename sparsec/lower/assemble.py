@@ -30,6 +30,7 @@ from ..middle.order import level_indices
 from ..middle.spec import TensorVar
 from ..tensors.formats import Dense, LevelFormat, LevelNames, dense_extent
 from ..tensors.layout import OutputLayout
+from .chunks import LEAVE, ChunkFrame
 from .workspace import Workspace, allocate
 
 #: blocks of spare ``vals`` the runtime allocates past an output's last block (see
@@ -55,6 +56,7 @@ class Assembler:
         var_names: dict[str, str],
         counting: bool,
         append: bool = False,
+        chunked: bool = False,
     ) -> None:
         self.sig = sig
         self.namer = namer
@@ -75,6 +77,11 @@ class Assembler:
         self.touched = namer.fresh("stored") if self.layout.block else ""
         #: the single-pass kernel: its last level has slack, so loops check up front
         self.append = append
+        #: the single pass in chunks of rows (`chunks`): each chunk appends into its own
+        #: region from its own counter, declared in the chunk (`chunk_frame`), and a chunk
+        #: that runs out of room leaves its rows (``goto``) rather than the kernel
+        self.chunked = chunked and append and self.layout.rowwise and self.layout.dense_prefix == 1
+        self.failed = namer.fresh("failed") if self.chunked else ""
         #: appending kernels: each appended level's capacity, read from ``sc_sizes``
         self.capacity = (
             {}
@@ -132,7 +139,11 @@ class Assembler:
         return self._bail(ir.Bin(">", ir.Bin("+", c, most), ir.Var(self.capacity[layout.last])))
 
     def _bail(self, cond: ir.Expr) -> list[ir.Stmt]:
-        """Leave with CAPACITY_EXCEEDED when ``cond`` holds, freeing the workspace."""
+        """Leave with CAPACITY_EXCEEDED when ``cond`` holds, freeing the workspace (in
+        chunks: mark the chunk failed and leave its rows; the kernel frees and reports)."""
+        if self.chunked:
+            leave = ir.block(ir.Assign(ir.Var(self.failed), ir.IntLit(1)), ir.Goto(LEAVE))
+            return [ir.If(((cond, leave),))]
         frees = self.ws.free() if self.ws is not None else []
         return [ir.If(((cond, ir.block(*frees, ir.Return(CAPACITY_EXCEEDED, ir.IntLit(1)))),))]
 
@@ -163,7 +174,11 @@ class Assembler:
 
     def prologue(self) -> list[ir.Stmt]:
         if self.rowwise:
-            return []  # counters live in each row; pos comes prefix-summed from the runtime
+            return []
+        if self.chunked:  # counters and capacities live in each chunk
+            return self._store(
+                self.pos[self.layout.last], ir.IntLit(0), ir.IntLit(0)
+            )  # counters live in each row; pos comes prefix-summed from the runtime
         stmts: list[ir.Stmt] = [ir.Decl(ir.I64, c, ir.IntLit(0)) for c in self.count.values()]
         first = min(self.count)
         if self.counting:
@@ -183,8 +198,8 @@ class Assembler:
         return stmts
 
     def epilogue(self) -> list[ir.Stmt]:
-        if self.rowwise:
-            return []
+        if self.rowwise or self.chunked:
+            return []  # chunked: every row records its end (`chunks` moves them into place)
         first = min(self.count)
         if self.counting:
             stmts: list[ir.Stmt] = []
@@ -239,6 +254,8 @@ class Assembler:
         elif k == layout.dense_prefix - 1 and ctx_pos is not None:
             # the dense parent of the first sparse level: record where its children end
             child = min(self.count)
+            if self.chunked and self.ws is not None:
+                before += self.ws.row_slices()
             if not self.counting:
                 edges = self.levels[child].append_edges(
                     ctx_pos, ir.Var(self.count[child]), self._at(child)
@@ -302,7 +319,7 @@ class Assembler:
         row takes its thread's slice). `opening` allocates it."""
         if var is None:
             return
-        copies = ir.Var(self.sig.threads) if self.rowwise else None
+        copies = ir.Var(self.sig.threads) if self.rowwise or self.chunked else None
         size = ir.Var(self.sig.dim(var))
         given = {role: name for role, (name, _) in GPU_WORKSPACE.items()} if gpu else None
         self.ws, self.ws_alloc = allocate(var, size, self.namer, self.counting, copies, given)
@@ -336,3 +353,22 @@ class Assembler:
             n = ir.Var(ws.length)
             room = self._bail(ir.Bin(">", ir.Bin("+", c, n), ir.Var(self.capacity[last])))
         return ws.gather(self.namer, append, room)
+
+    def chunk_frame(self) -> ChunkFrame | None:
+        """What `chunks.wrap` needs to run the single pass in chunks of rows."""
+        if not self.chunked:
+            return None
+        last = self.layout.last
+        return ChunkFrame(
+            row=self.var_names[self.vars[0]],
+            rows=self._dim(0),
+            count=self.count[last],
+            capacity=self.capacity[last],
+            failed=self.failed,
+            sizes=self.sizes,
+            levels=len(self.levels),
+            last=last,
+            pos=self.pos[last],
+            arrays=((ir.IDX, self.crd[last]), (ir.VAL, self.vals)),
+            namer=self.namer,
+        )
