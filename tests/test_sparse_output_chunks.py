@@ -205,3 +205,16 @@ def test_only_single_row_level_outputs_run_in_chunks():
         expr = "A(i,j,k) = B(i,j,k) + C(i,j,k)" if fmt == "dds" else "A(i,j) = B(i,j) + C(i,j)"
         k = sparsec.kernel(expr, fmts)
         assert not k.executable("float64", "int32").loaded.generated.chunked
+
+
+def test_too_large_chunk_regions_take_the_two_phases(rng, monkeypatch):
+    """Past `costs.CHUNKED_ENTRIES` reserved in all, the rows are counted and filled."""
+    b, c = sparse_array((11, 8), rng, integer=True), sparse_array((11, 8), rng, integer=True)
+    B, C = sparsec.Tensor.from_dense(b, "csr"), sparsec.Tensor.from_dense(c, "csr")
+    k = sparsec.kernel("A(i,j) = B(i,j) + C(i,j)", CSR3)
+    want = k(B=B, C=C, threads=2)
+    monkeypatch.setattr(COSTS, "CHUNKED_ENTRIES", 0)
+    seen = _spy(monkeypatch)
+    _same_storage(k(B=B, C=C, threads=2).validate("out"), want)
+    assert seen == []
+    np.testing.assert_array_equal(np.asarray(want), b + c)

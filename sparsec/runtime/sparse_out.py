@@ -8,6 +8,10 @@ Two ways (`run` picks):
   reached. It stops with CAPACITY_EXCEEDED rather than write past a capacity, and the two
   phases run instead. Taken when the kernel appends serially anyway or runs on one thread,
   and the capacity stays under `sparsec.policy.costs.SINGLE_PASS_ENTRIES`;
+- one pass in chunks of rows (`chunked_pass`), for CSR-like outputs whose rows can be
+  cut (`Generated.chunked`), on any number of threads: each thread's chunk of rows
+  appends into its own region of that capacity, then the kernel moves the chunks
+  together (`sparsec.lower.chunks`);
 - two phases (`two_phase`): the symbolic phase (``sparsec_assemble``) counts each output
   level's positions (a rowwise layout: each row's, then prefix-summed into its pos), the
   levels are allocated exactly, and the compute phase fills them (rows in parallel).
@@ -104,7 +108,8 @@ def chunked_pass(
     """The single pass in chunks of consecutive rows, one per thread, each appending into
     its own region of room for the whole output, then moved into place by the kernel
     (`sparsec.lower.chunks`). None when the regions' positions would not fit the index
-    type or the capacity is loose (the two phases count exactly instead)."""
+    type or the capacities are too large (`costs.CHUNKED_ENTRIES`; the two phases count
+    exactly instead)."""
     layout = out.layout
     last = layout.last
     rows = out.extent(prepared, 0)
@@ -115,7 +120,7 @@ def chunked_pass(
         return None
     chunks = max(1, min(nthreads, rows))
     limit = _INT32_MAX if prepared.index_dtype == "int32" else 2**62
-    if max(chunks * capacity, size, rows) > limit:
+    if max(chunks * capacity, size, rows) > limit or chunks * capacity > costs.CHUNKED_ENTRIES:
         return None
     levels_n = len(out.output.format.levels)
     row_at, region_at, _, _, length = chunk_table(levels_n, chunks)
