@@ -17,7 +17,9 @@ from typing import Any
 
 from .abi import (
     APPEND_NAME,
+    APPEND_ROWS_NAME,
     ASSEMBLE_NAME,
+    CHUNK_PARAM,
     GPU_WORKSPACE,
     INT,
     KERNEL_NAME,
@@ -192,9 +194,10 @@ APPEND_SERIAL = (
     "proved (plus a row of slack); the final sizes are in pos"
 )
 APPEND_CHUNKED = (
-    "single pass in chunks of rows, one region of a capacity the runtime proved each, "
-    "then moved into place (sparsec.lower.chunks); the final sizes are in pos"
+    "single pass in chunks of rows on threads, each into a region of a capacity the runtime "
+    "proved (plus a row of slack), then moved into place (sparsec.lower.chunks)"
 )
+APPEND_ROWS = "one chunk's rows of the single pass, appended into its region"
 #: a sparse output's single-pass append function: serial, so no bands
 C_APPEND_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _dots)
 #: a default GPU mapping's passes (an explicit schedule is printed as written)
@@ -289,16 +292,19 @@ def generate(
             appended = run_passes(C_APPEND_PASSES, single.body, unit)
             append_tiled = appended.of("tile")
             body = appended.body
-            chunked = single.chunks is not None
-            if single.chunks is not None:
-                wrapped = wrap_chunks(body, single.chunks)
-                if wrapped is None:  # rows not in one plain loop: the serial pass
-                    single, _ = lower(spec, make_names, parallel=False, append=True)
-                    appended = run_passes(C_APPEND_PASSES, single.body, unit)
-                    append_tiled = appended.of("tile")
-                    body, chunked = appended.body, False
-                else:
-                    body = wrapped
+            wrapped = wrap_chunks(body, single.chunks) if single.chunks is not None else None
+            if single.chunks is not None and wrapped is None:
+                # rows not in one plain loop, or carried from row to row: the serial pass
+                single, _ = lower(spec, make_names, parallel=False, append=True)
+                appended = run_passes(C_APPEND_PASSES, single.body, unit)
+                append_tiled = appended.of("tile")
+                body = appended.body
+            if wrapped is not None:
+                rows_body, body = wrapped
+                chunked = True
+                functions.append(
+                    Function(APPEND_ROWS_NAME, APPEND_ROWS, rows_body, f"int64_t {CHUNK_PARAM}")
+                )
             functions.append(
                 Function(
                     APPEND_NAME,

@@ -319,10 +319,6 @@ class Printer:
                 if cond == ir.IntLit(1):
                     return [f"{pad}return {status};"]
                 return [f"{pad}if ({self.expr(cond)}) return {status};"]
-            case ir.Goto(label=label):
-                return [f"{pad}goto {label};"]
-            case ir.Label(name=name):
-                return [f"{pad}{name}:;"]
             case _:
                 assert_never(node)
 

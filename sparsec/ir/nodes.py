@@ -189,19 +189,6 @@ class Return:
 
 
 @dataclass(frozen=True, slots=True)
-class Goto:
-    """``goto label;``: leave nested loops for a `Label` later in the same block (a chunk
-    of rows that stops inside an OpenMP loop, where ``return`` is not allowed)."""
-
-    label: str
-
-
-@dataclass(frozen=True, slots=True)
-class Label:
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
 class Effect:
     """A call evaluated for its effect (``sort`` of a coordinate list)."""
 
@@ -213,22 +200,7 @@ class Block:
     body: tuple[Stmt, ...] = ()
 
 
-Stmt = (
-    Decl
-    | Assign
-    | For
-    | While
-    | If
-    | Comment
-    | Alloc
-    | Pointer
-    | Free
-    | Effect
-    | Return
-    | Goto
-    | Label
-    | Block
-)
+Stmt = Decl | Assign | For | While | If | Comment | Alloc | Pointer | Free | Effect | Return | Block
 
 
 # -------------------------------------------------------------------- helpers

@@ -118,7 +118,7 @@ def exprs(s: ir.Stmt) -> tuple[ir.Expr, ...]:
             return (call,)
         case ir.Return(cond=cond):
             return (cond,)
-        case ir.Comment() | ir.Free() | ir.Goto() | ir.Label() | ir.Block():
+        case ir.Comment() | ir.Free() | ir.Block():
             return ()
         case _:
             assert_never(s)
@@ -126,18 +126,7 @@ def exprs(s: ir.Stmt) -> tuple[ir.Expr, ...]:
 
 #: the statements that hold no block; with the cases after it, every kind of statement
 #: (the type checker's `assert_never` finds a kind added to `nodes` and left out)
-_LEAVES = (
-    ir.Decl,
-    ir.Assign,
-    ir.Comment,
-    ir.Alloc,
-    ir.Pointer,
-    ir.Free,
-    ir.Effect,
-    ir.Return,
-    ir.Goto,
-    ir.Label,
-)
+_LEAVES = (ir.Decl, ir.Assign, ir.Comment, ir.Alloc, ir.Pointer, ir.Free, ir.Effect, ir.Return)
 
 
 def blocks(s: ir.Stmt) -> tuple[ir.Block, ...]:

@@ -23,14 +23,14 @@ zeros, as in TACO.
 
 from __future__ import annotations
 
-from ..abi import CAPACITY_EXCEEDED, GPU_WORKSPACE, Namer, Signature
+from ..abi import CAPACITY_EXCEEDED, CHUNK_PARAM, GPU_WORKSPACE, Namer, Signature
 from ..frontend.notation import Access
 from ..ir import nodes as ir
 from ..middle.order import level_indices
 from ..middle.spec import TensorVar
 from ..tensors.formats import Dense, LevelFormat, LevelNames, dense_extent
 from ..tensors.layout import OutputLayout
-from .chunks import LEAVE, ChunkFrame
+from .chunks import ChunkFrame, Table
 from .workspace import Workspace, allocate
 
 #: blocks of spare ``vals`` the runtime allocates past an output's last block (see
@@ -77,11 +77,10 @@ class Assembler:
         self.touched = namer.fresh("stored") if self.layout.block else ""
         #: the single-pass kernel: its last level has slack, so loops check up front
         self.append = append
-        #: the single pass in chunks of rows (`chunks`): each chunk appends into its own
-        #: region from its own counter, declared in the chunk (`chunk_frame`), and a chunk
-        #: that runs out of room leaves its rows (``goto``) rather than the kernel
+        #: the single pass in chunks of rows (`chunks`): this function appends one chunk's
+        #: rows (``sc_chunk``) into its region, from its counter's start to its end
         self.chunked = chunked and append and self.layout.rowwise and self.layout.dense_prefix == 1
-        self.failed = namer.fresh("failed") if self.chunked else ""
+        self.chunks = namer.fresh("chunks") if self.chunked else ""
         #: appending kernels: each appended level's capacity, read from ``sc_sizes``
         self.capacity = (
             {}
@@ -139,11 +138,7 @@ class Assembler:
         return self._bail(ir.Bin(">", ir.Bin("+", c, most), ir.Var(self.capacity[layout.last])))
 
     def _bail(self, cond: ir.Expr) -> list[ir.Stmt]:
-        """Leave with CAPACITY_EXCEEDED when ``cond`` holds, freeing the workspace (in
-        chunks: mark the chunk failed and leave its rows; the kernel frees and reports)."""
-        if self.chunked:
-            leave = ir.block(ir.Assign(ir.Var(self.failed), ir.IntLit(1)), ir.Goto(LEAVE))
-            return [ir.If(((cond, leave),))]
+        """Leave with CAPACITY_EXCEEDED when ``cond`` holds, freeing the workspace."""
         frees = self.ws.free() if self.ws is not None else []
         return [ir.If(((cond, ir.block(*frees, ir.Return(CAPACITY_EXCEEDED, ir.IntLit(1)))),))]
 
@@ -175,10 +170,14 @@ class Assembler:
     def prologue(self) -> list[ir.Stmt]:
         if self.rowwise:
             return []
-        if self.chunked:  # counters and capacities live in each chunk
-            return self._store(
-                self.pos[self.layout.last], ir.IntLit(0), ir.IntLit(0)
-            )  # counters live in each row; pos comes prefix-summed from the runtime
+        if self.chunked:  # the chunk's region, from the table after the sizes
+            last, chunks, c = self.layout.last, ir.Var(self.chunks), ir.Var(CHUNK_PARAM)
+            at = Table(self.sizes, len(self.levels), chunks)
+            return [
+                ir.Decl(ir.I64, self.chunks, ir.Load(self.sizes, ir.IntLit(len(self.levels)))),
+                ir.Decl(ir.I64, self.count[last], at.region(c)),
+                ir.Decl(ir.I64, self.capacity[last], at.region(ir.add(c, ir.IntLit(1)))),
+            ]
         stmts: list[ir.Stmt] = [ir.Decl(ir.I64, c, ir.IntLit(0)) for c in self.count.values()]
         first = min(self.count)
         if self.counting:
@@ -198,8 +197,11 @@ class Assembler:
         return stmts
 
     def epilogue(self) -> list[ir.Stmt]:
-        if self.rowwise or self.chunked:
-            return []  # chunked: every row records its end (`chunks` moves them into place)
+        if self.rowwise:
+            return []
+        if self.chunked:  # every row recorded its end; the chunk's end for the moves
+            at = Table(self.sizes, len(self.levels), ir.Var(self.chunks))
+            return [ir.Assign(at.end(ir.Var(CHUNK_PARAM)), ir.Var(self.count[self.layout.last]))]
         first = min(self.count)
         if self.counting:
             stmts: list[ir.Stmt] = []
@@ -254,8 +256,6 @@ class Assembler:
         elif k == layout.dense_prefix - 1 and ctx_pos is not None:
             # the dense parent of the first sparse level: record where its children end
             child = min(self.count)
-            if self.chunked and self.ws is not None:
-                before += self.ws.row_slices()
             if not self.counting:
                 edges = self.levels[child].append_edges(
                     ctx_pos, ir.Var(self.count[child]), self._at(child)
@@ -319,7 +319,7 @@ class Assembler:
         row takes its thread's slice). `opening` allocates it."""
         if var is None:
             return
-        copies = ir.Var(self.sig.threads) if self.rowwise or self.chunked else None
+        copies = ir.Var(self.sig.threads) if self.rowwise else None
         size = ir.Var(self.sig.dim(var))
         given = {role: name for role, (name, _) in GPU_WORKSPACE.items()} if gpu else None
         self.ws, self.ws_alloc = allocate(var, size, self.namer, self.counting, copies, given)
@@ -362,13 +362,13 @@ class Assembler:
         return ChunkFrame(
             row=self.var_names[self.vars[0]],
             rows=self._dim(0),
-            count=self.count[last],
-            capacity=self.capacity[last],
-            failed=self.failed,
+            chunks=self.chunks,
             sizes=self.sizes,
             levels=len(self.levels),
             last=last,
             pos=self.pos[last],
-            arrays=((ir.IDX, self.crd[last]), (ir.VAL, self.vals)),
+            arrays=(self.crd[last], self.vals),
+            params=tuple(p.name for p in self.sig.params),
             namer=self.namer,
+            carried=frozenset({self.count[last], *(self.ws.names() if self.ws else ())}),
         )

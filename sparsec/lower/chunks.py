@@ -6,48 +6,71 @@ whole output (the proven capacity of `sparsec.middle.bound`). A chunk appends it
 its region from its own counter, exactly as the serial pass does, and records each row's end
 in ``pos``. Then the chunks are moved down to follow each other: chunk 0's region is where
 the output starts, so it stays; every other chunk's entries are copied to the end of those
-before it, in parallel, and its rows' ``pos`` shifted by as much. The copies never overlap:
-the output fits region 0 (its size is at most the capacity), and every other region lies
-past it.
+before it, in equal shares per thread, and its rows' ``pos`` shifted by as much. The copies
+never overlap: the output fits region 0 (its size is at most the capacity), and every other
+region lies past it.
 
 This replaces counting every row, a prefix sum and a second pass (`sparse_out.two_phase`)
 with one pass and a copy of the entries outside chunk 0.
 
+One chunk's rows are their own function (`APPEND_ROWS_NAME`, the serial pass's body with its
+rows and its region given by the chunk): inside an OpenMP loop the compiler would reach the
+kernel's arrays through the loop's shared data and lose their ``restrict`` (a merge was 14 %
+slower so); a function keeps them. It stops with CAPACITY_EXCEEDED like the serial pass.
+
 The runtime passes the chunks in ``sc_sizes`` after the output's level sizes (``L`` of them,
-``C`` chunks), laid out by `table`::
+``C`` chunks), laid out by `Table`::
 
     sc_sizes[L]                      C
     sc_sizes[L + 1 + c]              chunk c's first row (C + 1 entries: the last is the rows)
     sc_sizes[L + 2 + C + c]          chunk c's region starts (C + 1 entries: the last ends it)
-    sc_sizes[L + 3 + 2C + c]         written: the end chunk c reached (-1: out of room),
-                                     then its entries
+    sc_sizes[L + 3 + 2C + c]         written: the end chunk c reached (-1: it stopped), then
+                                     its entries
     sc_sizes[L + 3 + 3C + c]         written: where chunk c's entries go
 
-and reads the output's entries from ``sc_sizes[last]``. A chunk out of room leaves its rows
-(`LEAVE`) and the kernel reports CAPACITY_EXCEEDED once every chunk has stopped.
+and reads the output's entries from ``sc_sizes[last]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..abi import CAPACITY_EXCEEDED, Namer
+from ..abi import APPEND_ROWS_NAME, CAPACITY_EXCEEDED, CHUNK_PARAM, Namer
 from ..ir import nodes as ir
 from ..ir.visit import statements
 
-#: the label a chunk out of room jumps to (the end of its rows)
-LEAVE = "sc_leave"
+
+def table(levels: int, chunks: int) -> tuple[int, int, int]:
+    """Where the chunk table's row starts and region starts begin in ``sc_sizes``, and the
+    table's length, for an output of ``levels`` levels in ``chunks`` chunks."""
+    return levels + 1, levels + 2 + chunks, levels + 3 + 4 * chunks
 
 
-def table(levels: int, chunks: int) -> tuple[int, int, int, int, int]:
-    """Where the chunk table's parts start in ``sc_sizes`` (rows, regions, ends,
-    destinations), and the table's length, for an output of ``levels`` levels."""
-    rows = levels + 1
-    regions = rows + chunks + 1
-    ends = regions + chunks + 1
-    dests = ends + chunks
-    return rows, regions, ends, dests, dests + chunks
+@dataclass(frozen=True, slots=True)
+class Table:
+    """The chunk table in the kernel: ``sizes`` (``sc_sizes``) after ``levels`` sizes."""
+
+    sizes: str
+    levels: int
+    chunks: ir.Expr
+
+    def _at(self, start: int, times: int, c: ir.Expr) -> ir.Load:
+        off: ir.Expr = ir.IntLit(self.levels + start)
+        if times:
+            off = ir.Bin("+", off, ir.mul(ir.IntLit(times), self.chunks))
+        return ir.Load(self.sizes, ir.add(off, c))
+
+    def row(self, c: ir.Expr) -> ir.Load:
+        return self._at(1, 0, c)
+
+    def region(self, c: ir.Expr) -> ir.Load:
+        return self._at(2, 1, c)
+
+    def end(self, c: ir.Expr) -> ir.Load:
+        return self._at(3, 2, c)
+
+    def dest(self, c: ir.Expr) -> ir.Load:
+        return self._at(3, 3, c)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,31 +80,28 @@ class ChunkFrame:
     #: the row loop's variable and its extent
     row: str
     rows: ir.Expr
-    #: the last level's counter and capacity (declared per chunk), the out-of-room flag
-    count: str
-    capacity: str
-    failed: str
+    #: the variable holding the chunk count (declared by the rows function's prologue)
+    chunks: str
     sizes: str
     #: the output's levels, its last level, that level's pos, and the arrays moved
     levels: int
     last: int
     pos: str
-    arrays: tuple[tuple[str, str], ...]
+    arrays: tuple[str, ...]
+    #: the kernel's parameters, in order (the rows function is called with them)
+    params: tuple[str, ...]
     namer: Namer
+    #: what the rows function carries from row to row by design: the output's counter
+    #: (from the chunk's region start) and the workspace (each call allocates its own)
+    carried: frozenset[str] = frozenset()
 
 
-def _at(frame: ChunkFrame, start: int, chunks: ir.Expr, times: int, c: ir.Expr) -> ir.Load:
-    """``sc_sizes[start + times * C + c]``."""
-    off: ir.Expr = ir.IntLit(start)
-    if times:
-        off = ir.Bin("+", off, ir.mul(ir.IntLit(times), chunks))
-    return ir.Load(frame.sizes, ir.add(off, c))
-
-
-def wrap(body: ir.Block, frame: ChunkFrame) -> ir.Block | None:
-    """``body`` with its row loop run in chunks, then the chunks moved into place; None
-    when the body has no plain loop over all rows at its top, or one row's iteration
-    continues where the previous left off (the serial pass runs)."""
+def wrap(body: ir.Block, frame: ChunkFrame) -> tuple[ir.Block, ir.Block] | None:
+    """From the lowered single pass ``body`` (its prologue and epilogue those of a chunk,
+    `Assembler.chunked`): the rows function's body (its row loop over the chunk's rows)
+    and the append function's (the chunks on threads, then moved into place). None when
+    the body has no plain loop over all rows at its top, or one row's iteration continues
+    where the previous left off (the serial pass runs)."""
     at = next(
         (
             n
@@ -99,43 +119,36 @@ def wrap(body: ir.Block, frame: ChunkFrame) -> ir.Block | None:
     loop = body.body[at]
     assert isinstance(loop, ir.For)
     # a variable declared before the rows and advanced in them (a cursor over another
-    # operand's rows, merged with the output's) carries one row into the next, and an
-    # array allocated before them and written in them is shared: serial
+    # operand's rows, merged with the output's) carries one row into the next: serial
     before = {s.name for s in body.body[:at] if isinstance(s, ir.Decl | ir.Alloc | ir.Pointer)}
-    if before & _written(loop.body):
+    if (before - frame.carried) & _written(loop.body):
         return None
-    L = frame.levels
+    chunk = ir.Var(CHUNK_PARAM)
+    mine = Table(frame.sizes, frame.levels, ir.Var(frame.chunks))
+    rows = ir.For(frame.row, mine.row(chunk), mine.row(ir.add(chunk, ir.IntLit(1))), loop.body)
+    rows_body = ir.block(*body.body[:at], rows, *body.body[at + 1 :])
+
     fresh = frame.namer.fresh
-    chunks, c = ir.Var(fresh("chunks")), ir.Var(fresh("c"))
-    threads = ir.Parallel("CPUThread", "static")
-
-    def sizes(start: int, times: int, index: ir.Expr) -> ir.Load:
-        return _at(frame, start, chunks, times, index)
-
-    count = ir.Var(frame.count)
-    rows = ir.For(frame.row, sizes(L + 1, 0, c), sizes(L + 2, 0, c), loop.body)
-    ended = ir.Select(ir.Var(frame.failed), ir.IntLit(-1), count)
+    chunks, c, status = ir.Var(fresh("chunks")), ir.Var(fresh("c")), ir.Var(fresh("status"))
+    at_ = Table(frame.sizes, frame.levels, chunks)
+    call = ir.Call(APPEND_ROWS_NAME, (*(ir.Var(p) for p in frame.params), c))
     run = ir.For(
         c.name,
         ir.IntLit(0),
         chunks,
         ir.block(
-            ir.Decl(ir.I64, frame.count, sizes(L + 2, 1, c)),
-            ir.Decl(ir.I64, frame.capacity, sizes(L + 3, 1, c)),
-            ir.Decl(ir.I64, frame.failed, ir.IntLit(0)),
-            rows,
-            ir.Label(LEAVE),
-            ir.Assign(sizes(L + 3, 2, c), ended),
+            ir.Decl(ir.I64, status.name, call),
+            ir.If(((status, ir.block(ir.Assign(at_.end(c), ir.IntLit(-1)))),)),
         ),
-        parallel=threads,
+        parallel=ir.Parallel("CPUThread", "static"),
     )
-    return ir.block(
-        *body.body[:at],
-        ir.Decl(ir.I64, chunks.name, ir.Load(frame.sizes, ir.IntLit(L))),
+    append_body = ir.block(
+        ir.Assign(ir.Load(frame.pos, ir.IntLit(0)), ir.IntLit(0)),
+        ir.Decl(ir.I64, chunks.name, ir.Load(frame.sizes, ir.IntLit(frame.levels))),
         run,
-        *body.body[at + 1 :],
-        *_compact(frame, chunks, sizes),
+        *_compact(frame, chunks, at_),
     )
+    return rows_body, append_body
 
 
 def _written(body: ir.Block) -> set[str]:
@@ -150,13 +163,10 @@ def _written(body: ir.Block) -> set[str]:
     return names
 
 
-def _compact(
-    frame: ChunkFrame, chunks: ir.Var, sizes: Callable[[int, int, ir.Expr], ir.Load]
-) -> list[ir.Stmt]:
+def _compact(frame: ChunkFrame, chunks: ir.Var, at: Table) -> list[ir.Stmt]:
     """After every chunk ran: where each chunk's entries go (or CAPACITY_EXCEEDED: a chunk
-    ran out of room, or all of them together do not fit region 0), then every chunk but
-    the first moved there, in equal shares, and its rows' pos shifted."""
-    L = frame.levels
+    stopped, or all of them together do not fit region 0), then every chunk but the first
+    moved there, in equal shares, and its rows' pos shifted."""
     fresh = frame.namer.fresh
     to, bad = ir.Var(fresh("to")), ir.Var(fresh("bad"))
     c, end, start = ir.Var(fresh("c")), ir.Var(fresh("end")), ir.Var(fresh("from"))
@@ -165,11 +175,11 @@ def _compact(
         ir.IntLit(0),
         chunks,
         ir.block(
-            ir.Decl(ir.I64, end.name, sizes(L + 3, 2, c)),
-            ir.Decl(ir.I64, start.name, sizes(L + 2, 1, c)),
+            ir.Decl(ir.I64, end.name, at.end(c)),
+            ir.Decl(ir.I64, start.name, at.region(c)),
             ir.If(((ir.Bin("<", end, ir.IntLit(0)), ir.block(ir.Assign(bad, ir.IntLit(1)))),)),
-            ir.Assign(sizes(L + 3, 2, c), ir.Bin("-", end, start)),
-            ir.Assign(sizes(L + 3, 3, c), to),
+            ir.Assign(at.end(c), ir.Bin("-", end, start)),
+            ir.Assign(at.dest(c), to),
             ir.Assign(to, ir.Bin("+", to, ir.Bin("-", end, start))),
         ),
     )
@@ -183,30 +193,29 @@ def _compact(
     def share(k: ir.Expr) -> ir.Expr:
         return ir.Bin("+", first, ir.Bin("/", ir.Bin("*", moved, k), chunks))
 
-    src = ir.Bin("+", sizes(L + 2, 1, m), ir.Bin("-", a, dest))
+    src = ir.Bin("+", at.region(m), ir.Bin("-", a, dest))
     copies: list[ir.Stmt] = [
         ir.Effect(
             ir.Call(
                 "copy", (ir.Bin("+", ir.Var(x), a), ir.Bin("+", ir.Var(x), src), ir.Bin("-", b, a))
             )
         )
-        for _, x in frame.arrays
+        for x in frame.arrays
     ]
     parts = ir.For(
         m.name,
         ir.IntLit(1),
         chunks,
         ir.block(
-            ir.Decl(ir.I64, dest.name, sizes(L + 3, 3, m)),
+            ir.Decl(ir.I64, dest.name, at.dest(m)),
             ir.Decl(ir.I64, a.name, ir.Call("max", (lo, dest))),
-            ir.Decl(ir.I64, b.name, ir.Call("min", (hi, ir.Bin("+", dest, sizes(L + 3, 2, m))))),
+            ir.Decl(ir.I64, b.name, ir.Call("min", (hi, ir.Bin("+", dest, at.end(m))))),
             ir.If(((ir.Bin("<", a, b), ir.block(*copies)),)),
         ),
     )
     slot = ir.Load(frame.pos, ir.Bin("+", ir.Var(p), ir.IntLit(1)))
-    shift = ir.Bin("-", sizes(L + 2, 1, t), sizes(L + 3, 3, t))
-    shifted = ir.Assign(slot, ir.Bin("-", slot, shift))
-    rows = ir.For(p, sizes(L + 1, 0, t), sizes(L + 2, 0, t), ir.block(shifted))
+    shifted = ir.Assign(slot, ir.Bin("-", slot, ir.Bin("-", at.region(t), at.dest(t))))
+    rows = ir.For(p, at.row(t), at.row(ir.Bin("+", t, ir.IntLit(1))), ir.block(shifted))
     move = ir.For(
         t.name,
         ir.IntLit(0),
@@ -219,15 +228,16 @@ def _compact(
         ),
         parallel=ir.Parallel("CPUThread", "static"),
     )
+    fits = ir.Bin(">", to, at.region(ir.IntLit(1)))
     return [
         ir.Decl(ir.I64, to.name, ir.IntLit(0)),
         ir.Decl(ir.I64, bad.name, ir.IntLit(0)),
         plan,
         # the output must fit region 0 for the moves not to overlap: it does when the
         # bound holds; a bound too small for the whole (not for any chunk) stops here
-        ir.Return(CAPACITY_EXCEEDED, ir.Bin("||", bad, ir.Bin(">", to, sizes(L + 3, 0, chunks)))),
+        ir.Return(CAPACITY_EXCEEDED, ir.Bin("||", bad, fits)),
         ir.Assign(ir.Load(frame.sizes, ir.IntLit(frame.last)), to),
-        ir.Decl(ir.I64, first.name, sizes(L + 3, 2, ir.IntLit(0))),
+        ir.Decl(ir.I64, first.name, at.end(ir.IntLit(0))),
         ir.Decl(ir.I64, moved.name, ir.Bin("-", to, first)),
         move,
     ]

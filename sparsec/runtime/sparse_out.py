@@ -123,7 +123,7 @@ def chunked_pass(
     if max(chunks * capacity, size, rows) > limit or chunks * capacity > costs.CHUNKED_ENTRIES:
         return None
     levels_n = len(out.output.format.levels)
-    row_at, region_at, _, _, length = chunk_table(levels_n, chunks)
+    row_at, region_at, length = chunk_table(levels_n, chunks)
     table = np.zeros(length, dtype=np.int64)
     table[levels_n] = chunks
     table[row_at : row_at + chunks + 1] = _row_starts(out, prepared, rows, chunks)
