@@ -189,6 +189,9 @@ def _coarsen(p: Passed, unit: Unit) -> Passed:
 #: tiles are streamed once their loops are final; dot loops (innermost, serial, untiled;
 #: the jammed ones included) go on vector lanes last, so no other pass meets their blocks
 C_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _bands, _stream_output, _dots)
+#: a sparse output's single-pass append function: serial, so no bands
+C_APPEND_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _dots)
+#: the comments above the single pass's functions
 APPEND_SERIAL = (
     "single pass for one thread: append in order into arrays of a capacity the runtime "
     "proved (plus a row of slack); the final sizes are in pos"
@@ -198,8 +201,6 @@ APPEND_CHUNKED = (
     "proved (plus a row of slack), then moved into place (sparsec.lower.chunks)"
 )
 APPEND_ROWS = "one chunk's rows of the single pass, appended into its region"
-#: a sparse output's single-pass append function: serial, so no bands
-C_APPEND_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _dots)
 #: a default GPU mapping's passes (an explicit schedule is printed as written)
 CUDA_PASSES: tuple[Pass, ...] = (_coarsen,)
 
