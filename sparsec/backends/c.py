@@ -86,7 +86,6 @@ def print_c(
         stream_out_bytes=stream_out_bytes,
         packed=packed,
         semiring=spec.semantics.semiring != "plus_times",
-        chunked=gen.chunked,
         kernel_name=KERNEL_NAME,
         packed_name=PACKED_NAME,
     )

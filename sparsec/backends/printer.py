@@ -68,7 +68,6 @@ CALLS = {
         "bit_set",
         "bit_clear",
         "thread_id",
-        "copy",
         "search",
         "gallop",
         "gallop_row",

@@ -3,20 +3,23 @@
 The runtime cuts the rows into chunks of consecutive rows (balanced by the inputs' entries)
 and gives each chunk its own region of the output's crd and vals, each large enough for the
 whole output (the proven capacity of `sparsec.middle.bound`). A chunk appends its rows into
-its region from its own counter, exactly as the serial pass does, and records each row's end
-in ``pos``. Then the chunks are moved down to follow each other: chunk 0's region is where
-the output starts, so it stays; every other chunk's entries are copied to the end of those
-before it, in equal shares per thread, and its rows' ``pos`` shifted by as much. The copies
-never overlap: the output fits region 0 (its size is at most the capacity), and every other
-region lies past it.
+its region from its own counter, exactly as the serial pass does, records each row's end in
+``pos`` and its own end in the chunk table. The runtime then moves the chunks together
+(`sparsec.runtime.sparse_out.chunked_pass`): chunk 0's region is where the output starts,
+so it stays; every other chunk's entries are copied behind those before it and its rows'
+``pos`` shifted by as much. The copies never overlap: the output fits region 0 (its size is
+at most the capacity, which the runtime checks), and every other region lies past it.
 
 This replaces counting every row, a prefix sum and a second pass (`sparse_out.two_phase`)
-with one pass and a copy of the entries outside chunk 0.
+with one pass and a copy of the entries outside chunk 0. The moves are the runtime's (numpy
+copies) rather than generated C: they cost the compiler about a third more time on a sparse
+add (cc's CPU time 150 -> 200 ms) for a copy that is a tenth of the pass.
 
 One chunk's rows are their own function (`APPEND_ROWS_NAME`, the serial pass's body with its
 rows and its region given by the chunk): inside an OpenMP loop the compiler would reach the
 kernel's arrays through the loop's shared data and lose their ``restrict`` (a merge was 14 %
-slower so); a function keeps them. It stops with CAPACITY_EXCEEDED like the serial pass.
+slower so); a function keeps them. It stops with CAPACITY_EXCEEDED like the serial pass, and
+the loop marks that chunk's end -1.
 
 The runtime passes the chunks in ``sc_sizes`` after the output's level sizes (``L`` of them,
 ``C`` chunks), laid out by `Table`::
@@ -24,26 +27,23 @@ The runtime passes the chunks in ``sc_sizes`` after the output's level sizes (``
     sc_sizes[L]                      C
     sc_sizes[L + 1 + c]              chunk c's first row (C + 1 entries: the last is the rows)
     sc_sizes[L + 2 + C + c]          chunk c's region starts (C + 1 entries: the last ends it)
-    sc_sizes[L + 3 + 2C + c]         written: the end chunk c reached (-1: it stopped), then
-                                     its entries
-    sc_sizes[L + 3 + 3C + c]         written: where chunk c's entries go
-
-and reads the output's entries from ``sc_sizes[last]``.
+    sc_sizes[L + 3 + 2C + c]         written: the end chunk c reached (-1: it stopped)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..abi import APPEND_ROWS_NAME, CAPACITY_EXCEEDED, CHUNK_PARAM, Namer
+from ..abi import APPEND_ROWS_NAME, CHUNK_PARAM, Namer
 from ..ir import nodes as ir
 from ..ir.visit import statements
 
 
-def table(levels: int, chunks: int) -> tuple[int, int, int]:
-    """Where the chunk table's row starts and region starts begin in ``sc_sizes``, and the
-    table's length, for an output of ``levels`` levels in ``chunks`` chunks."""
-    return levels + 1, levels + 2 + chunks, levels + 3 + 4 * chunks
+def table(levels: int, chunks: int) -> tuple[int, int, int, int]:
+    """Where the chunk table's row starts, region starts and ends begin in ``sc_sizes``,
+    and the table's length, for an output of ``levels`` levels in ``chunks`` chunks."""
+    ends = levels + 3 + 2 * chunks
+    return levels + 1, levels + 2 + chunks, ends, ends + chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +68,6 @@ class Table:
 
     def end(self, c: ir.Expr) -> ir.Load:
         return self._at(3, 2, c)
-
-    def dest(self, c: ir.Expr) -> ir.Load:
-        return self._at(3, 3, c)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +96,7 @@ class ChunkFrame:
 def wrap(body: ir.Block, frame: ChunkFrame) -> tuple[ir.Block, ir.Block] | None:
     """From the lowered single pass ``body`` (its prologue and epilogue those of a chunk,
     `Assembler.chunked`): the rows function's body (its row loop over the chunk's rows)
-    and the append function's (the chunks on threads, then moved into place). None when
+    and the append function's (the chunks on threads; the runtime moves them). None when
     the body has no plain loop over all rows at its top, or one row's iteration continues
     where the previous left off (the serial pass runs)."""
     at = next(
@@ -143,10 +140,7 @@ def wrap(body: ir.Block, frame: ChunkFrame) -> tuple[ir.Block, ir.Block] | None:
         parallel=ir.Parallel("CPUThread", "static"),
     )
     append_body = ir.block(
-        ir.Assign(ir.Load(frame.pos, ir.IntLit(0)), ir.IntLit(0)),
-        ir.Decl(ir.I64, chunks.name, ir.Load(frame.sizes, ir.IntLit(frame.levels))),
-        run,
-        *_compact(frame, chunks, at_),
+        ir.Decl(ir.I64, chunks.name, ir.Load(frame.sizes, ir.IntLit(frame.levels))), run
     )
     return rows_body, append_body
 
@@ -161,83 +155,3 @@ def _written(body: ir.Block) -> set[str]:
         elif isinstance(s, ir.Effect):
             names.update(a.name for a in s.call.args if isinstance(a, ir.Var))
     return names
-
-
-def _compact(frame: ChunkFrame, chunks: ir.Var, at: Table) -> list[ir.Stmt]:
-    """After every chunk ran: where each chunk's entries go (or CAPACITY_EXCEEDED: a chunk
-    stopped, or all of them together do not fit region 0), then every chunk but the first
-    moved there, in equal shares, and its rows' pos shifted."""
-    fresh = frame.namer.fresh
-    to, bad = ir.Var(fresh("to")), ir.Var(fresh("bad"))
-    c, end, start = ir.Var(fresh("c")), ir.Var(fresh("end")), ir.Var(fresh("from"))
-    plan = ir.For(
-        c.name,
-        ir.IntLit(0),
-        chunks,
-        ir.block(
-            ir.Decl(ir.I64, end.name, at.end(c)),
-            ir.Decl(ir.I64, start.name, at.region(c)),
-            ir.If(((ir.Bin("<", end, ir.IntLit(0)), ir.block(ir.Assign(bad, ir.IntLit(1)))),)),
-            ir.Assign(at.end(c), ir.Bin("-", end, start)),
-            ir.Assign(at.dest(c), to),
-            ir.Assign(to, ir.Bin("+", to, ir.Bin("-", end, start))),
-        ),
-    )
-    # the entries after chunk 0 are moved in equal shares, one per chunk's thread, each
-    # share taking its part of every chunk it covers; each thread shifts its chunk's pos
-    first, moved = ir.Var(fresh("first")), ir.Var(fresh("moved"))
-    t, m, p = ir.Var(fresh("t")), ir.Var(fresh("c")), fresh("p")
-    lo, hi, dest = ir.Var(fresh("lo")), ir.Var(fresh("hi")), ir.Var(fresh("to"))
-    a, b = ir.Var(fresh("a")), ir.Var(fresh("b"))
-
-    def share(k: ir.Expr) -> ir.Expr:
-        return ir.Bin("+", first, ir.Bin("/", ir.Bin("*", moved, k), chunks))
-
-    src = ir.Bin("+", at.region(m), ir.Bin("-", a, dest))
-    copies: list[ir.Stmt] = [
-        ir.Effect(
-            ir.Call(
-                "copy", (ir.Bin("+", ir.Var(x), a), ir.Bin("+", ir.Var(x), src), ir.Bin("-", b, a))
-            )
-        )
-        for x in frame.arrays
-    ]
-    parts = ir.For(
-        m.name,
-        ir.IntLit(1),
-        chunks,
-        ir.block(
-            ir.Decl(ir.I64, dest.name, at.dest(m)),
-            ir.Decl(ir.I64, a.name, ir.Call("max", (lo, dest))),
-            ir.Decl(ir.I64, b.name, ir.Call("min", (hi, ir.Bin("+", dest, at.end(m))))),
-            ir.If(((ir.Bin("<", a, b), ir.block(*copies)),)),
-        ),
-    )
-    slot = ir.Load(frame.pos, ir.Bin("+", ir.Var(p), ir.IntLit(1)))
-    shifted = ir.Assign(slot, ir.Bin("-", slot, ir.Bin("-", at.region(t), at.dest(t))))
-    rows = ir.For(p, at.row(t), at.row(ir.Bin("+", t, ir.IntLit(1))), ir.block(shifted))
-    move = ir.For(
-        t.name,
-        ir.IntLit(0),
-        chunks,
-        ir.block(
-            ir.Decl(ir.I64, lo.name, share(t)),
-            ir.Decl(ir.I64, hi.name, share(ir.Bin("+", t, ir.IntLit(1)))),
-            parts,
-            ir.If(((ir.Bin(">", t, ir.IntLit(0)), ir.block(rows)),)),
-        ),
-        parallel=ir.Parallel("CPUThread", "static"),
-    )
-    fits = ir.Bin(">", to, at.region(ir.IntLit(1)))
-    return [
-        ir.Decl(ir.I64, to.name, ir.IntLit(0)),
-        ir.Decl(ir.I64, bad.name, ir.IntLit(0)),
-        plan,
-        # the output must fit region 0 for the moves not to overlap: it does when the
-        # bound holds; a bound too small for the whole (not for any chunk) stops here
-        ir.Return(CAPACITY_EXCEEDED, ir.Bin("||", bad, fits)),
-        ir.Assign(ir.Load(frame.sizes, ir.IntLit(frame.last)), to),
-        ir.Decl(ir.I64, first.name, at.end(ir.IntLit(0))),
-        ir.Decl(ir.I64, moved.name, ir.Bin("-", to, first)),
-        move,
-    ]

@@ -10,8 +10,8 @@ Two ways (`run` picks):
   and the capacity stays under `sparsec.policy.costs.SINGLE_PASS_ENTRIES`;
 - one pass in chunks of rows (`chunked_pass`), for CSR-like outputs whose rows can be
   cut (`Generated.chunked`), on any number of threads: each thread's chunk of rows
-  appends into its own region of that capacity, then the kernel moves the chunks
-  together (`sparsec.lower.chunks`);
+  appends into its own region of that capacity, then the chunks are moved together
+  (`sparsec.lower.chunks`);
 - two phases (`two_phase`): the symbolic phase (``sparsec_assemble``) counts each output
   level's positions (a rowwise layout: each row's, then prefix-summed into its pos), the
   levels are allocated exactly, and the compute phase fills them (rows in parallel).
@@ -106,10 +106,10 @@ def chunked_pass(
     out: SparseOutput, prepared: Prepared, bound: int, nthreads: int, poison: bool
 ) -> Tensor | None:
     """The single pass in chunks of consecutive rows, one per thread, each appending into
-    its own region of room for the whole output, then moved into place by the kernel
-    (`sparsec.lower.chunks`). None when the regions' positions would not fit the index
-    type or the capacities are too large (`costs.CHUNKED_ENTRIES`; the two phases count
-    exactly instead)."""
+    its own region of room for the whole output (`sparsec.lower.chunks`), then the chunks
+    moved behind each other here. None when the regions' positions would not fit the index
+    type, the capacities are too large (`costs.CHUNKED_ENTRIES`), or the bound was too
+    small (the two phases count exactly instead)."""
     layout = out.layout
     last = layout.last
     rows = out.extent(prepared, 0)
@@ -123,27 +123,40 @@ def chunked_pass(
     if max(chunks * capacity, size, rows) > limit or chunks * capacity > costs.CHUNKED_ENTRIES:
         return None
     levels_n = len(out.output.format.levels)
-    row_at, region_at, length = chunk_table(levels_n, chunks)
+    row_at, region_at, end_at, length = chunk_table(levels_n, chunks)
     table = np.zeros(length, dtype=np.int64)
     table[levels_n] = chunks
-    table[row_at : row_at + chunks + 1] = _row_starts(out, prepared, rows, chunks)
-    table[region_at : region_at + chunks + 1] = np.arange(chunks + 1) * capacity
+    starts = table[row_at : row_at + chunks + 1]
+    starts[:] = _row_starts(out, prepared, rows, chunks)
+    regions = table[region_at : region_at + chunks + 1]
+    regions[:] = np.arange(chunks + 1) * capacity
     room = np.zeros(max(1, out.output.order), dtype=np.int64)
     room[last] = chunks * capacity
     arrays, levels, vals = allocate(out, prepared, room, {("sizes", -1): table}, poison)
-    status = out.call(out.loaded.append, prepared, arrays, nthreads)
-    if status == abi.CAPACITY_EXCEEDED:
+    out.check(out.call(out.loaded.append, prepared, arrays, nthreads))
+    ends = table[end_at : end_at + chunks]
+    counts = ends - regions[:chunks]
+    total = int(counts.sum())
+    # a chunk out of room (-1), or all together past region 0 (the moves would overlap)
+    if (ends < 0).any() or total > capacity:
         if poison:
             raise SparsecError(f"internal: the capacity bound {bound} was too small")
         return None
-    out.check(status)
-    used = int(table[last])
-    crd = levels[last].crd
-    assert crd is not None
-    levels[last] = LevelStorage(levels[last].pos, _shrink(crd, used))
+    pos, crd = levels[last].pos, levels[last].crd
+    assert pos is not None and crd is not None
+    pos[0] = 0
+    to = int(counts[0])
+    for c in range(1, chunks):  # behind the chunks before it: region 0 to past region 0
+        n, at = int(counts[c]), int(regions[c])
+        if n:
+            crd[to : to + n] = crd[at : at + n]
+            vals[to : to + n] = vals[at : at + n]
+        pos[starts[c] + 1 : starts[c + 1] + 1] -= at - to
+        to += n
+    levels[last] = LevelStorage(pos, _shrink(crd, total))
     index_dtype = np.dtype(INDEX_DTYPES[prepared.index_dtype])
     return Tensor(
-        out.shape(prepared), out.output.format, tuple(levels), _shrink(vals, used), index_dtype
+        out.shape(prepared), out.output.format, tuple(levels), _shrink(vals, total), index_dtype
     )
 
 
