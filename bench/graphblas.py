@@ -197,6 +197,16 @@ def main(argv: list[str] | None = None) -> int:
         "[bench] python-graphblas side by side (ratio = graphblas ms / sparsec ms; > 1: sparsec faster)"
     )
     print(table.render())
+    if 1 in threads and len(threads) > 1:
+        scaling = Table(["case", "threads", "sparsec speedup", "graphblas speedup"])
+        for case in cases:
+            one = case.medians[1]
+            for t in threads:
+                if t != 1:
+                    mine, theirs = case.medians[t]
+                    scaling.add(case.name, t, f"{one[0] / mine:.2f}x", f"{one[1] / theirs:.2f}x")
+        print("[bench] scaling (1-thread ms / n-thread ms)")
+        print(scaling.render())
     payload = {
         "environment": environment(),
         "graphblas": gb.__version__,

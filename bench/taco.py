@@ -96,6 +96,28 @@ def _rows(results: dict[str, Any], threads: list[int]) -> Table:
     return table
 
 
+def _scaling(results: dict[str, Any], threads: list[int]) -> Table:
+    """Each kernel's speedup from 1 thread to each other count, for sparsec and every
+    contender (the issue asks sparse-output kernels for at least 1.6x on 2 threads)."""
+    table = Table(["kernel", "who", "threads", "1T ms", "its ms", "speedup", "load"])
+    for res in results["kernels"]:
+        timings = res.get("timings")
+        if not timings:
+            continue
+        load = res.get("load_during", {})
+        seen = f"{load.get('min', 0):.1f}-{load.get('max', 0):.1f}"
+        for label in sorted(timings, key=lambda lab: (lab != "sparsec", lab)):
+            per = timings[label]
+            for t in threads:
+                if t == 1 or "1" not in per or str(t) not in per:
+                    continue
+                one, many = per["1"]["median_ms"], per[str(t)]["median_ms"]
+                table.add(
+                    res["kernel"], label, t, f"{one:.4g}", f"{many:.4g}", f"{one / many:.2f}x", seen
+                )
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.taco", description=__doc__)
     ap.add_argument("--quick", action="store_true", help=f"only {QUICK_KERNELS}, one round")
@@ -140,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     table = _rows(results, threads)
     print("[bench] TACO side by side (ratio = contender ms / sparsec ms; > 1: sparsec faster)")
     print(table.render())
+    if 1 in threads and len(threads) > 1:
+        print("[bench] scaling (1-thread ms / n-thread ms; each kernel's own runs)")
+        print(_scaling(results, threads).render())
     write_results("taco", {"environment": environment(), "taco": str(taco), "runner": results})
     return 0
 

@@ -45,6 +45,10 @@ KERNEL_NAME = "sparsec_kernel"
 ASSEMBLE_NAME = "sparsec_assemble"
 #: a sparse output's single pass: appends into capacities the runtime bounded up front
 APPEND_NAME = "sparsec_append"
+#: a chunked single pass's rows of one chunk (`sparsec.lower.chunks`): a static function
+#: taking the kernel's parameters and the chunk
+APPEND_ROWS_NAME = "sparsec_append_rows"
+CHUNK_PARAM = "sc_chunk"
 #: the kernel with its arguments in one int64 array (C kernels without a scalar input)
 PACKED_NAME = "sparsec_kernel_packed"
 #: the CUDA emulation's launcher: ``(grid, block, <parameters>)``

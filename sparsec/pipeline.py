@@ -1,12 +1,10 @@
 """The compiler's pipeline: spec + schedule policy -> lower -> passes -> printer -> `Generated`.
 
-One function per target. Each lowers the kernel once per schedule it considers (the
-user's commands with the CPU default's `policy.schedules.cpu_default` appended, or on CUDA
-each of `policy.schedules.gpu_candidates` in turn until one lowers), runs the target's
-ordered pass list over the loop IR, and hands the finished bodies to the target's printer
-(`backends.c`, `backends.cuda`), which decides nothing. A sparse output's C source holds
-up to three functions, each its own lowering: the symbolic phase (counts), the numeric
-phase, and a single pass that appends in order.
+One function per target lowers the kernel per schedule it considers (the user's commands
+plus `policy.schedules.cpu_default`, or each of `policy.schedules.gpu_candidates` until one
+lowers), runs the target's passes over the loop IR and hands the bodies to its printer
+(`backends.c`, `backends.cuda`), which decides nothing. A sparse output's C source holds up
+to three lowerings: the symbolic phase (counts), the numeric phase, and a single pass.
 """
 
 from __future__ import annotations
@@ -17,7 +15,9 @@ from typing import Any
 
 from .abi import (
     APPEND_NAME,
+    APPEND_ROWS_NAME,
     ASSEMBLE_NAME,
+    CHUNK_PARAM,
     GPU_HASH,
     GPU_WORKSPACE,
     INT,
@@ -28,19 +28,14 @@ from .abi import (
     signature,
 )
 from .backends import Generated, Launch
-from .backends.c import (
-    STREAM_OUT,
-    STREAM_OUT_VALUES,
-    Function,
-    print_c,
-)
+from .backends.c import STREAM_OUT, STREAM_OUT_VALUES, Function, print_c
 from .backends.cuda import print_cuda
 from .backends.printer import HALF_DTYPES, C
 from .errors import DTypeError, ScheduleError, SparsecError
 from .frontend.semirings import semiring
 from .ir import nodes as ir
 from .ir.visit import map_blocks
-from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower
+from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower, wrap_chunks
 from .middle.commands import Command
 from .middle.derive import describe as describe_derived
 from .middle.spec import Spec
@@ -54,12 +49,7 @@ from .passes.streams import prefetch_streams
 from .passes.tile import VECTORS as TILE_VECTORS
 from .passes.tile import tile
 from .policy.machine import c_half_types, machine
-from .policy.schedules import (
-    cpu_default,
-    describe_cpu,
-    describe_gpu,
-    gpu_candidates,
-)
+from .policy.schedules import cpu_default, describe_cpu, describe_gpu, gpu_candidates
 from .tensors.layout import OutputLayout
 
 # ------------------------------------------------------------------------ passes
@@ -192,6 +182,16 @@ def _coarsen(p: Passed, unit: Unit) -> Passed:
 C_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _bands, _stream_output, _dots)
 #: a sparse output's single-pass append function: serial, so no bands
 C_APPEND_PASSES: tuple[Pass, ...] = (_streams, _tile, _jam, _dots)
+#: the comments above the single pass's functions
+APPEND_SERIAL = (
+    "single pass for one thread: append in order into arrays of a capacity the runtime "
+    "proved (plus a row of slack); the final sizes are in pos"
+)
+APPEND_CHUNKED = (
+    "single pass in chunks of rows on threads, each into a region of a capacity the runtime "
+    "proved (plus a row of slack), then moved into place (sparsec.lower.chunks)"
+)
+APPEND_ROWS = "one chunk's rows of the single pass, appended into its region"
 #: a default GPU mapping's passes (an explicit schedule is printed as written)
 CUDA_PASSES: tuple[Pass, ...] = (_coarsen,)
 
@@ -267,6 +267,7 @@ def generate(
     # whether the append function was tiled: the template's vector helpers serve it too
     append_tiled: tuple[str, ...] = ()
     comment = append = ""
+    chunked = False
     if not spec.output.format.is_dense:
         counted, _ = lower(spec, make_names, parallel=parallel, counting=True, commands=schedule)
         functions.append(
@@ -280,18 +281,31 @@ def generate(
         single = None
         if not commands:
             try:
-                single, _ = lower(spec, make_names, parallel=False, append=True)
+                single, _ = lower(spec, make_names, parallel=False, append=True, chunked=parallel)
             except RowsOutOfOrder:
                 pass  # rows visited out of storage order: counted and filled, two phases
         if single is not None:
             appended = run_passes(append_passes, single.body, unit)
             append_tiled = appended.of("tile")
+            body = appended.body
+            wrapped = wrap_chunks(body, single.chunks) if single.chunks is not None else None
+            if single.chunks is not None and wrapped is None:
+                # rows not in one plain loop, or carried from row to row: the serial pass
+                single, _ = lower(spec, make_names, parallel=False, append=True)
+                appended = run_passes(C_APPEND_PASSES, single.body, unit)
+                append_tiled = appended.of("tile")
+                body = appended.body
+            if wrapped is not None:
+                rows_body, body = wrapped
+                chunked = True
+                functions.append(
+                    Function(APPEND_ROWS_NAME, APPEND_ROWS, rows_body, f"int64_t {CHUNK_PARAM}")
+                )
             functions.append(
                 Function(
                     APPEND_NAME,
-                    "single pass for one thread: append in order into arrays of a capacity "
-                    "the runtime proved (plus a row of slack); the final sizes are in pos",
-                    appended.body,
+                    APPEND_CHUNKED if chunked else APPEND_SERIAL,
+                    body,
                 )
             )
             append = APPEND_NAME
@@ -315,7 +329,7 @@ def generate(
     if tiled or streamed or jammed or dots:
         notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed, *jammed, *dots)
         said += f"; {'; '.join(notes)}"
-    gen = _record(lowered, sig, said, dtype, index_dtype, append=append)
+    gen = _record(lowered, sig, said, dtype, index_dtype, append=append, chunked=chunked)
     vectors = TILE_VECTORS if tiled or append_tiled else 0
     return print_c(spec, gen, functions, vectors=vectors, stream_out_bytes=unit.llc)
 

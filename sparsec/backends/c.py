@@ -28,6 +28,9 @@ class Function:
     #: the comment above it ("": none)
     comment: str
     body: ir.Block
+    #: a static function with one more parameter, this C declaration (a chunk's rows,
+    #: `sparsec.lower.chunks`); "": an entry point with the kernel's parameters only
+    extra: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,7 @@ class _Printed:
     name: str
     comment: str
     body: str
+    extra: str = ""
 
 
 def _packed(gen: Generated) -> list[str]:
@@ -79,7 +83,8 @@ def print_c(
         header(spec, gen, C),
         gen,
         functions=[
-            _Printed(f.name, f.comment, "\n".join(printer.stmts(f.body))) for f in functions
+            _Printed(f.name, f.comment, "\n".join(printer.stmts(f.body)), f.extra)
+            for f in functions
         ],
         vectors=vectors,
         stream_sfx="ps" if gen.dtype == "float32" else "pd",

@@ -68,6 +68,9 @@ class Generated:
     #: float32 (``sc_acc_t``), so that its sums accumulate in float32, and the runtime
     #: rounds them to 16 bits after the kernel
     wide_output: bool = False
+    #: ``append`` runs in chunks of rows (`sparsec.lower.chunks`): it reads the chunk
+    #: table after the output's sizes in ``sc_sizes``
+    chunked: bool = False
     #: whether the C source also defines ``sparsec_kernel_packed`` (its arguments in one
     #: int64 array; none where a parameter is a scalar value)
     packed: bool = False

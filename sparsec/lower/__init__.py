@@ -5,11 +5,13 @@ top to bottom: `kernel` (the entry and the one epilogue), `lowerer` (the recursi
 `coiterate` (loops over a lattice), `spaces` (the schedule's split/pos/fuse loops),
 `where` (precompute), `parallel` (how a loop runs: CPU threads and vectors, private
 copies), `gpu` (GPU loops), `races` (the race analysis), `output` (stores),
-`levels` (level functions on an access), `env` and `ctx` (the state), `assemble` and
-`workspace` (sparse outputs).
+`levels` (level functions on an access), `env` and `ctx` (the state), `assemble`,
+`workspace` and `chunks` (sparse outputs).
 """
 
 from .assemble import BLOCK_SLACK, LAST_LEVEL_SLACK
+from .chunks import table as chunk_table
+from .chunks import wrap as wrap_chunks
 from .kernel import LoweredKernel, RowsOutOfOrder, loop_nest, lower
 
 __all__ = [
@@ -17,6 +19,8 @@ __all__ = [
     "LAST_LEVEL_SLACK",
     "LoweredKernel",
     "RowsOutOfOrder",
+    "chunk_table",
     "loop_nest",
     "lower",
+    "wrap_chunks",
 ]

@@ -23,13 +23,14 @@ zeros, as in TACO.
 
 from __future__ import annotations
 
-from ..abi import CAPACITY_EXCEEDED, GPU_HASH, GPU_WORKSPACE, Namer, Signature
+from ..abi import CAPACITY_EXCEEDED, CHUNK_PARAM, GPU_HASH, GPU_WORKSPACE, Namer, Signature
 from ..frontend.notation import Access
 from ..ir import nodes as ir
 from ..middle.order import level_indices
 from ..middle.spec import TensorVar
 from ..tensors.formats import Dense, LevelFormat, LevelNames, dense_extent
 from ..tensors.layout import OutputLayout
+from .chunks import ChunkFrame, Table
 from .workspace import Workspace, allocate
 
 #: blocks of spare ``vals`` the runtime allocates past an output's last block (see
@@ -55,6 +56,7 @@ class Assembler:
         var_names: dict[str, str],
         counting: bool,
         append: bool = False,
+        chunked: bool = False,
     ) -> None:
         self.sig = sig
         self.namer = namer
@@ -75,6 +77,10 @@ class Assembler:
         self.touched = namer.fresh("stored") if self.layout.block else ""
         #: the single-pass kernel: its last level has slack, so loops check up front
         self.append = append
+        #: the single pass in chunks of rows (`chunks`): this function appends one chunk's
+        #: rows (``sc_chunk``) into its region, from its counter's start to its end
+        self.chunked = chunked and append and self.layout.rowwise and self.layout.dense_prefix == 1
+        self.chunks = namer.fresh("chunks") if self.chunked else ""
         #: appending kernels: each appended level's capacity, read from ``sc_sizes``
         self.capacity = (
             {}
@@ -163,7 +169,15 @@ class Assembler:
 
     def prologue(self) -> list[ir.Stmt]:
         if self.rowwise:
-            return []  # counters live in each row; pos comes prefix-summed from the runtime
+            return []
+        if self.chunked:  # the chunk's region, from the table after the sizes
+            last, chunks, c = self.layout.last, ir.Var(self.chunks), ir.Var(CHUNK_PARAM)
+            at = Table(self.sizes, len(self.levels), chunks)
+            return [
+                ir.Decl(ir.I64, self.chunks, ir.Load(self.sizes, ir.IntLit(len(self.levels)))),
+                ir.Decl(ir.I64, self.count[last], at.region(c)),
+                ir.Decl(ir.I64, self.capacity[last], at.region(ir.add(c, ir.IntLit(1)))),
+            ]
         stmts: list[ir.Stmt] = [ir.Decl(ir.I64, c, ir.IntLit(0)) for c in self.count.values()]
         first = min(self.count)
         if self.counting:
@@ -185,6 +199,9 @@ class Assembler:
     def epilogue(self) -> list[ir.Stmt]:
         if self.rowwise:
             return []
+        if self.chunked:  # every row recorded its end; the chunk's end for the moves
+            at = Table(self.sizes, len(self.levels), ir.Var(self.chunks))
+            return [ir.Assign(at.end(ir.Var(CHUNK_PARAM)), ir.Var(self.count[self.layout.last]))]
         first = min(self.count)
         if self.counting:
             stmts: list[ir.Stmt] = []
@@ -337,3 +354,22 @@ class Assembler:
             n = ir.Var(ws.length)
             room = self._bail(ir.Bin(">", ir.Bin("+", c, n), ir.Var(self.capacity[last])))
         return ws.gather(self.namer, append, room)
+
+    def chunk_frame(self) -> ChunkFrame | None:
+        """What `chunks.wrap` needs to run the single pass in chunks of rows."""
+        if not self.chunked:
+            return None
+        last = self.layout.last
+        return ChunkFrame(
+            row=self.var_names[self.vars[0]],
+            rows=self._dim(0),
+            chunks=self.chunks,
+            sizes=self.sizes,
+            levels=len(self.levels),
+            last=last,
+            pos=self.pos[last],
+            arrays=(self.crd[last], self.vals),
+            params=tuple(p.name for p in self.sig.params),
+            namer=self.namer,
+            carried=frozenset({self.count[last], *(self.ws.names() if self.ws else ())}),
+        )

@@ -78,6 +78,7 @@ class LowerEnv:
         once: bool = False,
         counting: bool = False,
         append: bool = False,
+        chunked: bool = False,
         commands: tuple[Command, ...] = (),
         target: str = "c",
     ) -> None:
@@ -110,7 +111,14 @@ class LowerEnv:
             None
             if spec.output.format.is_dense
             else Assembler(
-                spec.output, self.lhs, sig, namer, self.var_names, counting=counting, append=append
+                spec.output,
+                self.lhs,
+                sig,
+                namer,
+                self.var_names,
+                counting=counting,
+                append=append,
+                chunked=chunked,
             )
         )
         # ------------------------------------------- decided before the nest

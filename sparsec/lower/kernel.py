@@ -17,6 +17,7 @@ from ..middle.commands import GPU_UNITS, Command
 from ..middle.order import Edge, check_order, edges, level_indices, loop_order, output_edges
 from ..middle.plan import Plan, Space, make_plan
 from ..middle.spec import Spec
+from .chunks import ChunkFrame
 from .ctx import Ctx, OutputSink
 from .env import LowerEnv
 from .levels import locate
@@ -61,6 +62,8 @@ class LoweredKernel:
     segments: bool = False
     #: the statement lowered as a sequence of loop nests, in words ("": one fused nest)
     sequence: str = ""
+    #: a single pass lowered to run in chunks of rows: what `chunks.wrap` needs
+    chunks: ChunkFrame | None = None
     #: CUDA: the workspace's elements per thread, by role (`abi.GPU_WORKSPACE`)
     scratch: tuple[tuple[str, ir.Expr], ...] = ()
 
@@ -109,6 +112,7 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         segments=env.segmented,
         sequence=env.sequence,
         scratch=_scratch(env),
+        chunks=asm.chunk_frame() if asm is not None else None,
     )
 
 
@@ -347,6 +351,7 @@ def lower(
     parallel: bool = True,
     counting: bool = False,
     append: bool = False,
+    chunked: bool = False,
     commands: tuple[Command, ...] = (),
     target: str = "c",
 ) -> tuple[LoweredKernel, Signature]:
@@ -357,14 +362,17 @@ def lower(
     ``make_names()`` returns a fresh ``(Signature, Namer)``, so both passes name alike.
     ``counting`` lowers the assemble kernel of a sparse output (sizes only); ``append``
     its single-pass kernel (serial, appending into arrays of a proven capacity, even where
-    the two-phase kernel fills rows in parallel); ``commands`` is the whole schedule, the
+    the two-phase kernel fills rows in parallel; ``chunked``: in chunks of rows, see
+    `chunks`); ``commands`` is the whole schedule, the
     user's commands and the default policy's (`policy.schedules.cpu_default`): with none,
     every loop is serial.
     """
     sig, namer = make_names()
     options: dict[str, Any] = {"parallel": parallel, "commands": commands, "target": target}
     if not spec.output.format.is_dense:
-        env = LowerEnv(spec, sig, namer, counting=counting, append=append, **options)
+        env = LowerEnv(
+            spec, sig, namer, counting=counting, append=append, chunked=chunked, **options
+        )
         return lower_kernel(env), sig
     first = lower_kernel(LowerEnv(spec, sig, namer, **options))
     if not (first.exclusive or first.once):

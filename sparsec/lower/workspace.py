@@ -107,6 +107,11 @@ class Workspace:
                 stmts.append(ir.Pointer(ir.VAL, h.row_vals, h.vals, start))
         return stmts + self.row_state()
 
+    def names(self) -> frozenset[str]:
+        """Every name the workspace declares (a kernel's own, not shared with its callers)."""
+        named = (self.w, self.seen, self.top, self.reached, self.length, self.lo, self.hi)
+        return frozenset(n for n in (*named, *self.allocated) if n)
+
     def free(self) -> list[ir.Stmt]:
         return [ir.Free(n) for n in self.allocated]
 

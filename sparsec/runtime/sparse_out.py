@@ -8,6 +8,10 @@ Two ways (`run` picks):
   reached. It stops with CAPACITY_EXCEEDED rather than write past a capacity, and the two
   phases run instead. Taken when the kernel appends serially anyway or runs on one thread,
   and the capacity stays under `sparsec.policy.costs.SINGLE_PASS_ENTRIES`;
+- one pass in chunks of rows (`chunked_pass`), for CSR-like outputs whose rows can be
+  cut (`Generated.chunked`), on any number of threads: each thread's chunk of rows
+  appends into its own region of that capacity, then the chunks are moved together
+  (`sparsec.lower.chunks`);
 - two phases (`two_phase`): the symbolic phase (``sparsec_assemble``) counts each output
   level's positions (a rowwise layout: each row's, then prefix-summed into its pos), the
   levels are allocated exactly, and the compute phase fills them (rows in parallel).
@@ -22,7 +26,8 @@ import numpy as np
 
 from .. import abi
 from ..errors import DTypeError, SparsecError
-from ..lower.assemble import BLOCK_SLACK, LAST_LEVEL_SLACK
+from ..frontend.concrete import accesses
+from ..lower import BLOCK_SLACK, LAST_LEVEL_SLACK, chunk_table
 from ..middle.bound import entry_bound
 from ..middle.spec import Spec
 from ..policy import costs
@@ -85,13 +90,116 @@ def run(out: SparseOutput, prepared: Prepared, threads: int | None, poison: bool
     exactly, then fill (rows in parallel). ``poison`` (tests) fills fresh arrays with NaN
     and -1 and makes a capacity bound found too small an error."""
     nthreads = resolve_threads(threads)
-    if out.loaded.append is not None and (nthreads == 1 or not out.layout.rowwise):
+    chunked = out.loaded.generated.chunked
+    if out.loaded.append is not None and (nthreads == 1 or not out.layout.rowwise or chunked):
         bound = entry_bound(out.statement, prepared.values, prepared.dims, out.division)
         if bound <= costs.SINGLE_PASS_ENTRIES:
-            done = single_pass(out, prepared, bound, poison)
+            if chunked:
+                done = chunked_pass(out, prepared, bound, nthreads, poison)
+            else:
+                done = single_pass(out, prepared, bound, poison)
             if done is not None:
                 return done
     return two_phase(out, prepared, nthreads, poison)
+
+
+def chunked_pass(
+    out: SparseOutput, prepared: Prepared, bound: int, nthreads: int, poison: bool
+) -> Tensor | None:
+    """The single pass in chunks of consecutive rows, one per thread, each appending into
+    its own region of room for the whole output (`sparsec.lower.chunks`), then the chunks
+    moved behind each other here. None when the regions' positions would not fit the index
+    type, the capacities are too large (`costs.CHUNKED_ENTRIES`), or the bound was too
+    small (the two phases count exactly instead)."""
+    layout = out.layout
+    last = layout.last
+    rows = out.extent(prepared, 0)
+    size = out.extent(prepared, last)
+    # room for the whole output, and the up-front checks of the last level's loops
+    capacity = min(rows * size, bound) + LAST_LEVEL_SLACK * size
+    if capacity > costs.SINGLE_PASS_ENTRIES:
+        return None
+    chunks = max(1, min(nthreads, rows))
+    limit = _INT32_MAX if prepared.index_dtype == "int32" else 2**62
+    if max(chunks * capacity, size, rows) > limit or chunks * capacity > costs.CHUNKED_ENTRIES:
+        return None
+    levels_n = len(out.output.format.levels)
+    row_at, region_at, end_at, length = chunk_table(levels_n, chunks)
+    table = np.zeros(length, dtype=np.int64)
+    table[levels_n] = chunks
+    starts = table[row_at : row_at + chunks + 1]
+    starts[:] = _row_starts(out, prepared, rows, chunks)
+    regions = table[region_at : region_at + chunks + 1]
+    regions[:] = np.arange(chunks + 1) * capacity
+    room = np.zeros(max(1, out.output.order), dtype=np.int64)
+    room[last] = chunks * capacity
+    arrays, levels, vals = allocate(out, prepared, room, {("sizes", -1): table}, poison)
+    out.check(out.call(out.loaded.append, prepared, arrays, nthreads))
+    ends = table[end_at : end_at + chunks]
+    counts = ends - regions[:chunks]
+    total = int(counts.sum())
+    # a chunk out of room (-1), or all together past region 0 (the moves would overlap)
+    if (ends < 0).any() or total > capacity:
+        if poison:
+            raise SparsecError(f"internal: the capacity bound {bound} was too small")
+        return None
+    pos, crd = levels[last].pos, levels[last].crd
+    assert pos is not None and crd is not None
+    pos[0] = 0
+    to = int(counts[0])
+    for c in range(1, chunks):  # behind the chunks before it: region 0 to past region 0
+        n, at = int(counts[c]), int(regions[c])
+        if n:
+            crd[to : to + n] = crd[at : at + n]
+            vals[to : to + n] = vals[at : at + n]
+        pos[starts[c] + 1 : starts[c + 1] + 1] -= at - to
+        to += n
+    levels[last] = LevelStorage(pos, _shrink(crd, total))
+    index_dtype = np.dtype(INDEX_DTYPES[prepared.index_dtype])
+    return Tensor(
+        out.shape(prepared), out.output.format, tuple(levels), _shrink(vals, total), index_dtype
+    )
+
+
+def _row_starts(out: SparseOutput, prepared: Prepared, rows: int, chunks: int) -> np.ndarray:
+    """The first row of each chunk (and ``rows``): chunks of about equal work, a row
+    counting one plus its entries in every input stored by the same rows (CSR over the
+    output's row index); equal row counts where no input is."""
+    row = out.out_indices[0]
+    pos = []
+    for a in accesses(out.statement.rhs):
+        t = prepared.values.get(a.name)
+        if not isinstance(t, Tensor) or len(t.levels) < 2:
+            continue
+        first = t.format.levels[0]
+        if first.locate and a.indices[t.format.ordering[0]] == row:
+            p = t.levels[1].pos
+            if p is not None and len(p) == rows + 1:
+                pos.append(p)
+    starts = np.zeros(chunks + 1, dtype=np.int64)
+    starts[chunks] = rows
+    total = rows + sum(int(p[rows]) for p in pos)
+    for c in range(1, chunks):
+        target = total * c // chunks
+        lo, hi = starts[c - 1], rows  # the first row whose start reaches the target
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if mid + sum(int(p[mid]) for p in pos) < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        starts[c] = lo
+    return starts
+
+
+def _shrink(array: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` elements of a freshly allocated ``array``, without a copy where
+    numpy can give back the rest in place (the regions of the other chunks)."""
+    try:
+        array.resize(n, refcheck=False)
+        return array
+    except ValueError:  # not its own data (cannot happen for a fresh array): a copy
+        return array[:n].copy()
 
 
 def single_pass(out: SparseOutput, prepared: Prepared, bound: int, poison: bool) -> Tensor | None:
