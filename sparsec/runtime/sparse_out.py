@@ -156,9 +156,9 @@ def chunked_pass(
         to += n
     levels[last] = LevelStorage(pos, _shrink(crd, total))
     index_dtype = np.dtype(INDEX_DTYPES[prepared.index_dtype])
-    return Tensor(
-        out.shape(prepared), out.output.format, tuple(levels), _shrink(vals, total), index_dtype
-    )
+    wide = out.loaded.generated.wide_output
+    readable = readable_vals(_shrink(vals, total), prepared.dtype, wide)
+    return Tensor(out.shape(prepared), out.output.format, tuple(levels), readable, index_dtype)
 
 
 def _row_starts(out: SparseOutput, prepared: Prepared, rows: int, chunks: int) -> np.ndarray:
