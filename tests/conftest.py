@@ -131,3 +131,17 @@ def case_id(case: tuple) -> str:
     """A readable test id: the expression without spaces and its formats."""
     expr, fmts = case[0], case[1]
     return f"{expr.replace(' ', '')}[{','.join(f'{n}:{f}' for n, f in fmts.items())}]"
+
+
+def assert_same_storage(got: Tensor, want: Tensor) -> None:
+    """Two sparse tensors hold the same arrays: format, shape, dtypes, every level's pos and
+    crd, and the values (canonical outputs compared array by array)."""
+    assert got.format == want.format and got.shape == want.shape
+    assert got.index_dtype == want.index_dtype and got.vals.dtype == want.vals.dtype
+    for k, (x, y) in enumerate(zip(got.levels, want.levels, strict=True)):
+        for name, u, v in (("pos", x.pos, y.pos), ("crd", x.crd, y.crd)):
+            assert (u is None) == (v is None), (k, name)
+            if u is not None:
+                assert u.dtype == v.dtype, (k, name)
+                np.testing.assert_array_equal(u, v, err_msg=f"level {k} {name}")
+    np.testing.assert_array_equal(got.vals, want.vals)

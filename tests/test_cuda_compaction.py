@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import case_id, sparse_array
+from conftest import assert_same_storage, case_id, sparse_array
 from test_cuda import needs_compiler
 from test_sparse_outputs import CASES
 
@@ -37,18 +37,6 @@ def _given(case, rng, dtype, index_dtype):
     return dense, given
 
 
-def _same_arrays(got: sparsec.Tensor, want: sparsec.Tensor) -> None:
-    assert got.format == want.format and got.shape == want.shape
-    assert got.index_dtype == want.index_dtype and got.vals.dtype == want.vals.dtype
-    for k, (x, y) in enumerate(zip(got.levels, want.levels, strict=True)):
-        for name, u, v in (("pos", x.pos, y.pos), ("crd", x.crd, y.crd)):
-            assert (u is None) == (v is None), (k, name)
-            if u is not None:
-                assert u.dtype == v.dtype, (k, name)
-                np.testing.assert_array_equal(u, v, err_msg=f"level {k} {name}")
-    np.testing.assert_array_equal(got.vals, want.vals)
-
-
 @pytest.mark.parametrize(
     ("dtype", "index_dtype"), [("float64", "int32"), ("float32", "int64")], ids=["f64i32", "f32i64"]
 )
@@ -64,7 +52,7 @@ def test_the_sparse_output_suite_on_the_gpu(case, dtype, index_dtype, rng):
     _, given = _given(case, rng, dtype, index_dtype)
     got = k(**given)
     got.validate("out")
-    _same_arrays(got, sparsec.kernel(expr, fmts, target="c", **kw)(**given))
+    assert_same_storage(got, sparsec.kernel(expr, fmts, target="c", **kw)(**given))
     assert got.format == k.formats[name]
     k.check(**given)  # against dense torch
 
@@ -97,7 +85,7 @@ def test_many_rows_empty_rows_and_all_empty(fmt, rng):
             "C": sparsec.Tensor.from_dense(cc, "csr"),
         }
         got = k(**given)
-        _same_arrays(got, c_target(**given))
+        assert_same_storage(got, c_target(**given))
         np.testing.assert_array_equal(got.to_dense(), bb + cc)
 
 
@@ -148,7 +136,7 @@ def test_staged_outputs_on_the_device(case, rng):
     expr, fmts = case[0], case[1]
     dense, given = _given(case, rng, "float64", "int32")
     got = sparsec.kernel(expr, fmts, target="cuda")(**given)
-    _same_arrays(got, sparsec.kernel(expr, fmts, target="c")(**given))
+    assert_same_storage(got, sparsec.kernel(expr, fmts, target="c")(**given))
     ref = {n: torch.from_numpy(v) for n, v in dense.items()}
     assert got.nnz >= 0 and ref is not None
 
@@ -183,13 +171,13 @@ def test_a_sparse_output_stays_on_the_device(fmt, rng):
     b = sparsec.Tensor.from_dense(sparse_array((40, 40), rng, integer=True), "csr")
     got = sparsec.kernel(expr, fmts, target="cuda")(A=a, B=b)
     want = sparsec.kernel(expr, fmts, target="c")(A=a, B=b)
-    _same_arrays(got, want)
+    assert_same_storage(got, want)
     kept = got.device_array("vals", -1, lambda h: None)
     assert isinstance(kept, cupy.ndarray)
     np.testing.assert_array_equal(kept.get(), want.vals)
     chained = {"A": fmt, "B": "csr", "C": "csr"}
     again = sparsec.kernel(expr, chained, target="cuda")(A=got, B=b)
-    _same_arrays(again, sparsec.kernel(expr, chained, target="c")(A=want, B=b))
+    assert_same_storage(again, sparsec.kernel(expr, chained, target="c")(A=want, B=b))
 
 
 #: the suite's cases whose GPU kernels scatter into a workspace (SpGEMM, y = Aᵀx)
@@ -208,7 +196,7 @@ def test_the_workspace_cases_through_hash_tables(case, rng, monkeypatch):
     _, given = _given(case, rng, "float64", "int64")
     kw = {"index_dtype": "int64"}
     got = sparsec.kernel(expr, fmts, target="cuda-emulated", **kw)(**given)
-    _same_arrays(got, sparsec.kernel(expr, fmts, target="c", **kw)(**given))
+    assert_same_storage(got, sparsec.kernel(expr, fmts, target="c", **kw)(**given))
 
 
 def test_user_schedules_on_staged_outputs():
@@ -225,7 +213,7 @@ def test_user_schedules_on_staged_outputs():
     given = {
         n: sparsec.Tensor.from_dense(sparse_array((100, 9), rng, integer=True), "csr") for n in "BC"
     }
-    _same_arrays(k(**given), sparsec.kernel(expr, fmts, target="c")(**given))
+    assert_same_storage(k(**given), sparsec.kernel(expr, fmts, target="c")(**given))
     with pytest.raises(sparsec.ScheduleError, match="filled a whole row per GPU thread"):
         sparsec.kernel(
             "a(i) = b(i)",

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from conftest import sparse_array
+from conftest import assert_same_storage, sparse_array
 
 import sparsec
 
@@ -58,16 +58,6 @@ def _inputs(fmts, shapes, rng, zeros: bool = True):
     return dense, given
 
 
-def _same_storage(a: sparsec.Tensor, b: sparsec.Tensor) -> None:
-    assert a.format == b.format and a.shape == b.shape and a.index_dtype == b.index_dtype
-    for x, y in zip(a.levels, b.levels, strict=True):
-        for u, v in ((x.pos, y.pos), (x.crd, y.crd)):
-            assert (u is None) == (v is None)
-            if u is not None:
-                np.testing.assert_array_equal(u, v)
-    np.testing.assert_array_equal(a.vals, b.vals)
-
-
 def _spy(monkeypatch) -> list[int]:
     """The thread counts the chunked pass ran with (it, not the two phases, built them)."""
     seen: list[int] = []
@@ -103,7 +93,7 @@ def test_chunks_match_numpy_and_the_two_phases(
     want = ref(*dense.values())
     for got in outs.values():
         got.validate("out")
-        _same_storage(got, counted)
+        assert_same_storage(got, counted)
         np.testing.assert_array_equal(np.asarray(got), want)
 
 
@@ -147,9 +137,9 @@ def test_chunk_capacities_at_their_limits(expr, fmts, shapes, ref, threads, rng,
             assert f"capacity bound {bound} was too small" in str(err)
             assert bound < nnz
         else:
-            _same_storage(got.validate("out"), want)
+            assert_same_storage(got.validate("out"), want)
         monkeypatch.setattr(executable, "poison", False)
-        _same_storage(k(**given, threads=threads).validate("out"), want)
+        assert_same_storage(k(**given, threads=threads).validate("out"), want)
     np.testing.assert_array_equal(np.asarray(want), ref(*dense.values()))
 
 
@@ -243,6 +233,6 @@ def test_too_large_chunk_regions_take_the_two_phases(rng, monkeypatch):
     want = k(B=B, C=C, threads=2)
     monkeypatch.setattr(COSTS, "CHUNKED_ENTRIES", 0)
     seen = _spy(monkeypatch)
-    _same_storage(k(B=B, C=C, threads=2).validate("out"), want)
+    assert_same_storage(k(B=B, C=C, threads=2).validate("out"), want)
     assert seen == []
     np.testing.assert_array_equal(np.asarray(want), b + c)

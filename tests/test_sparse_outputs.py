@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import case_id, sparse_array, torch_reference
+from conftest import assert_same_storage, case_id, sparse_array, torch_reference
 
 import sparsec
 
@@ -180,17 +180,7 @@ def test_sparse_output_matches_torch(case, dtype, index_dtype, rng, monkeypatch)
     monkeypatch.setattr(COSTS, "SINGLE_PASS_ENTRIES", -1)
     for got in (single, k(**given, threads=1)):
         got.validate("out")
-        _same_storage(got, out)
-
-
-def _same_storage(a: sparsec.Tensor, b: sparsec.Tensor) -> None:
-    assert a.format == b.format and a.shape == b.shape and a.index_dtype == b.index_dtype
-    for x, y in zip(a.levels, b.levels, strict=True):
-        for u, v in ((x.pos, y.pos), (x.crd, y.crd)):
-            assert (u is None) == (v is None)
-            if u is not None:
-                np.testing.assert_array_equal(u, v)
-    np.testing.assert_array_equal(a.vals, b.vals)
+        assert_same_storage(got, out)
 
 
 def test_pattern_is_structural_and_cancellation_zeros_are_kept(rng):
@@ -384,7 +374,7 @@ def test_too_small_a_bound_stops_the_kernel(expr, fmts, monkeypatch, rng):
     with pytest.raises(sparsec.SparsecError, match="capacity bound 3 was too small"):
         k(B=b, C=c, threads=1)
     monkeypatch.setattr(k.executable("float64", "int32"), "poison", False)
-    _same_storage(k(B=b, C=c, threads=1).validate(), want)
+    assert_same_storage(k(B=b, C=c, threads=1).validate(), want)
 
 
 # ------------------------------------------------------- schedules, sparse outputs
