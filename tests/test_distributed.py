@@ -440,34 +440,65 @@ def test_killed_worker_file_loaded_spmv_is_still_right(client, tmp_path) -> None
     np.testing.assert_array_equal(k(A=d, x=x), A @ x)
 
 
-def _die_in_run_part() -> None:
+def _die_once_in_run_part(token: str) -> None:
     """On a worker: make this process's `tasks.run_part` (the function object itself, which
     the worker's cache of unpickled functions also holds) SIGKILL its own process when a part
-    of a call runs on it."""
+    of a call runs on it, if no process has yet created the file ``token``; otherwise it runs
+    the real `run_part`. Patched on every worker, exactly one dies: the first to run a part."""
+    import types
+
     from sparsec.distributed import tasks
+
+    fn = tasks.run_part
+    tasks._sc_test_saved = (fn.__code__, types.FunctionType(fn.__code__, fn.__globals__))
+    tasks._sc_test_token = token
 
     def killer(args, label, names, threads, *values):  # noqa: ANN001, ANN202
         import os
         import signal
 
+        from sparsec.distributed import tasks
+
+        try:
+            os.close(os.open(tasks._sc_test_token, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return tasks._sc_test_saved[1](args, label, names, threads, *values)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    tasks.run_part.__code__ = killer.__code__
+    fn.__code__ = killer.__code__
+
+
+def _restore_run_part() -> None:
+    """On a worker: undo `_die_once_in_run_part` (a worker started after the kill has none)."""
+    from sparsec.distributed import tasks
+
+    saved = getattr(tasks, "_sc_test_saved", None)
+    if saved is not None:
+        tasks.run_part.__code__ = saved[0]
+        del tasks._sc_test_saved
 
 
 def test_worker_killed_during_a_file_loaded_spmv_call(client, tmp_path) -> None:
-    """The worker holding part 0 of a file-loaded matrix dies while the call's parts run on it
-    (its part task kills the process): Dask reruns the lost file-reading tasks and the part on
-    the surviving or restarted worker, and the call returns the right answer."""
+    """A worker holding parts of a file-loaded matrix dies while the call's parts run on it
+    (the first part task to start kills its process): Dask reruns the lost file-reading tasks
+    and the parts on the surviving or restarted worker, and the call returns the right answer.
+    Which worker runs a part first is Dask's choice, so every worker is armed and a token file
+    lets exactly one of them die."""
     client.wait_for_workers(2, timeout=RESTART_S)
     A, d = _file_loaded(client, tmp_path / "b.mtx", 80, 40, 13)
     x = np.arange(40.0) - 11
     k = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
     np.testing.assert_array_equal(k(A=d, x=x), A @ x)  # compiled, every worker warm
-    holder = _holder(client, d.futures[0])
-    client.run(_die_in_run_part, workers=[holder])
-    np.testing.assert_array_equal(k(A=d, x=x), A @ x)
-    assert holder not in client.scheduler_info()["workers"]  # it did die mid-call
+    before = set(client.scheduler_info()["workers"])
+    token = tmp_path / "died"
+    client.run(_die_once_in_run_part, str(token))
+    try:
+        np.testing.assert_array_equal(k(A=d, x=x), A @ x)
+    finally:  # an armed worker that was not restored only passes through: the token exists
+        client.run(_restore_run_part, on_error="ignore")
+    assert token.exists()  # a part did start on an armed worker, which then died
+    # the scheduler reran that part only after it removed the dead worker
+    assert not before <= set(client.scheduler_info()["workers"])
     client.wait_for_workers(2, timeout=RESTART_S)
     np.testing.assert_array_equal(k(A=d, x=x), A @ x)
 
