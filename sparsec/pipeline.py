@@ -279,11 +279,12 @@ def generate(
         )
         comment = "numeric phase: append coordinates and values into the allocated arrays"
         single = None
-        # chunks of rows only where a count costs what a fill does (a merge, a workspace);
-        # one that walks an operand's positions (SDDMM) is cheap: two phases beat chunks
-        # (SDDMM 20k^2, 2 threads: 4.3 ms in two phases, 6.0 in chunks; 1 thread 9.1)
+        # one pass only where a count costs what a fill does (a merge, a workspace) or rows
+        # fill serially anyway (not rowwise); SDDMM's count walks B's positions: two phases
+        # (20k^2: 1 thread 9.3 ms, one pass 13.7; 2 threads 4.3, chunks 6.0)
         heavy = any(isinstance(s, ir.While | ir.Alloc) for s in statements(counted.body))
-        if not commands:
+        rowwise = OutputLayout.of(spec.output.format, spec.output.name).rowwise
+        if not commands and (heavy or not rowwise):
             try:
                 chunks = parallel and heavy
                 single, _ = lower(spec, make_names, parallel=False, append=True, chunked=chunks)
@@ -297,7 +298,7 @@ def generate(
             if single.chunks is not None and wrapped is None:
                 # rows not in one plain loop, or carried from row to row: the serial pass
                 single, _ = lower(spec, make_names, parallel=False, append=True)
-                appended = run_passes(C_APPEND_PASSES, single.body, unit)
+                appended = run_passes(append_passes, single.body, unit)
                 append_tiled = appended.of("tile")
                 body = appended.body
             if wrapped is not None:
@@ -309,10 +310,9 @@ def generate(
             said_append = APPEND_CHUNKED if chunked else APPEND_SERIAL
             functions.append(Function(APPEND_NAME, said_append, body))
             append = APPEND_NAME
-        elif not OutputLayout.of(spec.output.format, spec.output.name).rowwise:
+        elif not rowwise:
             append = KERNEL_NAME  # a serial kernel appends into any arrays large enough
-        # else a user schedule's rows fill in parallel, or rows come out of storage
-        # order: the two phases only
+        # else a light count, a user's schedule, or rows out of storage order: two phases
     done = run_passes(c_passes, lowered.body, unit)
     fields = {BAND: "band", DEPTH: "depth"}
     sig = Signature((*sig.params, *(Param(n, "value", INT, fields[n]) for n in done.params)))

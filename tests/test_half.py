@@ -207,6 +207,26 @@ def test_sparse_add_into_csr_is_the_c_targets(dtype):
             assert_same_storage(mine, got)
 
 
+@pytest.mark.parametrize("dtype", HALVES)
+def test_sparse_add_with_rows_carried_appends_serially_in_16_bits(dtype):
+    """A dcsr operand carries its row cursor from row to row, so the chunked single pass
+    falls back to the serial one: in 16 bits that one is built without the vector passes
+    too. Three threads count and fill in two phases; all equal the float32 sum, rounded."""
+    B, C = _sparse((40, 30), 17, dtype), _sparse((40, 30), 18, dtype)
+    fmts = {"A": "csr", "B": "csr", "C": "dcsr"}
+    want = (B.float() + C.float()).to(_tdt(dtype)).float()
+    if not _c_or_refused(dtype):
+        with pytest.raises(sparsec.DTypeError):
+            sparsec.kernel(ADD, fmts)(B=B.to_sparse_csr(), C=C.to_sparse_csr())
+        return
+    k = sparsec.kernel(ADD, fmts)
+    generated = k.generated(dtype)
+    assert generated.append == "sparsec_append" and not generated.chunked
+    for threads in (1, 3):
+        got = k(B=B.to_sparse_csr(), C=C, threads=threads)  # C converted to dcsr
+        assert torch.equal(torch.from_numpy(got.to_dense()).float(), want)
+
+
 @pytest.mark.parametrize("hashed", [False, True], ids=["dense-rows", "hash-tables"])
 @pytest.mark.parametrize("dtype", HALVES)
 def test_spgemm_sums_rows_in_a_float_workspace(dtype, hashed, monkeypatch):

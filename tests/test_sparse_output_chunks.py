@@ -204,11 +204,14 @@ def test_a_count_over_one_operands_positions_takes_the_two_phases(
     expr, fmts, shapes, ref, rng, monkeypatch
 ):
     """SDDMM's count walks B's positions (no merge, no workspace): cheap next to the dot
-    products, so threads count and fill in two phases rather than append in chunks; one
-    thread appends serially. Every thread count gives numpy's answer."""
+    products, so every thread count, one included, counts and fills in two phases rather
+    than append serially or in chunks, and no single-pass function is compiled. Every
+    thread count gives numpy's answer."""
     dense, given = _inputs(fmts, shapes, rng)
     k = sparsec.kernel(expr, fmts)
-    assert not k.executable("float64", "int32").loaded.generated.chunked
+    generated = k.executable("float64", "int32").loaded.generated
+    assert not generated.chunked and not generated.append
+    assert "sparsec_append" not in generated.source
     seen = _spy(monkeypatch)
     for t in (1, 2, 3):
         got = k(**given, threads=t).validate("out")

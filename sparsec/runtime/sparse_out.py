@@ -7,7 +7,8 @@ Two ways (`run` picks):
   inputs (`sparsec.middle.bound.entry_bound`), then the arrays are cut to the sizes it
   reached. It stops with CAPACITY_EXCEEDED rather than write past a capacity, and the two
   phases run instead. Taken when the kernel appends serially anyway or runs on one thread,
-  and the capacity stays under `sparsec.policy.costs.SINGLE_PASS_ENTRIES`;
+  and the capacity stays under `sparsec.policy.costs.SINGLE_PASS_ENTRIES`, where the
+  kernel has the function (a CSR-like output whose count is light has none);
 - one pass in chunks of rows (`chunked_pass`), for CSR-like outputs whose rows can be
   cut (`Generated.chunked`), on any number of threads: each thread's chunk of rows
   appends into its own region of that capacity, then the chunks are moved together
