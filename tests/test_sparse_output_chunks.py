@@ -239,3 +239,32 @@ def test_too_large_chunk_regions_take_the_two_phases(rng, monkeypatch):
     assert_same_storage(k(B=B, C=C, threads=2).validate("out"), want)
     assert seen == []
     np.testing.assert_array_equal(np.asarray(want), b + c)
+
+
+def test_the_two_phases_are_built_when_a_call_first_needs_them(rng, monkeypatch):
+    """A kernel with a single pass is built without its two phases (``SC_APPEND_ONLY``):
+    calls on 1 and 2 threads append and build nothing more; a call that must count and
+    fill (its chunk regions too large) builds them then, and matches the single pass.
+    The source shown and written out keeps every function."""
+    a, b = sparse_array((13, 9), rng, integer=True), sparse_array((9, 12), rng, integer=True)
+    A, B = sparsec.Tensor.from_dense(a, "csr"), sparsec.Tensor.from_dense(b, "csr")
+    k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"})
+    assert "int sparsec_kernel(" in k.source and "int sparsec_assemble(" in k.source
+    loaded = k.executable("float64", "int32").loaded
+    assert loaded.append is not None and not loaded.phases_built
+    want = k(A=A, B=B, threads=1)
+    assert_same_storage(k(A=A, B=B, threads=2), want)
+    assert not loaded.phases_built
+    monkeypatch.setattr(COSTS, "CHUNKED_ENTRIES", 0)
+    assert_same_storage(k(A=A, B=B, threads=2).validate("out"), want)
+    assert loaded.phases_built and loaded.fn is not None and loaded.assemble is not None
+    np.testing.assert_array_equal(np.asarray(want), a @ b)
+
+
+def test_a_kernel_without_a_single_pass_builds_everything_at_once():
+    """SDDMM (two phases only) and a dense output have nothing left to build later."""
+    k = sparsec.kernel("A(i,j) = B(i,j) * C(i,k) * D(k,j)", {"A": "csr", "B": "csr"})
+    loaded = k.executable("float64", "int32").loaded
+    assert loaded.phases_built and loaded.append is None and loaded.assemble is not None
+    spmv = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    assert spmv.executable("float64", "int32").loaded.phases_built

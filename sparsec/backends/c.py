@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..abi import KERNEL_NAME, PACKED_NAME
+from ..abi import ASSEMBLE_NAME, KERNEL_NAME, PACKED_NAME
 from ..ir import nodes as ir
 from ..middle.spec import Spec
 from .generated import Generated
@@ -39,6 +39,9 @@ class _Printed:
     comment: str
     body: str
     extra: str = ""
+    #: one of a sparse output's two phases where it also has a single-pass function: left
+    #: out of the build that defines SC_APPEND_ONLY (`sparsec.runtime.loaded`)
+    phase: bool = False
 
 
 def _packed(gen: Generated) -> list[str]:
@@ -78,18 +81,21 @@ def print_c(
     storage = storage_arrays(gen.dtype, gen.signature, *bodies, wide=wide)
     printer = Printer(C, threads=gen.signature.threads, storage=storage)
     packed = _packed(gen)
+    # the two phases, where a single pass exists beside them (it is not the kernel itself)
+    phases = (ASSEMBLE_NAME, KERNEL_NAME) if gen.append not in ("", KERNEL_NAME) else ()
     source = render(
         C,
         header(spec, gen, C),
         gen,
         functions=[
-            _Printed(f.name, f.comment, "\n".join(printer.stmts(f.body)), f.extra)
+            _Printed(f.name, f.comment, "\n".join(printer.stmts(f.body)), f.extra, f.name in phases)
             for f in functions
         ],
         vectors=vectors,
         stream_sfx="ps" if gen.dtype == "float32" else "pd",
         stream_out_bytes=stream_out_bytes,
         packed=packed,
+        packed_phase=bool(phases),
         semiring=spec.semantics.semiring != "plus_times",
         kernel_name=KERNEL_NAME,
         packed_name=PACKED_NAME,
