@@ -241,11 +241,12 @@ def test_too_large_chunk_regions_take_the_two_phases(rng, monkeypatch):
     np.testing.assert_array_equal(np.asarray(want), b + c)
 
 
-def test_the_two_phases_are_built_when_a_call_first_needs_them(rng, monkeypatch):
+def test_the_two_phases_are_built_when_a_call_first_needs_them(rng, monkeypatch, tmp_path):
     """A kernel with a single pass is built without its two phases (``SC_APPEND_ONLY``):
     calls on 1 and 2 threads append and build nothing more; a call that must count and
     fill (its chunk regions too large) builds them then, and matches the single pass.
     The source shown and written out keeps every function."""
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))  # a kernel no other test built
     a, b = sparse_array((13, 9), rng, integer=True), sparse_array((9, 12), rng, integer=True)
     A, B = sparsec.Tensor.from_dense(a, "csr"), sparsec.Tensor.from_dense(b, "csr")
     k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"})
@@ -268,3 +269,29 @@ def test_a_kernel_without_a_single_pass_builds_everything_at_once():
     assert loaded.phases_built and loaded.append is None and loaded.assemble is not None
     spmv = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
     assert spmv.executable("float64", "int32").loaded.phases_built
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_each_chunk_reserves_room_for_its_own_rows(threads, rng, monkeypatch):
+    """A chunk's region holds the bound on its own rows' entries (plus slack), so the
+    regions together reserve about one output, not one per thread as when each chunk had
+    room for the whole output."""
+    b, c = sparse_array((40, 30), rng, integer=True), sparse_array((30, 50), rng, integer=True)
+    B, C = sparsec.Tensor.from_dense(b, "csr"), sparsec.Tensor.from_dense(c, "csr")
+    k = sparsec.kernel("A(i,j) = B(i,k) * C(k,j)", CSR3)
+    reserved = []
+    real = SPARSE_OUT.allocate
+
+    def spy(out, prepared, sizes, extra, poison):
+        reserved.append(int(sizes[-1]))
+        return real(out, prepared, sizes, extra, poison)
+
+    monkeypatch.setattr(SPARSE_OUT, "allocate", spy)
+    seen = _spy(monkeypatch)
+    got = k(B=B, C=C, threads=threads).validate("out")
+    assert seen == [threads]
+    np.testing.assert_array_equal(np.asarray(got), b @ c)
+    spec = k.spec
+    bound = SPARSE_OUT.entry_bound(spec.statement, {"B": B, "C": C}, {"i": 40, "j": 50, "k": 30})
+    slack = SPARSE_OUT.LAST_LEVEL_SLACK * 50
+    assert bound <= reserved[0] <= bound + threads * (slack + 1)

@@ -2,13 +2,14 @@
 
 The runtime cuts the rows into chunks of consecutive rows (balanced by the inputs' entries)
 and gives each chunk its own region of the output's crd and vals, each large enough for the
-whole output (the proven capacity of `sparsec.middle.bound`). A chunk appends its rows into
-its region from its own counter, exactly as the serial pass does, records each row's end in
-``pos`` and its own end in the chunk table. The runtime then moves the chunks together
-(`sparsec.runtime.sparse_out.chunked_pass`): chunk 0's region is where the output starts,
-so it stays; every other chunk's entries are copied behind those before it and its rows'
-``pos`` shifted by as much. The copies never overlap: the output fits region 0 (its size is
-at most the capacity, which the runtime checks), and every other region lies past it.
+entries of its own rows (the proven bound of `sparsec.middle.bound` over those rows), one
+after the other. A chunk appends its rows into its region from its own counter, exactly as
+the serial pass does, records each row's end in ``pos`` and its own end in the chunk table.
+The runtime then moves the chunks together (`sparsec.runtime.sparse_out.chunked_pass`):
+chunk 0's region is where the output starts, so it stays; every other chunk's entries are
+copied behind those before it and its rows' ``pos`` shifted by as much. Each copy goes
+leftwards from its region's start and ends before the next region, so it overwrites
+nothing not yet moved (where it overlaps its own source, numpy copies through a buffer).
 
 This replaces counting every row, a prefix sum and a second pass (`sparse_out.two_phase`)
 with one pass and a copy of the entries outside chunk 0. The moves are the runtime's (numpy

@@ -7,7 +7,8 @@ is structurally present, so the bound follows the expression (``N`` counts the
 coordinate tuples over an expression's free indices where it is present, ``D(S)`` is the
 product of the extents of the indices ``S``):
 
-* a tensor: its stored entries (a dense operand: all of them); a literal: 1, everywhere;
+* a tensor: its stored entries (a dense operand: all of them); its complement ``~M``:
+  everything; a literal: 1, everywhere;
 * ``a * b`` (intersection): ``min(N(a)·D(F(b)∖F(a)), N(b)·D(F(a)∖F(b)))``;
 * ``a + b``, ``a - b`` (union): the sum of the same two terms; ``a / c`` for a non-zero
   literal ``c``: the bound of ``a``;
@@ -46,15 +47,20 @@ def entry_bound(
     values: Mapping[str, Any],
     dims: Mapping[str, int],
     division: str = "sparse",
+    rows: tuple[str, int, int] | None = None,
 ) -> int:
     """At most how many entries the output of ``stmt`` gets for these inputs, under the
-    kernel's ``division`` convention (`sparsec.frontend.semantics`)."""
+    kernel's ``division`` convention (`sparsec.frontend.semantics`). ``rows`` = (an output
+    index ``i``, ``lo``, ``hi``): only the entries with ``lo <= i < hi`` (a chunk of a
+    rowwise output's rows, `sparsec.runtime.sparse_out.chunked_pass`)."""
+    if rows is not None:
+        dims = {**dims, rows[0]: rows[2] - rows[1]}
     rhs: CExpr = Sum(stmt.top_sums, stmt.rhs) if stmt.top_sums else stmt.rhs
     out = frozenset(stmt.lhs.indices)
     dense = _size(dims, out)
     if exact(rhs, division):
         return dense  # exact lowering: present everywhere
-    free, n = _Bound(values, dims).of(rhs)
+    free, n = _Bound(values, dims, rows).of(rhs)
     return int(min(dense, n * _size(dims, out - free)))
 
 
@@ -63,16 +69,60 @@ def _size(dims: Mapping[str, int], indices: frozenset[str]) -> int:
 
 
 class _Bound:
-    def __init__(self, values: Mapping[str, Any], dims: Mapping[str, int]) -> None:
+    """The rules above; with ``rows``, the expression with the row index ``i`` restricted
+    to ``lo <= i < hi`` (``dims[i]`` is then ``hi - lo``): an operand over ``i`` counts its
+    entries in those rows where that is cheap (a dense array, a CSR-like tensor whose
+    outer dense level is ``i``), else all of them. Every rule is monotone in its operands'
+    counts, so an operand left whole only over-counts."""
+
+    def __init__(
+        self,
+        values: Mapping[str, Any],
+        dims: Mapping[str, int],
+        rows: tuple[str, int, int] | None = None,
+    ) -> None:
         self.values = values
         self.dims = dims
+        self.rows = rows
+
+    def _stored(self, a: Access) -> int:
+        """``a``'s stored entries (within the rows, where `_cut` or a dense array allows)."""
+        v = self.values[a.name]
+        cut = self._cut(a)
+        if cut is not None:
+            return cut[1] - cut[0]
+        if self.rows is not None and not hasattr(v, "nnz") and a.indices.count(self.rows[0]) == 1:
+            row, lo, hi = self.rows
+            full = int(np.shape(v)[a.indices.index(row)]) if np.ndim(v) == len(a.indices) else 0
+            if full > 0:
+                return int(np.size(v)) // full * (hi - lo)
+        return _stored(v)
+
+    def _cut(self, a: Access) -> tuple[int, int] | None:
+        """The positions of ``a``'s entries within the rows, where ``a``'s value is a
+        matrix stored as a dense level of the row index over one compressed level."""
+        if self.rows is None:
+            return None
+        row, lo, hi = self.rows
+        v = self.values[a.name]
+        if not hasattr(v, "nnz") or v.order != 2 or a.indices.count(row) != 1:
+            return None
+        if not v.format.levels[0].locate or a.indices[v.format.ordering[0]] != row:
+            return None
+        pos = v.levels[1].pos
+        if pos is None or len(pos) != v.shape[v.format.ordering[0]] + 1 or hi >= len(pos):
+            return None
+        return int(pos[lo]), int(pos[hi])
 
     def of(self, e: CExpr) -> tuple[frozenset[str], int]:
         """(free indices of ``e``, bound on its present tuples over them)."""
         match e:
-            case Access(name=name, indices=indices):
+            case Access(indices=indices, complement=True):
+                # present where the operand stores nothing: bounded by everything
+                return frozenset(indices), _size(self.dims, frozenset(indices))
+            case Access(indices=indices):
                 free = frozenset(indices)
-                return free, min(_stored(self.values[name]), _size(self.dims, free))
+                return free, min(self._stored(e), _size(self.dims, free))
             case Literal():
                 return frozenset(), 1
             case Zero():
@@ -133,13 +183,19 @@ class _Bound:
         """Entries of ``a`` per coordinate of index ``k`` (all of them if ``k`` is absent)."""
         v = self.values[a.name]
         dims = self.dims
+        if a.complement:  # present where the operand stores nothing: everything
+            return float(_size(dims, frozenset(a.indices) - {k}))
         if k not in a.indices:
-            return float(_stored(v))
+            return float(self._stored(a))
         if not hasattr(v, "nnz"):  # dense: every coordinate of the other modes
             return float(_size(dims, frozenset(a.indices) - {k}))
         mode = a.indices.index(k)
         if a.indices.count(k) > 1:
-            return float(v.nnz)  # a diagonal: at most all entries per k
+            return float(self._stored(a))  # a diagonal: at most all entries per k
+        cut = self._cut(a) if self.rows is not None and k != self.rows[0] else None
+        if cut is not None:  # the rows' entries by column
+            crd = v.levels[1].crd[cut[0] : cut[1]]
+            return np.bincount(crd, minlength=dims[k])[: dims[k]].astype(np.float64)
         level = v.format.ordering.index(mode)
         st = v.levels[level]
         if level == v.order - 1 and st.crd is not None and len(st.crd) == v.nnz:

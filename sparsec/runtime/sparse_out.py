@@ -108,22 +108,17 @@ def chunked_pass(
     out: SparseOutput, prepared: Prepared, bound: int, nthreads: int, poison: bool
 ) -> Tensor | None:
     """The single pass in chunks of consecutive rows, one per thread, each appending into
-    its own region of room for the whole output (`sparsec.lower.chunks`), then the chunks
-    moved behind each other here. None when the regions' positions would not fit the index
-    type, the capacities are too large (`costs.CHUNKED_ENTRIES`), or the bound was too
-    small (the two phases count exactly instead)."""
-    layout = out.layout
-    last = layout.last
+    its own region, of room for its own rows' entries (`entry_bound` on those rows; see
+    `sparsec.lower.chunks`), then the chunks moved behind each other here. None when the
+    regions' positions would not fit the index type, the capacities are too large
+    (`costs.CHUNKED_ENTRIES`), or a bound was too small (the two phases count exactly
+    instead)."""
+    last = out.layout.last
     rows = out.extent(prepared, 0)
     size = out.extent(prepared, last)
-    # room for the whole output, and the up-front checks of the last level's loops
-    capacity = min(rows * size, bound) + LAST_LEVEL_SLACK * size
-    if capacity > costs.SINGLE_PASS_ENTRIES:
+    if min(rows * size, bound) + LAST_LEVEL_SLACK * size > costs.SINGLE_PASS_ENTRIES:
         return None
     chunks = max(1, min(nthreads, rows))
-    limit = _INT32_MAX if prepared.index_dtype == "int32" else 2**62
-    if max(chunks * capacity, size, rows) > limit or chunks * capacity > costs.CHUNKED_ENTRIES:
-        return None
     levels_n = len(out.output.format.levels)
     row_at, region_at, end_at, length = chunk_table(levels_n, chunks)
     table = np.zeros(length, dtype=np.int64)
@@ -131,16 +126,26 @@ def chunked_pass(
     starts = table[row_at : row_at + chunks + 1]
     starts[:] = _row_starts(out, prepared, rows, chunks)
     regions = table[region_at : region_at + chunks + 1]
-    regions[:] = np.arange(chunks + 1) * capacity
+    row = out.out_indices[0]
+    for c in range(chunks):  # a chunk's room, and the up-front checks of its last loops
+        lo, hi = int(starts[c]), int(starts[c + 1])
+        own = bound
+        if chunks > 1:
+            args = (out.statement, prepared.values, prepared.dims, out.division, (row, lo, hi))
+            own = entry_bound(*args)
+        regions[c + 1] = regions[c] + min((hi - lo) * size, own) + LAST_LEVEL_SLACK * size
+    reserved = int(regions[chunks])
+    limit = _INT32_MAX if prepared.index_dtype == "int32" else 2**62
+    if max(reserved, size, rows) > limit or reserved > costs.CHUNKED_ENTRIES:
+        return None
     room = np.zeros(max(1, out.output.order), dtype=np.int64)
-    room[last] = chunks * capacity
+    room[last] = reserved
     arrays, levels, vals = allocate(out, prepared, room, {("sizes", -1): table}, poison)
     out.check(out.call(out.loaded.append, prepared, arrays, nthreads))
     ends = table[end_at : end_at + chunks]
     counts = ends - regions[:chunks]
     total = int(counts.sum())
-    # a chunk out of room (-1), or all together past region 0 (the moves would overlap)
-    if (ends < 0).any() or total > capacity:
+    if (ends < 0).any():  # a chunk out of room
         if poison:
             raise SparsecError(f"internal: the capacity bound {bound} was too small")
         return None
@@ -148,7 +153,9 @@ def chunked_pass(
     assert pos is not None and crd is not None
     pos[0] = 0
     to = int(counts[0])
-    for c in range(1, chunks):  # behind the chunks before it: region 0 to past region 0
+    # behind the chunks before it: leftwards, over at most its own region's start (numpy
+    # copies an overlapping slice correctly) and never into the next region
+    for c in range(1, chunks):
         n, at = int(counts[c]), int(regions[c])
         if n:
             crd[to : to + n] = crd[at : at + n]
