@@ -30,6 +30,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.taco",
         "side by side with TACO (C++ API, and -march=native): ../shared/taco-bench",
     ),
+    "taco_compile": (
+        "bench.taco_compile",
+        "cold compile in fresh processes: sparsec generate + cc vs TACO lower + cc",
+    ),
     "roofline": (
         "bench.roofline",
         "SpMV, banded SpMV, TTV vs measured bandwidth; SpMM, MTTKRP, SDDMM vs peak FMA rate",

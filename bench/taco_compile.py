@@ -1,0 +1,192 @@
+"""Cold compile against TACO: sparsec's generate + cc against TACO's lower + cc, each kernel
+compiled in fresh processes, on the harness's kernels (issue 24).
+
+    python -m bench.taco_compile [--quick] [--kernels spmv_rand,...] [--repeats 3]
+                                 [--taco-cflags "-O3 -ffast-math -std=c99 -march=native"]
+
+What is timed, per repeat (the contenders alternate their order from repeat to repeat):
+
+- sparsec "kernel": a fresh Python process with an empty ``SPARSEC_CACHE_DIR`` (no kernel
+  cache hit) that has already compiled one unrelated small kernel, so the process's one-time
+  setup (the grammar's tables, the template, the compiler probe) is done, times
+  ``sparsec.kernel(...)`` (parse, plan) plus ``Kernel.executable(...)`` (generate C, cc,
+  load) for the inputs' dtypes: the compile of a kernel never built before. This is the
+  figure held against TACO's lower + cc (TACO's one-time setup, loading libtaco, is
+  outside its timer too). No kernel run is in it: the first and second calls are timed
+  apart. A kernel whose sparse output has a single pass builds its two phases when a call
+  first needs them (`sparsec.runtime.loaded.Loaded`); the first call of these kernels
+  runs the single pass, so the figure is what a user waits for before a first result.
+- sparsec "process": the same with no setup before (the first kernel of a process).
+- TACO: a fresh ``taco_bench --compile-only`` process of the harness (TACO keeps no kernel
+  cache on disk): concrete notation, default transformations, lowering (assemble and
+  compute) and ``Module::compile`` (C, cc, dlopen), what ``TensorBase::compile()`` does;
+  for a sparse output also the fused assemble-while-compute module, reported apart. TACO
+  compiles with ``TACO_CFLAGS = --taco-cflags``, by default TACO-native's flags (TACO's
+  own plus ``-march=native``, as ``bench taco`` times it); sparsec with its defaults
+  (``-O3 -march=native -fopenmp``). Both use the same ``cc``.
+
+Medians over the repeats; ratio = sparsec kernel ms / TACO lower + cc ms (> 1: sparsec
+slower). Needs the TACO build and harness that ``bench taco`` finds (the same variables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .common import Table, environment, progress, write_results
+from .taco import HOW_TO, KERNELS, ROOT, _paths, _prepare
+
+#: the one kernel of ``--quick`` (a smoke run)
+QUICK_KERNELS = "spmv_rand"
+
+_PROBE = r"""
+import json, os, sys, time
+sys.path.insert(0, {scripts!r})
+import numpy as np
+import sparsec
+import run_bench as rb
+case = rb.build_case({name!r})
+load0 = os.getloadavg()[0]
+if {setup!r}:  # the process's one-time setup, on an unrelated small kernel
+    sparsec.kernel("w(i) = u(i) * v(i) + u(i)")(u=np.ones(3), v=np.ones(3))
+t0 = time.perf_counter()
+k = sparsec.kernel(case.expr, case.formats)
+t1 = time.perf_counter()
+prepared = k.binder.prepare(case.inputs)  # validates and converts inputs: not compile
+t2 = time.perf_counter()
+k.executable(prepared.dtype, prepared.index_dtype)
+t3 = time.perf_counter()
+k(threads=1, **case.inputs)
+t4 = time.perf_counter()
+k(threads=1, **case.inputs)
+t5 = time.perf_counter()
+ms = lambda a, b: (b - a) * 1e3
+print(json.dumps({{"parse_plan_ms": ms(t0, t1), "generate_cc_ms": ms(t2, t3),
+                  "compile_ms": ms(t0, t1) + ms(t2, t3), "first_call_ms": ms(t3, t4),
+                  "second_call_ms": ms(t4, t5), "load": (load0 + os.getloadavg()[0]) / 2}}))
+"""
+
+
+def _sparsec(scripts: Path, name: str, env: dict[str, str], setup: bool) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="sc-compile-") as cache:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE.format(scripts=str(scripts), name=name, setup=setup)],
+            env=dict(env, SPARSEC_CACHE_DIR=cache),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _taco(scripts: Path, name: str, env: dict[str, str], cflags: str) -> dict[str, float]:
+    schedule = ["--schedule=reorder_ijk"] if name == "sddmm" else []
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="taco-compile-") as work:
+        done = subprocess.run(
+            [str(scripts / "taco_bench"), name, env["BENCH_DATA"], work, "--compile-only"]
+            + schedule,
+            env=dict(env, TACO_CFLAGS=cflags),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("READY")][-1]
+    out: dict[str, float] = {}
+    for token in line.split(' concrete="')[0].split()[1:]:
+        key, _, value = token.partition("=")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            pass
+    out["lower_cc_ms"] = out["lower_ms"] + out["cc_ms"]
+    out["load"] = (load0 + os.getloadavg()[0]) / 2
+    return out
+
+
+def _median(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.taco_compile", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help=f"only {QUICK_KERNELS}, one repeat")
+    ap.add_argument("--threads", default="1", help="ignored: compiling is one thread's work")
+    ap.add_argument("--kernels", default=None, help=f"comma-separated, from {KERNELS}")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--taco-cflags", default="-O3 -ffast-math -std=c99 -march=native")
+    args = ap.parse_args(argv)
+    taco, harness, work = _paths()
+    lib = taco / "build" / "lib" / "libtaco.so"
+    if not lib.exists():
+        print(HOW_TO.format(lib=lib))
+        return 0
+    if not (harness / "run_bench.py").exists():
+        print(f"no TACO harness at {harness}: set SPARSEC_TACO_BENCH to ../shared/taco-bench")
+        return 0
+    scripts = _prepare(taco, harness, work)
+    env = dict(
+        os.environ,
+        BENCH_DATA=str(work / "data"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    kernels = (args.kernels or (QUICK_KERNELS if args.quick else KERNELS)).split(",")
+    repeats = 1 if args.quick else max(1, args.repeats)
+    table = Table(
+        [
+            "kernel",
+            "sparsec ms",
+            "parse+plan",
+            "generate+cc",
+            "1st kernel of a process",
+            "TACO lower+cc ms",
+            "ratio",
+            "TACO fused module",
+            "load",
+        ]
+    )
+    results: dict[str, Any] = {"taco_cflags": args.taco_cflags, "kernels": {}}
+    for name in kernels:
+        progress(f"taco_compile: {name}, {repeats} repeat(s)")
+        runs: dict[str, list[dict[str, float]]] = {"kernel": [], "process": [], "taco": []}
+        for r in range(repeats):
+            order = ["kernel", "process", "taco"]
+            for what in order if r % 2 == 0 else order[::-1]:
+                if what == "taco":
+                    runs[what].append(_taco(scripts, name, env, args.taco_cflags))
+                else:
+                    runs[what].append(_sparsec(scripts, name, env, setup=what == "kernel"))
+        mine, first, theirs = (_median(runs[w]) for w in ("kernel", "process", "taco"))
+        fused = theirs.get("fused_lower_ms", 0.0) + theirs.get("fused_cc_ms", 0.0)
+        loads = [row["load"] for rows in runs.values() for row in rows]
+        table.add(
+            name,
+            f"{mine['compile_ms']:.1f}",
+            f"{mine['parse_plan_ms']:.1f}",
+            f"{mine['generate_cc_ms']:.1f}",
+            f"{first['compile_ms']:.1f}",
+            f"{theirs['lower_cc_ms']:.1f}",
+            f"{mine['compile_ms'] / theirs['lower_cc_ms']:.2f}",
+            f"{fused:.0f}" if fused else "-",
+            f"{min(loads):.1f}-{max(loads):.1f}",
+        )
+        results["kernels"][name] = {"sparsec": mine, "process": first, "taco": theirs, "raw": runs}
+    print("[bench] cold compile (ratio = sparsec kernel ms / TACO lower + cc ms; > 1: slower)")
+    print(table.render())
+    write_results(
+        "taco_compile-quick" if args.quick else "taco_compile",
+        {"environment": environment(), "taco": str(taco), **results},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
