@@ -38,9 +38,9 @@ from .machine import Machine, machine
 #: past this many entries the two phases run instead, so a loose bound or a huge extent
 #: never costs more memory than this
 SINGLE_PASS_ENTRIES = 1 << 24
-#: the chunked single pass (`sparsec.lower.chunks`) reserves that capacity once per chunk
-#: (address space: only the pages a chunk writes are ever backed); past this many entries
-#: in all (many threads on a large bound) the two phases run instead
+#: the chunked single pass (`sparsec.lower.chunks`) reserves each chunk the bound on its
+#: own rows' entries (address space: only the pages a chunk writes are ever backed); past
+#: this many entries in all the two phases run instead
 CHUNKED_ENTRIES = 1 << 26
 #: column panels (`Columns.width`): columns per panel; a call runs in panels when the panel
 #: index has at least PANEL_MIN_COLUMNS, the dense operands along it hold more than
