@@ -374,3 +374,17 @@ def test_the_templates_compiled_code_is_cached(tmp_path, monkeypatch):
     finally:
         printer.environment.cache_clear()
     assert sources[0] == sources[1] == sources[2]
+
+
+def test_workspace_sorts_are_emitted_only_where_a_workspace_is_sorted():
+    """The sorts (built at -O1 under GCC) are in SpGEMM's source, not in kernels that never
+    call them."""
+    spgemm = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"})
+    assert "sc_sort_reached(w_list" in spgemm.source and 'optimize("O1")' in spgemm.source
+    for expr, fmts in (
+        ("y(i) = A(i,j) * x(j)", {"A": "csr"}),
+        ("A(i,j) = B(i,k,l) * D(l,j) * C(k,j)", {"B": "csf"}),
+        ("A(i,j) = B(i,j) + C(i,j)", {"A": "csr", "B": "csr", "C": "csr"}),
+    ):
+        source = sparsec.kernel(expr, fmts).source
+        assert "sc_sort" not in source and "optimize(" not in source

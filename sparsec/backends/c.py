@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from ..abi import ASSEMBLE_NAME, KERNEL_NAME, PACKED_NAME
 from ..ir import nodes as ir
+from ..ir.visit import exprs, statements, subexpressions
 from ..middle.spec import Spec
 from .generated import Generated
 from .printer import C, Printer, adds_into_output, header, param, render, storage_arrays
@@ -81,6 +82,15 @@ def print_c(
     storage = storage_arrays(gen.dtype, gen.signature, *bodies, wide=wide)
     printer = Printer(C, threads=gen.signature.threads, storage=storage)
     packed = _packed(gen)
+    calls = (
+        e.fn
+        for body in bodies
+        for stmt in statements(body)
+        for top in exprs(stmt)
+        for e in subexpressions(top)
+        if isinstance(e, ir.Call)
+    )
+    sorts = "sort_reached" in set(calls)
     # the two phases, where a single pass exists beside them (it is not the kernel itself)
     phases = (ASSEMBLE_NAME, KERNEL_NAME) if gen.append not in ("", KERNEL_NAME) else ()
     source = render(
@@ -96,6 +106,7 @@ def print_c(
         stream_out_bytes=stream_out_bytes,
         packed=packed,
         packed_phase=bool(phases),
+        sorts=sorts,
         semiring=spec.semantics.semiring != "plus_times",
         kernel_name=KERNEL_NAME,
         packed_name=PACKED_NAME,
