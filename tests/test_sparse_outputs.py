@@ -397,8 +397,18 @@ def test_entry_bound_of_a_complement_mask_counts_where_the_mask_stores_nothing(e
             {"v": (23,), "D": (23, 14), "B": (23, 14)},
         ),
         ("A(i,j) = B(i,k) * C(k,j)", {"B": "csc", "C": "csr"}, {"B": (23, 9), "C": (9, 14)}),
+        # D dense and column-major: its array's axes are (j, i), the row's is the second
+        ("A(i,j) = B(i,j) + D(i,j)", {"B": "csr", "D": "dd:1,0"}, {"B": (9, 23), "D": (9, 23)}),
     ],
-    ids=["spgemm", "b_plus_cd", "sddmm", "transposed", "dense_vector", "csc_left_whole"],
+    ids=[
+        "spgemm",
+        "b_plus_cd",
+        "sddmm",
+        "transposed",
+        "dense_vector",
+        "csc_left_whole",
+        "dense_column_major",
+    ],
 )
 def test_entry_bound_over_a_range_of_rows_covers_those_rows(expr, fmts, shapes, rng):
     """`entry_bound` restricted to rows lo..hi of the output (a chunk of the single pass)
@@ -415,7 +425,8 @@ def test_entry_bound_over_a_range_of_rows_covers_those_rows(expr, fmts, shapes, 
             dense[n][shapes[n][0] // 3] = 0.0  # an empty row
     k = sparsec.kernel(expr, {"A": "csr", **fmts})
     values = {
-        n: sparsec.Tensor.from_dense(v, fmts[n]) if n in fmts else v for n, v in dense.items()
+        n: sparsec.Tensor.from_dense(v, fmts[n]) if fmts.get(n, "dd")[:2] != "dd" else v
+        for n, v in dense.items()
     }
     result = k(**values)
     prepared = k.binder.prepare(values)  # the statement's operands (a transposed D_as, say)
@@ -425,7 +436,7 @@ def test_entry_bound_over_a_range_of_rows_covers_those_rows(expr, fmts, shapes, 
     whole = entry_bound(stmt, values, dims)
     assert whole >= np.count_nonzero(out) or whole >= out.size
     rows = out.shape[0]
-    cuts = [0, 1, 5, 11, 12, 22, 23]
+    cuts = sorted({0, 1, rows // 4, rows // 2, rows // 2 + 1, rows - 1, rows})
     for lo in cuts:
         for hi in cuts:
             if hi < lo:

@@ -53,6 +53,7 @@ def entry_bound(
     kernel's ``division`` convention (`sparsec.frontend.semantics`). ``rows`` = (an output
     index ``i``, ``lo``, ``hi``): only the entries with ``lo <= i < hi`` (a chunk of a
     rowwise output's rows, `sparsec.runtime.sparse_out.chunked_pass`)."""
+    full = dims[rows[0]] if rows is not None else 0
     if rows is not None:
         dims = {**dims, rows[0]: rows[2] - rows[1]}
     rhs: CExpr = Sum(stmt.top_sums, stmt.rhs) if stmt.top_sums else stmt.rhs
@@ -60,7 +61,7 @@ def entry_bound(
     dense = _size(dims, out)
     if exact(rhs, division):
         return dense  # exact lowering: present everywhere
-    free, n = _Bound(values, dims, rows).of(rhs)
+    free, n = _Bound(values, dims, rows, full).of(rhs)
     return int(min(dense, n * _size(dims, out - free)))
 
 
@@ -80,10 +81,13 @@ class _Bound:
         values: Mapping[str, Any],
         dims: Mapping[str, int],
         rows: tuple[str, int, int] | None = None,
+        full: int = 0,
     ) -> None:
         self.values = values
         self.dims = dims
         self.rows = rows
+        #: the row index's whole extent (``dims`` holds the range's)
+        self.full = full
 
     def _stored(self, a: Access) -> int:
         """``a``'s stored entries (within the rows, where `_cut` or a dense array allows)."""
@@ -92,10 +96,11 @@ class _Bound:
         if cut is not None:
             return cut[1] - cut[0]
         if self.rows is not None and not hasattr(v, "nnz") and a.indices.count(self.rows[0]) == 1:
-            row, lo, hi = self.rows
-            full = int(np.shape(v)[a.indices.index(row)]) if np.ndim(v) == len(a.indices) else 0
-            if full > 0:
-                return int(np.size(v)) // full * (hi - lo)
+            # a dense array (in level order: any axis may be the row's) holds size / full
+            # values per row
+            _, lo, hi = self.rows
+            if self.full > 0 and np.ndim(v) == len(a.indices):
+                return int(np.size(v)) // self.full * (hi - lo)
         return _stored(v)
 
     def _cut(self, a: Access) -> tuple[int, int] | None:
