@@ -123,3 +123,29 @@ def test_reads_that_fit_or_are_read_once_are_left_alone(expr, formats):
 def test_cuda_and_user_schedules_keep_the_read(rng):
     assert _transposed(sparsec.kernel(SDDMM, {"B": "csr"}, target="cuda-emulated")) == []
     assert _transposed(sparsec.kernel(SDDMM, {"B": "csr"}, schedule="serial")) == []
+
+
+@pytest.mark.parametrize("layout", ["row-major", "column-major", "strided"])
+def test_a_source_read_only_through_its_copy_is_copied_once(layout, rng):
+    """D is read only through its transposed copy D_as: passed as its transpose's view (the
+    layout D_as wants: GraphBLAS's 'D stored transposed'), the copy is that memory, with no
+    copy made; row-major or strided, one copy from D as passed. Before, D was first made
+    C-contiguous, then copied again. Results equal on integer data; C, read as it is, is
+    still made contiguous when passed column-major."""
+    B = Tensor.from_dense(np.round(sparse_array((15, 12), rng) * 8), "csr")
+    C = rng.integers(-4, 5, (15, 7)).astype(np.float64)
+    Dt = rng.integers(-4, 5, (12, 7)).astype(np.float64)  # D^T, rows of D's columns
+    D = {
+        "row-major": np.ascontiguousarray(Dt.T),
+        "column-major": Dt.T,
+        "strided": np.ascontiguousarray(np.repeat(Dt.T, 2, axis=1))[:, ::2],
+    }[layout]
+    k = sparsec.kernel(SDDMM, {"B": "csr", "A": "csr"})
+    assert _transposed(k) == ["D_as"]
+    prepared = k.binder.prepare({"B": B, "C": np.asfortranarray(C), "D": D})
+    copy = prepared.values["D_as"]
+    assert copy.flags.c_contiguous and np.array_equal(copy, Dt)
+    assert np.shares_memory(copy, D) == (layout == "column-major")
+    assert prepared.values["C"].flags.c_contiguous
+    got = k(B=B, C=np.asfortranarray(C), D=D).to_dense()
+    np.testing.assert_array_equal(got, B.to_dense() * (C @ Dt.T))

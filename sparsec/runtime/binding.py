@@ -185,13 +185,17 @@ def widen(value: Any) -> Any:
     return value
 
 
-def convert_input(t: TensorVar, value: Any, dtype: str, index_dtype: str) -> Any:
-    """One input in the kernel's layout: float for scalars, ndarray for dense, Tensor else."""
+def convert_input(
+    t: TensorVar, value: Any, dtype: str, index_dtype: str, contiguous: bool = True
+) -> Any:
+    """One input in the kernel's layout: float for scalars, ndarray for dense, Tensor else.
+    ``contiguous`` off: a dense one only read through a derived copy (a transpose the
+    runtime makes anyway) keeps its strides, so the copy is made once, from it."""
     where = f"input {t.name!r}"
     if t.order == 0:
         return _scalar(value, where)
     if t.is_dense:
-        return _dense(t, value, dtype, where)
+        return _dense(t, value, dtype, where, contiguous)
     _reject_dtype(value, where)
     half = dtype in HALF
     np_dtype = FLOAT32 if half else VALUE_DTYPES[dtype]
@@ -259,8 +263,9 @@ def _reject_dtype(value: Any, where: str) -> None:
         raise DTypeError(f"{where}: {shown} values are not supported; use float32 or float64")
 
 
-def _dense(t: TensorVar, value: Any, dtype: str, where: str) -> np.ndarray:
-    """A dense operand as a C-ordered array *in level order* of the kernel's value dtype."""
+def _dense(t: TensorVar, value: Any, dtype: str, where: str, contiguous: bool = True) -> np.ndarray:
+    """A dense operand as an array *in level order* of the kernel's value dtype: C-ordered,
+    unless ``contiguous`` is off (`convert_input`)."""
     if type(value) is not np.ndarray:
         if isinstance(value, Tensor):
             value = value.to_dense()
@@ -292,6 +297,8 @@ def _dense(t: TensorVar, value: Any, dtype: str, where: str) -> np.ndarray:
         value = np.transpose(value, ordering)
     if dtype in HALF:
         return to_storage(value, dtype)
+    if not contiguous:
+        return np.asarray(value, dtype=VALUE_DTYPES[dtype])
     return np.ascontiguousarray(value, dtype=VALUE_DTYPES[dtype])
 
 

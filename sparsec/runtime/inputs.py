@@ -107,6 +107,7 @@ class Binder:
         "index_dtype",
         "statement",
         "_renamed",
+        "_direct",
         "derived",
     )
 
@@ -131,6 +132,8 @@ class Binder:
         #: the output's name, `TensorVar.argument`)
         self.names = frozenset(t.argument for t in self.wanted)
         self._renamed = any(t.argument != t.name for t in self.wanted)
+        #: the passed tensors the kernel reads as they are (not only through a derived copy)
+        self._direct = frozenset(t.name for t in spec.inputs) | {spec.output.name}
         wanted = {t.name: t for t in self.wanted}
         #: (tensor, axis of the converted value, index) for every access of every input (a
         #: tensor used twice, as in A(k,i)*A(k,j), ties both index lists to its shape);
@@ -186,7 +189,8 @@ class Binder:
                 values[t.name] = self._device_input(t, value, dtype, index_dtype)
                 device = True
             else:
-                values[t.name] = convert_input(t, value, dtype, index_dtype)
+                direct = t.name in self._direct
+                values[t.name] = convert_input(t, value, dtype, index_dtype, direct)
         if self.index_dtype is None and index_dtype == "int32":
             # A large input may have forced int64: bring every sparse input to one width.
             if any(isinstance(v, Tensor) and v.index_dtype == INT64 for v in values.values()):
