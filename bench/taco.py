@@ -56,6 +56,31 @@ def _paths() -> tuple[Path, Path, Path]:
     return taco, harness, work
 
 
+def ready() -> tuple[Path, Path, Path] | None:
+    """(the TACO checkout, the work folder, the runner's scripts folder, prepared by
+    `_prepare`), or None after saying what is missing (a TACO build, the harness)."""
+    taco, harness, work = _paths()
+    lib = taco / "build" / "lib" / "libtaco.so"
+    if not lib.exists():
+        print(HOW_TO.format(lib=lib))
+        return None
+    if not (harness / "run_bench.py").exists():
+        print(f"no TACO harness at {harness}: set SPARSEC_TACO_BENCH to ../shared/taco-bench")
+        return None
+    return taco, work, _prepare(taco, harness, work)
+
+
+def harness_env(work: Path, **more: str) -> dict[str, str]:
+    """The environment the harness's processes run in: its data, and this checkout first
+    on the path (so they import this sparsec)."""
+    return dict(
+        os.environ,
+        BENCH_DATA=str(work / "data"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        **more,
+    )
+
+
 def _prepare(taco: Path, harness: Path, work: Path) -> Path:
     """The runner's folder under ``work/scripts``: the harness copied (it is read-only where
     it is shared), its driver built against ``taco``, and the data generated once."""
@@ -126,25 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--wait", type=float, default=600, help="seconds to wait for a quiet machine")
     args = ap.parse_args(argv)
-    taco, harness, work = _paths()
-    lib = taco / "build" / "lib" / "libtaco.so"
-    if not lib.exists():
-        print(HOW_TO.format(lib=lib))
+    found = ready()
+    if found is None:
         return 0
-    if not (harness / "run_bench.py").exists():
-        print(f"no TACO harness at {harness}: set SPARSEC_TACO_BENCH to ../shared/taco-bench")
-        return 0
-    scripts = _prepare(taco, harness, work)
+    taco, work, scripts = found
     kernels = args.kernels or (QUICK_KERNELS if args.quick else KERNELS)
     rounds = 1 if args.quick else args.rounds
     threads = [int(t) for t in str(args.threads).split(",")]
     out = work / "work" / "results.json"
-    env = dict(
-        os.environ,
-        BENCH_DATA=str(work / "data"),
-        BENCH_WORK=str(work / "work"),
-        SPARSEC_CACHE_DIR=str(work / "work" / "sc_cache"),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    env = harness_env(
+        work, BENCH_WORK=str(work / "work"), SPARSEC_CACHE_DIR=str(work / "work" / "sc_cache")
     )
     command = [
         sys.executable,

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import Table, environment, progress, write_results
-from .taco import HOW_TO, KERNELS, ROOT, _paths, _prepare
+from .taco import KERNELS, harness_env, ready
 
 #: the one kernel of ``--quick`` (a smoke run)
 QUICK_KERNELS = "spmv_rand"
@@ -124,20 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--taco-cflags", default="-O3 -ffast-math -std=c99 -march=native")
     args = ap.parse_args(argv)
-    taco, harness, work = _paths()
-    lib = taco / "build" / "lib" / "libtaco.so"
-    if not lib.exists():
-        print(HOW_TO.format(lib=lib))
+    found = ready()
+    if found is None:
         return 0
-    if not (harness / "run_bench.py").exists():
-        print(f"no TACO harness at {harness}: set SPARSEC_TACO_BENCH to ../shared/taco-bench")
-        return 0
-    scripts = _prepare(taco, harness, work)
-    env = dict(
-        os.environ,
-        BENCH_DATA=str(work / "data"),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    )
+    taco, work, scripts = found
+    env = harness_env(work)
     kernels = (args.kernels or (QUICK_KERNELS if args.quick else KERNELS)).split(",")
     repeats = 1 if args.quick else max(1, args.repeats)
     table = Table(
