@@ -69,6 +69,24 @@ SIMULATED = tuple(
 )
 
 
+def formatted_inputs(fmts, shapes, rng, dtype="float64", index_dtype="int32", integer=False):
+    """(dense arrays, the inputs to pass): ``sparse_array`` of each shape in ``dtype``,
+    stored in its format of ``fmts`` (dense where it has none); a shape ``()`` is the
+    scalar 1.5."""
+    dense, given = {}, {}
+    for name, shape in shapes.items():
+        if not shape:
+            dense[name] = given[name] = 1.5
+            continue
+        arr = sparse_array(shape, rng, integer=integer).astype(dtype)
+        dense[name] = arr
+        fmt = fmts.get(name, "dense")
+        given[name] = (
+            arr if fmt == "dense" else Tensor.from_dense(arr, fmt, index_dtype=index_dtype)
+        )
+    return dense, given
+
+
 @functools.cache
 def pruned_csr(rows: int, inner: int, density: float, dtype: type = np.float32) -> Tensor:
     """A seeded random ``rows`` x ``inner`` CSR weight (scipy's ``sparse.random``, exactly

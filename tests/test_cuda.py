@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import case_id, sparse_array, torch_reference
+from conftest import case_id, formatted_inputs, sparse_array, torch_reference
 from test_kernels import CASES
 
 import sparsec
@@ -47,18 +47,7 @@ needs_compiler = pytest.mark.skipif(
 
 def _given(fmts, shapes, seed, dtype="float64", index_dtype="int32", integer=False):
     rng = np.random.default_rng(seed)
-    dense, given = {}, {}
-    for name, shape in shapes.items():
-        if not shape:
-            dense[name] = given[name] = 1.5
-            continue
-        arr = sparse_array(shape, rng, integer=integer).astype(dtype)
-        dense[name] = arr
-        fmt = fmts.get(name, "dense")
-        given[name] = (
-            arr if fmt == "dense" else sparsec.Tensor.from_dense(arr, fmt, index_dtype=index_dtype)
-        )
-    return dense, given
+    return formatted_inputs(fmts, shapes, rng, dtype, index_dtype, integer)
 
 
 def _no_spills(k: sparsec.Kernel) -> None:

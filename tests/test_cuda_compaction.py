@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_same_storage, case_id, sparse_array
+from conftest import assert_same_storage, case_id, formatted_inputs, sparse_array
 from test_cuda import needs_compiler
 from test_sparse_outputs import CASES
 
@@ -26,15 +26,7 @@ STAGED = [c for c in CASES if needs_staging(sparsec.kernel(c[0], c[1]).spec)]
 
 def _given(case, rng, dtype, index_dtype):
     _, fmts, _, shapes = case
-    dense, given = {}, {}
-    for name, shape in shapes.items():
-        arr = sparse_array(shape, rng, integer=True).astype(dtype)
-        dense[name] = arr
-        fmt = fmts.get(name, "dense")
-        given[name] = (
-            arr if fmt == "dense" else sparsec.Tensor.from_dense(arr, fmt, index_dtype=index_dtype)
-        )
-    return dense, given
+    return formatted_inputs(fmts, shapes, rng, dtype, index_dtype, integer=True)
 
 
 @pytest.mark.parametrize(
