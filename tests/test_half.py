@@ -465,8 +465,9 @@ def test_cupy_float16_in_cupy_float16_out():
     except SparsecError as err:
         pytest.skip(str(err))
     W, X = _sparse((200, 96), 43, "float16", integer=True), _dense((96, 300), 44, "float16", True)
-    k = sparsec.kernel(SPMM, {"W": "csr"}, target="cuda")
-    got = k(W=W.to_sparse_csr(), X=cp.asarray(X.numpy()))
+    # W as a sparsec Tensor: a torch operand would make the result a CUDA torch tensor
+    k = sparsec.kernel(SPMM, {"W": "csr"}, target="cuda", dtype="float16")
+    got = k(W=sparsec.Tensor.from_torch(W.float().to_sparse_csr()), X=cp.asarray(X.numpy()))
     assert isinstance(got, cp.ndarray) and got.dtype == np.float16
     want = (W.float() @ X.float()).half().numpy()
     np.testing.assert_array_equal(cp.asnumpy(got), want)

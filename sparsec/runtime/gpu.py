@@ -234,7 +234,12 @@ def _device_form(dtype: str) -> Form:
     def array(a: Any) -> Any:
         return a if on_device(a) else to_device(a)
 
-    return Form(tensor, array, array, lambda p, v: typed[p.type](v))
+    def output(a: Any) -> Any:
+        # an array a phase does not write (a count phase's crd and vals): NULL, as on the
+        # C target (CuPy passes None as a null pointer)
+        return None if a is None else array(a)
+
+    return Form(tensor, array, output, lambda p, v: typed[p.type](v))
 
 
 def _host_grid(
