@@ -222,3 +222,26 @@ def test_a_sum_over_an_empty_range_is_absent_in_the_reference():
     ieee = sparsec.kernel("o = T0(i) / T1(j)", {"T0": "d:0", "T1": "d:0"}, division="ieee")
     assert np.isnan(float(ieee(T0=x, T1=x)))
     ieee.check(T0=x, T1=x)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "O(i) = T0(i) / (T1(i,k) / x(k))",
+        "O(i) = -(T0(i) / -(T1(i,k) / x(k)))",
+        "O(i) = T0(i) / (T1(i,k) * (1 / x(k)))",
+    ],
+)
+def test_a_quotient_inside_a_divisor_is_absent_where_its_numerator_is(expr):
+    """Found by the fuzzer: a divisor's nested sparse quotient at an empty row of T1, over
+    x(k) = 0. It is absent (0 whatever 0/0 would be) as everywhere under the sparse
+    convention, so the divisor is a zero and the result infinite, as the kernel computes;
+    the reference computed the divisor densely (0/0 = NaN) and called the kernel wrong."""
+    T1 = Tensor.from_dense(np.array([[0.0, 0.0], [0.0, 2.0]]), "csr")
+    inputs = {"T0": np.array([1.0, 3.0]), "T1": T1, "x": np.array([0.0, 4.0])}
+    for target in TARGETS:
+        k = sparsec.kernel(expr, {"T1": "csr"}, target=target)
+        with np.errstate(all="ignore"):
+            got = k(**inputs)
+        assert np.isinf(got[0]) and abs(got[1]) == 6.0, got
+        k.check(**inputs)

@@ -109,8 +109,8 @@ class _Evaluator:
         #: labels, by node identity (the tree lives as long as this evaluator)
         self._present: dict[int, Presence] = {}
         self._labels: dict[int, tuple[str, ...]] = {}
-        #: inside a divisor (how deep): IEEE values, no structural zeros (a zero's sign
-        #: decides the sign of an infinity), as the kernel computes them
+        #: inside a divisor (how deep): IEEE values, where a zero's sign decides the sign
+        #: of an infinity, as the kernel computes them; an absent node is still 0 there
         self._divisor = 0
 
     def _closing(self, expr: Expr, labels: tuple[str, ...]) -> tuple[str, ...]:
@@ -118,16 +118,19 @@ class _Evaluator:
         return tuple(x for x in labels if x in self.summed and here[x] == self.totals[x])
 
     def value(self, expr: Expr) -> Labelled:
-        if self.exact or self._divisor:
+        if self.exact:
             return self._closed(expr, *self._node(expr))
-        if isinstance(expr, BinOp) and expr.op == "*" and not self.elementwise:
+        if isinstance(expr, BinOp) and expr.op == "*" and not (self.elementwise or self._divisor):
             # every value finite: a product is present where it is not zero, and reading
             # absent as 0 gives the same value; so is every node above it
             return self._product(expr)
         t, labels = self._node(expr)
         present = self._presence(expr, labels)
         if present is not None:
-            t = torch.where(present, t, torch.zeros((), dtype=t.dtype))
+            # absent: 0 whatever its operands' values (an absent 0/0 is never computed);
+            # inside a divisor a zero keeps the sign IEEE arithmetic gives it
+            keep = present | (t == 0) if self._divisor else present
+            t = torch.where(keep, t, torch.zeros((), dtype=t.dtype))
         closing = self._closing(expr, labels)
         if closing:
             dims = [labels.index(x) for x in closing]
