@@ -194,6 +194,17 @@ def test_gpu_loops_inside_a_sparse_output_row_are_refused():
             make(f"parallelize({loop},GPUThread,Atomics)")
 
 
+def test_a_coo_row_level_driving_a_sparse_output_says_how_to_store_it():
+    """COO's rows are not unique positions: a thread per position would append one row
+    from several threads. The GPU default has no mapping then, and says which formats
+    have one (found on the first H200 lent); a DCSR operand maps, by its positions."""
+    expr = "C(i,j) = A(i,k) * B(k,j)"
+    with pytest.raises(ScheduleError, match=r"A's positions over i are not one per row.*dcsr"):
+        sparsec.kernel(expr, {"A": "coo", "B": "csr", "C": "csr"}, target="cuda-emulated")
+    k = sparsec.kernel(expr, {"A": "dcsr", "B": "csr", "C": "csr"}, target="cuda-emulated")
+    assert "pos(i," in k.schedule
+
+
 @needs_compiler
 def test_a_workspace_larger_than_the_budget_shrinks_the_launch(monkeypatch):
     """The workspace's slices (one per thread) must fit the budget: fewer blocks, then

@@ -311,6 +311,14 @@ def _check_sparse_schedule(env: LowerEnv, plan: Plan) -> None:
             continue  # rows are counted and filled independently: GPU threads split them
         if env.gpu and _distinct_rows(env, space, rows):
             continue  # a position per row: threads split the rows as above
+        if env.gpu and space.kind == "pos" and set(space.vars) <= rows:
+            name = pos_access(env, space).name
+            raise ScheduleError(
+                f"{space.origin}: {name}'s positions over {space.vars[0]} are not one per "
+                f"row (its level is not unique, as COO's rows are not): each row of the "
+                f"sparse output {lhs.name} is filled by one GPU thread, so store {name} "
+                "with unique row levels (csr, dcsr: Tensor.to_format), or use target='c'"
+            )
         if set(space.vars) & set(lhs.indices):
             raise ScheduleError(
                 f"{space.origin}: the output {lhs.name} is sparse "
