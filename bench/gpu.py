@@ -5,7 +5,7 @@ bytes-moved model against HBM bandwidth; with a GPU, timings against cuSPARSE.
 
 For SpMV, SpMM and MTTKRP under each GPU schedule (the default and TACO-style ones; for
 SpMV also thread-per-row and CSR-vector with 4, 8 and 16 lanes per row, the default
-picking one per call from the average row length: 8 for 10/row): the
+picking one per call from the average row length: 4 for 10/row): the
 registers per thread, spill bytes and theoretical occupancy on sm_90 (NVRTC), the
 compulsory bytes every implementation must move, and the time that takes at HBM bandwidth
 (3.35 TB/s, H100 SXM, by default): the roofline no schedule can beat. Each kernel is first

@@ -136,17 +136,19 @@ def test_bad_lane_groups_are_schedule_errors(schedule, why):
 
 # ------------------------------------------------ the default: lanes chosen per call
 def test_lanes_per_row_from_the_average_row_length():
-    assert [vector_lanes(a) for a in (0, 1, 3.99, 4, 7.9, 8, 10, 16, 31, 32, 33, 1e6)] == [
+    # the largest power of two at most half the average (bench gpu_lanes, on an H200)
+    assert [vector_lanes(a) for a in (0, 1, 3.99, 4, 7.9, 8, 10, 16, 31, 32, 33, 64, 1e6)] == [
         0,
         0,
         0,
+        2,
+        2,
         4,
         4,
         8,
         8,
         16,
         16,
-        32,
         32,
         32,
     ]
@@ -186,13 +188,16 @@ def _rows_of(average: int, rows: int, cols: int, seed: int) -> np.ndarray:
 
 
 @needs_compiler
-@pytest.mark.parametrize(("average", "lanes"), [(2, 0), (5, 4), (10, 8), (24, 16), (45, 32)])
+@pytest.mark.parametrize(
+    ("average", "lanes"), [(2, 0), (5, 2), (10, 4), (24, 8), (45, 16), (110, 32)]
+)
 def test_default_spmv_gives_long_rows_to_lane_groups(average, lanes):
     k = sparsec.Kernel(SPMV, {"A": "csr"}, target="cuda-emulated")  # not memoized: fresh
-    a = _rows_of(average, 150, 120, average)
+    cols = max(120, 3 * average)
+    a = _rows_of(average, 150, cols, average)
     t = sparsec.Tensor.from_dense(a, "csr")
     assert vector_lanes(t.nnz / 150) == lanes
-    x = np.random.default_rng(0).integers(-4, 5, 120).astype(np.float64)
+    x = np.random.default_rng(0).integers(-4, 5, cols).astype(np.float64)
     np.testing.assert_array_equal(k(A=t, x=x), a @ x)
     assert k.check(A=t, x=x).max_abs_error == 0
     ran = [s for s, _, _ in k._candidates]
@@ -445,4 +450,4 @@ def test_default_lane_groups_for_accumulate_and_scipy_inputs():
     x, y = np.arange(80.0) % 5, np.arange(100.0) % 3 - 1
     np.testing.assert_array_equal(k(A=sp.csr_array(a), x=x, y=y.copy()), y + a @ x)
     (ran,) = [s for s, _, _ in k._candidates]
-    assert "split(i_rows,i_warp,i_group,4)" in ran  # 8 lanes
+    assert "split(i_rows,i_warp,i_group,8)" in ran  # 4 lanes

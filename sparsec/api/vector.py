@@ -16,8 +16,8 @@ from ..tensors.tensor import Tensor
 #: how `Kernel.schedule` tells that a call may run another kernel than `Kernel.source`'s
 VECTOR_NOTE = (
     f"a call whose rows hold {VECTOR_MIN_ROW} or more nonzeros on average gives each row a "
-    "group of lanes instead (CSR-vector: 2-32 lanes, the largest power of two at most the "
-    "average; a kernel per group size)"
+    "group of lanes instead (CSR-vector: 2-32 lanes, the largest power of two at most half "
+    "the average; a kernel per group size)"
 )
 
 
