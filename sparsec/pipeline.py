@@ -44,6 +44,7 @@ from .passes.bands import BAND, DEPTH, Walks, band
 from .passes.coarsen import BLOCK as COARSE_BLOCK
 from .passes.coarsen import coarsen
 from .passes.dots import vectorize_dots
+from .passes.flags import fold_flag_loops, light_count
 from .passes.jam import jam
 from .passes.streams import prefetch_streams
 from .passes.tile import VECTORS as TILE_VECTORS
@@ -192,6 +193,7 @@ APPEND_CHUNKED = (
     "proved (plus a row of slack), then moved into place (sparsec.lower.chunks)"
 )
 APPEND_ROWS = "one chunk's rows of the single pass, appended into its region"
+COUNT_COMMENT = "symbolic phase: count the positions of every output level into sc_sizes"
 #: a default GPU mapping's passes (an explicit schedule is printed as written)
 CUDA_PASSES: tuple[Pass, ...] = (_coarsen,)
 
@@ -270,13 +272,9 @@ def generate(
     chunked = False
     if not spec.output.format.is_dense:
         counted, _ = lower(spec, make_names, parallel=parallel, counting=True, commands=schedule)
-        functions.append(
-            Function(
-                ASSEMBLE_NAME,
-                "symbolic phase: count the positions of every output level into sc_sizes",
-                counted.body,
-            )
-        )
+        counting = fold_flag_loops(counted.body)
+        light = light_count(counting)
+        functions.append(Function(ASSEMBLE_NAME, COUNT_COMMENT, counting, light=light))
         comment = "numeric phase: append coordinates and values into the allocated arrays"
         single = None
         # one pass only where a count costs what a fill does (a merge, a workspace) or rows

@@ -7,6 +7,7 @@ import pytest
 import sparsec
 from sparsec.backends.printer import C, Printer
 from sparsec.ir import nodes as ir
+from sparsec.passes.flags import fold_flag_loops
 
 P = Printer(C)
 a, b, c = ir.Var("a"), ir.Var("b"), ir.Var("c")
@@ -388,3 +389,49 @@ def test_workspace_sorts_are_emitted_only_where_a_workspace_is_sorted():
     ):
         source = sparsec.kernel(expr, fmts).source
         assert "sc_sort" not in source and "optimize(" not in source
+
+
+def test_flag_only_loops_fold_into_a_test_of_their_range():
+    """A serial loop whose body only declares its own locals and raises flags becomes
+    ``if (start < end)``; loops with any other effect, a parallel loop, a flag declared
+    inside, or a call in an initialiser stay (nests fold from the inside)."""
+    k, n = ir.Var("k"), ir.Var("n")
+    flag = ir.Assign(ir.Var("reached"), ir.IntLit(1))
+    local = ir.Decl(ir.I64, "p", ir.Bin("*", k, n))
+    inner = ir.For("m", ir.IntLit(0), n, ir.Block((flag,)))
+    loop = ir.For("k", ir.IntLit(0), n, ir.Block((local, ir.Comment("c"), inner)))
+    (folded,) = fold_flag_loops(ir.Block((loop,))).body
+    once = ir.If(((ir.Bin("<", ir.IntLit(0), n), ir.Block((flag,))),))
+    assert folded == ir.If(((ir.Bin("<", ir.IntLit(0), n), ir.Block((once,))),))
+    kept = [
+        ir.For("k", ir.IntLit(0), n, ir.Block((ir.Assign(ir.Var("reached"), k),))),
+        ir.For("k", ir.IntLit(0), n, ir.Block((flag,)), ir.Parallel("CPUThread")),
+        ir.For("k", ir.IntLit(0), n, ir.Block((ir.Decl(ir.BOOL, "reached"), flag))),
+        ir.For("k", ir.IntLit(0), n, ir.Block((ir.Assign(ir.Var("t"), ir.IntLit(1), "+="),))),
+        ir.For(
+            "k",
+            ir.IntLit(0),
+            n,
+            ir.Block((ir.Decl(ir.I64, "q", ir.Call("gallop", (k,))), flag)),
+        ),
+    ]
+    for loop in kept:
+        assert fold_flag_loops(ir.Block((loop,))).body == (loop,)
+
+
+def test_a_light_count_phase_is_built_at_o1():
+    """SDDMM's count walks B's positions; its dense sum over k only says whether k has
+    a term, so it folds to ``if (0 < k_dim)`` and the function is built at -O1 under GCC.
+    SpGEMM's count (a workspace) and a merge's (a while) stay at the file's level."""
+    sddmm = sparsec.kernel("A(i,j) = B(i,j) * C(i,k) * D(k,j)", {"B": "csr", "A": "csr"})
+    source = sddmm.source
+    assert "SC_LIGHT_OPT int sparsec_assemble(" in source and "if (0 < k_dim)" in source
+    assert "SC_LIGHT_OPT int sparsec_kernel(" not in source
+    for expr, fmts in (
+        ("C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"}),
+        ("A(i,j) = B(i,j) + C(i,j)", {"A": "csr", "B": "csr", "C": "csr"}),
+    ):
+        assert "SC_LIGHT_OPT int sparsec_assemble(" not in sparsec.kernel(expr, fmts).source
+    for dims in ({"i": 30, "j": 20, "k": 6}, {"i": 30, "j": 20, "k": 0}):
+        inputs, _ = sddmm.random_inputs(dims, seed=3)
+        sddmm.check(**inputs)  # k of extent 0: no entries (the sum reaches no term)

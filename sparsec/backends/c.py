@@ -32,6 +32,8 @@ class Function:
     #: a static function with one more parameter, this C declaration (a chunk's rows,
     #: `sparsec.lower.chunks`); "": an entry point with the kernel's parameters only
     extra: str = ""
+    #: built at -O1 under GCC (`sparsec.passes.flags.light_count`)
+    light: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,7 @@ class _Printed:
     #: one of a sparse output's two phases where it also has a single-pass function: left
     #: out of the build that defines SC_APPEND_ONLY (`sparsec.runtime.loaded`)
     phase: bool = False
+    light: bool = False
 
 
 def _packed(gen: Generated) -> list[str]:
@@ -98,7 +101,14 @@ def print_c(
         header(spec, gen, C),
         gen,
         functions=[
-            _Printed(f.name, f.comment, "\n".join(printer.stmts(f.body)), f.extra, f.name in phases)
+            _Printed(
+                f.name,
+                f.comment,
+                "\n".join(printer.stmts(f.body)),
+                f.extra,
+                f.name in phases,
+                f.light,
+            )
             for f in functions
         ],
         vectors=vectors,
@@ -107,6 +117,7 @@ def print_c(
         packed=packed,
         packed_phase=bool(phases),
         sorts=sorts,
+        light=any(f.light for f in functions),
         semiring=spec.semantics.semiring != "plus_times",
         kernel_name=KERNEL_NAME,
         packed_name=PACKED_NAME,
