@@ -245,3 +245,17 @@ def test_a_quotient_inside_a_divisor_is_absent_where_its_numerator_is(expr):
             got = k(**inputs)
         assert np.isinf(got[0]) and abs(got[1]) == 6.0, got
         k.check(**inputs)
+
+
+def test_a_sum_whose_terms_are_all_absent_is_absent():
+    """Found by the slow fuzz: in ``o = -(-(Σk T0(i,j,k) / T1(i)) / T2(j))`` with k of
+    extent 0, each term of the sum over i is absent (its sum over k reaches nothing), so
+    that sum is absent too and the quotient by T2 = 0 is 0. The sum over i set its flag at
+    every term, present or not, and the kernel returned 0/0 = NaN (a dense output only:
+    a sparse output's sums already asked whether each term was present)."""
+    expr = "o = -(-(T0(i,j,k) / T1(i)) / T2(j))"
+    inputs = {"T0": np.zeros((2, 1, 0)), "T1": np.zeros(2), "T2": np.zeros(1)}
+    for target in TARGETS:
+        k = sparsec.kernel(expr, {}, target=target)
+        assert float(k(**inputs)) == 0.0
+        k.check(**inputs)

@@ -180,8 +180,10 @@ def compute(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
     # the flags of this statement's nested sums (their bodies store through here too)
     with env.scope(reached_of={}):
         value = None if counting else _value(env, expr, ctx, stmts)
-        # a sparse output has an entry only where some term is present
-        present = None if asm is None else _presence(env, expr, ctx, stmts)
+        # a sparse output has an entry only where some term is present, and a nested sum
+        # that flags its terms (any output) is reached only where one is
+        flagged = isinstance(sink, AccSink) and bool(sink.flag)
+        present = _presence(env, expr, ctx, stmts) if asm is not None or flagged else None
         match sink:
             case OutputSink():
                 stmts.append(_when(present, write_output(env, ctx, value)))
