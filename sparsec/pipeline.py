@@ -44,7 +44,7 @@ from .passes.bands import BAND, DEPTH, Walks, band
 from .passes.coarsen import BLOCK as COARSE_BLOCK
 from .passes.coarsen import coarsen
 from .passes.dots import vectorize_dots
-from .passes.flags import fold_flag_loops, light_count
+from .passes.flags import count_in_closed_form, fold_flag_loops, light_count
 from .passes.jam import jam
 from .passes.streams import prefetch_streams
 from .passes.tile import VECTORS as TILE_VECTORS
@@ -272,7 +272,7 @@ def generate(
     chunked = False
     if not spec.output.format.is_dense:
         counted, _ = lower(spec, make_names, parallel=parallel, counting=True, commands=schedule)
-        counting = fold_flag_loops(counted.body)
+        counting = count_in_closed_form(fold_flag_loops(counted.body))
         light = light_count(counting)
         functions.append(Function(ASSEMBLE_NAME, COUNT_COMMENT, counting, light=light))
         comment = "numeric phase: append coordinates and values into the allocated arrays"

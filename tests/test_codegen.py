@@ -7,7 +7,7 @@ import pytest
 import sparsec
 from sparsec.backends.printer import C, Printer
 from sparsec.ir import nodes as ir
-from sparsec.passes.flags import fold_flag_loops
+from sparsec.passes.flags import count_in_closed_form, fold_flag_loops
 
 P = Printer(C)
 a, b, c = ir.Var("a"), ir.Var("b"), ir.Var("c")
@@ -425,7 +425,9 @@ def test_a_light_count_phase_is_built_at_o1():
     SpGEMM's count (a workspace) and a merge's (a while) stay at the file's level."""
     sddmm = sparsec.kernel("A(i,j) = B(i,j) * C(i,k) * D(k,j)", {"B": "csr", "A": "csr"})
     source = sddmm.source
-    assert "SC_LIGHT_OPT int sparsec_assemble(" in source and "if (0 < k_dim)" in source
+    assert "SC_LIGHT_OPT int sparsec_assemble(" in source and "if (0 < k_dim" in source
+    count = source[source.index("int sparsec_assemble(") : source.index("int sparsec_kernel(")]
+    assert "pA2 = pA2 + (pB2_end - B2_pos[pB1])" in count and "for (int64_t pB2" not in count
     assert "SC_LIGHT_OPT int sparsec_kernel(" not in source
     for expr, fmts in (
         ("C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"}),
@@ -435,3 +437,30 @@ def test_a_light_count_phase_is_built_at_o1():
     for dims in ({"i": 30, "j": 20, "k": 6}, {"i": 30, "j": 20, "k": 0}):
         inputs, _ = sddmm.random_inputs(dims, seed=3)
         sddmm.check(**inputs)  # k of extent 0: no entries (the sum reaches no term)
+
+
+def test_loops_that_count_under_an_invariant_test_take_their_length():
+    """``if (c) n = n + 1`` in a loop, ``c`` invariant (perhaps through a flag set from an
+    invariant test), becomes one addition of the loop's length; a test that reads the
+    loop's own names, or a counter declared in the loop, keeps the loop."""
+    p, n, s, e = ir.Var("p"), ir.Var("n"), ir.Var("s"), ir.Var("e")
+    flag = ir.Decl(ir.BOOL, "f", ir.IntLit(0))
+    raise_flag = ir.If(
+        (
+            (
+                ir.Bin("<", ir.IntLit(0), ir.Var("k")),
+                ir.Block((ir.Assign(ir.Var("f"), ir.IntLit(1)),)),
+            ),
+        )
+    )
+    step = ir.If(((ir.Var("f"), ir.Block((ir.Assign(n, ir.Bin("+", n, ir.IntLit(1))),))),))
+    load = ir.Decl(ir.I64, "j", ir.Load("crd", p))
+    loop = ir.For("p", s, e, ir.Block((load, flag, raise_flag, step)))
+    (closed,) = count_in_closed_form(ir.Block((loop,))).body
+    test = ir.conj(ir.Bin("<", ir.IntLit(0), ir.Var("k")), ir.Bin("<", s, e))
+    assert closed == ir.If(((test, ir.Block((ir.Assign(n, ir.Bin("+", n, ir.Bin("-", e, s))),))),))
+    varying = ir.If(((ir.Bin("<", ir.Var("j"), ir.IntLit(3)), step.branches[0][1]),))
+    own = ir.Decl(ir.I64, "n", ir.IntLit(0))
+    for body in ((load, varying), (own, flag, raise_flag, step)):
+        kept = ir.For("p", s, e, ir.Block(body))
+        assert count_in_closed_form(ir.Block((kept,))).body == (kept,)
