@@ -17,40 +17,57 @@ so nests of such loops fold whole."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..ir import nodes as ir
 from ..ir.visit import blocks, free_vars, map_blocks, statements, subexpressions, substitute
 
 
 def fold_flag_loops(body: ir.Block) -> ir.Block:
     """``body`` with every flag-only loop replaced by a test of its range."""
+    return _loops_replaced(body, _folded)
+
+
+def _loops_replaced(body: ir.Block, replace: Callable[[ir.For], ir.Stmt | None]) -> ir.Block:
+    """``body`` with each loop (inner ones first) replaced where ``replace`` gives a
+    statement for it."""
     out: list[ir.Stmt] = []
     for s in body.body:
-        s = map_blocks(s, fold_flag_loops)
-        folded = _folded(s) if isinstance(s, ir.For) else None
-        out.append(s if folded is None else folded)
+        s = map_blocks(s, lambda b: _loops_replaced(b, replace))
+        found = replace(s) if isinstance(s, ir.For) else None
+        out.append(s if found is None else found)
     return ir.Block(tuple(out))
 
 
 def _folded(loop: ir.For) -> ir.Stmt | None:
+    parts = _parts(loop)
+    if parts is None:
+        return None
+    local, _, rest = parts
+    if not rest or not all(_raises(s, local) for s in rest):
+        return None
+    return ir.If(((ir.Bin("<", loop.start, loop.end), ir.Block(tuple(rest))),))
+
+
+def _parts(loop: ir.For) -> tuple[set[str], dict[str, ir.Expr | None], list[ir.Stmt]] | None:
+    """A serial loop's own names (its variable and its locals), its locals' initial values
+    and its other statements (comments left out); None for a parallel loop or a local
+    initialised by a call."""
     if loop.parallel is not None:
         return None
-    local = {loop.var}
-    sets: list[ir.Stmt] = []
+    inits: dict[str, ir.Expr | None] = {}
+    rest: list[ir.Stmt] = []
     for s in loop.body.body:
         match s:
             case ir.Comment():
                 continue
             case ir.Decl(name=name, init=init):
-                if init is not None and any(isinstance(e, ir.Call) for e in subexpressions(init)):
+                if init is not None and _calls(init):
                     return None
-                local.add(name)
-            case _ if _raises(s, local):
-                sets.append(s)
+                inits[name] = init
             case _:
-                return None
-    if not sets:
-        return None
-    return ir.If(((ir.Bin("<", loop.start, loop.end), ir.Block(tuple(sets))),))
+                rest.append(s)
+    return {loop.var, *inits}, inits, rest
 
 
 def _raises(s: ir.Stmt, local: set[str]) -> bool:
@@ -62,7 +79,7 @@ def _raises(s: ir.Stmt, local: set[str]) -> bool:
         case ir.If(branches=branches, orelse=None):
             return all(
                 not (free_vars(cond) & local)
-                and not any(isinstance(e, ir.Call) for e in subexpressions(cond))
+                and not _calls(cond)
                 and all(_raises(t, local) for t in block.body)
                 for cond, block in branches
             )
@@ -75,38 +92,27 @@ def count_in_closed_form(body: ir.Block) -> ir.Block:
     from an invariant test) replaced by ``if (c && start < end) n = n + (end - start)``:
     after `fold_flag_loops`, SDDMM's count of a row is its length in B when k has a term,
     with no walk over the row (GCC finds this form only at -O3, by unswitching)."""
-    out: list[ir.Stmt] = []
-    for s in body.body:
-        s = map_blocks(s, count_in_closed_form)
-        closed = _counted(s) if isinstance(s, ir.For) else None
-        out.append(s if closed is None else closed)
-    return ir.Block(tuple(out))
+    return _loops_replaced(body, _counted)
 
 
 def _counted(loop: ir.For) -> ir.Stmt | None:
-    if loop.parallel is not None:
+    parts = _parts(loop)
+    if parts is None:
         return None
-    local = {loop.var}
-    flags: dict[str, ir.Expr] = {}  # a local flag: the invariant test it holds
+    local, inits, rest = parts
+    # a local flag: the invariant test it holds (0 until a test raises it)
+    flags: dict[str, ir.Expr] = {n: ir.IntLit(0) for n, v in inits.items() if v == ir.IntLit(0)}
     counter: tuple[str, ir.Expr] | None = None
 
     def invariant(e: ir.Expr) -> bool:
         return not (free_vars(e) & local) and not _calls(e)
 
-    for s in loop.body.body:
+    for s in rest:
         match s:
-            case ir.Comment():
-                continue
-            case ir.Decl(name=name, init=init):
-                if init is not None and _calls(init):
-                    return None
-                if init == ir.IntLit(0):
-                    flags[name] = ir.IntLit(0)
-                local.add(name)
             case ir.If(branches=((cond, ir.Block(body=(only,))),), orelse=None):
                 match only:
                     case ir.Assign(target=ir.Var(name=f), value=ir.IntLit(value=1), op="="):
-                        if f not in flags or flags[f] != ir.IntLit(0) or not invariant(cond):
+                        if flags.get(f) != ir.IntLit(0) or not invariant(cond):
                             return None
                         flags[f] = cond
                     case ir.Assign(
