@@ -23,16 +23,13 @@ from sparsec.runtime import gpu
 
 from .common import Table, environment, progress, write_results
 from .core import WrongResult, random_rows_csr
-from .gpu import SPMV, _event_median
+from .gpu import SCHEDULES, SPMV, _event_median
 
-THREAD_PER_ROW = (
-    "split(i,i0,i1,256), parallelize(i0,GPUBlock,NoRaces), parallelize(i1,GPUThread,NoRaces)"
-)
 LANES = (2, 4, 8, 16, 32)
 
 
 def _schedules() -> dict[str, str]:
-    found = {"thread per row": THREAD_PER_ROW}
+    found = {"thread per row": SCHEDULES["spmv"]["thread per row"]}
     for lanes in LANES:
         commands = ", ".join(str(c) for c in vector_schedule("i", "j", "A", lanes))
         found[f"{lanes} lanes"] = commands

@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from sparsec.resources import data_dir
 from sparsec.runtime import build
-from sparsec.runtime.gpu import MAX_EMULATED_GRID
+from sparsec.runtime.gpu import MAX_EMULATED_GRID, behind_shim, shim_launcher
 
 
 class DeviceArray(np.ndarray):
@@ -130,25 +129,20 @@ class RawKernel:
 
 @functools.cache
 def _launcher(source: str, name: str, kinds: tuple[str, ...]) -> Any:
-    shim = (data_dir("templates") / "cuda_shim.h").read_text()
     passed = ", ".join(
         f"sc_any_pointer{{*(void**)sc_args[{i}]}}" if k == "*" else f"*({k}*)sc_args[{i}]"
         for i, k in enumerate(kinds)
     )
-    fibers = "true" if "__shfl" in source else "false"
-    text = (
-        f'{shim}\n#line 1 "sparsec_kernel.cu"\n{source}\n'
-        "struct sc_any_pointer {\n"
+    pointer = (
+        "\nstruct sc_any_pointer {\n"
         "  void* p;\n"
         "  template <class T> operator T*() const { return static_cast<T*>(p); }\n"
         "};\n"
-        'extern "C" int sc_stand_in(long long sc_grid, int sc_block, void** sc_args) {\n'
-        f"  auto sc_body = [&]() {{ {name}({passed}); }};\n"
-        f"  sc_emu::launch(sc_grid, sc_block, {fibers}, sc_body);\n"
-        "  return 0;\n"
-        "}\n"
     )
-    fn = build.compile_cached(text, "c++").sc_stand_in
+    launcher = shim_launcher(
+        "sc_stand_in", "void** sc_args", f"{name}({passed})", "__shfl" in source
+    )
+    fn = build.compile_cached(behind_shim(source, pointer + launcher), "c++").sc_stand_in
     fn.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn

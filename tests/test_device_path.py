@@ -13,15 +13,12 @@ from conftest import assert_same_storage, case_id, formatted_inputs, sparse_arra
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stand_in_device import DeviceArray, StandIn
+from test_cuda import MTTKRP, MTTKRP_SCHEDULES, SPMM, SPMV, SPMV_SCHEDULES
 from test_fuzz import CI, random_case, run_case
 from test_sparse_outputs import CASES
 
 import sparsec
 from sparsec.runtime import gpu
-
-SPMV = "y(i) = A(i,j) * x(j)"
-MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
-SPMM = "C(i,j) = W(i,k) * X(k,j)"
 
 
 @pytest.fixture
@@ -65,18 +62,14 @@ def test_spgemm_workspaces_and_a_chained_call_on_the_device_path(hashed, device,
     assert_same_storage(again, sparsec.kernel(expr, fmts, target="c")(A=want, B=square))
 
 
-@pytest.mark.parametrize("lanes", [None, 2], ids=["default", "thread-per-row"])
-def test_dense_outputs_follow_their_inputs_on_the_device_path(lanes, device, rng):
+@pytest.mark.parametrize(
+    "schedule", [None, SPMV_SCHEDULES["thread-per-row"]], ids=["default", "thread-per-row"]
+)
+def test_dense_outputs_follow_their_inputs_on_the_device_path(schedule, device, rng):
     """A host x gives a host result; a device x a device one (no copy back); the CSR-vector
     default (shuffles) and thread-per-row agree with numpy."""
     a = sparse_array((500, 300), rng, integer=True)
     x = rng.integers(-3, 4, 300).astype(np.float64)
-    schedule = (
-        None
-        if lanes is None
-        else "split(i,i0,i1,256), parallelize(i0,GPUBlock,NoRaces), "
-        "parallelize(i1,GPUThread,NoRaces)"
-    )
     k = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda", schedule=schedule)
     tensor = sparsec.Tensor.from_dense(a, "csr")
     host = k(A=tensor, x=x)
@@ -92,10 +85,7 @@ def test_atomic_kernels_relaunched_on_staged_inputs(device, rng):
     before each launch, so that two launches give the product once."""
     shapes = {"B": (30, 20, 16), "D": (16, 8), "C": (20, 8)}
     dense, given = formatted_inputs({"B": "csf"}, shapes, rng, integer=True)
-    schedule = (
-        "fuse(i,k,f), fuse(f,l,g), pos(g,gp,B), split(gp,b,gp1,512), split(gp1,t,n,16), "
-        "parallelize(b,GPUBlock,Atomics), parallelize(t,GPUThread,Atomics)"
-    )
+    schedule = MTTKRP_SCHEDULES["nonzero-parallel"]
     k = sparsec.kernel(MTTKRP, {"B": "csf"}, target="cuda", schedule=schedule)
     launch, out = k.device_launch(**given)
     launch()

@@ -42,30 +42,38 @@ MAX_EMULATED_GRID = 4096
 
 # ---------------------------------------------------------------- emulation
 def emulation_source(generated: Any) -> str:
-    """The ``.cu`` text behind the shim, plus ``sparsec_launch(grid, block, <arguments>)``."""
-    shim = (data_dir("templates") / "cuda_shim.h").read_text()
+    """The ``.cu`` text behind the shim, plus ``sparsec_launch(grid, block, <arguments>)``
+    (and ``sparsec_launch_assemble`` for a sparse output's count)."""
     params = ",\n    ".join(param(CUDA, p, generated) for p in generated.signature.params)
     names = ", ".join(p.name for p in generated.signature.params)
-    fibers = "true" if generated.launch.shuffles else "false"
-    launcher = (
+    fibers = generated.launch.shuffles
+    launchers = (
         "\n/* the emulation's launcher: every block of the grid, every thread of a block */\n"
-        f'extern "C" int {LAUNCH_NAME}(long long sc_grid, int sc_block,\n'
+    )
+    launchers += shim_launcher(LAUNCH_NAME, params, f"{KERNEL_NAME}({names})", fibers)
+    if generated.launch.assemble is not None:
+        call = f"{ASSEMBLE_NAME}({names})"
+        launchers += shim_launcher(LAUNCH_ASSEMBLE_NAME, params, call, fibers)
+    return behind_shim(generated.source, launchers)
+
+
+def behind_shim(source: str, launchers: str) -> str:
+    """A ``.cu`` text compiled as C++ behind templates/cuda_shim.h, then ``launchers``."""
+    shim = (data_dir("templates") / "cuda_shim.h").read_text()
+    return f'{shim}\n#line 1 "sparsec_kernel.cu"\n{source}{launchers}'
+
+
+def shim_launcher(export: str, params: str, call: str, fibers: bool) -> str:
+    """``extern "C" int export(grid, block, params)``: ``call`` for every thread of every
+    block of the grid (as fibers that meet at shuffles when ``fibers``)."""
+    return (
+        f'extern "C" int {export}(long long sc_grid, int sc_block,\n'
         f"    {params}) {{\n"
-        f"  auto sc_body = [&]() {{ {KERNEL_NAME}({names}); }};\n"
-        f"  sc_emu::launch(sc_grid, sc_block, {fibers}, sc_body);\n"
+        f"  auto sc_body = [&]() {{ {call}; }};\n"
+        f"  sc_emu::launch(sc_grid, sc_block, {'true' if fibers else 'false'}, sc_body);\n"
         "  return 0;\n"
         "}\n"
     )
-    if generated.launch.assemble is not None:
-        launcher += (
-            f'extern "C" int {LAUNCH_ASSEMBLE_NAME}(long long sc_grid, int sc_block,\n'
-            f"    {params}) {{\n"
-            f"  auto sc_body = [&]() {{ {ASSEMBLE_NAME}({names}); }};\n"
-            f"  sc_emu::launch(sc_grid, sc_block, {fibers}, sc_body);\n"
-            "  return 0;\n"
-            "}\n"
-        )
-    return f'{shim}\n#line 1 "sparsec_kernel.cu"\n{generated.source}{launcher}'
 
 
 def grid_size(launch: Any, params: dict[str, Any]) -> int | None:
