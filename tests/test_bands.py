@@ -132,7 +132,7 @@ def test_other_loops_are_left_alone(loop):
     assert body == ir.block(loop) and notes == () and params == ()
 
 
-@pytest.mark.parametrize("width", [5, 64, 64 * 3 + 7, 300, 512])
+@pytest.mark.parametrize("width", [5, 64, 123, 64 * 3 + 7, 300, 512])
 @pytest.mark.parametrize("tiles", [1, 2, 3])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -237,7 +237,7 @@ def _blocky(shape: tuple[int, int], rng: np.random.Generator, dtype: str) -> np.
     return w
 
 
-@pytest.mark.parametrize("width", [5, 64, 64 * 3 + 7, 300])
+@pytest.mark.parametrize("width", [5, 64, 123, 64 * 3 + 7, 300])
 @pytest.mark.parametrize("depth", [1, 3, 8, 29, 100])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("threads", [1, 3])

@@ -43,6 +43,34 @@ def test_spmm_tiles_match_torch(width, dtype, index_dtype, rng):
         _close(got, want, dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_width_accumulates_right(dtype, rng):
+    """Rows narrower than a tile, and the columns after whole tiles, run in tiles of half
+    and a quarter as many vectors, then in the plain loop. Every width up to two tiles of
+    the widest vectors (128 float32 values on 64-byte vectors) and a few values more meets
+    each combination of them on any vector width; integer values make every sum exact."""
+    w = sparse_array((13, 9), rng, 0.4, integer=True).astype(dtype)
+    w[4] = 0  # an empty row
+    spmm = sparsec.kernel(SPMM, {"W": "csr"}, dtype=dtype)
+    accumulate = sparsec.kernel("Y(i,j) += W(i,k) * X(k,j)", {"W": "csr"}, dtype=dtype)
+    b = sparse_array((5, 6, 4), rng, 0.4, integer=True).astype(dtype)
+    b[2] = 0  # an empty slice
+    mttkrp = sparsec.kernel(MTTKRP, {"B": "csf"}, dtype=dtype)
+    assert all("register tiles" in k.schedule for k in (spmm, accumulate, mttkrp))
+    # a tile of 8 vectors, then at most one of 4 and one of 2
+    assert spmm.source.count("sc_vec_t sc_acc") == 8 + 4 + 2
+    for width in range(0, 2 * 128 + 20):
+        x = rng.integers(-3, 4, (9, width)).astype(dtype)
+        y0 = rng.integers(-3, 4, (13, width)).astype(dtype)
+        want = w.astype(np.float64) @ x
+        np.testing.assert_array_equal(spmm(W=w, X=x, threads=1 + width % 2), want)
+        np.testing.assert_array_equal(accumulate(W=w, X=x, Y=y0.copy()), y0 + want)
+        d = rng.integers(-3, 4, (4, width)).astype(dtype)
+        c = rng.integers(-3, 4, (6, width)).astype(dtype)
+        ref = np.einsum("ikl,lj,kj->ij", b.astype(np.float64), d, c)
+        np.testing.assert_array_equal(mttkrp(B=b, D=d, C=c, threads=2), ref, err_msg=f"{width}")
+
+
 @pytest.mark.parametrize("width", [5, 32, 70])
 @pytest.mark.parametrize("fmt", ["csf", "uqq", "dss"])
 def test_mttkrp_tiles_across_two_loops(width, fmt, rng):
@@ -171,15 +199,22 @@ def test_tiles_take_over_the_zeroing_of_their_row():
     )
     assert body.body[0] == ir.Decl(ir.I64, "r", ir.Var("row"))  # the zeroing loop is gone
     fns = [c.fn for c in _calls(body)]
-    assert fns.count("vzero") == 8 and "vload" in fns
+    # the whole tiles' 8 accumulators, and the narrower tiles' 4 and 2
+    assert fns.count("vzero") == 8 + 4 + 2 and "vload" in fns
     assert not any(c.fn == "vload" and c.args[0].left == ir.Var("Y") for c in _calls(body))
     tiled = body.body[-1]
     assert isinstance(tiled, ir.Block)
     remainder = tiled.body[-1]
     assert isinstance(remainder, ir.If)
-    leftover = remainder.branches[0][1].body[0]
+    *narrower, last = remainder.branches[0][1].body
+    assert [type(s) for s in narrower] == [ir.Decl, ir.For, ir.For]
+    assert isinstance(last, ir.If)
+    leftover = last.branches[0][1].body[0]
     assert isinstance(leftover, ir.For) and leftover.var == "p"
-    assert leftover.start == ir.Bin("*", ir.Var("sc_tiles0"), ir.Var("SC_TILE"))
+    # after the whole tiles and the narrower ones: sc_q0 / 2 * 2 vectors on
+    whole = ir.Bin("*", ir.Var("sc_tiles0"), ir.Var("SC_TILE"))
+    pairs = ir.Bin("*", ir.Bin("/", ir.Var("sc_q0"), ir.IntLit(2)), ir.IntLit(2))
+    assert leftover.start == ir.Bin("+", whole, ir.Bin("*", pairs, ir.Var("SC_VLEN")))
 
 
 @pytest.mark.parametrize(
@@ -215,8 +250,11 @@ def test_prefetch_only_rows_found_through_an_index_array():
     gathered = ir.Bin("*", ir.Load("crd", ir.Var("k")), ir.Var("ld"))
     body, notes = tile(ir.block(_gather_region(gathered)))
     prefetches = [c for c in _calls(body) if c.fn == "prefetch"]
-    ahead = ir.Load("crd", ir.Bin("+", ir.Var("k"), ir.IntLit(PREFETCH_DISTANCE)))
-    assert len(prefetches) == 1 and ahead in _subexpressions(prefetches[0])
+    last = ir.Bin("-", ir.Var("k_dim"), ir.IntLit(1))
+    ahead = ir.Bin("+", ir.Var("k"), ir.IntLit(PREFETCH_DISTANCE))
+    ahead = ir.Load("crd", ir.Call("min", (ahead, last)))  # clamped to the loop's last
+    # one in each loop over tiles: the whole tiles, then those of 4 and 2 vectors
+    assert len(prefetches) == 3 and all(ahead in _subexpressions(p) for p in prefetches)
     assert notes == (
         f"j in register tiles across loop k (gathered rows prefetched {PREFETCH_DISTANCE} ahead)",
     )
@@ -232,7 +270,8 @@ def _subexpressions(e: ir.Expr) -> list[ir.Expr]:
 @pytest.mark.parametrize("width", [64, 97, 300])
 def test_prefetching_spmm_matches_torch_for_every_row_length(width, dtype, rng):
     """Rows of 0 to 15 stored entries: shorter than the prefetch distance (no prefetching
-    iteration), exactly it, and longer (both halves of the split loop)."""
+    iteration), exactly it, and longer (the prefetched iteration clamped to the row's
+    last)."""
     w = np.zeros((16, 40))
     for r in range(16):
         w[r, rng.choice(40, size=r, replace=False)] = rng.integers(-4, 5, size=r) + 0.5
@@ -249,7 +288,8 @@ def test_mttkrp_prefetches_across_its_fibers():
     """MTTKRP's l fibers hold about one entry each, so prefetching within a fiber never runs:
     the l loop prefetches the D row 6 positions on in the slice's run of positions (into the
     next fibers, clamped to the run's last), and the k loop the C row its iteration 6 on
-    gathers (clamped to the slice's last k). SpMM's single loop keeps its split."""
+    gathers (clamped to the slice's last k). SpMM's single loop prefetches within its row,
+    clamped to the last entry of the row that its depth block holds."""
     for fmt in ("csf", "dss"):
         k = sparsec.Kernel(MTTKRP, {"B": fmt})
         src = k.source
@@ -259,7 +299,9 @@ def test_mttkrp_prefetches_across_its_fibers():
         assert "sc_pf0" not in src
         assert "prefetched 6 ahead, across segments" in k.schedule
     spmm = sparsec.Kernel(SPMM, {"W": "csr"})
-    assert "sc_pf0 = sc_max(" in spmm.source and "across segments" not in spmm.schedule
+    # in depth blocks, clamped to the block's last entry of the row
+    within = "sc_prefetch(X_vals + (W2_crd[sc_min(pW2 + 6, sc_hi0 - 1)] * j_dim + sc_j0)"
+    assert within in spmm.source and "across segments" not in spmm.schedule
 
 
 @pytest.mark.parametrize("fmt", ["csf", "dss", "uqq"])

@@ -191,9 +191,8 @@ class _Walk:
 
 
 def _walk(tiles: ir.For, row_decls: list[ir.Decl], walks: Walks) -> _Walk | None:
-    """The walk of the tiles' region, when its loops (one, or two when split for
-    prefetching) are all over the positions of one compressed level's segment and hold
-    no loop themselves."""
+    """The walk of the tiles' region, when its loops are all over the positions of one
+    compressed level's segment and hold no loop themselves."""
     loops = [s for s in tiles.body.body if isinstance(s, ir.For)]
     if not loops or any(isinstance(x, ir.For) for lp in loops for x in statements(lp.body)):
         return None
@@ -327,11 +326,24 @@ def _deepen_tiles(
         elif isinstance(s, ir.Decl) and s.init is not None:
             s = replace(s, init=swap(s.init))
         elif isinstance(s, ir.For) and s.var == walk.var:
-            s = replace(s, start=swap(s.start), end=swap(s.end))
+            s = replace(s, start=swap(s.start), end=swap(s.end), body=_swap_effects(s.body, swap))
         elif not isinstance(s, ir.Effect | ir.Comment):
             raise _Refuse
         body.append(s)
     return replace(tiles, body=ir.Block(tuple(body)))
+
+
+def _swap_effects(body: ir.Block, swap: Callable[[ir.Expr], ir.Expr]) -> ir.Block:
+    """The walk's body with its effects' arguments swapped: a prefetch clamped to the
+    segment's last position is clamped to the block's."""
+    return ir.Block(
+        tuple(
+            ir.Effect(replace(s.call, args=tuple(swap(a) for a in s.call.args)))
+            if isinstance(s, ir.Effect)
+            else s
+            for s in body.body
+        )
+    )
 
 
 def _deepen_rest(
@@ -342,6 +354,8 @@ def _deepen_rest(
     match s:
         case ir.For() if zero_store(s) is not None:
             return ir.If(((initial, ir.Block((s,))),))
+        case ir.For() if _stores_tiles(s):
+            return _deepen_tiles(s, walk, swap, initial)  # the narrower tiles
         case ir.For(var=var) if var == walk.var:
             s = replace(s, start=swap(s.start), end=swap(s.end))
         case ir.Assign(target=ir.Load(), op=op) if op != "+=":
@@ -355,6 +369,11 @@ def _deepen_rest(
     return map_blocks(
         s, lambda blk: ir.Block(tuple(_deepen_rest(x, walk, swap, initial) for x in blk.body))
     )
+
+
+def _stores_tiles(loop: ir.For) -> bool:
+    """Whether ``loop`` is a loop over register tiles (its body stores them)."""
+    return any(isinstance(x, ir.Effect) and x.call.fn == "vstore" for x in loop.body.body)
 
 
 def _mentions(stmts: tuple[ir.Stmt, ...], targets: tuple[ir.Expr, ...]) -> bool:

@@ -129,7 +129,7 @@ def _stmt(
             if s.parallel is None:
                 nest = _nest(s)
                 if nest is not None:
-                    found = _tile(nest, next(ids), before)
+                    found = _tile(nest, ids, before)
                     if found is not None:
                         tiled, prefetched = found
                         loops = ", ".join(loop.var for loop in nest.loops)
@@ -177,12 +177,12 @@ class _Refuse(Exception):
 
 
 def _tile(
-    nest: _Nest, uid: int, before: _Zeroing | None
+    nest: _Nest, ids: count[int], before: _Zeroing | None
 ) -> tuple[ir.Stmt | _ZeroStarted, str] | None:
     """The tiled region (a `_ZeroStarted` when it took over ``before``) and how it
     prefetches (`_Tiler.prefetched`), or None."""
     try:
-        tiler = _Tiler(nest, uid)
+        tiler = _Tiler(nest, ids)
         zero = before is not None and tiler.zeroed_by(before)
         tiled = tiler.build(zero)
     except _Refuse:
@@ -191,11 +191,14 @@ def _tile(
 
 
 class _Tiler:
-    def __init__(self, nest: _Nest, uid: int) -> None:
+    def __init__(self, nest: _Nest, ids: count[int]) -> None:
         self.nest = nest
         self.j = nest.inner.var
-        self.jt = f"sc_j{uid}"
-        self.uid = uid
+        #: the region's number; its narrower tiles (see `build`) draw theirs from ``ids``
+        self.uid = next(ids)
+        self.ids = ids
+        #: the column a tile starts at (set per tile loop)
+        self.jt = f"sc_j{self.uid}"
         # names the region declares (their values change inside it)
         inside = {loop.var for loop in nest.loops} | {self.j}
         types: dict[str, str] = {}
@@ -307,9 +310,73 @@ class _Tiler:
             if self.out in reads:
                 raise _Refuse
         value = self.resolve(store.value)
-        sums = [self.vector(value, v) for v in range(VECTORS)]
-        acc = [f"sc_acc{self.uid}_{v}" for v in range(VECTORS)]
+        tiles = ir.Var(f"sc_tiles{self.uid}")
+        main = self._tiles(VECTORS, self.uid, tiles, ir.IntLit(0), value, out_base, zero)
+        rest = ir.Bin("*", tiles, TILE)
+        # the columns left (fewer than a tile): at most one tile of half as many vectors,
+        # then of a quarter, down to two vectors, so a row narrower than a tile (MTTKRP's
+        # rank 32 in float64 on 8-lane vectors) still accumulates in registers; `q` is the
+        # whole vectors left, fewer than VECTORS
+        q = ir.Var(f"sc_q{self.uid}")
+        stages: list[ir.Stmt] = []
+        vectors = VECTORS // 2
+        while vectors >= 2:
+            first = ir.add(rest, ir.mul(self._down(q, 2 * vectors), VLEN))
+            count = ir.Bin("/", q, ir.IntLit(vectors))
+            if 2 * vectors < VECTORS:
+                count = ir.Bin("%", count, ir.IntLit(2))
+            uid = next(self.ids)
+            stages.append(self._tiles(vectors, uid, count, first, value, out_base, zero))
+            vectors //= 2
+        left = ir.add(rest, ir.mul(self._down(q, 2), VLEN))
+        remainder = self._replace_inner(nest.loops[0], None, start=left)
+        zeroing = replace(self.zeroing, start=left) if zero and self.zeroing else None
+        return ir.block(
+            ir.Comment(f"{nest.inner.var} in tiles of SC_TILE values held in registers"),
+            ir.Decl(ir.I64, tiles.name, ir.Bin("/", end, TILE)),
+            main,
+            ir.If(
+                (
+                    (
+                        ir.Bin("<", rest, end),
+                        ir.block(
+                            ir.Decl(ir.I64, q.name, ir.Bin("/", ir.Bin("-", end, rest), VLEN)),
+                            *stages,
+                            ir.If(((ir.Bin("<", left, end), ir.block(zeroing, remainder)),)),
+                        ),
+                    ),
+                )
+            ),
+        )
+
+    @staticmethod
+    def _down(q: ir.Var, m: int) -> ir.Expr:
+        """``q`` rounded down to a multiple of ``m`` (0 where ``m`` is a whole tile: ``q``
+        is less)."""
+        if m >= VECTORS:
+            return ir.IntLit(0)
+        return ir.Bin("*", ir.Bin("/", q, ir.IntLit(m)), ir.IntLit(m))
+
+    def _tiles(
+        self,
+        vectors: int,
+        uid: int,
+        count: ir.Expr,
+        first: ir.Expr,
+        value: ir.Expr,
+        out_base: ir.Expr,
+        zero: bool,
+    ) -> ir.For:
+        """The loop over ``count`` tiles of ``vectors`` vectors from column ``first``: each
+        tile's accumulators loaded (or zeroed), the region run once into them, then
+        stored."""
+        nest = self.nest
+        self.gathers = []
+        self.jt = f"sc_j{uid}"
         jt = ir.Var(self.jt)
+        sums = [self.vector(value, v) for v in range(vectors)]
+        acc = [f"sc_acc{uid}_{v}" for v in range(vectors)]
+        width = TILE if vectors == VECTORS else ir.Bin("*", ir.IntLit(vectors), VLEN)
 
         def slot(v: int) -> ir.Expr:
             return ir.Bin("+", ir.Var(self.out), ir.add(ir.add(out_base, jt), self._lane(v)))
@@ -319,26 +386,28 @@ class _Tiler:
         gathers = Gathers(
             nest.loops,
             tuple(self.gathers),
-            self._lane(VECTORS // 2),
+            self._lane(vectors // 2),
             frozenset(self.inside),
-            self.uid,
+            uid,
         )
         segments = gathers.segments()
         across = None if segments is None else gathers.across(walked, *segments)
+        prefetched = ""
         if across is not None:
-            region, self.prefetched = across, "across segments"
+            region, prefetched = across, "across segments"
         else:
-            prefetch = gathers.within()
-            self.prefetched = "within segments" if prefetch else ""
-            region = gathers.split(walked, prefetch)
-        tiles = ir.Var(f"sc_tiles{self.uid}")
-        t = f"sc_t{self.uid}"
-        tile_loop = ir.For(
+            within = gathers.within(walked)
+            prefetched = "within segments" if within is not None else ""
+            region = walked if within is None else within
+        if vectors == VECTORS:
+            self.prefetched = prefetched
+        t = f"sc_t{uid}"
+        return ir.For(
             t,
             ir.IntLit(0),
-            tiles,
+            count,
             ir.block(
-                ir.Decl(ir.I64, self.jt, ir.Bin("*", ir.Var(t), TILE)),
+                ir.Decl(ir.I64, jt.name, ir.add(first, ir.Bin("*", ir.Var(t), width))),
                 *(
                     ir.Decl(
                         ir.VEC, a, ir.Call("vzero", ()) if zero else ir.Call("vload", (slot(v),))
@@ -348,15 +417,6 @@ class _Tiler:
                 region,
                 *(ir.Effect(ir.Call("vstore", (slot(v), ir.Var(a)))) for v, a in enumerate(acc)),
             ),
-        )
-        rest = ir.Bin("*", tiles, TILE)
-        remainder = self._replace_inner(nest.loops[0], None, start=rest)
-        zeroing = replace(self.zeroing, start=rest) if zero and self.zeroing else None
-        return ir.block(
-            ir.Comment(f"{nest.inner.var} in tiles of SC_TILE values held in registers"),
-            ir.Decl(ir.I64, tiles.name, ir.Bin("/", end, TILE)),
-            tile_loop,
-            ir.If(((ir.Bin("<", rest, end), ir.block(zeroing, remainder)),)),
         )
 
     def _replace_inner(
