@@ -358,15 +358,16 @@ def test_tiles_into_a_workspace_keep_the_plain_store():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("width", [64, 97, 256, 300])
+@pytest.mark.parametrize("width", [48, 64, 97, 256, 300])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("aligned", [True, False])
 def test_streamed_output_tiles_equal_plain_ones(dtype, width, threads, aligned, monkeypatch):
     """With the threshold at 64 bytes every output is big enough to stream; it streams
     where the array starts on a vector boundary and its rows are whole vectors (``aligned``:
     every output allocated on a cache line; otherwise numpy's 16 bytes), and takes plain
-    stores elsewhere (rows of 97 values, or 300 in float32, start unaligned). Either way the
-    result is the plain stores' bit for bit, and torch's."""
+    stores elsewhere (rows of 97 values, or 300 in float32, start unaligned). Rows of 48 and
+    64 values stream from the narrower tiles too on some vector width. Either way the result
+    is the plain stores' bit for bit, and torch's."""
     rng = np.random.default_rng(width)
     w = sparse_array((150, 40), rng, 0.3).astype(dtype)
     x = rng.standard_normal((40, width)).astype(dtype)
