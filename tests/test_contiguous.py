@@ -149,3 +149,63 @@ def test_a_source_read_only_through_its_copy_is_copied_once(layout, rng):
     assert prepared.values["C"].flags.c_contiguous
     got = k(B=B, C=np.asfortranarray(C), D=D).to_dense()
     np.testing.assert_array_equal(got, B.to_dense() * (C @ Dt.T))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+@pytest.mark.parametrize(
+    "shape,axes", [((64, 301), (1, 0)), ((5, 6, 7), (2, 0, 1)), ((2, 900), (1, 0)), ((3,), (0,))]
+)
+def test_large_copies_on_threads_equal_numpys(shape, axes, threads, monkeypatch):
+    """A copy made in slabs by several threads (every copy counts as large here) is numpy's,
+    for more threads than rows too, and a C-ordered array is passed through as it is."""
+    from sparsec.tensors import convert
+
+    monkeypatch.setattr(convert, "PARALLEL_COPY_BYTES", 0)
+    array = np.arange(np.prod(shape), dtype=np.float64).reshape(shape).transpose(axes)
+    got = convert.contiguous(array, threads)
+    assert got.flags.c_contiguous and got.shape == array.shape
+    np.testing.assert_array_equal(got, np.ascontiguousarray(array))
+    same = np.ascontiguousarray(array)
+    assert convert.contiguous(same, threads) is same
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sddmm_with_its_copy_on_threads_matches_torch(threads, rng, monkeypatch):
+    """D's transposed copy made by the call's threads: the kernel reads the same values."""
+    from sparsec.tensors import convert
+
+    monkeypatch.setattr(convert, "PARALLEL_COPY_BYTES", 0)
+    b = sparse_array((40, 50), rng, 0.2, integer=True)
+    b[7] = 0  # an empty row
+    c = rng.integers(-3, 4, (40, 33)).astype(np.float64)
+    d = rng.integers(-3, 4, (33, 50)).astype(np.float64)
+    k = sparsec.kernel(SDDMM, {"A": "csr", "B": "csr"})
+    assert _transposed(k) == ["D_as"]
+    got = k(B=b, C=c, D=d, threads=threads).to_dense()
+    want = torch.einsum("ij,ik,kj->ij", *(torch.from_numpy(v) for v in (b, c, d))).numpy()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_child_forked_after_the_copy_threads_started_copies_on_its_own(monkeypatch):
+    """The copy threads do not survive fork: a child makes its own (else its first large
+    copy on threads would wait forever for the parent's)."""
+    import multiprocessing
+
+    from sparsec.tensors import convert
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork start method on this platform")
+    monkeypatch.setattr(convert, "PARALLEL_COPY_BYTES", 0)
+    array = np.arange(600.0).reshape(20, 30).T
+    # more slabs than the pool has threads: every thread starts, then waits idle
+    np.testing.assert_array_equal(convert.contiguous(array, 30), array)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got = pool.apply_async(_copy_on_threads, (array,)).get(timeout=30)
+    np.testing.assert_array_equal(got, array)
+
+
+def _copy_on_threads(array: np.ndarray) -> np.ndarray:
+    from sparsec.tensors import convert
+
+    convert.PARALLEL_COPY_BYTES = 0
+    return convert.contiguous(array, 30)

@@ -231,7 +231,7 @@ class Kernel:
             result = fast.call(inputs, threads)
             if result is not None:
                 return result
-        prepared = self.binder.prepare(inputs)
+        prepared = self.binder.prepare(inputs, resolve_threads(threads))
         executable = self._executable_for(prepared, threads)
         out = executable.run(prepared, threads)
         if fast is None and not self.auto:
@@ -284,7 +284,7 @@ class Kernel:
     def check(self, /, *, threads: int | None = None, **inputs: Any) -> CheckResult:
         """Run the kernel and compare with ``torch.einsum`` on densified inputs."""
         check.require_torch()
-        prepared = self.binder.prepare(inputs)
+        prepared = self.binder.prepare(inputs, resolve_threads(threads))
         footprint.ensure_fits(
             footprint.check_parts(self.spec, prepared.dims), f"check of {self.assignment}"
         )

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import DTypeError, InputError, ShapeError
 from ..middle.spec import Derived, Folded, Spec, TensorVar
 from ..pipeline import check_c_dtype
-from ..tensors.convert import derive_dense
+from ..tensors.convert import contiguous, derive_dense
 from ..tensors.halves import HALF, bfloat16_bits, readable, rounded, to_storage
 from ..tensors.stored import Stored, stored
 from ..tensors.tensor import Tensor
@@ -171,8 +171,9 @@ class Binder:
         takes = ", ".join(names) or "no inputs"
         return InputError(f"{'; '.join(parts)}; kernel {self.statement} takes {takes}")
 
-    def prepare(self, inputs: Mapping[str, Any]) -> Prepared:
-        """Validate and convert the inputs; cheap when they already fit (the hot path)."""
+    def prepare(self, inputs: Mapping[str, Any], threads: int = 1) -> Prepared:
+        """Validate and convert the inputs; cheap when they already fit (the hot path). The
+        copies that derived inputs need are made by up to ``threads`` threads."""
         if inputs.keys() != self.names:
             raise self.name_error(inputs)
         if self._renamed:
@@ -199,9 +200,9 @@ class Binder:
         dims = self.dims(values)  # checks the extents a repeated index ties together
         for d in self.derived:
             if isinstance(d, Folded):
-                values[d.name] = _fold(d, values, dtype)
+                values[d.name] = _fold(d, values, dtype, threads)
             else:
-                values[d.name] = _derive(d, values[d.source.name])
+                values[d.name] = _derive(d, values[d.source.name], threads)
         use_torch = any(is_torch(v) for v in inputs.values())
         return Prepared(values, dims, dtype, index_dtype, use_torch, device)
 
@@ -237,7 +238,7 @@ class Binder:
         return dims
 
 
-def _derive(d: Derived, value: Any) -> Any:
+def _derive(d: Derived, value: Any, threads: int = 1) -> Any:
     """Derived input ``d`` from its source's value in kernel layout: a sparse source's copy
     is kept on the `Tensor` (`Tensor.derived`), so a Tensor passed again costs nothing; a
     dense source (an array in level order) gives its diagonal, a C-ordered copy."""
@@ -254,10 +255,10 @@ def _derive(d: Derived, value: Any) -> Any:
         )
     level_indices = tuple(d.indices[m] for m in source.ordering)
     out = tuple(d.distinct[m] for m in d.format.ordering)
-    return derive_dense(value, level_indices, out)
+    return derive_dense(value, level_indices, out, threads)
 
 
-def _fold(d: Folded, values: Mapping[str, Any], dtype: str) -> Any:
+def _fold(d: Folded, values: Mapping[str, Any], dtype: str, threads: int = 1) -> Any:
     """Folded input ``d`` from its factors' values (dense arrays in level order, in the
     kernel's dtype; on the GPU when they are): each brought to ``d``'s level order (a
     view), then combined as `Folded` says, into a C-ordered array. Computed on every
@@ -283,8 +284,9 @@ def _fold(d: Folded, values: Mapping[str, Any], dtype: str) -> Any:
         else:
             for part, f in zip(parts[1:], d.factors[1:], strict=True):
                 out = out / part if f.divides else out * part
-    xp = gpu.cupy_device() if gpu.on_device(out) else np
-    return xp.ascontiguousarray(out)
+    if gpu.on_device(out):
+        return gpu.cupy_device().ascontiguousarray(out)
+    return contiguous(np.asarray(out), threads)
 
 
 def _device_bits(values: Any) -> Any:
