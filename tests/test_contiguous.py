@@ -158,21 +158,21 @@ def test_a_source_read_only_through_its_copy_is_copied_once(layout, rng):
 def test_large_copies_on_threads_equal_numpys(shape, axes, threads, monkeypatch):
     """A copy made in slabs by several threads (every copy counts as large here) is numpy's,
     for more threads than rows too, and a C-ordered array is passed through as it is."""
-    from sparsec.tensors import convert
+    from sparsec.runtime import copies as convert
 
     monkeypatch.setattr(convert, "PARALLEL_COPY_BYTES", 0)
     array = np.arange(np.prod(shape), dtype=np.float64).reshape(shape).transpose(axes)
-    got = convert.contiguous(array, threads)
+    got = convert.contiguous_copy(array, threads)
     assert got.flags.c_contiguous and got.shape == array.shape
     np.testing.assert_array_equal(got, np.ascontiguousarray(array))
     same = np.ascontiguousarray(array)
-    assert convert.contiguous(same, threads) is same
+    assert convert.contiguous_copy(same, threads) is same
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_sddmm_with_its_copy_on_threads_matches_torch(threads, rng, monkeypatch):
     """D's transposed copy made by the call's threads: the kernel reads the same values."""
-    from sparsec.tensors import convert
+    from sparsec.runtime import copies as convert
 
     monkeypatch.setattr(convert, "PARALLEL_COPY_BYTES", 0)
     b = sparse_array((40, 50), rng, 0.2, integer=True)
@@ -191,21 +191,21 @@ def test_a_child_forked_after_the_copy_threads_started_copies_on_its_own(monkeyp
     copy on threads would wait forever for the parent's)."""
     import multiprocessing
 
-    from sparsec.tensors import convert
+    from sparsec.runtime import copies as convert
 
     if "fork" not in multiprocessing.get_all_start_methods():
         pytest.skip("no fork start method on this platform")
     monkeypatch.setattr(convert, "PARALLEL_COPY_BYTES", 0)
     array = np.arange(600.0).reshape(20, 30).T
     # more slabs than the pool has threads: every thread starts, then waits idle
-    np.testing.assert_array_equal(convert.contiguous(array, 30), array)
+    np.testing.assert_array_equal(convert.contiguous_copy(array, 30), array)
     with multiprocessing.get_context("fork").Pool(1) as pool:
         got = pool.apply_async(_copy_on_threads, (array,)).get(timeout=30)
     np.testing.assert_array_equal(got, array)
 
 
 def _copy_on_threads(array: np.ndarray) -> np.ndarray:
-    from sparsec.tensors import convert
+    from sparsec.runtime import copies as convert
 
     convert.PARALLEL_COPY_BYTES = 0
-    return convert.contiguous(array, 30)
+    return convert.contiguous_copy(array, 30)

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import DTypeError, InputError, ShapeError
 from ..middle.spec import Derived, Folded, Spec, TensorVar
 from ..pipeline import check_c_dtype
-from ..tensors.convert import contiguous, derive_dense
+from ..tensors.convert import derive_dense
 from ..tensors.halves import HALF, bfloat16_bits, readable, rounded, to_storage
 from ..tensors.stored import Stored, stored
 from ..tensors.tensor import Tensor
@@ -33,6 +33,7 @@ from .binding import (
     is_torch,
     widen,
 )
+from .copies import contiguous_copy
 
 
 def dtype_name(dt: Any, table: Mapping[str, Any], what: str) -> str | None:
@@ -255,7 +256,7 @@ def _derive(d: Derived, value: Any, threads: int = 1) -> Any:
         )
     level_indices = tuple(d.indices[m] for m in source.ordering)
     out = tuple(d.distinct[m] for m in d.format.ordering)
-    return derive_dense(value, level_indices, out, threads)
+    return contiguous_copy(np.asarray(derive_dense(value, level_indices, out)), threads)
 
 
 def _fold(d: Folded, values: Mapping[str, Any], dtype: str, threads: int = 1) -> Any:
@@ -286,7 +287,7 @@ def _fold(d: Folded, values: Mapping[str, Any], dtype: str, threads: int = 1) ->
                 out = out / part if f.divides else out * part
     if gpu.on_device(out):
         return gpu.cupy_device().ascontiguousarray(out)
-    return contiguous(np.asarray(out), threads)
+    return contiguous_copy(np.asarray(out), threads)
 
 
 def _device_bits(values: Any) -> Any:

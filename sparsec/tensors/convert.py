@@ -9,10 +9,7 @@ everything else goes through `pack` as COO. Like the packers, these return `Stor
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -191,64 +188,12 @@ def derive_entries(
     return pack(kept, values[keep], out_shape, format, index_dtype, values.dtype)
 
 
-def derive_dense(
-    array: Any, level_indices: tuple[str, ...], out_indices: tuple[str, ...], threads: int = 1
-) -> Any:
-    """A dense array whose axes are ``level_indices`` (repeats allowed) as a C-ordered copy
-    with axes ``out_indices`` (each variable once): the diagonal where a variable repeats
-    (``einsum('ii->i')``), a transpose otherwise; a large copy made by up to ``threads``
-    threads (`contiguous`)."""
+def derive_dense(array: Any, level_indices: tuple[str, ...], out_indices: tuple[str, ...]) -> Any:
+    """A dense array whose axes are ``level_indices`` (repeats allowed) seen with axes
+    ``out_indices`` (each variable once): the diagonal where a variable repeats
+    (``einsum('ii->i')``), a transpose otherwise. A view: the caller makes the C-ordered
+    copy a kernel reads (`sparsec.runtime.copies`)."""
     letters = {v: chr(ord("a") + n) for n, v in enumerate(dict.fromkeys(level_indices))}
     spec = "".join(letters[v] for v in level_indices) + "->"
     spec += "".join(letters[v] for v in out_indices)
-    return contiguous(np.einsum(spec, array), threads)
-
-
-#: a copy of at least this many bytes is made by several threads, in slabs of its first axis
-#: (numpy copies without holding the GIL); below it, one thread's copy is faster than handing
-#: work to others (about 30 us)
-PARALLEL_COPY_BYTES = 1 << 20
-#: the copy threads (one pool, made on first use; a child forked after it starts anew)
-_POOLS: list[ThreadPoolExecutor] = []
-_POOL_LOCK = threading.Lock()
-
-
-def _forked() -> None:
-    global _POOL_LOCK
-    _POOL_LOCK = threading.Lock()  # a thread of the parent may have held it
-    _POOLS.clear()  # their threads were not forked
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
-def contiguous(array: np.ndarray, threads: int = 1) -> np.ndarray:
-    """``array`` as a C-ordered array: itself when it is one, else a copy, made by up to
-    ``threads`` threads when large (a call's transposed operand, such as SDDMM's ``D``
-    read as ``D(j,k)``, is copied at every call: on one thread it held a 2-thread SDDMM
-    call's scaling to 1.5x)."""
-    if array.flags.c_contiguous:
-        return array
-    rows = array.shape[0] if array.ndim else 0
-    parts = min(threads, rows)
-    if parts < 2 or array.nbytes < PARALLEL_COPY_BYTES:
-        return np.ascontiguousarray(array)
-    out = np.empty(array.shape, array.dtype)
-    cuts = [rows * n // parts for n in range(parts + 1)]
-
-    def copy(n: int) -> None:
-        np.copyto(out[cuts[n] : cuts[n + 1]], array[cuts[n] : cuts[n + 1]])
-
-    list(_pool().map(copy, range(parts)))  # re-raises a copy's exception
-    return out
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The process's copy threads (as many as the machine's cores), made on first use."""
-    with _POOL_LOCK:
-        if not _POOLS:
-            from ..policy.machine import machine
-
-            cores = max(2, machine().cores)
-            _POOLS.append(ThreadPoolExecutor(cores, thread_name_prefix="sparsec-copy"))
-        return _POOLS[0]
+    return np.einsum(spec, array)
