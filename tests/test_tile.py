@@ -43,22 +43,25 @@ def test_spmm_tiles_match_torch(width, dtype, index_dtype, rng):
         _close(got, want, dtype)
 
 
+@pytest.mark.parametrize("narrowest", [2, 4, 8])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_every_width_accumulates_right(dtype, rng):
+def test_every_width_accumulates_right(dtype, narrowest, rng, monkeypatch):
     """Rows narrower than a tile, and the columns after whole tiles, run in tiles of half
     and a quarter as many vectors, then in the plain loop. Every width up to two tiles of
     the widest vectors (128 float32 values on 64-byte vectors) and a few values more meets
-    each combination of them on any vector width; integer values make every sum exact."""
+    each combination of them on any vector width; integer values make every sum exact. The
+    plain loop starts after the narrowest tile built, however narrow that is (8: none)."""
+    monkeypatch.setattr(sys.modules["sparsec.passes.tile"], "NARROWEST", narrowest)
     w = sparse_array((13, 9), rng, 0.4, integer=True).astype(dtype)
     w[4] = 0  # an empty row
-    spmm = sparsec.kernel(SPMM, {"W": "csr"}, dtype=dtype)
-    accumulate = sparsec.kernel("Y(i,j) += W(i,k) * X(k,j)", {"W": "csr"}, dtype=dtype)
+    spmm = sparsec.Kernel(SPMM, {"W": "csr"}, dtype=dtype)
+    accumulate = sparsec.Kernel("Y(i,j) += W(i,k) * X(k,j)", {"W": "csr"}, dtype=dtype)
     b = sparse_array((5, 6, 4), rng, 0.4, integer=True).astype(dtype)
     b[2] = 0  # an empty slice
-    mttkrp = sparsec.kernel(MTTKRP, {"B": "csf"}, dtype=dtype)
+    mttkrp = sparsec.Kernel(MTTKRP, {"B": "csf"}, dtype=dtype)
     assert all("register tiles" in k.schedule for k in (spmm, accumulate, mttkrp))
-    # a tile of 8 vectors, then at most one of 4 and one of 2
-    assert spmm.source.count("sc_vec_t sc_acc") == 8 + 4 + 2
+    # a tile of 8 vectors, then at most one of 4 and one of 2 (down to the narrowest)
+    assert spmm.source.count("sc_vec_t sc_acc") == {2: 8 + 4 + 2, 4: 8 + 4, 8: 8}[narrowest]
     for width in range(0, 2 * 128 + 20):
         x = rng.integers(-3, 4, (9, width)).astype(dtype)
         y0 = rng.integers(-3, 4, (13, width)).astype(dtype)

@@ -37,6 +37,9 @@ from .gathers import PREFETCH_DISTANCE, Gathers
 #: accumulators per tile: 8 AVX2 registers of the 16, leaving room for loads and the
 #: broadcast factor; FMA latency × issue width is also about 8 on current x86 cores
 VECTORS = 8
+#: the fewest vectors of the narrower tiles after the whole ones (`_Tiler.build`): tiles of
+#: one vector (a pass over the region per vector) measured no faster than the plain loop
+NARROWEST = 2
 #: macros of the C template: lanes per vector (set from the compiler's target flags)
 #: and values per tile
 VLEN = ir.Var("SC_VLEN")
@@ -314,13 +317,13 @@ class _Tiler:
         main = self._tiles(VECTORS, self.uid, tiles, ir.IntLit(0), value, out_base, zero)
         rest = ir.Bin("*", tiles, TILE)
         # the columns left (fewer than a tile): at most one tile of half as many vectors,
-        # then of a quarter, down to two vectors, so a row narrower than a tile (MTTKRP's
+        # then of a quarter, down to NARROWEST vectors, so a row narrower than a tile (MTTKRP's
         # rank 32 in float64 on 8-lane vectors) still accumulates in registers; `q` is the
         # whole vectors left, fewer than VECTORS
         q = ir.Var(f"sc_q{self.uid}")
         stages: list[ir.Stmt] = []
         vectors = VECTORS // 2
-        while vectors >= 2:
+        while vectors >= NARROWEST:
             first = ir.add(rest, ir.mul(self._down(q, 2 * vectors), VLEN))
             count = ir.Bin("/", q, ir.IntLit(vectors))
             if 2 * vectors < VECTORS:
@@ -328,7 +331,7 @@ class _Tiler:
             uid = next(self.ids)
             stages.append(self._tiles(vectors, uid, count, first, value, out_base, zero))
             vectors //= 2
-        left = ir.add(rest, ir.mul(self._down(q, 2), VLEN))
+        left = ir.add(rest, ir.mul(self._down(q, NARROWEST), VLEN))
         remainder = self._replace_inner(nest.loops[0], None, start=left)
         zeroing = replace(self.zeroing, start=left) if zero and self.zeroing else None
         return ir.block(
