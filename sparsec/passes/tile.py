@@ -6,7 +6,10 @@ two loads and a store per FMA, where one load would do. This pass rewrites such 
 (the *region*: serial loops whose bodies only declare locals, ending in the j loop) into
 tiles of `VECTORS` vectors of ``j``: each tile's output elements live in registers for the
 whole region (``sc_acc0 .. sc_acc7``) and are stored once after it. The columns left over
-(fewer than a tile) run through the original nest.
+(fewer than a tile) run in at most one tile of 4 vectors and one of 2 (`NARROWEST`), so a
+row narrower than a tile still accumulates in registers (MTTKRP at rank 32 in float64 on
+64-byte vectors: 14-17 ms in the plain loop, 7-8 ms in a tile of 4); what is left after
+them, fewer than 2 vectors, runs through the original nest.
 
 Two more things make a tile cheaper, measured on pruned-BERT SpMM (`bench bert`):
 
