@@ -191,20 +191,19 @@ class _Walk:
 
 
 def _walk(tiles: ir.For, row_decls: list[ir.Decl], walks: Walks) -> _Walk | None:
-    """The walk of the tiles' region, when its loops are all over the positions of one
-    compressed level's segment and hold no loop themselves."""
+    """The walk of the tiles' region, when its one loop is over the positions of one
+    compressed level's segment and holds no loop itself."""
     loops = [s for s in tiles.body.body if isinstance(s, ir.For)]
-    if not loops or any(isinstance(x, ir.For) for lp in loops for x in statements(lp.body)):
+    if len(loops) != 1 or any(isinstance(x, ir.For) for x in statements(loops[0].body)):
         return None
-    var = loops[0].var
-    start, end = loops[0].start, loops[-1].end
-    if any(lp.var != var for lp in loops) or not isinstance(end, ir.Var):
+    (loop,) = loops
+    var, start, end = loop.var, loop.start, loop.end
+    if not isinstance(end, ir.Var):
         return None
     at = ir.Var(var)
     crds = {
         d.init.array
-        for lp in loops
-        for d in lp.body.body
+        for d in loop.body.body
         if isinstance(d, ir.Decl) and isinstance(d.init, ir.Load) and d.init.index == at
     } & set(walks)
     if len(crds) != 1:

@@ -328,11 +328,11 @@ class _Tiler:
         vectors = VECTORS // 2
         while vectors >= NARROWEST:
             first = ir.add(rest, ir.mul(self._down(q, 2 * vectors), VLEN))
-            count = ir.Bin("/", q, ir.IntLit(vectors))
+            runs = ir.Bin("/", q, ir.IntLit(vectors))
             if 2 * vectors < VECTORS:
-                count = ir.Bin("%", count, ir.IntLit(2))
+                runs = ir.Bin("%", runs, ir.IntLit(2))
             uid = next(self.ids)
-            stages.append(self._tiles(vectors, uid, count, first, value, out_base, zero))
+            stages.append(self._tiles(vectors, uid, runs, first, value, out_base, zero))
             vectors //= 2
         left = ir.add(rest, ir.mul(self._down(q, NARROWEST), VLEN))
         remainder = self._replace_inner(nest.loops[0], None, start=left)
@@ -367,13 +367,13 @@ class _Tiler:
         self,
         vectors: int,
         uid: int,
-        count: ir.Expr,
+        runs: ir.Expr,
         first: ir.Expr,
         value: ir.Expr,
         out_base: ir.Expr,
         zero: bool,
     ) -> ir.For:
-        """The loop over ``count`` tiles of ``vectors`` vectors from column ``first``: each
+        """The loop over ``runs`` tiles of ``vectors`` vectors from column ``first``: each
         tile's accumulators loaded (or zeroed), the region run once into them, then
         stored."""
         nest = self.nest
@@ -411,7 +411,7 @@ class _Tiler:
         return ir.For(
             t,
             ir.IntLit(0),
-            count,
+            runs,
             ir.block(
                 ir.Decl(ir.I64, jt.name, ir.add(first, ir.Bin("*", ir.Var(t), width))),
                 *(
