@@ -295,3 +295,29 @@ def test_each_chunk_reserves_room_for_its_own_rows(threads, rng, monkeypatch):
     bound = SPARSE_OUT.entry_bound(spec.statement, {"B": B, "C": C}, {"i": 40, "j": 50, "k": 30})
     slack = SPARSE_OUT.LAST_LEVEL_SLACK * 50
     assert bound <= reserved[0] <= bound + threads * (slack + 1)
+
+
+def _kept(array: np.ndarray) -> int:
+    """The bytes ``array`` keeps allocated: its own, or those of the array it views."""
+    owner = array if array.base is None else array.base
+    return int(np.asarray(owner).nbytes)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_result_keeps_at_most_twice_its_entries(threads, rng, monkeypatch):
+    """The chunks' regions hold a bound on the entries, not their count. A result that
+    fills at least half of them views them; a smaller one is copied out, so a loose bound
+    does not stay allocated behind it. (Shrinking the arrays in place instead made the C
+    allocator give their pages back at every call: a fresh capacity then faulted its pages
+    in again, the larger part of a sparse add's time.)"""
+    full = sparse_array((23, 40), rng, integer=True, density=0.5)
+    half = np.where(np.arange(40) % 2 == 0, full, 0.0)  # every other column: a loose bound
+    k = sparsec.kernel("A(i,j) = B(i,j) * C(i,j)", CSR3)
+    seen = _spy(monkeypatch)
+    for b, c in ((full, full), (full, half), (half, 1.0 - np.where(half, 1.0, 0.0))):
+        B, C = sparsec.Tensor.from_dense(b, "csr"), sparsec.Tensor.from_dense(c, "csr")
+        got = k(B=B, C=C, threads=threads).validate("out")
+        np.testing.assert_array_equal(np.asarray(got), b * c)
+        for array in (got.levels[1].crd, got.vals):
+            assert _kept(array) <= 2 * array.nbytes
+    assert seen == [threads] * 3

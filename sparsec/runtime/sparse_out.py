@@ -162,10 +162,10 @@ def chunked_pass(
             vals[to : to + n] = vals[at : at + n]
         pos[starts[c] + 1 : starts[c + 1] + 1] -= at - to
         to += n
-    levels[last] = LevelStorage(pos, _shrink(crd, total))
+    levels[last] = LevelStorage(pos, _cut(crd, total))
     index_dtype = np.dtype(INDEX_DTYPES[prepared.index_dtype])
     wide = out.loaded.generated.wide_output
-    readable = readable_vals(_shrink(vals, total), prepared.dtype, wide)
+    readable = readable_vals(_cut(vals, total), prepared.dtype, wide)
     return Tensor(out.shape(prepared), out.output.format, tuple(levels), readable, index_dtype)
 
 
@@ -198,16 +198,6 @@ def _row_starts(out: SparseOutput, prepared: Prepared, rows: int, chunks: int) -
                 hi = mid
         starts[c] = lo
     return starts
-
-
-def _shrink(array: np.ndarray, n: int) -> np.ndarray:
-    """The first ``n`` elements of a freshly allocated ``array``, without a copy where
-    numpy can give back the rest in place (the regions of the other chunks)."""
-    try:
-        array.resize(n, refcheck=False)
-        return array
-    except ValueError:  # not its own data (cannot happen for a fresh array): a copy
-        return array[:n].copy()
 
 
 def single_pass(out: SparseOutput, prepared: Prepared, bound: int, poison: bool) -> Tensor | None:
@@ -336,7 +326,11 @@ def allocate(
 
 def _cut(array: np.ndarray, n: int) -> np.ndarray:
     """The first ``n`` elements: a view when they are most of ``array``, else a copy (so a
-    loose capacity does not stay allocated behind a small result)."""
+    loose capacity does not stay allocated behind a small result). Never shrunk in place:
+    glibc shrinks a large block by unmapping its tail, lowers its threshold for mapping
+    fresh blocks to the smaller size, and so maps every later call's capacity anew, whose
+    pages then fault in as the kernel writes them (a sparse add's output, 400k entries:
+    ~790 faults a call, half its time)."""
     return array[:n] if 2 * n >= len(array) else array[:n].copy()
 
 
