@@ -12,6 +12,7 @@ from conftest import MEASURED_ON, sparse_array, torch_reference
 
 import sparsec
 from sparsec.ir import nodes as ir
+from sparsec.ir.visit import arrays, free_vars
 from sparsec.passes.tile import tile
 from sparsec.policy.machine import use
 from sparsec.tensors import buffers as runtime
@@ -249,10 +250,14 @@ def test_prefetch_only_rows_found_through_an_index_array():
 
     strided = ir.Bin("*", ir.Var("k"), ir.Var("ld"))
     body, notes = tile(ir.block(_gather_region(strided)))
-    assert "prefetch" not in [c.fn for c in _calls(body)] and "prefetched" not in notes[0]
+    fns = [c.fn for c in _calls(body)]
+    assert not {"prefetch", "prefetch_row"} & set(fns) and "prefetched" not in notes[0]
     gathered = ir.Bin("*", ir.Load("crd", ir.Var("k")), ir.Var("ld"))
     body, notes = tile(ir.block(_gather_region(gathered)))
-    prefetches = [c for c in _calls(body) if c.fn == "prefetch"]
+    prefetches = [c for c in _calls(body) if c.fn == "prefetch_row"]
+    for p in prefetches:  # each with the rows' stride: ld, free of the gathered index
+        row = p.args[1]
+        assert "ld" in free_vars(row) and "k" not in free_vars(row) and not arrays(row)
     last = ir.Bin("-", ir.Var("k_dim"), ir.IntLit(1))
     ahead = ir.Bin("+", ir.Var("k"), ir.IntLit(PREFETCH_DISTANCE))
     ahead = ir.Load("crd", ir.Call("min", (ahead, last)))  # clamped to the loop's last
@@ -270,7 +275,7 @@ def _subexpressions(e: ir.Expr) -> list[ir.Expr]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("width", [64, 97, 300])
+@pytest.mark.parametrize("width", [64, 97, 300, 512])
 def test_prefetching_spmm_matches_torch_for_every_row_length(width, dtype, rng):
     """Rows of 0 to 15 stored entries: shorter than the prefetch distance (no prefetching
     iteration), exactly it, and longer (the prefetched iteration clamped to the row's
@@ -303,7 +308,7 @@ def test_mttkrp_prefetches_across_its_fibers():
         assert "prefetched 6 ahead, across segments" in k.schedule
     spmm = sparsec.Kernel(SPMM, {"W": "csr"})
     # in depth blocks, clamped to the block's last entry of the row
-    within = "sc_prefetch(X_vals + (W2_crd[sc_min(pW2 + 6, sc_hi0 - 1)] * j_dim + sc_j0)"
+    within = "sc_prefetch_row(X_vals + (W2_crd[sc_min(pW2 + 6, sc_hi0 - 1)] * j_dim + sc_j0)"
     assert within in spmm.source and "across segments" not in spmm.schedule
 
 

@@ -65,6 +65,7 @@ CALLS = {
         "store_fence",
         "vzero",
         "prefetch",
+        "prefetch_row",
         "prefetch_stream",
     )
 }
