@@ -10,9 +10,10 @@ Two shapes, measured on pruned-BERT SpMM (`bench bert`) and MTTKRP:
   to them. The prefetch (``sc_prefetch_row``) also gets the rows' stride, and where that is
   a multiple of an L1 way's bytes (4 KB on x86), where every row's tile falls in the same
   L1 sets and the line fetched ahead is evicted before its use, none is made (SpMM with
-  512 float64 columns, 1.13-1.18x faster). (The loop used to be split in two, the last iterations without prefetches: as
-  fast, measured on the harness's SpMM in float64 and float32, but twice the code, and
-  about 20 ms more of an -O3 compile once tiles of fewer vectors came.)
+  512 float64 columns, 1.13-1.18x faster). (The loop used to be split in two, the last
+  iterations without prefetches: as fast, measured on the harness's SpMM in float64 and
+  float32, but twice the code, and about 20 ms more of an -O3 compile once tiles of fewer
+  vectors came.)
 - *Across segments* (`Gathers.across`). When the innermost loop walks segments ``pos[q] ..
   pos[q + 1]`` of the loop around it (MTTKRP's l fibers in its k fibers, about one entry
   each on random tensors, where prefetching within a fiber finds nothing ahead), the segments of the
