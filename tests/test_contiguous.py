@@ -169,12 +169,81 @@ def test_large_copies_on_threads_equal_numpys(shape, axes, threads, monkeypatch)
     assert convert.contiguous_copy(same, threads) is same
 
 
+def _views(dtype: str) -> dict[str, np.ndarray]:
+    base = (np.arange(37 * 301) % 251 - 125).astype(dtype).reshape(37, 301)
+    return {
+        "transposed": base.T,
+        "every other row and third column": base[::2, ::3],
+        "a transposed slice": base[3:30:2, 5:290:7].T,
+        "one column": base[:, 4:5],
+        "no rows": base[:0].T,
+    }
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "int32", "int16", "int64"])
+def test_band_copies_equal_numpys(dtype, threads, monkeypatch):
+    """The compiled band copy (every 2-D copy that reads across rows counts as large here)
+    is numpy's, bit for bit, for every value width, at more threads than rows too."""
+    from sparsec.runtime import copies as convert
+
+    monkeypatch.setattr(convert, "STRIDED_COPY_BYTES", 0)
+    for what, view in _views(dtype).items():
+        if what != "no rows":  # (either way: nothing to copy)
+            assert convert._across_rows(view) == (what != "one column"), what
+        got = convert.contiguous_copy(view, threads)
+        assert got.flags.c_contiguous and got.dtype == view.dtype, what
+        np.testing.assert_array_equal(got, np.ascontiguousarray(view), err_msg=what)
+
+
+def test_copies_the_band_copy_does_not_take_are_numpys(monkeypatch):
+    """Reversed, unaligned and 16-byte values, and more than two axes, go to numpy."""
+    from sparsec.runtime import copies as convert
+
+    monkeypatch.setattr(convert, "STRIDED_COPY_BYTES", 0)
+    base = np.arange(40 * 30, dtype=np.float64).reshape(40, 30)
+    raw = np.zeros(base.nbytes + 1, dtype=np.uint8)[1:].view(np.float64).reshape(40, 30)
+    raw[...] = base  # a view at an odd address
+    cases = [base[::-1].T, raw.T, base.astype(np.complex128).T, base.reshape(4, 10, 30).T]
+    assert not raw.flags.aligned
+    for view in cases:
+        assert not convert._across_rows(view)
+        np.testing.assert_array_equal(convert.contiguous_copy(view, 2), view)
+
+
+def test_without_a_c_compiler_numpy_copies(monkeypatch):
+    """Where the band copy cannot be built, the copy is numpy's, and the build is not
+    tried again at every call."""
+    from sparsec.errors import CompileError
+    from sparsec.runtime import copies as convert
+
+    tries = []
+
+    def no_compiler(source):
+        tries.append(source)
+        raise CompileError("no C compiler")
+
+    monkeypatch.setattr(convert, "STRIDED_COPY_BYTES", 0)
+    monkeypatch.setattr(convert, "compile_cached", no_compiler)
+    convert._copy_fn.cache_clear()
+    try:
+        view = np.arange(600.0).reshape(20, 30).T
+        for _ in range(3):
+            np.testing.assert_array_equal(convert.contiguous_copy(view, 2), view)
+        assert len(tries) == 1
+    finally:
+        convert._copy_fn.cache_clear()
+
+
+@pytest.mark.parametrize("copy", ["slabs", "bands"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_sddmm_with_its_copy_on_threads_matches_torch(threads, rng, monkeypatch):
-    """D's transposed copy made by the call's threads: the kernel reads the same values."""
+def test_sddmm_with_its_copy_on_threads_matches_torch(threads, copy, rng, monkeypatch):
+    """D's transposed copy made by the call's threads, in numpy's slabs on Python threads or
+    by the compiled band copy: the kernel reads the same values."""
     from sparsec.runtime import copies as convert
 
     monkeypatch.setattr(convert, "PARALLEL_COPY_BYTES", 0)
+    monkeypatch.setattr(convert, "STRIDED_COPY_BYTES", 0 if copy == "bands" else 1 << 60)
     b = sparse_array((40, 50), rng, 0.2, integer=True)
     b[7] = 0  # an empty row
     c = rng.integers(-3, 4, (40, 33)).astype(np.float64)

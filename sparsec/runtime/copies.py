@@ -3,23 +3,38 @@
 A dense operand read through a derived copy (SDDMM's ``D`` read as ``D(j,k)``,
 `sparsec.middle.derive`) is copied at every call, so that the copy always follows the
 values passed. On one thread the copy of a large operand was serial work in every call
-(64 x 20000 float64: about 1.1 ms of a 4.5 ms SDDMM call on two threads).
+(64 x 20000 float64: about 1.1 ms of a 4.5 ms SDDMM call on two threads). A 2-D copy that
+reads across the source's rows (a transpose) is made by a compiled copy in bands of one
+cache line per output row, on the call's OpenMP threads (`STRIDED_COPY_BYTES`); any other
+large copy by numpy, in slabs on a pool of Python threads (`PARALLEL_COPY_BYTES`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from typing import Any
 
 import numpy as np
 
+from ..errors import CompileError
 from ..policy.machine import machine
+from ..resources import data_dir
+from .build import compile_cached
 
 #: a copy of at least this many bytes is made by several threads, in slabs of its first axis
 #: (numpy copies without holding the GIL); below it, one thread's copy is faster than handing
 #: work to others (about 30 us)
 PARALLEL_COPY_BYTES = 1 << 20
+#: a 2-D copy that reads across the source's rows (a transpose: SDDMM's ``D``) of at least
+#: this many bytes is made by the compiled band copy (``templates/copies.c``) on the call's
+#: OpenMP threads: numpy's copy of a transpose reads a source column for every output row,
+#: 1.5-2 ms for 64 x 20000 float64 on one thread, and its slabs on Python threads contended
+#: with the kernel's OpenMP team (measured: docs/decisions.md)
+STRIDED_COPY_BYTES = 64 << 10
 #: the copy threads (one pool, made on first use; a child forked after it starts anew)
 _POOLS: list[ThreadPoolExecutor] = []
 _POOL_LOCK = threading.Lock()
@@ -39,6 +54,10 @@ def contiguous_copy(array: np.ndarray, threads: int = 1) -> np.ndarray:
     ``threads`` threads in slabs of its first axis when it is large."""
     if array.flags.c_contiguous:
         return array
+    if array.nbytes >= STRIDED_COPY_BYTES and _across_rows(array):
+        copied = _band_copy(array, threads)
+        if copied is not None:
+            return copied
     rows = array.shape[0] if array.ndim else 0
     parts = min(threads, rows)
     if parts < 2 or array.nbytes < PARALLEL_COPY_BYTES:
@@ -60,3 +79,41 @@ def _pool() -> ThreadPoolExecutor:
             cores = max(2, machine().cores)
             _POOLS.append(ThreadPoolExecutor(cores, thread_name_prefix="sparsec-copy"))
         return _POOLS[0]
+
+
+def _across_rows(array: np.ndarray) -> bool:
+    """Whether ``array`` is 2-D, of plain values 2, 4 or 8 bytes wide, aligned, at positive
+    strides, with no two neighbours in a row adjacent in memory (the band copy's case)."""
+    size = array.itemsize
+    if array.ndim != 2 or size not in (2, 4, 8) or array.dtype.hasobject:
+        return False
+    if not array.flags.aligned or any(s <= 0 or s % size for s in array.strides):
+        return False
+    return array.strides[1] != size
+
+
+def _band_copy(array: np.ndarray, threads: int) -> np.ndarray | None:
+    """``array`` C-ordered by the compiled band copy; None where it cannot be built (no C
+    compiler: a CUDA-only installation), and numpy copies."""
+    copy = _copy_fn(array.itemsize)
+    if copy is None:
+        return None
+    out = np.empty(array.shape, array.dtype)
+    rs, cs = (s // array.itemsize for s in array.strides)
+    copy(array.ctypes.data, out.ctypes.data, *array.shape, rs, cs, max(1, threads))
+    return out
+
+
+@cache
+def _copy_fn(size: int) -> Any:
+    """The compiled band copy for values of ``size`` bytes (built once, then cached on disk
+    as kernels are), or None when it cannot be built."""
+    source = (data_dir("templates") / "copies.c").read_text()
+    try:
+        lib = compile_cached(source)
+    except CompileError:
+        return None
+    fn = getattr(lib, f"sparsec_copy2d_{size}")
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 4, ctypes.c_int]
+    fn.restype = None
+    return fn
