@@ -321,3 +321,35 @@ def test_a_result_keeps_at_most_twice_its_entries(threads, rng, monkeypatch):
         for array in (got.levels[1].crd, got.vals):
             assert _kept(array) <= 2 * array.nbytes
     assert seen == [threads] * 3
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_several_chunks_bound_only_their_own_rows(threads, rng, monkeypatch):
+    """On one chunk the whole output is bounded once; on several, each chunk's rows are,
+    and their bounds summed stand for the whole's (computing the whole's too cost SpGEMM
+    as much again), including in the choice of the two phases for too large an output."""
+    b, c = sparse_array((40, 30), rng, integer=True), sparse_array((30, 50), rng, integer=True)
+    B, C = sparsec.Tensor.from_dense(b, "csr"), sparsec.Tensor.from_dense(c, "csr")
+    k = sparsec.kernel("A(i,j) = B(i,k) * C(k,j)", CSR3)
+    calls = []
+    real = SPARSE_OUT.entry_bound
+
+    def spy(*args):
+        calls.append(args[4] if len(args) > 4 else None)
+        return real(*args)
+
+    monkeypatch.setattr(SPARSE_OUT, "entry_bound", spy)
+    seen = _spy(monkeypatch)
+    got = k(B=B, C=C, threads=threads).validate("out")
+    np.testing.assert_array_equal(np.asarray(got), b @ c)
+    assert seen == [threads]
+    if threads == 1:
+        assert calls == [None]
+    else:
+        assert len(calls) == threads and all(rows is not None for rows in calls)
+        assert [rows[1:] for rows in calls] == sorted(rows[1:] for rows in calls)
+    whole = real(k.spec.statement, {"B": B, "C": C}, {"i": 40, "j": 50, "k": 30})
+    monkeypatch.setattr(COSTS, "SINGLE_PASS_ENTRIES", whole // 2)  # too large: two phases
+    got = k(B=B, C=C, threads=threads).validate("out")
+    np.testing.assert_array_equal(np.asarray(got), b @ c)
+    assert seen == [threads]

@@ -93,32 +93,44 @@ def run(out: SparseOutput, prepared: Prepared, threads: int | None, poison: bool
     nthreads = resolve_threads(threads)
     chunked = out.loaded.generated.chunked
     if out.loaded.append is not None and (nthreads == 1 or not out.layout.rowwise or chunked):
-        bound = entry_bound(out.statement, prepared.values, prepared.dims, out.division)
-        if bound <= costs.SINGLE_PASS_ENTRIES:
-            if chunked:
-                done = chunked_pass(out, prepared, bound, nthreads, poison)
-            else:
-                done = single_pass(out, prepared, bound, poison)
-            if done is not None:
-                return done
+        done = None
+        if chunked and min(nthreads, out.extent(prepared, 0)) > 1:
+            # the chunks' own bounds make the whole's (the whole's alone would cost as
+            # much again: SpGEMM's is a bincount over an operand's entries)
+            done = chunked_pass(out, prepared, None, nthreads, poison)
+        else:
+            bound = entry_bound(out.statement, prepared.values, prepared.dims, out.division)
+            if bound <= costs.SINGLE_PASS_ENTRIES:
+                if chunked:
+                    done = chunked_pass(out, prepared, bound, nthreads, poison)
+                else:
+                    done = single_pass(out, prepared, bound, poison)
+        if done is not None:
+            return done
     return two_phase(out, prepared, nthreads, poison)
 
 
 def chunked_pass(
-    out: SparseOutput, prepared: Prepared, bound: int, nthreads: int, poison: bool
+    out: SparseOutput, prepared: Prepared, bound: int | None, nthreads: int, poison: bool
 ) -> Tensor | None:
     """The single pass in chunks of consecutive rows, one per thread, each appending into
     its own region, of room for its own rows' entries (`entry_bound` on those rows; see
-    `sparsec.lower.chunks`), then the chunks moved behind each other here. None when the
-    regions' positions would not fit the index type, the capacities are too large
+    `sparsec.lower.chunks`), then the chunks moved behind each other here. ``bound``: the
+    whole output's, for one chunk; None for several, whose bounds then sum to it. None
+    when the output is too large for one pass (`costs.SINGLE_PASS_ENTRIES`), the regions'
+    positions would not fit the index type, the capacities are too large
     (`costs.CHUNKED_ENTRIES`), or a bound was too small (the two phases count exactly
     instead)."""
     last = out.layout.last
     rows = out.extent(prepared, 0)
     size = out.extent(prepared, last)
-    if min(rows * size, bound) + LAST_LEVEL_SLACK * size > costs.SINGLE_PASS_ENTRIES:
-        return None
     chunks = max(1, min(nthreads, rows))
+    if bound is None and chunks == 1:
+        bound = entry_bound(out.statement, prepared.values, prepared.dims, out.division)
+    if bound is not None and min(rows * size, bound) + LAST_LEVEL_SLACK * size > (
+        costs.SINGLE_PASS_ENTRIES
+    ):
+        return None
     levels_n = len(out.output.format.levels)
     row_at, region_at, end_at, length = chunk_table(levels_n, chunks)
     table = np.zeros(length, dtype=np.int64)
@@ -127,14 +139,20 @@ def chunked_pass(
     starts[:] = _row_starts(out, prepared, rows, chunks)
     regions = table[region_at : region_at + chunks + 1]
     row = out.out_indices[0]
+    owns = []  # each chunk's bound
     for c in range(chunks):  # a chunk's room, and the up-front checks of its last loops
         lo, hi = int(starts[c]), int(starts[c + 1])
         own = bound
-        if chunks > 1:
+        if own is None:
             args = (out.statement, prepared.values, prepared.dims, out.division, (row, lo, hi))
             own = entry_bound(*args)
+        owns.append(own)
         regions[c + 1] = regions[c] + min((hi - lo) * size, own) + LAST_LEVEL_SLACK * size
     reserved = int(regions[chunks])
+    if bound is None and reserved - chunks * LAST_LEVEL_SLACK * size + LAST_LEVEL_SLACK * size > (
+        costs.SINGLE_PASS_ENTRIES
+    ):
+        return None  # the chunks' bounds, summed, as one chunk's was checked above
     limit = _INT32_MAX if prepared.index_dtype == "int32" else 2**62
     if max(reserved, size, rows) > limit or reserved > costs.CHUNKED_ENTRIES:
         return None
@@ -147,7 +165,8 @@ def chunked_pass(
     total = int(counts.sum())
     if (ends < 0).any():  # a chunk out of room
         if poison:
-            raise SparsecError(f"internal: the capacity bound {bound} was too small")
+            short = owns[int(np.argmax(ends < 0))]
+            raise SparsecError(f"internal: the capacity bound {short} was too small")
         return None
     pos, crd = levels[last].pos, levels[last].crd
     assert pos is not None and crd is not None
