@@ -175,6 +175,8 @@ def _row_stride(at: ir.Expr, var: str) -> ir.Expr | None:
     if len(loads) != 1:
         return None
     (load,) = loads
+    if isinstance(at, ir.Bin) and at.op == "+" and isinstance(at.left, ir.Var):
+        at = at.right  # the array's base: the difference of offsets, not of pointers
 
     def at_row(n: int) -> ir.Expr:
         def put(e: ir.Expr) -> ir.Expr:

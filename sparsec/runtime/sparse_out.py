@@ -149,10 +149,9 @@ def chunked_pass(
         owns.append(own)
         regions[c + 1] = regions[c] + min((hi - lo) * size, own) + LAST_LEVEL_SLACK * size
     reserved = int(regions[chunks])
-    if bound is None and reserved - chunks * LAST_LEVEL_SLACK * size + LAST_LEVEL_SLACK * size > (
-        costs.SINGLE_PASS_ENTRIES
-    ):
-        return None  # the chunks' bounds, summed, as one chunk's was checked above
+    summed = reserved - (chunks - 1) * LAST_LEVEL_SLACK * size  # as one chunk's, above
+    if bound is None and summed > costs.SINGLE_PASS_ENTRIES:
+        return None
     limit = _INT32_MAX if prepared.index_dtype == "int32" else 2**62
     if max(reserved, size, rows) > limit or reserved > costs.CHUNKED_ENTRIES:
         return None
