@@ -198,6 +198,7 @@ def environment() -> dict[str, Any]:
             "cores": facts.cores,
             "vector_bytes": facts.vector_bytes,
             "target": facts.target,
+            "l1_way": facts.l1_way,
         }
     except Exception as err:  # record, never fail a benchmark over metadata
         env["sparsec_machine"] = f"unknown ({err})"

@@ -264,7 +264,8 @@ def generate(
     if parallel and not any(c.name == "parallelize" for c in commands):
         schedule += cpu_default(spec, loop_nest(spec, make_names, commands), commands)
     lowered, sig = lower(spec, make_names, parallel=parallel, commands=schedule)
-    unit = Unit(spec, sig, machine().last_level_cache)
+    facts = machine()  # once: the template's constants and the schedule's notes agree
+    unit = Unit(spec, sig, facts.last_level_cache)
     functions = []
     # whether the append function was tiled: the template's vector helpers serve it too
     append_tiled: tuple[str, ...] = ()
@@ -329,7 +330,9 @@ def generate(
         said += f"; {'; '.join(notes)}"
     gen = _record(lowered, sig, said, dtype, index_dtype, append=append, chunked=chunked)
     vectors = TILE_VECTORS if tiled or append_tiled else 0
-    return print_c(spec, gen, functions, vectors=vectors, stream_out_bytes=unit.llc)
+    return print_c(
+        spec, gen, functions, vectors=vectors, stream_out_bytes=unit.llc, l1_way_bytes=facts.l1_way
+    )
 
 
 def check_c_dtype(dtype: str) -> None:

@@ -50,6 +50,7 @@ def test_the_host_is_read_once_and_sane():
         ("L2=524288,vector=avx2", {"core_cache": 512 << 10, "vector_bytes": 32}),
         ("flags=avx+avx512f,target=skylake-avx512", {"flags": frozenset({"avx", "avx512f"}), "target": "skylake-avx512"}),
         ("busy=1.5", {"busy": 1.5}),
+        ("l1way=8K", {"l1_way": 8 << 10}),
         ("", {}),
     ],
 )  # fmt: skip
@@ -66,6 +67,7 @@ def test_machine_text_names_facts_over_a_base(text, want):
         ("l2=big", "K, M or G"),
         ("cores=2K", "whole number"),
         ("cores=0", "positive"),
+        ("l1way=0", "positive"),
         ("vector=-1", "whole number"),
         ("busy=lots", "number of cores"),
         ("busy=-1", ">= 0"),

@@ -274,6 +274,19 @@ def _subexpressions(e: ir.Expr) -> list[ir.Expr]:
     return [e, *(s for c in children(e) for s in _subexpressions(c))]
 
 
+@pytest.mark.parametrize("way", [4 << 10, 8 << 10])
+def test_the_l1_way_is_the_machines(way, rng):
+    """The rows whose gathers are not prefetched into L1 are those a multiple of the
+    machine's L1 way apart (`Machine.l1_way`), which the template takes as it is."""
+    with use(l1_way=way):
+        k = sparsec.Kernel(SPMM, {"W": "csr"})
+        assert f"#define SC_L1_WAY_BYTES ((int64_t){way})" in k.generated("float64").source
+        w = sparse_array((30, 40), rng, 0.3, integer=True)
+        # rows 4 KB apart: aliased in a 4 KB way, not in an 8 KB one; the same sums either way
+        x = rng.integers(-3, 4, (40, 512)).astype(np.float64)
+        np.testing.assert_array_equal(np.asarray(k(W=w, X=x, threads=2)), w @ x)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("width", [64, 97, 300, 512])
 def test_prefetching_spmm_matches_torch_for_every_row_length(width, dtype, rng):

@@ -2,7 +2,8 @@
 compiler's target, and how busy the cores are with other work.
 
 Every decision sparsec derives from the machine it runs on (the panel, band and depth cost
-models, the output size from which tiles are stored non-temporally, a default call's thread
+models, the output size from which tiles are stored non-temporally, the row strides whose
+gathers are not prefetched into L1, a default call's thread
 count, the compile cache's key) asks `machine()`, never sysfs or ``os.cpu_count`` itself, so
 one setting changes them all:
 
@@ -18,7 +19,8 @@ register: 16, 32 for AVX2, 64 for AVX-512), ``flags`` (CPU flags joined by ``+``
 ``target`` (a name for what ``-march=native`` resolves to) and ``busy`` (cores busy with
 other work; fixed instead of measured, ``busy=0`` turns the load adaptation off), ``memory``,
 ``half`` (the 16-bit value dtypes the C compiler supports, joined by ``+``: ``float16``,
-``bfloat16``; ``half=none`` for neither; by default the compiler is asked, `c_half_types`).
+``bfloat16``; ``half=none`` for neither; by default the compiler is asked, `c_half_types`),
+``l1way`` (one way of the L1 data cache, its size over its ways, in bytes with K/M/G).
 
 The simulated facts steer sparsec's decisions only: kernels are still compiled for, and run
 on, the real CPU (the compile cache's key holds what the compiler really targets).
@@ -47,6 +49,11 @@ from .compiler import compiler_target as compiler_target  # re-exported: build a
 ENV = "SPARSEC_MACHINE"
 
 
+#: one way of the L1 data cache where the host does not say: 32 KB in 8 ways, as on most
+#: x86 cores
+DEFAULT_L1_WAY = 4 << 10
+
+
 @dataclass(frozen=True, slots=True)
 class Machine:
     """What sparsec's decisions may know about the machine."""
@@ -69,6 +76,9 @@ class Machine:
     memory: int | None = None
     #: the 16-bit value dtypes the C compiler has types for; None: ask it (`c_half_types`)
     half: frozenset[str] | None = None
+    #: bytes of one way of the core's L1 data cache (its size over its ways): addresses this
+    #: far apart share its sets (`sc_prefetch_row` in the kernel template)
+    l1_way: int = DEFAULT_L1_WAY
 
 
 #: the fields of a `Machine` by their ``SPARSEC_MACHINE`` keys
@@ -83,6 +93,7 @@ _KEYS = {
     "busy": "busy",
     "memory": "memory",
     "half": "half",
+    "l1way": "l1_way",
 }
 _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 #: assumed when the host does not say (no sysfs): a small machine's caches
@@ -112,7 +123,7 @@ def host() -> Machine:
     """The host's own facts, read once per process."""
     cpus = _cpus()
     flags = _cpu_flags()
-    core, last = _caches(min(cpus) if cpus else 0)
+    core, last, l1_way = _caches(min(cpus) if cpus else 0)
     _meter()  # the first reading of the load, so the first call finds a window to measure
     return Machine(
         core_cache=core,
@@ -121,6 +132,7 @@ def host() -> Machine:
         vector_bytes=_vector_bytes(flags),
         flags=flags,
         target=native_target(),
+        l1_way=l1_way,
         memory=(
             os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
             if "SC_PHYS_PAGES" in getattr(os, "sysconf_names", ())
@@ -189,7 +201,7 @@ def _replace(base: Machine, facts: dict[str, Any]) -> Machine:
         elif name in ("flags", "half"):
             facts[name] = frozenset(value)
     made = dataclasses.replace(base, **facts)
-    positive = ("core_cache", "last_level_cache", "cores", "vector_bytes", "memory")
+    positive = ("core_cache", "last_level_cache", "cores", "vector_bytes", "memory", "l1_way")
     for name in (n for n in positive if getattr(made, n) is not None):  # memory: unknown
         value = getattr(made, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -258,9 +270,11 @@ def _quota(cpus: int) -> int:
     return limit
 
 
-def _caches(cpu: int) -> tuple[int, int]:
-    """(the core's L2, the last-level cache) of ``cpu`` in bytes, from Linux sysfs."""
+def _caches(cpu: int) -> tuple[int, int, int]:
+    """(the core's L2, the last-level cache, one way of its L1 data cache) of ``cpu`` in
+    bytes, from Linux sysfs."""
     sizes: dict[int, int] = {}
+    l1_way = DEFAULT_L1_WAY
     root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
     try:
         entries = sorted(root.glob("index*"))
@@ -275,9 +289,14 @@ def _caches(cpu: int) -> tuple[int, int]:
             continue
         if kind != "Instruction":
             sizes[level] = max(size, sizes.get(level, 0))
+        if level == 1 and kind == "Data":
+            try:
+                l1_way = size // int((entry / "ways_of_associativity").read_text()) or l1_way
+            except (OSError, ValueError, ZeroDivisionError):
+                pass
     core = sizes.get(2, DEFAULT_CORE_CACHE)
     last = sizes[max(sizes)] if sizes and max(sizes) >= 2 else DEFAULT_LAST_LEVEL_CACHE
-    return core, last
+    return core, last, l1_way
 
 
 def _cpu_flags() -> frozenset[str]:
