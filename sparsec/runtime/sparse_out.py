@@ -116,7 +116,8 @@ def chunked_pass(
     """The single pass in chunks of consecutive rows, one per thread, each appending into
     its own region, of room for its own rows' entries (`entry_bound` on those rows; see
     `sparsec.lower.chunks`), then the chunks moved behind each other here. ``bound``: the
-    whole output's, for one chunk; None for several, whose bounds then sum to it. None
+    whole output's (`run` gives it for one chunk), or None: each chunk bounds its own
+    rows, and their sum stands for the whole's. None
     when the output is too large for one pass (`costs.SINGLE_PASS_ENTRIES`), the regions'
     positions would not fit the index type, the capacities are too large
     (`costs.CHUNKED_ENTRIES`), or a bound was too small (the two phases count exactly
@@ -125,8 +126,6 @@ def chunked_pass(
     rows = out.extent(prepared, 0)
     size = out.extent(prepared, last)
     chunks = max(1, min(nthreads, rows))
-    if bound is None and chunks == 1:
-        bound = entry_bound(out.statement, prepared.values, prepared.dims, out.division)
     if bound is not None and min(rows * size, bound) + LAST_LEVEL_SLACK * size > (
         costs.SINGLE_PASS_ENTRIES
     ):
