@@ -330,9 +330,7 @@ def generate(
         said += f"; {'; '.join(notes)}"
     gen = _record(lowered, sig, said, dtype, index_dtype, append=append, chunked=chunked)
     vectors = TILE_VECTORS if tiled or append_tiled else 0
-    return print_c(
-        spec, gen, functions, vectors=vectors, stream_out_bytes=unit.llc, l1_way_bytes=facts.l1_way
-    )
+    return print_c(spec, gen, functions, vectors=vectors, llc=unit.llc, l1_way=facts.l1_way)
 
 
 def check_c_dtype(dtype: str) -> None:

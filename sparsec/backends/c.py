@@ -72,15 +72,15 @@ def print_c(
     functions: Sequence[Function],
     *,
     vectors: int,
-    stream_out_bytes: int,
-    l1_way_bytes: int,
+    llc: int,
+    l1_way: int,
 ) -> Generated:
     """``gen`` with its source: the C translation unit of ``functions`` (each takes the
     parameters ``gen.signature``), and ``sparsec_kernel_packed`` where it can be defined.
     ``vectors``: the register tile's vectors where a body was tiled (0: the template leaves
-    the vector helpers out); ``stream_out_bytes``: the output size from which tiles are
-    stored non-temporally; ``l1_way_bytes``: one way of the L1 data cache (rows gathered a
-    multiple of it apart are not prefetched into it)."""
+    the vector helpers out); ``llc``: the last-level cache's bytes, the output size from
+    which tiles are stored non-temporally; ``l1_way``: one way of the L1 data cache's bytes
+    (rows gathered a multiple of it apart are not prefetched into it)."""
     bodies = tuple(f.body for f in functions)
     wide = adds_into_output(gen.dtype, gen.signature, *bodies)
     gen = replace(gen, wide_output=wide)
@@ -115,8 +115,8 @@ def print_c(
         ],
         vectors=vectors,
         stream_sfx="ps" if gen.dtype == "float32" else "pd",
-        stream_out_bytes=stream_out_bytes,
-        l1_way_bytes=l1_way_bytes,
+        stream_out_bytes=llc,
+        l1_way_bytes=l1_way,
         packed=packed,
         packed_phase=bool(phases),
         sorts=sorts,
