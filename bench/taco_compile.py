@@ -9,8 +9,10 @@ What is timed, per repeat (the contenders alternate their order from repeat to r
 - sparsec "kernel": a fresh Python process with an empty ``SPARSEC_CACHE_DIR`` (no kernel
   cache hit) that has already compiled one unrelated small kernel, so the process's one-time
   setup (the grammar's tables, the template, the compiler probe) is done, times
-  ``sparsec.kernel(...)`` (parse, plan) plus ``Kernel.executable(...)`` (generate C, cc,
-  load) for the inputs' dtypes: the compile of a kernel never built before. This is the
+  ``sparsec.kernel(...)`` (parse, plan) plus ``Kernel.executable(...)`` for the call's
+  dtypes and extents, as its first call builds it (generate C, cc, load; a tiled kernel
+  holds the register-tile stages of those extents, `sparsec.passes.stages`): the compile
+  of a kernel never built before. This is the
   figure held against TACO's lower + cc (TACO's one-time setup, loading libtaco, is
   outside its timer too). No kernel run is in it: the first and second calls are timed
   apart. A kernel whose sparse output has a single pass builds its two phases when a call
@@ -62,7 +64,7 @@ k = sparsec.kernel(case.expr, case.formats)
 t1 = time.perf_counter()
 prepared = k.binder.prepare(case.inputs)  # validates and converts inputs: not compile
 t2 = time.perf_counter()
-k.executable(prepared.dtype, prepared.index_dtype)
+k.executable(prepared.dtype, prepared.index_dtype, prepared.dims)  # as the first call builds it
 t3 = time.perf_counter()
 k(threads=1, **case.inputs)
 t4 = time.perf_counter()

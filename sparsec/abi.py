@@ -84,12 +84,16 @@ BOUND_VIOLATED = 3
 #: an appended output level would pass the capacity the runtime gave it (``sc_sizes``): the
 #: runtime's bound was wrong; nothing was written out of bounds
 CAPACITY_EXCEEDED = 4
+#: the kernel was built with the register-tile stages of another extent than the call's
+#: (`sparsec.passes.stages`): nothing was written; the runtime builds it with all of them
+STAGES_MISSING = 5
 #: every status a kernel may return, by name
 STATUSES = {
     "OK": OK,
     "OUT_OF_MEMORY": OUT_OF_MEMORY,
     "BOUND_VIOLATED": BOUND_VIOLATED,
     "CAPACITY_EXCEEDED": CAPACITY_EXCEEDED,
+    "STAGES_MISSING": STAGES_MISSING,
 }
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

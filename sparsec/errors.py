@@ -100,6 +100,13 @@ class CompileError(SparsecError):
     """The C/CUDA toolchain failed or is missing; carries the compiler's message."""
 
 
+class StagesMissing(SparsecError):
+    """Internal: a kernel built for one extent's register-tile stages was called with an
+    extent that needs others (kernel status STAGES_MISSING). `Kernel` answers it by
+    building the kernel with every stage and running the call again; it never reaches a
+    user."""
+
+
 class CheckError(SparsecError):
     """A kernel's result differs from the dense torch reference."""
 

@@ -5,14 +5,16 @@ pass leaves alone what it does not understand."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from conftest import MEASURED_ON, sparse_array, torch_reference
 
 import sparsec
+from sparsec import abi
 from sparsec.ir import nodes as ir
-from sparsec.ir.visit import arrays, free_vars
+from sparsec.ir.visit import arrays, free_vars, statements
 from sparsec.passes.tile import tile
 from sparsec.policy.machine import use
 from sparsec.tensors import buffers as runtime
@@ -194,6 +196,17 @@ def _zero_row(array: str = "Y", row: str = "row") -> ir.For:
     return ir.For("p", ir.IntLit(0), ir.Var("j_dim"), ir.block(store))
 
 
+def _work(body: ir.Block) -> tuple[ir.Stmt, ...]:
+    """``body``'s statements after the tile pass's entry check of its extent (`stages`),
+    which it asserts is there and first."""
+    check = ir.Return(
+        abi.STAGES_MISSING,
+        ir.Call("stages_missing", (ir.Var("j_dim"), ir.Var("SC_STAGES_j_dim"))),
+    )
+    assert body.body[0] == check
+    return body.body[1:]
+
+
 def test_tiles_take_over_the_zeroing_of_their_row():
     """A row zeroed just before its region (declarations between) is not stored and
     reloaded: the accumulators start at zero and only the leftover columns are zeroed."""
@@ -201,7 +214,7 @@ def test_tiles_take_over_the_zeroing_of_their_row():
     body, _ = tile(
         ir.block(_zero_row(), ir.Decl(ir.I64, "r", ir.Var("row")), _gather_region(gather))
     )
-    assert body.body[0] == ir.Decl(ir.I64, "r", ir.Var("row"))  # the zeroing loop is gone
+    assert _work(body)[0] == ir.Decl(ir.I64, "r", ir.Var("row"))  # the zeroing loop is gone
     fns = [c.fn for c in _calls(body)]
     # the whole tiles' 8 accumulators, and the narrower tiles' 4 and 2
     assert fns.count("vzero") == 8 + 4 + 2 and "vload" in fns
@@ -211,7 +224,12 @@ def test_tiles_take_over_the_zeroing_of_their_row():
     remainder = tiled.body[-1]
     assert isinstance(remainder, ir.If)
     *narrower, last = remainder.branches[0][1].body
-    assert [type(s) for s in narrower] == [ir.Decl, ir.For, ir.For]
+    assert [type(s) for s in narrower] == [ir.Decl, ir.If, ir.If]
+    for stage, vectors in zip(narrower[1:], (4, 2), strict=True):
+        # each narrower tile is built where the extent needs it (`stages`)
+        ((built, loop),) = stage.branches
+        assert built == ir.Call("stage", (ir.Var("SC_STAGES_j_dim"), ir.IntLit(vectors)))
+        assert [type(s) for s in loop.body] == [ir.For]
     assert isinstance(last, ir.If)
     leftover = last.branches[0][1].body[0]
     assert isinstance(leftover, ir.For) and leftover.var == "p"
@@ -232,7 +250,7 @@ def test_zeroing_is_kept_when_something_else_comes_between(between):
     gather = ir.Bin("*", ir.Var("k"), ir.Var("ld"))
     stmts = (_zero_row(), between, ir.Decl(ir.I64, "r", ir.Var("row")), _gather_region(gather))
     body, notes = tile(ir.block(*stmts))
-    assert notes and body.body[:3] == stmts[:3]
+    assert notes and _work(body)[:3] == stmts[:3]
     assert "vzero" not in [c.fn for c in _calls(body)]
 
 
@@ -240,7 +258,7 @@ def test_zeroing_is_kept_when_something_else_comes_between(between):
 def test_zeroing_of_another_row_is_kept(zero):
     gather = ir.Bin("*", ir.Var("k"), ir.Var("ld"))
     body, _ = tile(ir.block(zero, _gather_region(gather, row="row")))
-    assert body.body[0] == zero and "vzero" not in [c.fn for c in _calls(body)]
+    assert _work(body)[0] == zero and "vzero" not in [c.fn for c in _calls(body)]
 
 
 def test_prefetch_only_rows_found_through_an_index_array():
@@ -417,3 +435,57 @@ def test_large_outputs_are_cache_line_aligned(n, dtype):
     for _ in range(2):  # the general path, then the fast path
         out = k(W=w, X=np.ones((600, 256), dtype))
         assert out.ctypes.data % 64 == 0
+
+
+# the widths of `test_a_kernel_built_for_one_width_runs_every_width`: with 16- to 64-byte
+# vectors of float32 or float64 (2 to 16 lanes), each stage (whole tiles, the tiles of 4 and
+# 2 vectors, the columns left) is needed by some and not by others
+STAGE_WIDTHS = [0, 1, 8, 16, 24, 32, 48, 64, 96, 128, 136, 200]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_kernel_built_for_one_width_runs_every_width(dtype, rng):
+    """A tiled kernel is built with the register-tile stages its first call's width needs
+    (`sparsec.passes.stages`). A later width that needs no others runs on it; one that
+    does meets the kernel's entry check (nothing written) and the kernel is rebuilt with
+    every stage. Each width first, then all of them, on integer values (exact sums), on 1
+    and 2 threads, through the fast path and the general one."""
+    w = sparse_array((13, 9), rng, 0.4, integer=True).astype(dtype)
+    w[4] = 0  # an empty row
+    b = sparse_array((5, 6, 4), rng, 0.4, integer=True).astype(dtype)
+    b[2] = 0  # an empty slice
+    for first in STAGE_WIDTHS:
+        spmm = sparsec.Kernel(SPMM, {"W": "csr"}, dtype=dtype)
+        mttkrp = sparsec.Kernel(MTTKRP, {"B": "csf"}, dtype=dtype)
+        for n, width in enumerate((first, *STAGE_WIDTHS)):
+            x = rng.integers(-3, 4, (9, width)).astype(dtype)
+            d = rng.integers(-3, 4, (4, width)).astype(dtype)
+            c = rng.integers(-3, 4, (6, width)).astype(dtype)
+            want = w.astype(np.float64) @ x
+            want3 = np.einsum("ikl,lj,kj->ij", b.astype(np.float64), d, c)
+            for threads in (1, 2):
+                np.testing.assert_array_equal(spmm(W=w, X=x, threads=threads), want)
+                got = mttkrp(B=sparsec.Tensor.from_dense(b, "csf"), D=d, C=c, threads=threads)
+                np.testing.assert_array_equal(got, want3)
+            if n == 0:  # built for the first width
+                for k in (spmm, mttkrp):
+                    source = k.executable(dtype, "int32").loaded.generated.source
+                    assert source.startswith(f"#define SC_HINT_j_dim {first}\n")
+
+
+def test_a_stage_extent_the_function_computes_keeps_every_stage():
+    """Only an extent that is a parameter can be checked on entry: a region over a local
+    extent is built with every stage (its guards are true) and the function checks
+    nothing."""
+    region = _gather_region(ir.Bin("*", ir.Var("k"), ir.Var("ld")))
+    inner = region.body.body[0]
+    local = replace(region, body=ir.block(replace(inner, end=ir.Var("n"))))
+    body, notes = tile(ir.block(ir.Decl(ir.I64, "n", ir.Var("j_dim")), local))
+    assert notes and not any(isinstance(s, ir.Return) for s in body.body)
+    assert not [c for c in _calls(body) if c.fn == "stage"]
+    conditions = [c for s in statements(body) if isinstance(s, ir.If) for c, _ in s.branches]
+    # the whole tiles and the two narrower ones built always; the columns left where any
+    assert conditions.count(ir.IntLit(1)) == 3
+    assert any(
+        isinstance(c, ir.Bin) and c.op == "&&" and c.left == ir.IntLit(1) for c in conditions
+    )

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..backends import Generated
-from ..errors import InputError, NotationError, ScheduleError, SparsecError
+from ..errors import InputError, NotationError, ScheduleError, SparsecError, StagesMissing
 from ..frontend.parser import parse_expression
 from ..frontend.semantics import Semantics
 from ..middle.commands import Command, parse_commands
@@ -123,6 +123,8 @@ class Kernel:
         #: SPARSEC_POISON=1 fills fresh outputs with NaN before each call (used by the tests)
         self._poison = os.environ.get("SPARSEC_POISON") == "1"
         self._fast: FastPath | None = None
+        #: whether builds take the call's extents (`executable`); off after STAGES_MISSING
+        self._stage_hints = True
         #: the inputs a call passes, and how their shapes bind the index variables
         self.binder = Binder(self.spec, target, self.dtype, self.index_dtype, str(self.assignment))
         #: the column layouts (panels, bands, depth blocks) open to this kernel's calls
@@ -207,9 +209,12 @@ class Kernel:
         )
 
     # ------------------------------------------------------------------- call
-    def executable(self, dtype: str, index_dtype: str) -> Executable:
+    def executable(
+        self, dtype: str, index_dtype: str, dims: Mapping[str, int] | None = None
+    ) -> Executable:
         """The compiled kernel for values of ``dtype`` and indices of ``index_dtype`` (made
-        on first use, then kept)."""
+        on first use, then kept), with the register-tile stages of the extents ``dims``
+        (`sparsec.passes.stages`; all without), until a call needs others (`__call__`)."""
         key = (dtype, index_dtype)
         with self._lock:
             found = self._executables.get(key)
@@ -220,12 +225,28 @@ class Kernel:
                     self.target,
                     self.columns,
                     self._poison,
+                    dims if self._stage_hints else None,
                 )
             return found
+
+    def _all_stages(self) -> None:
+        """A kernel built for one extent's tile stages met another (STAGES_MISSING, before
+        writing anything): from now on it is built with every stage."""
+        with self._lock:
+            self._stage_hints = False
+            self._executables.clear()
+            self._fast = None
 
     def __call__(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
         if autograd.wants_grad(inputs):  # torch inputs that require grad: a grad_fn
             return autograd.call(self, inputs, threads)
+        try:
+            return self._call(inputs, threads)
+        except StagesMissing:
+            self._all_stages()
+            return self._call(inputs, threads)
+
+    def _call(self, inputs: dict[str, Any], threads: int | None) -> Any:
         fast = self._fast
         if fast is not None:
             result = fast.call(inputs, threads)
@@ -247,7 +268,7 @@ class Kernel:
                     return self._candidate(vector, prepared.dtype, prepared.index_dtype)
                 except ScheduleError:
                     self._vector = None  # not mappable by groups: thread-per-row stays
-            return self.executable(prepared.dtype, prepared.index_dtype)
+            return self.executable(prepared.dtype, prepared.index_dtype, prepared.dims)
         dtype, index_dtype = prepared.dtype, prepared.index_dtype
         entry = autotune.key(
             self.assignment,
@@ -288,7 +309,11 @@ class Kernel:
         footprint.ensure_fits(
             footprint.check_parts(self.spec, prepared.dims), f"check of {self.assignment}"
         )
-        got = self._executable_for(prepared, threads).run(prepared, threads)
+        try:
+            got = self._executable_for(prepared, threads).run(prepared, threads)
+        except StagesMissing:
+            self._all_stages()
+            got = self._executable_for(prepared, threads).run(prepared, threads)
         return check.verdict(self.assignment, self.spec, self.binder.wanted, prepared, got)
 
     def extents(self, dims: Mapping[str, int] | None = None) -> dict[str, int]:

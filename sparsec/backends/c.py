@@ -12,6 +12,8 @@ from ..abi import ASSEMBLE_NAME, KERNEL_NAME, PACKED_NAME
 from ..ir import nodes as ir
 from ..ir.visit import exprs, statements, subexpressions
 from ..middle.spec import Spec
+from ..passes import tile as tile_pass
+from ..passes.stages import guarded_extents
 from .generated import Generated
 from .printer import C, Printer, adds_into_output, header, param, render, storage_arrays
 
@@ -96,6 +98,7 @@ def print_c(
         if isinstance(e, ir.Call)
     )
     sorts = "sort_reached" in set(calls)
+    extents = guarded_extents(*bodies) if vectors else ()
     # the two phases, where a single pass exists beside them (it is not the kernel itself)
     phases = (ASSEMBLE_NAME, KERNEL_NAME) if gen.append not in ("", KERNEL_NAME) else ()
     source = render(
@@ -114,6 +117,8 @@ def print_c(
             for f in functions
         ],
         vectors=vectors,
+        narrowest=tile_pass.NARROWEST,  # read now: the tests vary it
+        stage_extents=extents,
         stream_sfx="ps" if gen.dtype == "float32" else "pd",
         stream_out_bytes=llc,
         l1_way_bytes=l1_way,
@@ -125,4 +130,4 @@ def print_c(
         kernel_name=KERNEL_NAME,
         packed_name=PACKED_NAME,
     )
-    return replace(gen, source=source, packed=bool(packed))
+    return replace(gen, source=source, packed=bool(packed), tile_extents=extents)

@@ -71,6 +71,9 @@ class Generated:
     #: ``append`` runs in chunks of rows (`sparsec.lower.chunks`): it reads the chunk
     #: table after the output's sizes in ``sc_sizes``
     chunked: bool = False
+    #: the extent parameters whose register-tile stages are built for one extent when the
+    #: build names it (`sparsec.passes.stages`; the source's ``SC_HINT_`` macros)
+    tile_extents: tuple[str, ...] = ()
     #: whether the C source also defines ``sparsec_kernel_packed`` (its arguments in one
     #: int64 array; none where a parameter is a scalar value)
     packed: bool = False

@@ -67,6 +67,8 @@ CALLS = {
         "prefetch",
         "prefetch_row",
         "prefetch_stream",
+        "stage",
+        "stages_missing",
     )
 }
 

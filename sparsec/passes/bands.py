@@ -87,12 +87,21 @@ def band(
     return ir.Block(tuple(out)), tuple(notes), tuple(params)
 
 
-def _tiled_region(s: ir.Stmt) -> tuple[ir.Comment, ir.Decl, ir.For, ir.If] | None:
+def _tiled_region(
+    s: ir.Stmt,
+) -> tuple[ir.Comment, ir.Decl, ir.For, ir.If, ir.Expr | None] | None:
     """The parts of a region the tile pass built: a comment, the tile count, the loop
-    over tiles and the leftover columns."""
+    over tiles, the leftover columns, and the condition the loop is built under (`stages`;
+    None: always)."""
     if not isinstance(s, ir.Block) or len(s.body) != 4:
         return None
     comment, count, tiles, rest = s.body
+    built = None
+    if isinstance(tiles, ir.If) and len(tiles.branches) == 1 and tiles.orelse is None:
+        ((built, block),) = tiles.branches
+        if len(block.body) != 1:
+            return None
+        tiles = block.body[0]
     if not (
         isinstance(comment, ir.Comment)
         and isinstance(count, ir.Decl)
@@ -107,7 +116,7 @@ def _tiled_region(s: ir.Stmt) -> tuple[ir.Comment, ir.Decl, ir.For, ir.If] | Non
         and rest.orelse is None
     ):
         return None
-    return comment, count, tiles, rest
+    return comment, count, tiles, rest, built
 
 
 def _banded(loop: ir.For, walks: Walks) -> tuple[ir.Block, bool] | None:
@@ -122,7 +131,7 @@ def _banded(loop: ir.For, walks: Walks) -> tuple[ir.Block, bool] | None:
     parts = _tiled_region(work[0])
     if parts is None:
         return None
-    comment, count, tiles, rest = parts
+    comment, count, tiles, rest, built = parts
     assert count.init is not None
     local = {loop.var} | {s.name for s in loop.body.body if isinstance(s, ir.Decl)}
     if free_vars(count.init) & local:
@@ -144,6 +153,8 @@ def _banded(loop: ir.For, walks: Walks) -> tuple[ir.Block, bool] | None:
             if deep is not None:
                 body.extend(deep.bounds)
                 region, leftover = deep.tiles, deep.rest
+            if built is not None:
+                region = ir.If(((built, ir.Block((region,))),))
             s = ir.Block(
                 (
                     comment,

@@ -8,8 +8,8 @@ tiles of `VECTORS` vectors of ``j``: each tile's output elements live in registe
 whole region (``sc_acc0 .. sc_acc7``) and are stored once after it. The columns left over
 (fewer than a tile) run in at most one tile of 4 vectors and one of 2 (`NARROWEST`), so a
 row narrower than a tile still accumulates in registers (MTTKRP at rank 32 in float64 on
-64-byte vectors: 14-17 ms in the plain loop, 7-8 ms in a tile of 4); what is left after
-them, fewer than 2 vectors, runs through the original nest.
+64-byte vectors: 14-17 ms in the plain loop, 7-8 ms in a tile of 4); the rest, fewer than
+2 vectors, runs through the original nest. A build has the stages its extent needs (`stages`).
 
 Two more things make a tile cheaper, measured on pruned-BERT SpMM (`bench bert`):
 
@@ -36,6 +36,7 @@ from itertools import count
 from ..ir import nodes as ir
 from ..ir.visit import arrays, bindings, free_vars, map_blocks, substitute
 from .gathers import PREFETCH_DISTANCE, Gathers
+from .stages import REMAINDER, built, checked, guard
 
 #: accumulators per tile: 8 AVX2 registers of the 16, leaving room for loads and the
 #: broadcast factor; FMA latency × issue width is also about 8 on current x86 cores
@@ -62,7 +63,8 @@ def tile(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
     """``body`` with every eligible region tiled, and a note per region tiled."""
     notes: list[str] = []
     ids = count()
-    return _block(body, notes, ids), tuple(notes)
+    tiled = _block(body, notes, ids)
+    return (checked(tiled) if notes else tiled), tuple(notes)
 
 
 def _block(b: ir.Block, notes: list[str], ids: count[int]) -> ir.Block:
@@ -332,15 +334,17 @@ class _Tiler:
             if 2 * vectors < VECTORS:
                 runs = ir.Bin("%", runs, ir.IntLit(2))
             uid = next(self.ids)
-            stages.append(self._tiles(vectors, uid, runs, first, value, out_base, zero))
+            stage = self._tiles(vectors, uid, runs, first, value, out_base, zero)
+            stages.append(guard(end, vectors, stage))  # built where the extent needs it
             vectors //= 2
         left = ir.add(rest, ir.mul(self._down(q, NARROWEST), VLEN))
         remainder = self._replace_inner(nest.loops[0], None, start=left)
         zeroing = replace(self.zeroing, start=left) if zero and self.zeroing else None
+        leftover = ir.Bin("&&", built(end, REMAINDER), ir.Bin("<", left, end))
         return ir.block(
             ir.Comment(f"{nest.inner.var} in tiles of SC_TILE values held in registers"),
             ir.Decl(ir.I64, tiles.name, ir.Bin("/", end, TILE)),
-            main,
+            guard(end, VECTORS, main),
             ir.If(
                 (
                     (
@@ -348,7 +352,7 @@ class _Tiler:
                         ir.block(
                             ir.Decl(ir.I64, q.name, ir.Bin("/", ir.Bin("-", end, rest), VLEN)),
                             *stages,
-                            ir.If(((ir.Bin("<", left, end), ir.block(zeroing, remainder)),)),
+                            ir.If(((leftover, ir.block(zeroing, remainder)),)),
                         ),
                     ),
                 )

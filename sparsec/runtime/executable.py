@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -29,11 +29,12 @@ from ..abi import ASSEMBLE_NAME
 from ..backends import Generated
 from ..middle.spec import Spec
 from ..middle.staging import ROW, needs_staging, staged
+from ..passes.stages import hints as stage_hints
 from ..policy.costs import Columns
 from ..tensors.buffers import aligned_empty
 from ..tensors.halves import readable, result_dtype, rounded, storage_fill
 from . import gpu, gpu_sparse, sparse_out
-from .args import arguments, slots
+from .args import Source, arguments, slots
 from .binding import VALUE_DTYPES, resolve_threads
 from .inputs import Prepared
 from .loaded import Loaded, load, status_error
@@ -84,9 +85,21 @@ class Executable:
 
     @staticmethod
     def build(
-        spec: Spec, generated: Generated, target: str, columns: Columns, poison: bool
+        spec: Spec,
+        generated: Generated,
+        target: str,
+        columns: Columns,
+        poison: bool,
+        dims: Mapping[str, int] | None = None,
     ) -> Executable:
-        """Compile (through the on-disk cache) and load ``generated`` for ``target``."""
+        """Compile (through the on-disk cache) and load ``generated`` for ``target``: with
+        ``dims`` (a call's extents, by index), only the register-tile stages they need
+        (`sparsec.passes.stages`; other extents return STAGES_MISSING), else all."""
+        if dims and generated.tile_extents:
+            dim_slots = (s for s in slots(generated.signature) if s.source is Source.DIM)
+            extents = {s.param.name: dims[s.of] for s in dim_slots if s.of in dims}
+            lines = stage_hints(generated.tile_extents, extents)
+            generated = replace(generated, source=lines + generated.source)
         loaded = load(generated, target, sparse_output=not spec.output.is_dense)
         return Executable(spec, loaded, target, columns, poison)
 

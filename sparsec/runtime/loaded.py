@@ -32,7 +32,7 @@ from ..abi import (
     Param,
 )
 from ..backends import Generated
-from ..errors import ShapeError, SparsecError
+from ..errors import ShapeError, SparsecError, StagesMissing
 from . import build, gpu
 
 #: the line before a kernel's source that builds only its single pass (`Loaded`)
@@ -168,6 +168,11 @@ def status_error(status: int, generated: Generated) -> SparsecError:
             return SparsecError(
                 "internal: the kernel's output passed the capacity the runtime allocated "
                 "(nothing was written out of bounds)"
+            )
+        case abi.STAGES_MISSING:
+            return StagesMissing(
+                "internal: the kernel was built for another extent's register-tile stages "
+                "(`Kernel` builds it with all of them and runs the call again)"
             )
         case abi.OK:
             raise AssertionError("status 0 is success, not an error")
