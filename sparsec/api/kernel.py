@@ -212,9 +212,8 @@ class Kernel:
     def executable(
         self, dtype: str, index_dtype: str, dims: Mapping[str, int] | None = None
     ) -> Executable:
-        """The compiled kernel for values of ``dtype`` and indices of ``index_dtype`` (made
-        on first use, then kept), with the register-tile stages of the extents ``dims``
-        (`sparsec.passes.stages`; all without), until a call needs others (`__call__`)."""
+        """The compiled kernel for ``dtype`` values and ``index_dtype`` indices (made once), with
+        the tile stages of the extents ``dims`` (`sparsec.passes.stages`; without: all)."""
         key = (dtype, index_dtype)
         with self._lock:
             found = self._executables.get(key)
@@ -230,8 +229,7 @@ class Kernel:
             return found
 
     def _all_stages(self) -> None:
-        """A kernel built for one extent's tile stages met another (STAGES_MISSING, before
-        writing anything): from now on it is built with every stage."""
+        """After STAGES_MISSING (nothing written): every later build has all tile stages."""
         with self._lock:
             self._stage_hints = False
             self._executables.clear()
@@ -268,7 +266,9 @@ class Kernel:
                     return self._candidate(vector, prepared.dtype, prepared.index_dtype)
                 except ScheduleError:
                     self._vector = None  # not mappable by groups: thread-per-row stays
-            return self.executable(prepared.dtype, prepared.index_dtype, prepared.dims)
+            # a call in column panels runs the kernel at the panels' widths: built with all
+            dims = None if self.columns.width(prepared.dims, prepared.values) else prepared.dims
+            return self.executable(prepared.dtype, prepared.index_dtype, dims)
         dtype, index_dtype = prepared.dtype, prepared.index_dtype
         entry = autotune.key(
             self.assignment,
