@@ -25,7 +25,7 @@ What is timed, per repeat (the contenders alternate their order from repeat to r
   for a sparse output also the fused assemble-while-compute module, reported apart. TACO
   compiles with ``TACO_CFLAGS = --taco-cflags``, by default TACO-native's flags (TACO's
   own plus ``-march=native``, as ``bench taco`` times it); sparsec with its defaults
-  (``-O3 -march=native -fopenmp``). Both use the same ``cc``.
+  (``-O3 -march=native -fopenmp -falign-loops=32``). Both use the same ``cc``.
 
 Medians over the repeats; ratio = sparsec kernel ms / TACO lower + cc ms (> 1: sparsec
 slower). Needs the TACO build and harness that ``bench taco`` finds (the same variables).

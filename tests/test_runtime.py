@@ -294,3 +294,37 @@ def test_a_lean_library_that_does_not_load_is_rebuilt_in_full(tmp_path, monkeypa
     stamp = full.stat().st_mtime_ns
     assert runtime.compile_cached(LIBC_SOURCE).sparsec_kernel() == 7
     assert full.stat().st_mtime_ns == stamp and len(list(tmp_path.glob("*.so"))) == 2
+
+
+@pytest.mark.parametrize(
+    ("version", "aligned"),
+    [
+        ("cc (Debian 12.2.0-14+deb12u1) 12.2.0\nCopyright (C) 2022 Free Software Foundation", True),
+        ("gcc (GCC) 9.4.0", True),
+        ("Ubuntu clang version 14.0.0-1ubuntu1", True),
+        ("clang version 12.0.1", False),  # -falign-loops came in Clang 13
+        ("icx (ICX) 2024.0.0 Intel(R) oneAPI DPC++/C++ Compiler", False),  # not known to
+    ],
+)
+def test_default_flags_align_loops_where_the_compiler_takes_it(version, aligned):
+    """Short inner loops start on a 32-byte boundary (`ALIGN_LOOPS`) with compilers known
+    to take the flag; any other compiler gets the plain defaults, which it compiles."""
+    flags = runtime.default_cflags(f"/usr/bin/cc\n{version}")
+    assert flags[:3] == ("-O3", "-march=native", "-fopenmp")
+    assert (runtime.ALIGN_LOOPS in flags) is aligned
+
+
+def test_the_default_flags_compile_and_a_user_s_flags_are_taken_as_given(monkeypatch):
+    """This machine's compiler takes the default flags (a kernel builds and runs), and
+    ``SPARSEC_CFLAGS`` replaces them whole."""
+    monkeypatch.delenv("SPARSEC_CFLAGS", raising=False)
+    tc = runtime.toolchain()
+    assert tc.flags[: len(runtime.default_cflags(tc.identity))] == runtime.default_cflags(
+        tc.identity
+    )
+    assert runtime.compile_cached(SOURCE + "/* defaults */\n").sparsec_kernel() == 7
+    monkeypatch.setenv("SPARSEC_CFLAGS", "-O2")
+    assert (
+        runtime.toolchain().flags[0] == "-O2"
+        and runtime.ALIGN_LOOPS not in runtime.toolchain().flags
+    )
