@@ -273,6 +273,29 @@ def test_replicate_small_sparse_large_dense(client) -> None:
         np.testing.assert_array_equal(k(W=w, X=Xb.astype(dt), parts=P), (W @ Xb).astype(dt))
 
 
+def _worker_builds() -> list[str]:
+    """On a worker: the first line of each library its part kernels built."""
+    from sparsec.distributed import tasks
+
+    return [
+        e.loaded.generated.source.split("\n", 1)[0]
+        for k in tasks._KERNELS.values()
+        for e in k._executables.values()
+    ]
+
+
+def test_workers_build_the_driver_s_library(client) -> None:
+    """A tiled kernel's parts run at the parts' extents (here X split along its columns):
+    each worker builds with every register-tile stage, the library the driver built
+    before the parts ran, not one for its own part's extent (`sparsec.passes.stages`)."""
+    W = _matrix(9, N, 7)
+    Xb = np.arange(N * 300, dtype=float).reshape(N, 300) % 7 - 3
+    k = sd.kernel("Y(i,b) = W(i,j) * X(j,b)", {"W": "csr"})
+    np.testing.assert_array_equal(k(W=sparsec.Tensor.from_scipy(W), X=Xb, parts=2), W @ Xb)
+    firsts = [line for lines in client.run(_worker_builds).values() for line in lines]
+    assert firsts and not any(line.startswith("#define SC_HINT_") for line in firsts)
+
+
 def test_sparse_output_stays_distributed(client) -> None:
     A, B = _matrix(M, N, 1, heavy=True), _matrix(N, 11, 2)
     k = sd.kernel("Z(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "Z": "csr"})

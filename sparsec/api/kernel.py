@@ -228,8 +228,8 @@ class Kernel:
                 )
             return found
 
-    def _all_stages(self) -> None:
-        """After STAGES_MISSING (nothing written): every later build has all tile stages."""
+    def all_stages(self) -> None:
+        """Every later build has all tile stages: after STAGES_MISSING, and on a worker."""
         with self._lock:
             self._stage_hints = False
             self._executables.clear()
@@ -241,7 +241,7 @@ class Kernel:
         try:
             return self._call(inputs, threads)
         except StagesMissing:
-            self._all_stages()
+            self.all_stages()
             return self._call(inputs, threads)
 
     def _call(self, inputs: dict[str, Any], threads: int | None) -> Any:
@@ -312,7 +312,7 @@ class Kernel:
         try:
             got = self._executable_for(prepared, threads).run(prepared, threads)
         except StagesMissing:
-            self._all_stages()
+            self.all_stages()
             got = self._executable_for(prepared, threads).run(prepared, threads)
         return check.verdict(self.assignment, self.spec, self.binder.wanted, prepared, got)
 

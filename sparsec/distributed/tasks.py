@@ -90,9 +90,14 @@ _KERNELS: dict[bytes, Kernel] = {}
 
 
 def worker_kernel(args: bytes) -> Kernel:
+    """The kernel of a call's parts, rebuilt once per process. Built with every
+    register-tile stage (`sparsec.passes.stages`): the parts' extents differ, and the
+    library the driver builds before the parts run (`DistributedKernel.build`) has them
+    all, so a worker sharing its compile cache loads it."""
     found = _KERNELS.get(args)
     if found is None:
         found = _KERNELS[args] = _rebuild_kernel(*pickle.loads(args))
+        found.all_stages()
     return found
 
 
