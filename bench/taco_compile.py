@@ -64,7 +64,7 @@ k = sparsec.kernel(case.expr, case.formats)
 t1 = time.perf_counter()
 prepared = k.binder.prepare(case.inputs)  # validates and converts inputs: not compile
 t2 = time.perf_counter()
-k.executable(prepared.dtype, prepared.index_dtype, prepared.dims)  # as the first call builds it
+k.executable(prepared.dtype, prepared.index_dtype, prepared)  # as the first call builds it
 t3 = time.perf_counter()
 k(threads=1, **case.inputs)
 t4 = time.perf_counter()

@@ -210,10 +210,10 @@ class Kernel:
 
     # ------------------------------------------------------------------- call
     def executable(
-        self, dtype: str, index_dtype: str, dims: Mapping[str, int] | None = None
+        self, dtype: str, index_dtype: str, prepared: Prepared | None = None
     ) -> Executable:
         """The compiled kernel for ``dtype`` values and ``index_dtype`` indices (made once), with
-        the tile stages of the extents ``dims`` (`sparsec.passes.stages`; without: all)."""
+        the tile stages of the call ``prepared`` (`sparsec.passes.stages`; without: all)."""
         key = (dtype, index_dtype)
         with self._lock:
             found = self._executables.get(key)
@@ -224,7 +224,7 @@ class Kernel:
                     self.target,
                     self.columns,
                     self._poison,
-                    dims if self._stage_hints else None,
+                    prepared if self._stage_hints else None,
                 )
             return found
 
@@ -266,9 +266,7 @@ class Kernel:
                     return self._candidate(vector, prepared.dtype, prepared.index_dtype)
                 except ScheduleError:
                     self._vector = None  # not mappable by groups: thread-per-row stays
-            # a call in column panels runs the kernel at the panels' widths: built with all
-            dims = None if self.columns.width(prepared.dims, prepared.values) else prepared.dims
-            return self.executable(prepared.dtype, prepared.index_dtype, dims)
+            return self.executable(prepared.dtype, prepared.index_dtype, prepared)
         dtype, index_dtype = prepared.dtype, prepared.index_dtype
         entry = autotune.key(
             self.assignment,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -90,12 +90,19 @@ class Executable:
         target: str,
         columns: Columns,
         poison: bool,
-        dims: Mapping[str, int] | None = None,
+        prepared: Prepared | None = None,
     ) -> Executable:
-        """Compile (through the on-disk cache) and load ``generated`` for ``target``: with
-        ``dims`` (a call's extents, by index), only the register-tile stages they need
-        (`sparsec.passes.stages`; other extents return STAGES_MISSING), else all."""
-        if dims and generated.tile_extents:
+        """Compile (through the on-disk cache) and load ``generated`` for ``target``: for a
+        call's inputs ``prepared``, only the register-tile stages its extents need
+        (`sparsec.passes.stages`; other extents return STAGES_MISSING), else all of them,
+        also where the call runs in column panels (`run`: the kernel sees the panels'
+        widths, not the call's)."""
+        if (
+            prepared is not None
+            and generated.tile_extents
+            and not columns.width(prepared.dims, prepared.values)
+        ):
+            dims = prepared.dims
             dim_slots = (s for s in slots(generated.signature) if s.source is Source.DIM)
             extents = {s.param.name: dims[s.of] for s in dim_slots if s.of in dims}
             lines = stage_hints(generated.tile_extents, extents)
