@@ -233,3 +233,11 @@ def test_complement_is_accepted() -> None:
     """``~M`` (once refused) compiles; its access prints as ``~M(i,j)``."""
     k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr"}, mask="~M")
     assert "~M(i,j)" in str(k.spec.assignment)
+
+
+@pytest.mark.parametrize("mask", ["M", "~M"])
+def test_mask_on_a_scalar_output_refused(mask: str) -> None:
+    """Issue 36, item 5: a scalar output has no entries to select; the mask used to be read
+    as a value and multiplied the sum (5x for M = 5.0)."""
+    with pytest.raises(NotationError, match="scalar output 'a'.*drop mask="):
+        sparsec.kernel("a = A(i,k) * A(k,i)", {"A": "csr"}, mask=mask)
