@@ -531,12 +531,60 @@ def test_array_protocol():
         np.array(t, copy=False)
 
 
-def test_to_format_identity_and_zero_dropping():
+def test_to_format_identity_and_stored_zeros():
+    """A dense-format tensor stores every entry, its zeros too (issue 36, item 6: they were
+    dropped): converted, every one stays stored; `eliminate_zeros` drops them explicitly."""
     t = Tensor.from_dense(CSR_3x4, "dense")
     assert t.to_format("dense") is t and t.to_format(t.format) is t
     csr = t.to_format("csr")
-    assert csr.nnz == 3 and csr.to_format("csr") is csr
+    assert csr.nnz == 12 and csr.to_format("csr") is csr
     assert_same(csr, CSR_3x4)
+    nonzero = csr.eliminate_zeros()
+    assert (
+        nonzero.nnz == 3 and nonzero.format == csr.format and nonzero.eliminate_zeros() is nonzero
+    )
+    assert_same(nonzero, CSR_3x4)
+    assert t.eliminate_zeros().nnz == 12  # a dense level stores its zeros all the same
+
+
+@pytest.mark.parametrize("source", ["coo", "csr", "csc", "dcsr", "csf"])
+@pytest.mark.parametrize("target", ["coo", "csr", "csc", "dcsr", "csf", "ds:1,0"])
+def test_to_format_keeps_explicit_zeros(source, target):
+    """Issue 36, item 6: every stored entry survives a conversion, explicit zeros included."""
+    coords = np.array([[0, 0, 2, 3], [1, 3, 0, 2]])
+    t = Tensor.from_coo(coords, np.array([0.0, 2.0, 0.0, -1.0]), (4, 4), source)
+    got = t.to_format(target)
+    assert got.nnz == 4
+    assert sorted(zip(*got.coords()[0], got.coords()[1], strict=True)) == [
+        (0, 1, 0.0),
+        (0, 3, 2.0),
+        (2, 0, 0.0),
+        (3, 2, -1.0),
+    ]
+    assert as_tensor(t, target).nnz == 4
+
+
+def test_min_plus_reads_a_stored_zero_packed_at_call_time():
+    """Issue 36, item 6: a COO tensor's stored 0 is a distance under min_plus; packed into
+    the kernel's declared csr at call time it was dropped ([inf, 6] instead of [1, 6])."""
+    import sparsec
+
+    a = Tensor.from_coo(np.array([[0, 1], [0, 1]]), np.array([0.0, 5.0]), (2, 2), "coo")
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, semiring="min_plus")
+    np.testing.assert_array_equal(k(A=a, x=np.array([1.0, 1.0])), [1.0, 6.0])
+    np.testing.assert_array_equal(k(A=a.to_scipy(), x=np.array([1.0, 1.0])), [1.0, 6.0])
+    np.testing.assert_array_equal(k(A=a.to_torch(), x=np.array([1.0, 1.0])), [1.0, 6.0])
+
+
+def test_files_keep_explicit_zeros(tmp_path):
+    """Issue 36, item 6: .tns and .mtx files hold every stored entry (they held the nonzeros);
+    a matrix whose stored values are symmetric but whose pattern is not stays general."""
+    t = Tensor.from_coo(np.array([[0, 1, 2], [1, 1, 0]]), np.array([0.0, 3.0, 0.0]), (3, 3))
+    for name in ("t.tns", "t.mtx"):
+        save(tmp_path / name, t)
+        back = load(tmp_path / name, "coo")
+        assert back.coords()[0].tolist() == t.coords()[0].tolist()
+        assert back.coords()[1].tolist() == t.coords()[1].tolist()
 
 
 @pytest.mark.parametrize("order", [1, 2, 3])

@@ -141,16 +141,11 @@ def load_tns(
         raise _rethrow(path, err) from None
 
 
-def _nonzeros(tensor: Tensor) -> tuple[np.ndarray, np.ndarray]:
-    coords, values = tensor.coords()
-    keep = values != 0
-    return coords[:, keep], values[keep]
-
-
 def save_tns(path: PathLike, tensor: Tensor) -> None:
-    """Write the nonzeros of ``tensor`` 1-based, with a ``# shape:`` comment line."""
+    """Write every stored entry of ``tensor`` (its explicit zeros too; `Tensor.eliminate_zeros`
+    drops them) 1-based, with a ``# shape:`` comment line."""
     path = Path(path)
-    coords, values = _nonzeros(tensor)
+    coords, values = tensor.coords()
     rows = np.column_stack([coords.T + 1, values]) if tensor.order else values[:, None]
     fmt = ["%d"] * tensor.order + ["%.17g"]
     header = "shape: " + " ".join(map(str, tensor.shape))
@@ -189,7 +184,8 @@ def load_mtx(
 
 
 def save_mtx(path: PathLike, tensor: Tensor) -> None:
-    """Write an order-2 tensor's nonzeros as a coordinate Matrix Market file."""
+    """Write an order-2 tensor's stored entries (explicit zeros too) as a coordinate Matrix
+    Market file."""
     import scipy.io
     import scipy.sparse
 
@@ -197,11 +193,11 @@ def save_mtx(path: PathLike, tensor: Tensor) -> None:
         raise FormatError(
             f"Matrix Market files hold matrices; this tensor has order {tensor.order}"
         )
-    coords, values = _nonzeros(tensor)
+    coords, values = tensor.coords()
     matrix = scipy.sparse.coo_array((values, (coords[0], coords[1])), shape=tensor.shape)
     path = Path(path)
     with _open(path, "wb") as f:
-        scipy.io.mmwrite(f, matrix)
+        scipy.io.mmwrite(f, matrix, symmetry="general")  # as stored: no pattern inferred
 
 
 # --------------------------------------------------------------------------- by suffix

@@ -294,16 +294,27 @@ class Tensor(ArrayOps):
     def to_format(self, format: str | Format) -> Tensor:
         """This tensor in another format; the same object when the format is unchanged.
 
-        A conversion keeps the nonzero values only (plus the zeros the target's dense levels
-        force), so zeros stored by a source dense level are not carried over.
+        Every stored entry is kept, its explicit zeros too (those a source dense level
+        holds included): presence is what semirings, masks and gradient patterns read. The
+        target may store more: the zeros its dense levels force, a padded singleton's filler.
+        `eliminate_zeros` drops stored zeros explicitly.
         """
         fmt = parse_format(format, self.order)
         if fmt == self.format:
             return self
-        coords = self._mode_coords()
-        keep = self.vals != 0
         wanted = self.index_dtype if self.index_dtype == np.int64 else None
-        return pack(coords[:, keep], self.vals[keep], self.shape, fmt, wanted, self.dtype)
+        return pack(self._mode_coords(), self.vals, self.shape, fmt, wanted, self.dtype)
+
+    def eliminate_zeros(self) -> Tensor:
+        """This tensor without its stored zeros, in the same format (scipy's name); the
+        same object when it stores none. Zeros that a dense level forces (or a padded
+        singleton's filler) stay: the format stores them wherever it stores a parent."""
+        keep = self.vals != 0
+        if keep.all():
+            return self
+        coords = self._mode_coords()[:, keep]
+        wanted = self.index_dtype if self.index_dtype == np.int64 else None
+        return pack(coords, self.vals[keep], self.shape, self.format, wanted, self.dtype)
 
     def derived(self, indices: tuple[str, ...], format: Format) -> Tensor:
         """This tensor read as ``indices`` and stored in ``format`` (`convert.derive_entries`:
