@@ -10,9 +10,10 @@ A schedule is a list of commands (or one string of commands separated by commas)
     pos(i, ip, A)                 iterate A's stored positions of i's level (A may be
                                   spelled as its access, A(i,j), as TACO's C++ API does)
     fuse(i, j, f)                 one loop f over the (i, j) pairs (i directly encloses j)
-    precompute(expr, i, iw)       compute expr into a dense workspace over i (iw may be i;
-                                  {i,j}, {iw,jw}: a workspace over several variables; an
-                                  optional fourth argument names the workspace)
+    precompute(expr, i, iw)       compute expr (factors, or a term of a sum) into a dense
+                                  workspace over i (iw may be i; {i,j}, {iw,jw}: a
+                                  workspace over several variables; an optional fourth
+                                  argument names the workspace)
     unroll(i, F)                  ask the C compiler to unroll i's loop F times
     bound(i, ib, B, kind)         i's extent is B (MaxExact) or at most B (MaxConstraint)
     parallelize(i, unit, races)   units CPUThread, CPUVector (GPUBlock, GPUWarp, GPUThread on
