@@ -1,7 +1,8 @@
 """Differential fuzzing of masks (issue 36): ``mask="M"`` and ``mask="~M"`` with ``=`` and
 ``+=`` into every output format (dense, sparse vectors, csr, csc, dcsr, dcsc, coo, csf),
 under plus_times, min_plus, max_plus and or_and, for SpMV-, SpGEMM-, SDDMM-like, add and
-elementwise statements, M in any format with explicit stored zeros and empty rows.
+elementwise statements and a quotient under ``division="ieee"`` (outside the mask absent,
+not ``0 * inf``), M in any format with explicit stored zeros and empty rows.
 
 The reference follows docs/semantics.md ("Masks", "Semirings", "Outputs"), written here
 with numpy on (value, presence) arrays, apart from sparsec: compute the unmasked result
@@ -36,7 +37,10 @@ STATEMENTS = {
     "C(i,j) = A(i,j) + B(i,j)": ("ij", {"A": "ij", "B": "ij"}, set()),
     "C(i,j) = A(i,j) * B(i,j)": ("ij", {"A": "ij", "B": "ij"}, set()),
     "C(i,j,k) = A(i,j,k) * x(k)": ("ijk", {"A": "ijk", "x": "k"}, {"x"}),
+    # plus_times with division="ieee": the dense IEEE value (0/0 is NaN), present everywhere
+    "y(i) = A(i,j) / x(j)": ("i", {"A": "ij", "x": "j"}, {"x"}),
 }
+IEEE = "y(i) = A(i,j) / x(j)"
 SPARSE_IN = {
     1: ["s", "d"],
     2: ["csr", "csc", "dcsr", "coo", "dense"],
@@ -101,6 +105,10 @@ def reference(stmt: str, ring: str, data: dict) -> tuple[np.ndarray, np.ndarray]
             return r.plus(a, b)
         case "C(i,j) = A(i,j) * B(i,j)":
             return r.times(t["A"], t["B"])
+        case "y(i) = A(i,j) / x(j)":
+            with np.errstate(divide="ignore", invalid="ignore"):
+                value = (data["A"][0] / data["x"][0][None, :]).sum(axis=1)
+            return value, np.ones(value.shape, dtype=bool)
         case "C(i,j) = A(i,k) * B(k,j)":
             return r.reduce(r.times(_b(t["A"], (..., None)), _b(t["B"], (None, ...))), 1)
         case "C(i,j) = S(i,j) * D(i,k) * E(k,j)":
@@ -166,7 +174,7 @@ def draw_kernel(rng: np.random.Generator) -> dict:
     return {
         "stmt": stmt,
         "formats": formats,
-        "ring": str(rng.choice(list(RINGS))),
+        "ring": "plus_times" if stmt == IEEE else str(rng.choice(list(RINGS))),
         "mask": str(rng.choice(["M", "~M"])),
         "accumulate": bool(rng.random() < 0.5),
         "out": out,
@@ -190,7 +198,8 @@ def run_kernel(seed: int) -> int:
     lhs, operands, dense = STATEMENTS[stmt]
     text = stmt.replace(" = ", " += ") if case["accumulate"] else stmt
     try:
-        k = sparsec.kernel(text, case["formats"], mask=mask, semiring=ring)
+        division = "ieee" if stmt == IEEE else "sparse"
+        k = sparsec.kernel(text, case["formats"], mask=mask, semiring=ring, division=division)
     except (LoweringError, ScheduleError) as err:
         # documented refusals: no loop order for these formats into this output
         assert "order" in str(err) or "sparse" in str(err), err
@@ -238,7 +247,9 @@ def run_kernel(seed: int) -> int:
                 f"{what}: pattern {sorted(entries)} != {sorted(want)}"
             )
             for c, v in want.items():
-                assert entries[c] == v, f"{what}: at {c}: {entries[c]} != {v}"
+                assert entries[c] == v or np.isnan(v) and np.isnan(entries[c]), (
+                    f"{what}: at {c}: {entries[c]} != {v}"
+                )
         else:
             np.testing.assert_array_equal(np.asarray(got, dtype=float), want_v, err_msg=what)
     return DRAWS

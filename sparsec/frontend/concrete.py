@@ -249,6 +249,10 @@ def without(
             return without(rest, absent, fold, sparse_division)  # ~M absent: M has no entry
         case BinOp(op="*", left=rest, right=Access(complement=True) as mask) if mask in absent:
             return without(rest, absent, fold, sparse_division)
+        case BinOp(op="*", left=Access(pattern=True) as mask) if mask in absent:
+            return ZERO  # outside the mask: absent, not 0 * rhs (NaN for an infinite rhs)
+        case BinOp(op="*", right=Access(pattern=True) as mask) if mask in absent:
+            return ZERO
         case Neg(operand=operand):
             x = without(operand, absent, fold, sparse_division)
             return ZERO if x is ZERO and fold else _neg(x, expr.span)
@@ -266,7 +270,9 @@ def without(
             a = without(left, absent, fold, sparse_division)
             b = without(right, absent, fold, sparse_division)
             if not fold:
-                return _bin(op, a, b, expr.span)
+                # 0 + 0, 0 - 0 and 0 * 0 are +0 exactly: absent (a mask's product, under
+                # "ieee", leaves such a sum with no term present)
+                return ZERO if a is ZERO and b is ZERO else _bin(op, a, b, expr.span)
             match op:
                 case "*":
                     return ZERO if a is ZERO or b is ZERO else _bin(op, a, b, expr.span)

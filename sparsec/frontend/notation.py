@@ -30,6 +30,10 @@ class Access:
     #: ``M`` stores no entry; in a lattice, where ``M``'s last level is present the point
     #: computes nothing, and an absent ``~M`` leaves its product (`concrete.without`)
     complement: bool = False
+    #: a structural mask's access (``M`` or ``~M``, `middle.spec.apply_mask`): its value is
+    #: never read, and where it is absent its product is absent under either division
+    #: convention (`concrete.without` folds it even where it folds nothing else)
+    pattern: bool = False
 
     @property
     def order(self) -> int:

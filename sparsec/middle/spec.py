@@ -225,7 +225,7 @@ def apply_mask(assignment: Assignment, mask: str, formats: FormatsArg) -> Assign
             f"none; drop mask=, or keep an index on the left (y(i) = ...) and sum y yourself"
         )
     complement = mask.startswith("~")
-    pattern = Access(name, lhs.indices, lhs.span, lhs.index_spans, complement)
+    pattern = Access(name, lhs.indices, lhs.span, lhs.index_spans, complement, pattern=True)
     return replace(assignment, rhs=BinOp("*", pattern, assignment.rhs, assignment.rhs.span))
 
 
