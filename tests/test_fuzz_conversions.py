@@ -326,10 +326,11 @@ _KERNELS: dict[tuple[int, str], sparsec.Kernel] = {}
 
 def _packed_at_call_time(rng, src, want: Entries, shape, target: str, dense: np.ndarray) -> None:
     """``O = A`` with A declared ``target``: O (compressed levels in A's mode ordering)
-    stores exactly A's entries as packed at call time, from a Tensor, scipy, torch."""
+    stores exactly A's entries as packed at call time, from a Tensor, numpy, scipy and
+    torch (dense, COO, CSR, CSC)."""
     order = len(shape)
     try:
-        packed = stored(want, shape, target)
+        stored(want, shape, target)  # else the target cannot hold them: nothing to pack
     except (StorageError, FormatError):
         return
     _, ordering = level_info(target, order)
@@ -340,19 +341,25 @@ def _packed_at_call_time(rng, src, want: Entries, shape, target: str, dense: np.
     if key not in _KERNELS:
         _KERNELS[key] = sparsec.kernel(f"O({access}) = A({access})", {"A": target, "O": out})
     k = _KERNELS[key]
-    inputs = [src]
-    if order == 2 and rng.random() < 0.5:
-        inputs.append(src.to_scipy())
+    # each input with the entries it holds: a dense array (numpy, dense torch) its nonzeros
+    inputs: list[tuple[object, Entries]] = [(src, want), (src.to_dense(), _nonzero(want))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        inputs.append(src.to_torch())
-    for a in inputs:
-        got = entries_of(k(A=a))
-        what = f"call-time packing of {type(a).__name__} into {target}"
-        if isinstance(a, torch.Tensor) and a.layout == torch.strided:  # a dense format's
-            expect(lambda a=a: k(A=a), _nonzero(want), shape, target, what)
-        else:
-            same(got, packed, what)
+        t = src.to_torch()
+        inputs.append((t, _nonzero(want) if t.layout == torch.strided else want))
+        if order == 2:
+            inputs.append((src.to_scipy(), want))
+            keys = list(want)
+            m = sp.csc_array(
+                ([want[c] for c in keys], np.array(keys).T.reshape(2, -1)), shape=shape
+            )
+            csc = torch.sparse_csc_tensor(
+                torch.tensor(m.indptr), torch.tensor(m.indices), torch.tensor(m.data), shape
+            )
+            inputs.append((csc, want))
+        for a, holds in inputs:
+            what = f"call-time packing of {type(a).__name__} into {target}"
+            expect(lambda a=a: k(A=a), holds, shape, target, what)
 
 
 @pytest.mark.parametrize("chunk", range(6))
