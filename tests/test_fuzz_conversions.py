@@ -9,7 +9,7 @@ padded singleton's filler (coordinate 0) under a parent that has no entry. A pat
 unique singleton cannot hold (two children under one parent) is a `StorageError`; a
 singleton over a mode of extent 0 below stored parents a `FormatError`.
 
-Paths: `Tensor.from_coo` (duplicates), `to_format`, `as_tensor`, `to_dense`, `to_scipy`,
+Paths: `Tensor.from_coo` (duplicates), `from_arrays`, `to_format`, `as_tensor`, `to_dense`, `to_scipy`,
 `to_torch`, `from_scipy` (coo with duplicates, csr/csc with unsorted indices and zeros),
 `from_torch` (uncoalesced COO, CSR, CSC, dense), `from_dense` (numpy: its nonzeros), the
 call-time packing of a kernel's input into its declared format (read back through the
@@ -200,6 +200,8 @@ def run_case(seed: int, tmp: Path) -> None:
     )
     same(entries_of(src), source_want, f"from_coo {source_spec}")
     np.testing.assert_array_equal(src.to_dense(), as_dense(source_want, shape))
+    raw = sparsec.Tensor.from_arrays(shape, source_spec, list(src.levels), src.vals)
+    same(entries_of(raw), source_want, f"from_arrays {source_spec}")
     target = random_format(rng, order)
     expect(lambda: src.to_format(target), source_want, shape, target, f"to_format {target}")
     expect(lambda: sparsec.as_tensor(src, target), source_want, shape, target, "as_tensor")
