@@ -236,8 +236,7 @@ class Kernel:
             self._fast = None
 
     def __call__(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> Any:
-        if args:
-            raise self.binder.positional_error(len(args))
+        self.binder.no_positional(args)
         if autograd.wants_grad(inputs):  # torch inputs that require grad: a grad_fn
             return autograd.call(self, inputs, threads)
         try:
@@ -304,8 +303,7 @@ class Kernel:
 
     def check(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> CheckResult:
         """Run the kernel and compare with ``torch.einsum`` on densified inputs."""
-        if args:
-            raise self.binder.positional_error(len(args))
+        self.binder.no_positional(args)
         check.require_torch()
         prepared = self.binder.prepare(inputs, resolve_threads(threads))
         footprint.ensure_fits(

@@ -101,8 +101,7 @@ class TorchOp:
     def __call__(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> Any:
         """The kernel's output as a torch tensor (differentiable in the vals and the dense
         operands)."""
-        if args:
-            raise self.kernel.binder.positional_error(len(args))
+        self.kernel.binder.no_positional(args)
         flat: list[Any] = []
         shapes: list[int] = []
         for operand in self.operands:

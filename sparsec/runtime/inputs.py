@@ -172,11 +172,14 @@ class Binder:
         takes = ", ".join(names) or "no inputs"
         return InputError(f"{'; '.join(parts)}; kernel {self.statement} takes {takes}")
 
-    def positional_error(self, count: int) -> InputError:
-        """The error for a call that passed ``count`` inputs by position."""
+    def no_positional(self, args: tuple[Any, ...]) -> None:
+        """Refuse inputs passed by position (a call names each one)."""
+        if not args:
+            return
+        count = len(args)
         names = [t.argument for t in self.wanted]
         spelled = ", ".join(f"{n}=..." for n in names) or ""
-        return InputError(
+        raise InputError(
             f"{count} input{'s' * (count > 1)} passed by position; a kernel takes its inputs "
             f"by name, as the statement {self.statement} names them: k({spelled})"
         )
