@@ -26,8 +26,10 @@ operator                    statement                                  result
 ==========================  =========================================  ==================
 
 A dense operand of lower order is matched against T's trailing modes (numpy's broadcasting
-without its size-1 stretching). Values follow numpy's promotion within float32/float64;
-a number (Python or numpy scalar) keeps T's dtype. ``T @ S`` runs Gustavson's row order,
+without its size-1 stretching). Values follow the kernels' one rule (docs/semantics.md,
+Value types: torch's promotion over the floating operands; an integer array takes no
+part), and a number (Python or numpy scalar, 0-d array) keeps T's dtype, as a torch
+scalar does. ``T @ S`` runs Gustavson's row order,
 a column-major operand of a mixed pair re-laid out once (`Tensor.derived`). A scipy
 matrix on the left of ``@`` densifies T itself (scipy calls ``np.asarray`` before it
 defers): write ``sparsec.as_tensor(a) @ T``.
@@ -52,7 +54,6 @@ from .kernel import kernel
 
 #: the share of the machine's memory a dense conversion may take
 DENSE_SHARE = 0.5
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 # --------------------------------------------------------------------------- operands
@@ -84,26 +85,19 @@ def scalar_operand(x: Any) -> float | None:
     return None
 
 
-def dense_operand(x: Any, like: Tensor | None = None) -> Any:
-    """``x`` as a dense operand (numpy or strided torch), its values cast to numpy's
-    promotion with ``like``'s (float32 when None) where that is not float32/float64
-    already; None for anything else."""
+def dense_operand(x: Any) -> Any:
+    """``x`` itself when it is a dense operand (numpy or strided torch), None for anything
+    else. Its values are not cast here: the kernel's binding promotes every call's inputs
+    by one rule (`sparsec.runtime.binding.common_dtype`: torch's, integers take no part)."""
     if isinstance(x, np.ndarray):
-        dt = x.dtype
+        kind = x.dtype.kind
     elif _torch_tensor(x) and x.layout == sys.modules["torch"].strided:
-        name = str(x.dtype).removeprefix("torch.")
-        dt = np.dtype(name) if name in np.sctypeDict else np.dtype(np.float64)
+        kind = "c" if x.dtype.is_complex else "f"
     else:
         return None
-    if dt in _FLOATS:
-        return x
-    if dt.kind == "c":
-        raise DTypeError(f"complex operand ({dt}): sparsec values are float32 or float64")
-    want = np.result_type(like.dtype if like is not None else np.float32, dt)
-    want = want if want in _FLOATS else np.dtype(np.float64)
-    if isinstance(x, np.ndarray):
-        return x.astype(want)
-    return x.to(getattr(sys.modules["torch"], want.name))
+    if kind == "c":
+        raise DTypeError(f"complex operand ({x.dtype}): sparsec values are real")
+    return x
 
 
 def _modes(order: int, start: int = 0) -> list[str]:
@@ -151,10 +145,8 @@ def _matmul(left: Any, right: Any) -> Any:
     a, b = sparse_operand(left), sparse_operand(right)
     if a is None and b is None:
         return NotImplemented
-    like = a if a is not None else b
-    assert like is not None
-    da = left if a is not None else dense_operand(left, like)
-    db = right if b is not None else dense_operand(right, like)
+    da = left if a is not None else dense_operand(left)
+    db = right if b is not None else dense_operand(right)
     if da is None or db is None:
         return NotImplemented
     sa, sb = (
@@ -226,7 +218,7 @@ def _elementwise(op: str, left: Any, right: Any) -> Any:
             if op != "truediv"
             else "a number divided by a sparse tensor is dense; densify explicitly"
         )
-    dense = dense_operand(other, t)
+    dense = dense_operand(other)
     if dense is None or op == "truediv":
         return NotImplemented
     di = _trailing(symbol, t, tuple(dense.shape))
