@@ -30,9 +30,12 @@ without its size-1 stretching). Values follow the kernels' one rule (docs/semant
 Value types: torch's promotion over the floating operands; an integer array takes no
 part), and a number (Python or numpy scalar, 0-d array) keeps T's dtype, as a torch
 scalar does. ``T @ S`` runs Gustavson's row order,
-a column-major operand of a mixed pair re-laid out once (`Tensor.derived`). A scipy
-matrix on the left of ``@`` densifies T itself (scipy calls ``np.asarray`` before it
-defers): write ``sparsec.as_tensor(a) @ T``.
+a column-major operand of a mixed pair re-laid out once (`Tensor.derived`). numpy's entry points
+reach these operators (``np.matmul``/``np.dot``/``np.add``/... and numpy's own operators
+through ``__array_ufunc__``/``__array_function__``) or are refused with an `InputError`
+naming the sparse spelling (``np.exp(T)``, ``np.concatenate``, ``np.allclose``). A scipy
+matrix on the left of ``@`` would densify T (scipy calls ``np.asanyarray`` on an operand it
+does not know): that conversion is refused, saying to write ``sparsec.as_tensor(a) @ T``.
 """
 
 from __future__ import annotations
@@ -273,6 +276,76 @@ def check_dense(t: Tensor) -> None:
     )
 
 
+#: numpy's ufuncs that are operators here, by the operator they are
+_UFUNCS = {
+    "matmul": "matmul",
+    "add": "add",
+    "subtract": "sub",
+    "multiply": "mul",
+    "divide": "truediv",
+    "true_divide": "truediv",
+}
+_SPARSE_SPELLINGS = (
+    "use the Tensor's operators (@ + - * / -T .T .sum), sparsec.einsum or sparsec.kernel, "
+    "or convert explicitly (np.asarray(T), T.to_dense(), T.to_scipy(), T.to_torch())"
+)
+
+
+def _refuse(what: str) -> InputError:
+    return InputError(
+        f"{what} is not defined on a sparsec.Tensor (numpy would densify it silently); "
+        + _SPARSE_SPELLINGS
+    )
+
+
+def _ufunc(ufunc: Any, method: str, inputs: tuple[Any, ...], kwargs: Any) -> Any:
+    """A numpy ufunc on a Tensor: numpy's operators on arrays (``x + T``, ``x @ T``) and the
+    same ufuncs called by name run as the operators; anything else is refused."""
+    name = getattr(ufunc, "__name__", str(ufunc))
+    spelled = f"numpy.{name}" + (f".{method}" if method != "__call__" else "")
+    if method == "__call__" and kwargs:
+        raise _refuse(f"{spelled} with {', '.join(sorted(kwargs))}=")
+    result: Any = NotImplemented
+    if method == "__call__" and len(inputs) == 2 and name in _UFUNCS:
+        result = _Implementation().binary(_UFUNCS[name], *inputs)
+    elif method == "__call__" and len(inputs) == 1 and name in ("negative", "positive"):
+        result = _negate(inputs[0]) if name == "negative" else inputs[0]
+    if result is NotImplemented:
+        known = name in _UFUNCS and method == "__call__"
+        raise _refuse(spelled + " on these operands" if known else spelled)
+    return result
+
+
+def _function(func: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+    """A numpy function on a Tensor (``__array_function__``): ``dot``, ``matmul``, ``sum``,
+    ``transpose``, ``shape``, ``ndim`` mean what the operators do; the rest is refused."""
+    name = getattr(func, "__name__", str(func))
+    bound = dict(zip(("a", "b"), args, strict=False)) | dict(kwargs)
+    t = next((x for x in args if isinstance(x, Tensor)), None)
+    if name == "dot" and len(args) == 2 and not kwargs:
+        either = scalar_operand(args[0]) is not None or scalar_operand(args[1]) is not None
+        result = _elementwise("mul", *args) if either else _matmul(*args)
+        if result is not NotImplemented:
+            return result
+    elif name == "sum" and t is not None and set(bound) <= {"a", "axis"}:
+        return _sum(t, bound.get("axis"))
+    elif name == "transpose" and t is not None and set(bound) <= {"a", "axes"}:
+        axes = bound.get("axes")
+        if axes is None or tuple(axes) == tuple(range(t.order - 1, -1, -1)):
+            return _transpose(t)
+    elif name in ("shape", "ndim", "size") and t is not None and len(args) == 1:
+        return {"shape": t.shape, "ndim": t.order, "size": math.prod(t.shape)}[name]
+    elif name == "einsum":
+        raise InputError(
+            "numpy.einsum would densify a sparsec.Tensor; sparsec.einsum takes the same "
+            "subscripts and runs on the stored entries"
+        )
+    raise _refuse(f"numpy.{name}" + (" with these arguments" if name in _FUNCTIONS else ""))
+
+
+_FUNCTIONS = ("dot", "sum", "transpose")
+
+
 class _Implementation:
     """The `sparsec.tensors.ops.ArrayImpl` these operators provide."""
 
@@ -287,6 +360,12 @@ class _Implementation:
 
     def check_dense(self, tensor: Any) -> None:
         check_dense(tensor)
+
+    def ufunc(self, ufunc: Any, method: str, inputs: tuple[Any, ...], kwargs: Any) -> Any:
+        return _ufunc(ufunc, method, inputs, kwargs)
+
+    def function(self, func: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+        return _function(func, args, kwargs)
 
 
 ops.register(_Implementation())
