@@ -981,3 +981,13 @@ def test_a_csf_tensor_prints_its_format_as_csf():
     assert "format=csf" in repr(t) and str(t.format) == "csf"
     assert str(parse_format("csf", 4)) == "csf"
     assert str(parse_format("ssd", 3)) == "ssd"  # not a preset
+
+
+@pytest.mark.parametrize("suffix", [".mtx", ".tns"])
+def test_save_takes_what_as_tensor_takes(tmp_path, suffix):
+    """A scipy matrix or numpy array saves as its Tensor would (a raw AttributeError, found
+    making the README's blocks run)."""
+    a = sp.random(6, 5, density=0.4, format="coo", random_state=0)
+    save(tmp_path / f"a{suffix}", a)
+    back = load(tmp_path / f"a{suffix}", **({"shape": (6, 5)} if suffix == ".tns" else {}))
+    np.testing.assert_array_equal(back.to_dense(), a.toarray())

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import FormatError, InputError, SparsecError
 from .formats import Format, default_sparse
-from .tensor import Tensor, from_dense, from_scipy, pack
+from .tensor import Tensor, as_tensor, from_dense, from_scipy, pack
 
 PathLike = str | Path
 _SHAPE_COMMENT = re.compile(r"^#\s*shape\s*[:=]?\s*((?:\d+\s*)*)$", re.IGNORECASE)
@@ -147,8 +147,10 @@ def _nonzeros(tensor: Tensor) -> tuple[np.ndarray, np.ndarray]:
     return coords[:, keep], values[keep]
 
 
-def save_tns(path: PathLike, tensor: Tensor) -> None:
-    """Write the nonzeros of ``tensor`` 1-based, with a ``# shape:`` comment line."""
+def save_tns(path: PathLike, tensor: Any) -> None:
+    """Write the nonzeros of ``tensor`` (a Tensor or anything `as_tensor` takes) 1-based,
+    with a ``# shape:`` comment line."""
+    tensor = as_tensor(tensor)
     path = Path(path)
     coords, values = _nonzeros(tensor)
     rows = np.column_stack([coords.T + 1, values]) if tensor.order else values[:, None]
@@ -188,11 +190,13 @@ def load_mtx(
         raise _rethrow(path, err) from None
 
 
-def save_mtx(path: PathLike, tensor: Tensor) -> None:
-    """Write an order-2 tensor's nonzeros as a coordinate Matrix Market file."""
+def save_mtx(path: PathLike, tensor: Any) -> None:
+    """Write an order-2 tensor's nonzeros (a Tensor, a scipy matrix or anything `as_tensor`
+    takes) as a coordinate Matrix Market file."""
     import scipy.io
     import scipy.sparse
 
+    tensor = as_tensor(tensor)
     if tensor.order != 2:
         raise FormatError(
             f"Matrix Market files hold matrices; this tensor has order {tensor.order}"
@@ -223,6 +227,6 @@ def load(path: PathLike, format: str | Format | None = None, **options: Any) -> 
     return _pick(Path(path), _LOADERS)(path, format, **options)
 
 
-def save(path: PathLike, tensor: Tensor) -> None:
+def save(path: PathLike, tensor: Any) -> None:
     """`save_tns` or `save_mtx` by the file's suffix."""
     _pick(Path(path), _SAVERS)(path, tensor)
