@@ -784,7 +784,7 @@ def test_random_exact_nnz(shape, density):
 def test_random_default_formats_and_dtypes():
     assert str(random((4,), 0.5).format) == "s"
     assert str(random((4, 4), 0.5).format) == "csr"
-    assert str(random((4, 4, 4), 0.5).format) == "sss"
+    assert str(random((4, 4, 4), 0.5).format) == "csf"
     t = random((6, 6), 0.5, dtype="float32", index_dtype="int64")
     assert (t.dtype, t.index_dtype) == (np.float32, np.int64)
 
@@ -867,7 +867,7 @@ def test_tns_frostt_file_infers_shape(tmp_path):
     t = load_tns(path)
     expected = np.zeros((3, 2, 2))
     expected[0, 0, 1], expected[2, 1, 0] = 2.0, -2
-    assert t.shape == (3, 2, 2) and str(t.format) == "sss"
+    assert t.shape == (3, 2, 2) and str(t.format) == "csf"
     assert_same(t, expected)
     assert load_tns(path, shape=(4, 4, 4)).shape == (4, 4, 4)
 
@@ -1021,3 +1021,21 @@ def test_equal_formats_share_one_instance():
     assert a.format is b.format is built.format
     assert a.format == parse_format("csr", 2)
     assert a.format is not Tensor.from_dense(np.eye(4), "csc").format
+
+
+def test_a_csf_tensor_prints_its_format_as_csf():
+    """Issue 36 item 22: a CSF tensor printed as format=sss."""
+    t = random((4, 5, 6), 0.2, "csf", seed=0)
+    assert "format=csf" in repr(t) and str(t.format) == "csf"
+    assert str(parse_format("csf", 4)) == "csf"
+    assert str(parse_format("ssd", 3)) == "ssd"  # not a preset
+
+
+@pytest.mark.parametrize("suffix", [".mtx", ".tns"])
+def test_save_takes_what_as_tensor_takes(tmp_path, suffix):
+    """A scipy matrix or numpy array saves as its Tensor would (a raw AttributeError, found
+    making the README's blocks run)."""
+    a = sp.random(6, 5, density=0.4, format="coo", random_state=0)
+    save(tmp_path / f"a{suffix}", a)
+    back = load(tmp_path / f"a{suffix}", **({"shape": (6, 5)} if suffix == ".tns" else {}))
+    np.testing.assert_array_equal(back.to_dense(), a.toarray())

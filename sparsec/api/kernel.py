@@ -235,7 +235,8 @@ class Kernel:
             self._executables.clear()
             self._fast = None
 
-    def __call__(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
+    def __call__(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> Any:
+        self.binder.no_positional(args)
         if autograd.wants_grad(inputs):  # torch inputs that require grad: a grad_fn
             return autograd.call(self, inputs, threads)
         try:
@@ -300,8 +301,9 @@ class Kernel:
                 self._candidates[key] = found
             return found
 
-    def check(self, /, *, threads: int | None = None, **inputs: Any) -> CheckResult:
+    def check(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> CheckResult:
         """Run the kernel and compare with ``torch.einsum`` on densified inputs."""
+        self.binder.no_positional(args)
         check.require_torch()
         prepared = self.binder.prepare(inputs, resolve_threads(threads))
         footprint.ensure_fits(

@@ -98,9 +98,10 @@ class TorchOp:
         self.op = _register(self)
 
     # ------------------------------------------------------------------ calling
-    def __call__(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
+    def __call__(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> Any:
         """The kernel's output as a torch tensor (differentiable in the vals and the dense
         operands)."""
+        self.kernel.binder.no_positional(args)
         flat: list[Any] = []
         shapes: list[int] = []
         for operand in self.operands:

@@ -172,6 +172,18 @@ class Binder:
         takes = ", ".join(names) or "no inputs"
         return InputError(f"{'; '.join(parts)}; kernel {self.statement} takes {takes}")
 
+    def no_positional(self, args: tuple[Any, ...]) -> None:
+        """Refuse inputs passed by position (a call names each one)."""
+        if not args:
+            return
+        count = len(args)
+        names = [t.argument for t in self.wanted]
+        spelled = ", ".join(f"{n}=..." for n in names) or ""
+        raise InputError(
+            f"{count} input{'s' * (count > 1)} passed by position; a kernel takes its inputs "
+            f"by name, as the statement {self.statement} names them: k({spelled})"
+        )
+
     def prepare(self, inputs: Mapping[str, Any], threads: int = 1) -> Prepared:
         """Validate and convert the inputs; cheap when they already fit (the hot path). The
         copies that derived inputs need are made by up to ``threads`` threads."""

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import FormatError, InputError, SparsecError
 from .formats import Format, default_sparse
-from .tensor import Tensor, from_dense, from_scipy, pack
+from .tensor import Tensor, as_tensor, from_dense, from_scipy, pack
 
 PathLike = str | Path
 _SHAPE_COMMENT = re.compile(r"^#\s*shape\s*[:=]?\s*((?:\d+\s*)*)$", re.IGNORECASE)
@@ -141,9 +141,11 @@ def load_tns(
         raise _rethrow(path, err) from None
 
 
-def save_tns(path: PathLike, tensor: Tensor) -> None:
-    """Write every stored entry of ``tensor`` (its explicit zeros too; `Tensor.eliminate_zeros`
-    drops them) 1-based, with a ``# shape:`` comment line."""
+def save_tns(path: PathLike, tensor: Any) -> None:
+    """Write every stored entry of ``tensor`` (a Tensor or anything `as_tensor` takes; its
+    explicit zeros too, `Tensor.eliminate_zeros` drops them) 1-based, with a ``# shape:``
+    comment line."""
+    tensor = as_tensor(tensor)
     path = Path(path)
     coords, values = tensor.coords()
     rows = np.column_stack([coords.T + 1, values]) if tensor.order else values[:, None]
@@ -183,12 +185,13 @@ def load_mtx(
         raise _rethrow(path, err) from None
 
 
-def save_mtx(path: PathLike, tensor: Tensor) -> None:
-    """Write an order-2 tensor's stored entries (explicit zeros too) as a coordinate Matrix
-    Market file."""
+def save_mtx(path: PathLike, tensor: Any) -> None:
+    """Write an order-2 tensor's stored entries (explicit zeros too; a Tensor, a scipy matrix
+    or anything `as_tensor` takes) as a coordinate Matrix Market file."""
     import scipy.io
     import scipy.sparse
 
+    tensor = as_tensor(tensor)
     if tensor.order != 2:
         raise FormatError(
             f"Matrix Market files hold matrices; this tensor has order {tensor.order}"
@@ -219,6 +222,6 @@ def load(path: PathLike, format: str | Format | None = None, **options: Any) -> 
     return _pick(Path(path), _LOADERS)(path, format, **options)
 
 
-def save(path: PathLike, tensor: Tensor) -> None:
+def save(path: PathLike, tensor: Any) -> None:
     """`save_tns` or `save_mtx` by the file's suffix."""
     _pick(Path(path), _SAVERS)(path, tensor)

@@ -45,7 +45,7 @@ from ..errors import FormatError
 from . import convert, packing
 from .buffers import address
 from .formats import Compressed, Dense, Format, Singleton, canonical, parse_format
-from .ops import ArrayOps, check_dense
+from .ops import ArrayOps, check_dense, densify_check
 from .random import random as _random_storage
 from .storage import (
     INDEX_DTYPES,
@@ -252,6 +252,7 @@ class Tensor(ArrayOps):
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         if copy is False:
             raise ValueError("a sparsec Tensor is converted to numpy, never viewed (copy=False)")
+        densify_check()
         dense = self.to_dense()
         return dense if dtype is None else dense.astype(dtype, copy=False)
 
