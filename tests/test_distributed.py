@@ -404,6 +404,39 @@ def test_a_tensor_read_twice_is_not_split_by_position(client) -> None:
     np.testing.assert_array_equal(k(A=d, x=x, z=z), (A @ x) * (A @ z))
 
 
+def test_driver_data_is_cut_along_the_sparse_output_s_outer_index(client) -> None:
+    """Driver data whose format's first mode is not the sparse output's outermost index is
+    cut along that index in the first place (it reached the distributed tensors'
+    repartition and failed there with a bare AssertionError)."""
+    A = _matrix(14, 14, 6)
+    x = np.arange(14.0) % 4 - 1
+    k = sd.kernel("Z(i,j) = A(i,j) * x(i)", {"A": "csc", "Z": "csr"})
+    assert k.plan(A=A.tocsc(), x=x, parts=3, client=client).kind == "concatenate"
+    got = k(A=A.tocsc(), x=x, parts=3, client=client)
+    np.testing.assert_array_equal(got.to_dense(), A.toarray() * x[:, None])
+
+
+def test_kernel_with_folded_dense_factors_runs_on_the_workers(client) -> None:
+    """x(j) * z(j) * A(j,i) reads one folded factor computed per call (`middle.regroup`):
+    the kernel's formats named that factor, so its pickled arguments (what a worker
+    rebuilds the kernel from) did not make a kernel (found by the distributed fuzz)."""
+    import pickle
+
+    expr = "Z(i,j) = x(j) * z(j) * A(j,i) + B(i,j)"
+    formats = {"A": "csc", "B": "csr", "Z": "csr"}
+    assert pickle.loads(pickle.dumps(sparsec.kernel(expr, formats))).formats.keys() == {
+        "Z",
+        "A",
+        "B",
+        "x",
+        "z",
+    }
+    A, B = _matrix(11, 11, 8), _matrix(11, 11, 9)
+    x, z = np.arange(11.0) % 3 - 1, np.arange(11.0) % 4
+    got = sd.kernel(expr, formats)(A=A.tocsc(), B=B, x=x, z=z, parts=2, client=client)
+    np.testing.assert_array_equal(got.to_dense(), (A.toarray() * (x * z)[:, None]).T + B.toarray())
+
+
 def test_call_mistakes_are_found_on_the_driver(client, tmp_path) -> None:
     """Issue 36 item 16: shapes, names and part counts are checked before anything is
     sent, as a ShapeError or InputError of the driver, not one per part after Dask's log."""

@@ -125,6 +125,8 @@ class DistributedKernel:
         kind, index, mode = planner.classify(
             self.assignment, self._out_order, self._out_dense, name, fmt.ordering[0]
         )
+        if kind == "repartition":  # driver data is cut along that mode in the first place
+            kind = "concatenate"
         return kind, index, name, mode
 
     def _checked(self, inputs: Mapping[str, Any]) -> tuple[tuple[str, str, str, int], dict]:
