@@ -463,6 +463,8 @@ def test_call_mistakes_are_found_on_the_driver(client, tmp_path) -> None:
             spmv(A=A, x=np.ones(9), parts=bad, client=client)
         with pytest.raises(sparsec.InputError, match="at least 1"):
             dA.repartition(parts=bad)
+        with pytest.raises(sparsec.InputError, match="at least 1"):
+            sd.model(spmv, A, parts=bad)
     with pytest.raises(sparsec.InputError, match="cannot read .*missing.mtx"):
         sd.read_mtx(tmp_path / "missing.mtx", client=client)
     with pytest.raises(sparsec.InputError, match="cannot read .*missing.tns"):

@@ -75,8 +75,9 @@ class Statement:
 
 
 def draw_statement(rng: np.random.Generator) -> Statement:
-    """A random statement over i, j (the two modes of A), k (X's columns), l (a second,
-    local contraction): each summed index is used inside one product term only."""
+    """A random statement over i, j (the two modes of A), k (X's columns), l and m (the
+    contractions of later terms): each summed index is used inside one product term only
+    (an index summed in two terms is summed over their sum, docs/semantics.md)."""
     semiring = "min_plus" if rng.random() < 0.25 else "plus_times"
     out = ["y(i)", "y(j)", "Y(i,k)", "a", "Z(i,j)"][rng.integers(5)]
     if semiring != "plus_times" and out == "Z(i,j)":
@@ -101,9 +102,12 @@ def draw_statement(rng: np.random.Generator) -> Statement:
             ("i", "k"): [[("X", ("i", "k"))], [("x", ("i",)), ("X", ("i", "k"))]],
             ("i", "j"): [[("B", ("i", "j"))], [("x", ("i",)), ("x", ("j",))], [("A", ("j", "i"))]],
         }[lhs]
-        for _ in range(rng.integers(1, 3)):
+        for local in ("l", "m")[: rng.integers(1, 3)]:  # a term's own summed index
             sign = "-" if semiring == "plus_times" and rng.random() < 0.4 else "+"
-            terms.append((sign, extra[rng.integers(len(extra))]))
+            term = extra[rng.integers(len(extra))]
+            terms.append(
+                (sign, [(n, tuple(local if i == "l" else i for i in ix)) for n, ix in term])
+            )
     mask = ""
     if lhs and name != "Z" and rng.random() < 0.2:
         mask = "~M" if rng.random() < 0.5 else "M"
@@ -161,7 +165,7 @@ def reference(st: Statement, dense: dict) -> np.ndarray:
     any_tensor = next(v for v, _ in dense.values() if v.ndim)
     n = any_tensor.shape[0]
     r = next((v.shape[1] for nm, (v, _) in dense.items() if nm == "X"), 1)
-    extent = {"i": n, "j": n, "l": n, "k": r}
+    extent = {"i": n, "j": n, "l": n, "m": n, "k": r}
     minplus = st.semiring == "min_plus"
     total = None
     for sign, factors in st.terms:
@@ -262,7 +266,7 @@ def test_distributed_planner_fuzz(client) -> None:
     for seed in range(FAST):
         c, r = run_statement(client, seed)
         computed, refused = computed + c, refused + r
-    assert computed >= 0.7 * FAST * len(PARTS) * DRAWS, (computed, refused)
+    assert computed >= 0.5 * FAST * len(PARTS) * DRAWS, (computed, refused)
 
 
 @pytest.mark.slow
@@ -272,4 +276,4 @@ def test_distributed_planner_fuzz_slow(client) -> None:
         c, r = run_statement(client, seed)
         computed, refused = computed + c, refused + r
     print(f"distributed fuzz: {computed} computed, {refused} refused as documented")
-    assert computed >= 0.7 * SLOW * len(PARTS) * DRAWS, (computed, refused)
+    assert computed >= 0.5 * SLOW * len(PARTS) * DRAWS, (computed, refused)
