@@ -322,7 +322,10 @@ def _function(func: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
     """A numpy function on a Tensor (``__array_function__``): ``dot``, ``matmul``, ``sum``,
     ``transpose``, ``shape``, ``ndim`` mean what the operators do; the rest is refused."""
     name = getattr(func, "__name__", str(func))
-    bound = dict(zip(("a", "b"), args, strict=False)) | dict(kwargs)
+    params = {"sum": ("a", "axis"), "transpose": ("a", "axes")}.get(name, ("a", "b"))
+    bound = dict(zip(params, args, strict=False)) | dict(kwargs)
+    if len(args) > len(params):
+        raise _refuse(f"numpy.{name} with these arguments")
     t = next((x for x in args if isinstance(x, Tensor)), None)
     if name == "dot" and len(args) == 2 and not kwargs:
         either = scalar_operand(args[0]) is not None or scalar_operand(args[1]) is not None
