@@ -195,6 +195,7 @@ def test_numpy_entry_points_agree_with_the_operators():
         (np.add(x, t), x + dense),
         (np.subtract(t, x), dense - x),
         (np.sum(t, axis=0), dense.sum(0)),
+        (np.sum(t, 1), dense.sum(1)),
     ]:
         assert isinstance(got, np.ndarray)
         np.testing.assert_allclose(got, want)

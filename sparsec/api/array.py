@@ -52,6 +52,7 @@ from ..errors import DTypeError, InputError, ShapeError
 from ..policy.machine import machine
 from ..tensors import ops
 from ..tensors.formats import Format, parse_format
+from ..tensors.stored import Stored, stored
 from ..tensors.tensor import Tensor, as_tensor
 from .kernel import kernel
 
@@ -240,7 +241,8 @@ def _transpose(t: Tensor) -> Tensor:
     """The same levels and values under the reversed mode ordering: level k stored mode
     ``ordering[k]``, which is mode ``order - 1 - ordering[k]`` of the transpose."""
     fmt = Format(t.format.levels, tuple(t.order - 1 - m for m in t.format.ordering))
-    return Tensor(t.shape[::-1], fmt, t.levels, t.vals, t.index_dtype)
+    flipped = Tensor(t.shape[::-1], fmt, t.levels, t.vals, t.index_dtype)
+    return stored(flipped, t.value_dtype) if isinstance(t, Stored) else flipped
 
 
 def _sum(t: Tensor, axis: Any) -> Any:
@@ -320,7 +322,10 @@ def _function(func: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
     """A numpy function on a Tensor (``__array_function__``): ``dot``, ``matmul``, ``sum``,
     ``transpose``, ``shape``, ``ndim`` mean what the operators do; the rest is refused."""
     name = getattr(func, "__name__", str(func))
-    bound = dict(zip(("a", "b"), args, strict=False)) | dict(kwargs)
+    params = {"sum": ("a", "axis"), "transpose": ("a", "axes")}.get(name, ("a", "b"))
+    bound = dict(zip(params, args, strict=False)) | dict(kwargs)
+    if len(args) > len(params):
+        raise _refuse(f"numpy.{name} with these arguments")
     t = next((x for x in args if isinstance(x, Tensor)), None)
     if name == "dot" and len(args) == 2 and not kwargs:
         either = scalar_operand(args[0]) is not None or scalar_operand(args[1]) is not None

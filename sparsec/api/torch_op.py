@@ -30,7 +30,9 @@ import numpy as np
 
 from ..errors import InputError, SparsecError
 from ..middle.spec import TensorVar
+from ..tensors.halves import HALF
 from ..tensors.storage import LevelStorage
+from ..tensors.stored import stored
 from ..tensors.tensor import Tensor
 from .kernel import Kernel
 
@@ -140,7 +142,12 @@ class TorchOp:
             for k in range(len(operand.var.format.levels))
         )
         index_dtype = arrays[operand.arrays[0]].dtype  # a sparse operand has index arrays
-        return Tensor(shape, operand.var.format, levels, _host(parts[-1]), index_dtype)
+        vals, half = parts[-1], str(parts[-1].dtype).removeprefix("torch.")
+        if half not in HALF:
+            return Tensor(shape, operand.var.format, levels, _host(vals), index_dtype)
+        # 16-bit values: float32 holds them exactly, and the kernel reads them in 16 bits
+        exact = _host(vals.float())
+        return stored(Tensor(shape, operand.var.format, levels, exact, index_dtype), half)
 
     def gradients(self, args: tuple[Any, ...]) -> list[Any]:
         """The gradient op's CPU implementation: ``args`` are the operands, the output's

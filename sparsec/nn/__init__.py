@@ -68,7 +68,7 @@ def sparsify(
         return (
             isinstance(m, torch.nn.Linear)
             and min(m.in_features, m.out_features) >= min_features
-            and m.weight.dtype in (torch.float32, torch.float64)
+            and m.weight.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
         )
 
     if eligible(model):

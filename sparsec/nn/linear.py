@@ -52,7 +52,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "cos": torch.cos,
 }
 
-_VALUE_DTYPES = (torch.float32, torch.float64)
+_VALUE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 class SparseLinear(torch.nn.Module):

@@ -137,6 +137,8 @@ def _value_dtype_of(value: Any) -> str | None:
     """The name of ``value``'s floating value dtype; None when it has none: integer and
     bool arrays (numpy, scipy, torch), nested lists and numbers take no part in a call's
     promotion (torch's rule), whatever library holds them."""
+    if isinstance(value, Stored):
+        return value.value_dtype  # a 16-bit tensor promotes as its type
     if isinstance(value, Tensor):
         return value.vals.dtype.name
     dt: Any = getattr(value, "dtype", None)
@@ -200,8 +202,8 @@ def convert_input(
     _reject_dtype(value, where)
     half = dtype in HALF
     np_dtype = FLOAT32 if half else VALUE_DTYPES[dtype]
-    if half and isinstance(value, Stored):
-        value = value.astype(FLOAT32)  # its float values, stored anew below
+    if isinstance(value, Stored) and not (half and value.value_dtype == dtype):
+        value = value.plain()  # its float values (exact), stored anew below for a half kernel
     if not (
         isinstance(value, Tensor)
         and (value.format is t.format or value.format == t.format)

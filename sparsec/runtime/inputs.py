@@ -21,7 +21,7 @@ from ..middle.spec import Derived, Folded, Spec, TensorVar
 from ..pipeline import check_c_dtype
 from ..tensors.convert import derive_dense
 from ..tensors.halves import HALF, bfloat16_bits, readable, rounded, to_storage
-from ..tensors.stored import Stored, stored
+from ..tensors.stored import Stored, half_tensor, stored
 from ..tensors.tensor import Tensor
 from . import gpu
 from .binding import (
@@ -72,8 +72,8 @@ class Prepared:
 
     def wrap(self, out: Any) -> Any:
         """A kernel's result as the caller's kind of array (torch in, torch out)."""
-        if isinstance(out, Tensor):
-            return out  # a sparse output is a sparsec.Tensor (to_torch()/to_scipy() convert)
+        if isinstance(out, Tensor):  # a sparse output is a sparsec.Tensor, 16-bit ones too
+            return half_tensor(out, self.dtype) if self.dtype in HALF else out
         # a bfloat16 result comes as float32 (numpy and CuPy have no bfloat16): torch's own
         bf16 = self.use_torch and self.dtype == "bfloat16"
         if self.device and np.ndim(out):

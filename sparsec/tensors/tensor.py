@@ -45,6 +45,7 @@ from ..errors import FormatError
 from . import convert, packing
 from .buffers import address
 from .formats import Compressed, Dense, Format, Singleton, canonical, parse_format
+from .halves import half_name
 from .ops import ArrayOps, check_dense, densify_check
 from .random import random as _random_storage
 from .storage import (
@@ -90,6 +91,15 @@ __all__ = [
 _P = ParamSpec("_P")
 
 
+def _half_request(dtype: Any, source: Any) -> str | None:
+    """The 16-bit dtype ``dtype`` names, or else the one ``source``'s values are in."""
+    return half_name(dtype) if dtype is not None else half_name(getattr(source, "dtype", None))
+
+
+#: makes a 16-bit tensor: `sparsec.tensors.stored.half_tensor`, registered on its import
+HALF_TENSOR: list[Callable[..., Tensor]] = []
+
+
 def _own(parts: StorageParts) -> Tensor:
     """The `Tensor` taking ownership of (freezing) storage its producer has validated."""
     return Tensor(parts.shape, parts.format, parts.levels, parts.vals, parts.index_dtype)
@@ -100,7 +110,11 @@ def _builds_tensor(make_storage: Callable[_P, StorageParts]) -> Callable[_P, Ten
     parameters, name and docstring, the parts owned by a new `Tensor`."""
 
     def build(*args: _P.args, **kwargs: _P.kwargs) -> Tensor:
-        return _own(make_storage(*args, **kwargs))
+        half = _half_request(kwargs.get("dtype"), args[0] if args else None)
+        if half is None:
+            return _own(make_storage(*args, **kwargs))
+        kwargs["dtype"] = "float64"  # exact for 16-bit sources; rounded once below
+        return HALF_TENSOR[-1](_own(make_storage(*args, **kwargs)), half)
 
     update_wrapper(build, make_storage, assigned=("__name__", "__qualname__", "__doc__"))
     signature = inspect.signature(make_storage).replace(return_annotation="Tensor")
@@ -340,10 +354,14 @@ class Tensor(ArrayOps):
         return found
 
     def astype(self, dtype: Any = None, *, index_dtype: Any = None) -> Tensor:
-        """This tensor with other value and/or index dtypes (the same object if unchanged)."""
-        vdt = value_dtype(dtype) or self.dtype
+        """This tensor with other value and/or index dtypes (the same object if unchanged);
+        float16/bfloat16 round once and stay 16-bit, as a 16-bit tensor does unless told."""
+        half = half_name(dtype) if dtype is not None else getattr(self, "value_dtype", None)
+        if half is not None:
+            return HALF_TENSOR[-1](self, half, index_dtype_of(index_dtype))
+        vdt = value_dtype(dtype) or self.vals.dtype
         idt = index_dtype_of(index_dtype) or self.index_dtype
-        if vdt == self.dtype and idt == self.index_dtype:
+        if vdt == self.vals.dtype and idt == self.index_dtype and type(self) is Tensor:
             return self
         choose_index_dtype(idt, self.shape, _position_counts(self.format, self.shape, self.levels))
         levels = tuple(
@@ -403,7 +421,11 @@ def as_tensor(
     if isinstance(obj, Tensor):
         converted = obj if format is None else obj.to_format(parse_format(format, obj.order, name))
         return converted.astype(dtype, index_dtype=index_dtype)
-    return _own(convert.storage_of(obj, format, name, index_dtype=index_dtype, dtype=dtype))
+    half = _half_request(dtype, obj)
+    if half is not None:  # exact for 16-bit sources, rounded once by _as_half
+        dtype = "float64"
+    made = _own(convert.storage_of(obj, format, name, index_dtype=index_dtype, dtype=dtype))
+    return made if half is None else HALF_TENSOR[-1](made, half)
 
 
 # --------------------------------------------------------------------------- reading storage
