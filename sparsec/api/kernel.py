@@ -136,11 +136,8 @@ class Kernel:
         """The format of each tensor of `assignment` (what ``formats=`` rebuilds this kernel
         from: a sparse ``+=``'s ``C_old`` is the spec's own, `TensorVar.argument`)."""
         made = {d.name for d in self.spec.derived}  # computed at call time, never given
-        given = {
-            t.name: t.format
-            for t in self.spec.tensors
-            if t.argument == t.name and t.name not in made
-        }
+        given = {t.name: t.format for t in self.spec.tensors if t.argument == t.name}
+        given = {n: f for n, f in given.items() if n not in made}
         # a tensor read only through derived inputs is passed in its own format
         given.update((t.name, t.format) for d in self.spec.derived for t, _ in d.reads)
         return given
