@@ -350,3 +350,17 @@ def test_padded_singletons_are_refused_under_a_semiring(fmt: str) -> None:
     with pytest.raises(SparsecError, match="pads rows with stored zeros"):
         sparsec.kernel(expr, {"A": fmt}, semiring="min_plus")
     sparsec.kernel(expr, {"A": fmt})
+
+
+def test_a_workspace_is_filled_with_the_identity_only_where_it_was_allocated() -> None:
+    """The identity fill of a calloc'd workspace came before the allocation's NULL check
+    (an out-of-memory wrote through NULL instead of returning the status): it is guarded."""
+    import re
+
+    k = sparsec.kernel(
+        "C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"}, semiring="min_plus"
+    )
+    fills = re.findall(r"(.*)\n\s*for \(int64_t (\w+)_q = 0", k.source)
+    assert fills, k.source
+    for before, name in fills:
+        assert before.strip() == f"if ({name}) {{", (before, name)

@@ -91,18 +91,20 @@ class _Rewrite:
                 return [replace(s, value=self.identity)]
             case ir.Assign(op="+="):
                 return [replace(s, op=self.update)]
-            case ir.Alloc(type=ty, name=name, count=count, when=when) if ty in _VALUE_TYPES:
-                return [s, self._fill(name, count, when is not None)]
+            case ir.Alloc(type=ty, name=name, count=count) if ty in _VALUE_TYPES:
+                return [s, self._fill(name, count)]
             case ir.For(parallel=par) if par is not None and par.reduction:
                 # OpenMP's min/max reductions start from the largest finite value, not inf
                 return [replace(s, parallel=None, body=self.block(s.body))]
             case _:
                 return [map_blocks(s, self.block)]
 
-    def _fill(self, name: str, count: ir.Expr, maybe_null: bool) -> ir.Stmt:
-        """Fill a freshly zeroed value array with the add's identity."""
+    def _fill(self, name: str, count: ir.Expr) -> ir.Stmt:
+        """Fill a freshly zeroed value array with the add's identity, where it was allocated:
+        the allocation's failure is checked after it (`Alloc` returns the status then), so
+        the fill must not write through a NULL before that."""
         q = f"{name}_q"
         fill = ir.For(
             q, ir.IntLit(0), count, ir.block(ir.Assign(ir.Load(name, ir.Var(q)), self.identity))
         )
-        return ir.If(((ir.Var(name), ir.block(fill)),)) if maybe_null else fill
+        return ir.If(((ir.Var(name), ir.block(fill)),))
