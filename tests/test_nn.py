@@ -209,6 +209,24 @@ def test_one_op_per_kernel_identity():
         torch_op(sparsec.kernel("C(i,j) = A(i,j) * 2", {"A": "csr", "C": "csr"}))
 
 
+def test_an_op_called_with_a_missing_or_unknown_input_says_which():
+    """A missing input was a raw KeyError; an unknown one was ignored."""
+    op = torch_op(sparsec.kernel("y(i) = W(i,j) * x(j)", {"W": "csr"}))
+    w = sparsec.as_tensor(torch.eye(2, dtype=torch.float64).to_sparse_csr())
+    w = Components(
+        w.shape,
+        tuple(
+            (torch.from_numpy(p), torch.from_numpy(c)) if p is not None else (None, None)
+            for p, c in ((lv.pos, lv.crd) for lv in w.levels)
+        ),
+        torch.from_numpy(w.vals),
+    )
+    with pytest.raises(sparsec.InputError, match="missing x"):
+        op(W=w)
+    with pytest.raises(sparsec.InputError, match="unexpected z"):
+        op(W=w, x=torch.ones(2, dtype=torch.float64), z=torch.ones(2))
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compile_fullgraph_has_no_graph_break(backend):
     torch.manual_seed(0)

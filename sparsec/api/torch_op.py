@@ -104,6 +104,17 @@ class TorchOp:
         """The kernel's output as a torch tensor (differentiable in the vals and the dense
         operands)."""
         self.kernel.binder.no_positional(args)
+        wanted = [o.var.argument for o in self.operands]
+        missing, unknown = [n for n in wanted if n not in inputs], set(inputs) - set(wanted)
+        if missing or unknown:
+            raise InputError(
+                f"the op takes the inputs {', '.join(wanted)} by name: "
+                + "; ".join(
+                    f"{what} {', '.join(sorted(names))}"
+                    for what, names in (("missing", missing), ("unexpected", unknown))
+                    if names
+                )
+            )
         flat: list[Any] = []
         shapes: list[int] = []
         for operand in self.operands:
