@@ -44,6 +44,7 @@ from typing import assert_never
 from ..errors import SparsecError
 from ..frontend.concrete import concretize
 from ..frontend.notation import Access, BinOp, Call, Expr, Literal, Neg, accesses
+from ..frontend.semirings import semiring
 from ..tensors.formats import Compressed, Dense, Format, dense
 from .order import OrderConflict, reordered
 from .spec import Derived, Folded, Spec, TensorVar
@@ -230,7 +231,7 @@ def _build(spec: Spec, feeds: Mapping[int, Format]) -> Spec:
     indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
     return Spec(
         assignment,
-        concretize(assignment),
+        concretize(assignment, semiring(spec.semantics.semiring).distributive),
         tensors,
         indices,
         spec.semantics,
