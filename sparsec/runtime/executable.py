@@ -27,12 +27,14 @@ import numpy as np
 
 from ..abi import ASSEMBLE_NAME
 from ..backends import Generated
+from ..frontend.semirings import semiring
 from ..middle.spec import Spec
 from ..middle.staging import ROW, needs_staging, staged
 from ..passes.stages import hints as stage_hints
 from ..policy.costs import Columns
 from ..tensors.buffers import aligned_empty
 from ..tensors.halves import readable, result_dtype, rounded, storage_fill
+from ..tensors.tensor import Tensor
 from . import gpu, gpu_sparse, sparse_out
 from .args import Source, arguments, slots
 from .binding import VALUE_DTYPES, resolve_threads
@@ -51,6 +53,7 @@ class Executable:
         "target",
         "output",
         "accumulate",
+        "truth_mask",
         "columns",
         "out_identity",
         "sparse",
@@ -69,6 +72,11 @@ class Executable:
         self.output = spec.output
         #: '+=' into a dense output: the kernel adds into a copy of its current value
         self.accumulate = spec.statement.accumulate
+        #: '+=' under a boolean semiring: the mask's name and whether it is complemented
+        #: ("" for none), or None (`_truth`)
+        self.truth_mask: tuple[str, bool] | None = None
+        if self.accumulate and semiring(spec.semantics.semiring).boolean:
+            self.truth_mask = (spec.pattern, spec.semantics.mask.startswith("~"))
         #: the column layouts open to the calls, and the output's indices in level order
         self.columns = columns
         self.out_identity = spec.output.format.ordering == tuple(range(spec.output.order))
@@ -129,6 +137,19 @@ class Executable:
     def _level_shape(self, prepared: Prepared) -> tuple[int, ...]:
         return tuple(prepared.dims[i] for i in self.columns.out_indices)
 
+    def _computed(self, prepared: Prepared, xp: Any) -> Any:
+        """Where an ``or_and`` ``+=`` computes the output (flat, level order): inside its
+        mask (None: everywhere, no mask or a dense ``M``, which stores every element)."""
+        assert self.truth_mask is not None
+        name, complement = self.truth_mask
+        mask = prepared.values.get(name) if name else None
+        if not isinstance(mask, Tensor):
+            return xp.zeros(1, dtype=bool) if name and complement else None
+        stored = np.zeros(mask.shape, dtype=bool)
+        stored[tuple(mask.coords()[0])] = True
+        stored = np.transpose(stored, self.output.format.ordering).reshape(-1)
+        return xp.asarray(~stored if complement else stored)
+
     def run_panels(self, prepared: Prepared, threads: int | None, width: int) -> np.ndarray:
         """The dense output in panels of ``width`` columns of j: each carrier's panel is
         packed contiguous, the kernel runs on it, and its output panel is copied into
@@ -171,11 +192,20 @@ class Executable:
         size = math.prod(level_shape)
         # the output lives where the inputs do: in GPU memory when any input does
         xp: Any = gpu.cupy_device() if prepared.device else np
+        kept: Any = None  # or_and's +=: the current value, kept outside the mask
+        computed: Any = None
         if self.accumulate:
             # the current value, already in level order: the kernel adds into a copy
             current = prepared.values[self.output.name]
             out = xp.empty(size, dtype=np_dtype)
             out[:size] = readable(xp.asarray(current), dtype).astype(np_dtype).reshape(-1)
+            if self.truth_mask is not None:
+                # or_and: `y or E` is a truth value wherever the output is computed, also
+                # where no term reaches (docs/semantics.md: as a sparse output's C_old + E)
+                kept = out[:size].copy()
+                computed = self._computed(prepared, xp)
+                truth = (kept != 0).astype(np_dtype)
+                out[:size] = truth if computed is None else xp.where(computed, truth, kept)
         elif gen.launch is not None and gen.launch.zero_before:
             # CUDA kernels only add (a semiring's add: from its identity)
             fill = gen.launch.fill if wide else storage_fill(gen.launch.fill, dtype)
@@ -201,6 +231,10 @@ class Executable:
             status = self.loaded.fn(*args)
             if status != 0:
                 raise status_error(status, gen)
+        if computed is not None:
+            # outside the mask y keeps its value: the threads' copies are or-ed into every
+            # element, which makes a kept 2 a 1
+            out[:size] = xp.where(computed, out[:size], kept)
         out = rounded(out[:size], dtype) if wide else readable(out[:size], dtype)
         if self.output.order == 0:
             return result_dtype(dtype).type(float(out[0]) if prepared.device else out[0])
