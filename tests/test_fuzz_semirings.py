@@ -32,7 +32,7 @@ from sparsec.middle.order import OrderConflict
 INDICES = "ijkl"
 FORMATS = {1: ["dense", "s"], 2: ["dense", "csr", "csc", "coo", "dcsr"], 3: ["dense", "csf", "coo"]}
 OUTPUTS = {1: ["dense", "s"], 2: ["dense", "csr", "coo"]}
-FAST, SLOW, DRAWS = 24, 600, 10
+FAST, SLOW, DRAWS = 24, 300, 10
 #: statements refused with an `OrderConflict`, per semiring (reported by the slow run)
 REFUSED: dict[str, int] = {}
 

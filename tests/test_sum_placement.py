@@ -211,3 +211,21 @@ def test_or_and_accumulate_into_a_scattered_dense_output(mask, want, target):
     )
     np.testing.assert_array_equal(k(**inputs), want)
     k.check(**inputs)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("mask", ["M", "~M"])
+def test_or_and_masked_accumulate_into_a_sparse_output_keeps_the_outside(mask, target):
+    """Found by the slow semiring fuzz: ``y += E`` masked, into a sparse y, is compiled as
+    ``y = y_old + M*E`` and read y_old as truth values everywhere: a stored 3 outside the
+    mask came back 1. Inside it is ``y or E`` (1), outside y keeps its value."""
+    A = T.from_dense(np.array([[0.0, 1.0], [0.0, 0.0], [0.0, 0.0], [1.0, 0.0]]), "csr")
+    y = sparse_vector([2.0, 0.0, 3.0, 0.0], [0, 2])
+    M = sparse_vector([1.0, 0.0, 0.0, 0.0], [0, 1])  # an explicit zero at 1
+    k = sparsec.kernel(
+        "y(i) += A(i,j) * x(j)", {"A": "csr", "y": "s"}, semiring="or_and", mask=mask, target=target
+    )
+    got = k(A=A, x=np.ones(2), y=y, M=M)
+    want = [1.0, 0.0, 3.0, 0.0] if mask == "M" else [2.0, 0.0, 1.0, 1.0]
+    np.testing.assert_array_equal(got.to_dense(), want)
+    k.check(A=A, x=np.ones(2), y=y, M=M)

@@ -73,10 +73,15 @@ class Executable:
         #: '+=' into a dense output: the kernel adds into a copy of its current value
         self.accumulate = spec.statement.accumulate
         #: '+=' under a boolean semiring: the mask's name and whether it is complemented
-        #: ("" for none), or None (`_truth`)
-        self.truth_mask: tuple[str, bool] | None = None
-        if self.accumulate and semiring(spec.semantics.semiring).boolean:
-            self.truth_mask = (spec.pattern, spec.semantics.mask.startswith("~"))
+        #: ("" for none), and the current value's input (`_computed`, `_kept_outside`)
+        self.truth_mask: tuple[str, bool, str] | None = None
+        # a sparse '+=' is compiled as C = C_old + E, C_old an input passed as C
+        current = next(
+            (t.name for t in spec.inputs if t.argument == spec.output.name), spec.output.name
+        )
+        accumulates = self.accumulate or current != spec.output.name
+        if accumulates and semiring(spec.semantics.semiring).boolean:
+            self.truth_mask = (spec.pattern, spec.semantics.mask.startswith("~"), current)
         #: the column layouts open to the calls, and the output's indices in level order
         self.columns = columns
         self.out_identity = spec.output.format.ordering == tuple(range(spec.output.order))
@@ -127,8 +132,12 @@ class Executable:
         the output's mode order, or a scalar."""
         if self.sparse is not None:
             if self.target != "c":
-                return self._run_sparse_gpu(prepared)
-            return sparse_out.run(self.sparse, prepared, threads, self.poison)
+                result = self._run_sparse_gpu(prepared)
+            else:
+                result = sparse_out.run(self.sparse, prepared, threads, self.poison)
+            if self.truth_mask is not None and self.truth_mask[0]:
+                return self._kept_outside(prepared, result)
+            return result
         width = self.columns.width(prepared.dims, prepared.values)
         if width:
             return self.run_panels(prepared, threads, width)
@@ -141,7 +150,7 @@ class Executable:
         """Where an ``or_and`` ``+=`` computes the output (flat, level order): inside its
         mask (None: everywhere, no mask or a dense ``M``, which stores every element)."""
         assert self.truth_mask is not None
-        name, complement = self.truth_mask
+        name, complement, _ = self.truth_mask
         mask = prepared.values.get(name) if name else None
         if not isinstance(mask, Tensor):
             return xp.zeros(1, dtype=bool) if name and complement else None
@@ -149,6 +158,39 @@ class Executable:
         stored[tuple(mask.coords()[0])] = True
         stored = np.transpose(stored, self.output.format.ordering).reshape(-1)
         return xp.asarray(~stored if complement else stored)
+
+    def _kept_outside(self, prepared: Prepared, result: Tensor) -> Tensor:
+        """A masked ``or_and`` ``+=`` into a sparse output, compiled as ``C = C_old + M*E``:
+        outside the mask ``C`` keeps its current value (docs/semantics.md), which the
+        kernel read as a truth value (a stored 2 came back 1)."""
+        assert self.truth_mask is not None
+        name, complement, current = self.truth_mask
+        mask, old = prepared.values.get(name), prepared.values[current]
+        if not isinstance(old, Tensor) or not old.nnz:
+            return result
+        coords, vals = result.coords()
+        at = np.ravel_multi_index(tuple(coords), result.shape)
+        if isinstance(mask, Tensor):
+            inside = np.isin(at, np.ravel_multi_index(tuple(mask.coords()[0]), mask.shape))
+        else:  # a dense mask stores every element
+            inside = np.ones(at.shape, dtype=bool)
+        outside = inside if complement else ~inside
+        if not outside.any():
+            return result
+        old_coords, old_vals = old.coords()
+        old_at = np.ravel_multi_index(tuple(old_coords), old.shape)
+        order = np.argsort(old_at)
+        # every entry outside the mask is one of C_old's: nothing else reaches it there
+        found = order[np.searchsorted(old_at, at[outside], sorter=order)]
+        vals[outside] = old_vals[found]
+        return Tensor.from_coo(
+            coords,
+            vals,
+            result.shape,
+            result.format,
+            dtype=vals.dtype,
+            index_dtype=result.index_dtype,
+        )
 
     def run_panels(self, prepared: Prepared, threads: int | None, width: int) -> np.ndarray:
         """The dense output in panels of ``width`` columns of j: each carrier's panel is
