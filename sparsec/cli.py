@@ -11,6 +11,7 @@ exception. ``--check`` prints one verdict line (``--print-source`` adds the kern
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -245,13 +246,38 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the keyword arguments of `sparsec.kernel` that errors suggest, as this CLI spells them
+_OPTIONS = {
+    "dtype": "--dtype",
+    "index_dtype": "--index-dtype",
+    "target": "--target",
+    "schedule": "-s",
+    "division": "--division",
+    "semiring": "--semiring",
+    "mask": "--mask",
+}
+_KEYWORD = re.compile(rf"\b({'|'.join(_OPTIONS)})='([^']*)'")
+
+
+def cli_spelling(message: str) -> str:
+    """An error's suggestions as this command line takes them: the library's messages name
+    `sparsec.kernel`'s keywords (``dtype='float32'``), the CLI's options (``--dtype
+    float32``); a schedule is quoted for the shell."""
+
+    def option(m: re.Match[str]) -> str:
+        value = m.group(2)
+        return f"{_OPTIONS[m.group(1)]} {repr(value) if ' ' in value else value}"
+
+    return _KEYWORD.sub(option, message)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return _compile(args)
     except SparsecError as err:
-        print(f"sparsec: error: {err}", file=sys.stderr)
+        print(f"sparsec: error: {cli_spelling(str(err))}", file=sys.stderr)
         return 2
     except RecursionError:
         print("sparsec: error: expression is too deeply nested", file=sys.stderr)

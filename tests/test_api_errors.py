@@ -191,6 +191,14 @@ def test_missing_and_extra_inputs(spmv):
         spmv(A=A, x=np.ones(3), z=1)
 
 
+def test_positional_inputs_say_to_pass_keywords(spmv):
+    """Issue 36 item 16: ``k(A, x)`` is an InputError naming the keywords (was a raw
+    TypeError from Python)."""
+    for call in (spmv, spmv.check):
+        with pytest.raises(InputError, match=r"by position.*k\(A=\.\.\., x=\.\.\.\)"):
+            call(np.eye(3), np.ones(3))
+
+
 def test_wrong_dimensions(spmv):
     with pytest.raises(ShapeError, match="index j has extent 3 in A .mode 1. but 4 in x"):
         spmv(A=np.eye(3), x=np.ones(4))

@@ -178,6 +178,78 @@ def test_bad_operands_are_refused_clearly():
         len(sparsec.as_tensor(1.0))
 
 
+# ---------------------------------------------------------------- numpy's and scipy's entry points
+
+
+def test_numpy_entry_points_agree_with_the_operators():
+    """Issue 36 item 17: np.dot went dense while np.matmul was refused; every numpy entry
+    point now runs the operator it names (sparse results stay Tensors)."""
+    t, a = matrix((7, 5))
+    x, y = np.arange(5.0), np.arange(7.0)
+    dense = a.toarray()
+    for got, want in [
+        (np.dot(t, x), dense @ x),
+        (np.matmul(t, x), dense @ x),
+        (np.dot(y, t), y @ dense),
+        (np.matmul(y, t), y @ dense),
+        (np.add(x, t), x + dense),
+        (np.subtract(t, x), dense - x),
+        (np.sum(t, axis=0), dense.sum(0)),
+        (np.sum(t, 1), dense.sum(1)),
+    ]:
+        assert isinstance(got, np.ndarray)
+        np.testing.assert_allclose(got, want)
+    for got, want in [
+        (np.dot(t, t.T), dense @ dense.T),
+        (np.matmul(t, t.T), dense @ dense.T),
+        (np.add(t, t), 2 * dense),
+        (np.multiply(x, t), x * dense),
+        (np.negative(t), -dense),
+        (np.multiply(np.float64(2), t), 2 * dense),
+        (np.dot(2.0, t), 2 * dense),
+        (np.transpose(t), dense.T),
+    ]:
+        assert isinstance(got, sparsec.Tensor)
+        np.testing.assert_allclose(dense_of(got), want)
+        assert got.nnz <= t.nnz * max(t.shape)  # assembled by a kernel, not densified
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t, x: np.exp(t),
+        lambda t, x: np.allclose(t, t),
+        lambda t, x: np.concatenate([t, t]),
+        lambda t, x: np.add.reduce(t),
+        lambda t, x: np.multiply(t, 2.0, out=x),
+        lambda t, x: np.einsum("ij,j->i", t, x),
+        lambda t, x: np.transpose(t, (0, 1)),
+    ],
+)
+def test_numpy_entry_points_without_a_sparse_meaning_are_refused(call):
+    t, _ = matrix((7, 5))
+    with pytest.raises(InputError, match="sparsec"):
+        call(t, np.zeros((7, 5)))
+
+
+@pytest.mark.parametrize("kind", ["csr_matrix", "csr_array", "coo_matrix"])
+def test_a_scipy_operand_never_densifies_a_tensor(kind):
+    """Issue 36 item 17: ``A @ T`` with A scipy returned a dense ndarray (scipy calls
+    np.asanyarray on T). scipy's operators get a refusal naming the sparse spelling; + and
+    - defer to T and stay sparse; explicit conversions (np.asarray, a constructor) convert."""
+    t, a = matrix((7, 7))
+    s = getattr(sp, kind)(a)
+    for densifying in (lambda: s @ t, lambda: s.dot(t), lambda: s.multiply(t)):
+        with pytest.raises(InputError, match=r"sparsec.as_tensor\(A\) @ T"):
+            densifying()
+    assert isinstance(sparsec.as_tensor(s) @ t, sparsec.Tensor)
+    for got, want in ((s + t, 2 * a.toarray()), (s - t, 0 * a.toarray())):
+        assert isinstance(got, sparsec.Tensor)
+        np.testing.assert_allclose(dense_of(got), want)
+    np.testing.assert_allclose(np.asarray(t), a.toarray())
+    np.testing.assert_allclose(sp.csr_array(t).toarray(), a.toarray())
+
+
 # ---------------------------------------------------------------- the 100k x 100k case
 
 

@@ -147,3 +147,15 @@ def test_cli_process_exits_2_without_traceback():
         text=True,
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr and "--seed" in out.stderr
+
+
+def test_errors_name_the_cli_options_not_the_python_keywords(capsys):
+    """Issue 36 item 22: the C target's bfloat16 refusal said "pass dtype='float32', or use
+    target='cuda-emulated'"; the CLI reports the same error in its own options."""
+    from sparsec.policy.machine import use
+
+    with use(half=frozenset()):
+        code = main(["compile", "y(i) = A(i,j) * x(j)", "-f", "A:csr", "--dtype", "bfloat16"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--dtype float32" in err and "--target cuda-emulated" in err
+    assert "dtype=" not in err and "target=" not in err

@@ -343,6 +343,134 @@ def test_model_counts_bytes_and_imbalance() -> None:
     assert sd.model(spmv, heavy, parts=2).imbalance <= 1.1  # the full row is split
 
 
+# ----------------------------------------------------------------- operands read at several indices
+
+
+def _square(n: int, seed: int, heavy: bool = False) -> sp.csr_matrix:
+    """An n x n integer matrix with stored zeros, an empty row and column (and a full row
+    5 with ``heavy``, split by position between parts)."""
+    return _matrix(n, n, seed, heavy)
+
+
+def _min_plus_step(A: sp.csr_matrix, d: np.ndarray) -> np.ndarray:
+    """d2(i) = min(d(i), min_j A(j,i) + d(j)) over A's stored entries (zeros included)."""
+    coo = A.tocoo()
+    out = d.copy()
+    np.minimum.at(out, coo.col, coo.data + d[coo.row])
+    return out
+
+
+def test_dense_operand_read_at_the_split_index_and_another(client) -> None:
+    """Issue 36 item 13: a tensor read both at the split index (cut per part) and at another
+    index (whole) is two operands of the parts' kernel; the README's Bellman-Ford step and
+    y = A x + x failed on every part with a ShapeError."""
+    n = 23
+    rng = np.random.default_rng(4)
+    x = rng.integers(-3, 4, n).astype(float)
+    E = rng.integers(-2, 3, (n, 3)).astype(float)
+    sssp = sd.kernel("d2(i) = A(j,i) * d(j) + d(i)", {"A": "csc"}, semiring="min_plus")
+    axpx = sd.kernel("y(i) = A(i,j) * x(j) + x(i)", {"A": "csr"})
+    quad = sd.kernel("y(j) = A(i,j) * x(i) * x(j)", {"A": "csr"})
+    sddmm = sd.kernel("S(i,j) = A(i,j) * E(i,k) * E(j,k)", {"A": "csr", "S": "csr"})
+    twice = sd.kernel("y(i) = A(i,j) * A(j,i) * x(j)", {"A": "csr"})
+    masked = sd.kernel("y(i) = A(i,j) * x(j) + x(i)", {"A": "csr", "M": "s"}, mask="M")
+    keep = rng.random(n) < 0.5
+    M = sparsec.Tensor.from_coo(np.flatnonzero(keep)[None], np.zeros(keep.sum()), (n,), "s")
+    for P in (1, 2, 3):
+        A = _square(n, 40 + P)
+        d = np.abs(x) * 2
+        want = _min_plus_step(A, d)
+        np.testing.assert_array_equal(sssp(A=sd.from_scipy(A.tocsc(), P, client=client), d=d), want)
+        np.testing.assert_array_equal(sssp(A=A.tocsc(), d=d, parts=P, client=client), want)
+        dA = sd.from_scipy(A, P, client=client, split_heavy=False)
+        np.testing.assert_array_equal(axpx(A=dA, x=x), A @ x + x)
+        np.testing.assert_array_equal(quad(A=dA, x=x), (A.T @ x) * x)
+        got = sddmm(A=dA, E=E).to_dense()
+        np.testing.assert_array_equal(got, A.toarray() * (E @ E.T))
+        np.testing.assert_array_equal(twice(A=dA, x=x), (A.toarray() * A.toarray().T) @ x)
+        np.testing.assert_array_equal(masked(A=dA, x=x, M=M), np.where(keep, A @ x + x, 0))
+        assert axpx.plan(A=dA, x=x).kind == "concatenate"
+
+
+def test_a_tensor_read_twice_is_not_split_by_position(client) -> None:
+    """Parts sharing a heavy row are exact only for a tensor read once, as a bare factor:
+    y(i) = (A x)(i) * (A z)(i) squares a sum, so the row is cut whole first."""
+    A = _square(30, 3, heavy=True)
+    d = sd.from_scipy(A, 3, client=client)
+    assert d.overlapping
+    x = np.arange(30.0) % 5 - 2
+    z = np.arange(30.0) % 3 - 1
+    k = sd.kernel("y(i) = A(i,j) * x(j) * A(i,k) * z(k)", {"A": "csr"})
+    np.testing.assert_array_equal(k(A=d, x=x, z=z), (A @ x) * (A @ z))
+
+
+def test_driver_data_is_cut_along_the_sparse_output_s_outer_index(client) -> None:
+    """Driver data whose format's first mode is not the sparse output's outermost index is
+    cut along that index in the first place (it reached the distributed tensors'
+    repartition and failed there with a bare AssertionError)."""
+    A = _matrix(14, 14, 6)
+    x = np.arange(14.0) % 4 - 1
+    k = sd.kernel("Z(i,j) = A(i,j) * x(i)", {"A": "csc", "Z": "csr"})
+    assert k.plan(A=A.tocsc(), x=x, parts=3, client=client).kind == "concatenate"
+    got = k(A=A.tocsc(), x=x, parts=3, client=client)
+    np.testing.assert_array_equal(got.to_dense(), A.toarray() * x[:, None])
+
+
+def test_kernel_with_folded_dense_factors_runs_on_the_workers(client) -> None:
+    """x(j) * z(j) * A(j,i) reads one folded factor computed per call (`middle.regroup`):
+    the kernel's formats named that factor, so its pickled arguments (what a worker
+    rebuilds the kernel from) did not make a kernel (found by the distributed fuzz)."""
+    import pickle
+
+    expr = "Z(i,j) = x(j) * z(j) * A(j,i) + B(i,j)"
+    formats = {"A": "csc", "B": "csr", "Z": "csr"}
+    assert pickle.loads(pickle.dumps(sparsec.kernel(expr, formats))).formats.keys() == {
+        "Z",
+        "A",
+        "B",
+        "x",
+        "z",
+    }
+    A, B = _matrix(11, 11, 8), _matrix(11, 11, 9)
+    x, z = np.arange(11.0) % 3 - 1, np.arange(11.0) % 4
+    got = sd.kernel(expr, formats)(A=A.tocsc(), B=B, x=x, z=z, parts=2, client=client)
+    np.testing.assert_array_equal(got.to_dense(), (A.toarray() * (x * z)[:, None]).T + B.toarray())
+
+
+def test_call_mistakes_are_found_on_the_driver(client, tmp_path) -> None:
+    """Issue 36 item 16: shapes, names and part counts are checked before anything is
+    sent, as a ShapeError or InputError of the driver, not one per part after Dask's log."""
+    A = _matrix(12, 9, 2)
+    dA = sd.from_scipy(A, 2, client=client)
+    k = sd.kernel("y(i) = A(i,j) * x(j) + x(i)", {"A": "csr"})
+    with pytest.raises(sparsec.ShapeError, match=r"index j has extent 9 .* but 12 in x"):
+        k(A=dA, x=np.ones(12))
+    spmv = sd.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"})
+    with pytest.raises(sparsec.ShapeError, match="extent 9 in A .* but 8 in x"):
+        spmv(A=dA, x=np.ones(8))
+    with pytest.raises(sparsec.ShapeError, match=r"x\(j\) reads x at 1 index"):
+        spmv(A=dA, x=np.ones((9, 2)))
+    with pytest.raises(sparsec.ShapeError, match="but 8 in x"):
+        spmv.plan(A=dA, x=np.ones(8))
+    with pytest.raises(sparsec.InputError, match="missing input 'x'"):
+        spmv(A=dA)
+    with pytest.raises(sparsec.InputError, match="unexpected input 'z'"):
+        spmv(A=dA, x=np.ones(9), z=np.ones(9))
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(sparsec.InputError, match="at least 1"):
+            sd.from_scipy(A, parts=bad, client=client)
+        with pytest.raises(sparsec.InputError, match="at least 1"):
+            spmv(A=A, x=np.ones(9), parts=bad, client=client)
+        with pytest.raises(sparsec.InputError, match="at least 1"):
+            dA.repartition(parts=bad)
+        with pytest.raises(sparsec.InputError, match="at least 1"):
+            sd.model(spmv, A, parts=bad)
+    with pytest.raises(sparsec.InputError, match="cannot read .*missing.mtx"):
+        sd.read_mtx(tmp_path / "missing.mtx", client=client)
+    with pytest.raises(sparsec.InputError, match="cannot read .*missing.tns"):
+        sd.read_tns(tmp_path / "missing.tns", client=client)
+
+
 # ----------------------------------------------------------------- files read on the workers
 
 

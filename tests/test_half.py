@@ -498,3 +498,85 @@ def test_compacted_outputs_and_lane_groups_in_16_bits(dtype):
     got = k(A=A.to_sparse_csr(), x=x)
     assert "group of lanes" in k.schedule
     assert torch.equal(torch.as_tensor(got), (A.float() @ x.float()).to(tdt))
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize("int_dtype", ["int32", "int64", "bool"])
+def test_integer_operands_follow_one_rule_in_numpy_and_torch(library, int_dtype):
+    """Issue 36 item 20: numpy's int32 made a float32 kernel float64 while torch's kept
+    float32; one rule now (torch's, docs/semantics.md Value types): integer and bool
+    arrays take no part, whichever library holds them, and alone they give float64."""
+    A = np.array([[1.0, 0.0], [0.0, 2.0]], dtype=np.float32)
+    x = np.array([3, 1], dtype=int_dtype)
+    if library == "torch":
+        A, x = torch.from_numpy(A), torch.from_numpy(x)
+    k = sparsec.kernel(SPMV, {"A": "csr"})
+    got = k(A=A, x=x)
+    assert str(got.dtype).removeprefix("torch.") == "float32"
+    assert got.tolist() == ([3.0, 2.0] if int_dtype != "bool" else [1.0, 2.0])
+    alone = k(A=A.to(torch.int64) if library == "torch" else A.astype(np.int64), x=x)
+    assert str(alone.dtype).removeprefix("torch.") == "float64"
+    T = sparsec.Tensor.from_dense(np.asarray(A), "csr")
+    assert (T @ x).dtype == k(A=T, x=x).dtype  # the operators take the same rule
+    assert str((T @ x).dtype).removeprefix("torch.") == "float32"
+    assert (np.float64(2) * T).dtype == np.float32  # a number never widens
+
+
+# ------------------------------------------------------------------ 16-bit Tensors (issue 36)
+@pytest.mark.parametrize("dtype", HALVES)
+def test_16_bit_tensors_reach_kernels_and_come_back_16_bit(dtype):
+    """Issue 36 item 19: Tensor.from_torch of a half CSR tensor and T.astype(16-bit) were
+    refused, and T @ x_f16 came back float32. A 16-bit Tensor now promotes as its type,
+    keeps it through the operators (T + T, T.T, 2 * T are 16-bit), pickles as itself, and
+    reaches a float32 kernel as its exact float32 values (never its 16-bit bits)."""
+    import pickle
+
+    tdt = _tdt(dtype)
+    A = torch.tensor([[1.0, 0.0, 2.5], [0.0, 0.0, 0.0], [-3.0, 0.5, 0.0]])
+    T = sparsec.Tensor.from_torch(A.to(tdt).to_sparse_csr())
+    assert isinstance(T, Stored) and T.value_dtype == dtype and T.nnz == 4
+    assert T.to_torch().dtype == tdt
+    U = sparsec.Tensor.from_dense(A.numpy(), "csr").astype(dtype if dtype == "float16" else tdt)
+    assert U.value_dtype == dtype and np.array_equal(U.to_dense(), T.to_dense())
+    back = pickle.loads(pickle.dumps(T))
+    assert back.value_dtype == dtype and np.array_equal(back.to_dense(), T.to_dense())
+    assert T.astype(np.float32).dtype == np.float32 and not isinstance(T.astype("float32"), Stored)
+    assert isinstance(T.T, Stored) and T.T.value_dtype == dtype
+    x32 = torch.tensor([1.0, 2.0, 4.0])
+    got = T @ x32  # float32 promotes over 16-bit: a float32 kernel reads T's exact values
+    assert got.dtype == torch.float32 and got.tolist() == (A @ x32).tolist()
+    if not _c_or_refused(dtype):
+        with pytest.raises(DTypeError, match="cast the inputs to float32"):
+            T @ x32.to(tdt)
+        return
+    for _ in range(2):  # the first call and the fast path
+        got = T @ x32.to(tdt)
+        assert got.dtype == tdt and got.float().tolist() == (A @ x32).tolist()
+    for result in (T + T, 2 * T, -T):
+        assert isinstance(result, Stored) and result.value_dtype == dtype, result
+
+
+def test_sparse_linear_runs_in_float16():
+    """Issue 36 item 19: SparseLinear.from_linear(linear.half()) was refused; it computes in
+    float16 (float32 sums), forward and backward, and sparsify swaps half layers."""
+    if not _c_or_refused("float16"):
+        pytest.skip("this C compiler has no float16 type (the kernel refuses it clearly)")
+    import sparsec.nn
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 4).half()
+    with torch.no_grad():
+        lin.weight.copy_(torch.randint(-3, 4, (4, 6)).half())
+        lin.bias.copy_(torch.randint(-3, 4, (4,)).half())
+    layer = sparsec.nn.SparseLinear.from_linear(lin, 0.5)
+    assert layer.values.dtype == torch.float16
+    x = torch.randint(-3, 4, (3, 6)).half().requires_grad_(True)
+    y = layer(x)
+    mask = layer.to_dense() != 0
+    want = torch.nn.functional.linear(x.float(), lin.weight.float() * mask, lin.bias.float())
+    assert y.dtype == torch.float16 and torch.equal(y.float(), want.detach())
+    y.sum().backward()
+    assert layer.values.grad.dtype == torch.float16 and x.grad.dtype == torch.float16
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6)).half()
+    sparsec.nn.sparsify(model, 0.5)
+    assert isinstance(model[0], sparsec.nn.SparseLinear)

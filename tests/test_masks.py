@@ -233,3 +233,33 @@ def test_complement_is_accepted() -> None:
     """``~M`` (once refused) compiles; its access prints as ``~M(i,j)``."""
     k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", {"A": "csr"}, mask="~M")
     assert "~M(i,j)" in str(k.spec.assignment)
+
+
+@pytest.mark.parametrize("mask", ["M", "~M"])
+def test_mask_on_a_scalar_output_refused(mask: str) -> None:
+    """Issue 36, item 5: a scalar output has no entries to select; the mask used to be read
+    as a value and multiplied the sum (5x for M = 5.0)."""
+    with pytest.raises(NotationError, match="scalar output 'a'.*drop mask="):
+        sparsec.kernel("a = A(i,k) * A(k,i)", {"A": "csr"}, mask=mask)
+
+
+@pytest.mark.parametrize("out", ["d", "s"])
+def test_mask_under_ieee_division_is_absent_outside(out: str) -> None:
+    """Found by the mask fuzz family (issue 36): under ``division="ieee"`` an absent M's
+    product was computed as ``0 * rhs``, NaN where the rhs is infinite, instead of absent;
+    and a sparse ``+=`` stored 0 where neither the current value nor the masked rhs is."""
+    a, x = np.array([[1.0, 0.0], [2.0, 3.0], [4.0, 0.0]]), np.array([0.0, 1.0])
+    m = sparsec.Tensor.from_coo(np.array([[1]]), np.array([0.0]), (3,), "s")
+    k = sparsec.kernel(
+        "y(i) = A(i,j) / x(j)", {"A": "csr", "M": "s", "y": out}, mask="M", division="ieee"
+    )
+    np.testing.assert_array_equal(
+        dense(k(A=tensor(a, "csr", "float64", "int32"), x=x, M=m)), [0, np.inf, 0]
+    )
+    k.check(A=tensor(a, "csr", "float64", "int32"), x=x, M=m)
+    acc = sparsec.kernel(
+        "y(i) += A(i,j) / x(j)", {"A": "csr", "M": "s", "y": "s"}, mask="M", division="ieee"
+    )
+    current = sparsec.Tensor.from_coo(np.array([[2]]), np.array([5.0]), (3,), "s")
+    got = acc(A=tensor(a, "csr", "float64", "int32"), x=x, M=m, y=current)
+    assert got.coords()[0].tolist() == [[1, 2]] and got.coords()[1].tolist() == [np.inf, 5.0]

@@ -262,3 +262,31 @@ def test_lattice_of_a_complement() -> None:
     ]
     upper = build(BinOp("*", Access("M", ("i", "j"), complement=True), a), lambda x: Iterator(x, 0))
     assert all(p.expr is not ZERO for p in upper.points)  # M's level 1 of 2: deeper decides
+
+
+@pytest.mark.parametrize("mfmt", ["csr", "dcsr", "sd"])
+@pytest.mark.parametrize("out", ["csr", "dcsr", "coo"])
+def test_sparse_accumulate_keeps_current_value_where_mask_stores(mfmt: str, out: str) -> None:
+    """Issue 36, item 4: ``C += E`` under ``~M`` into a sparse C keeps C's current value
+    where M stores an entry, also where E and C are both present there (that lattice point
+    was a skip case for the whole ``C_old + ~M * E``, C_old included); "sd" (M's last level
+    dense) is decided in the lowerer rather than the lattice."""
+    a = matrix(6, 7, 71)
+    c = matrix(6, 7, 72)
+    if mfmt == "sd":
+        stored = np.zeros((6, 7), dtype=bool)
+        stored[[0, 3, 4], :] = True
+        m = sparsec.Tensor.from_coo(np.array(np.nonzero(stored)), np.zeros(21), (6, 7), "sd")
+    else:
+        stored, m = pattern((6, 7), 73, mfmt, "int32")
+    k = sparsec.kernel("C(i,j) += A(i,j)", {"A": "csr", "C": out, "M": mfmt}, mask="~M")
+    current = tensor(c, out, "float64", "int32")
+    got = k(A=tensor(a, "csr", "float64", "int32"), C=current, M=m)
+    want = np.where(stored, c, c + a)
+    assert ((a != 0) & (c != 0) & stored).any()  # the case that was dropped
+    np.testing.assert_array_equal(dense(got), want)
+    rows, cols = got.coords()[0]
+    assert set(zip(rows, cols, strict=True)) == set(
+        zip(*np.nonzero((c != 0) | ((a != 0) & ~stored)), strict=True)
+    )
+    k.check(A=tensor(a, "csr", "float64", "int32"), C=current, M=m)

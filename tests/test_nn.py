@@ -53,11 +53,36 @@ def test_from_linear_prunes_to_the_sparsity_exactly(sparsity):
     lin = torch.nn.Linear(13, 11)
     layer = SparseLinear.from_linear(lin, sparsity)
     n = 13 * 11
-    assert layer.nnz == n - round(sparsity * n)
+    assert layer.nnz == round((1 - sparsity) * n)  # the documented count (at 0.5: 72)
     kept = layer.to_dense().detach().abs()
     dropped = lin.weight.detach().abs()[kept == 0]
     if layer.nnz and dropped.numel():
         assert float(kept[kept > 0].min()) >= float(dropped.max())  # by magnitude
+
+
+@pytest.mark.parametrize(("shape", "sparsity", "kept"), [((1, 5), 0.1, 4), ((11, 13), 0.5, 72)])
+def test_from_linear_keeps_the_documented_count_at_a_tie(shape, sparsity, kept):
+    """Issue 36 item 9: round((1 - s) * numel) entries, not numel - round(s * numel)
+    (0.9 * 5 = 4.5 rounds to 4; 5 - round(0.5) kept 5)."""
+    lin = torch.nn.Linear(shape[1], shape[0])
+    assert SparseLinear.from_linear(lin, sparsity).nnz == kept
+    assert int(magnitude_mask(lin.weight, sparsity).sum()) == kept
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda: SparseLinear.from_linear(torch.nn.Conv1d(8, 8, 1)), "not a Conv1d"),
+        (lambda: SparseLinear.from_linear(torch.nn.Linear(3, 3).weight), "magnitude_mask"),
+        (lambda: sparsify(torch.nn.Linear(3, 3).weight, 0.9), "magnitude_mask"),
+        (lambda: sparsify([torch.nn.Linear(3, 3)], 0.9), "not a list"),
+    ],
+)
+def test_wrong_objects_get_a_sparsec_error(make, fragment):
+    """Issue 36 item 16: a Conv1d or a weight tensor where a layer or model belongs is an
+    InputError saying what to pass (was a raw ValueError / AttributeError)."""
+    with pytest.raises(sparsec.InputError, match=fragment):
+        make()
 
 
 def test_bad_sparsity_and_activation_are_refused():

@@ -325,8 +325,8 @@ ILLEGAL = [
     (
         "y(i) = A(i,j) * x(j) + z(i)",
         {"A": "csr"},
-        "precompute(A(i,j)*x(j), i, iw)",
-        "is not a product",
+        "precompute(A(i,j)*z(i), i, iw)",
+        "neither some factors.*nor one of its terms",
     ),
     # sparse outputs
     (SPGEMM, {"A": "csr", "B": "csr", "C": "csr"}, "split(i,i0,i1,4)", "sparse \\(csr\\)"),

@@ -125,6 +125,59 @@ def test_precompute_spellings_on_spmv(schedule, dtype, index_dtype):
     assert "precompute(A(i,j)*x(j)," in _header(k)
 
 
+ADD3 = "A(i,j) = B(i,j) + C(i,j) + D(i,j)"
+
+
+@TYPES
+@pytest.mark.parametrize(
+    "fmts", [{}, {"B": "csr", "C": "csr", "D": "csr"}, {"B": "dcsr", "C": "csr", "D": "dcsr"}]
+)
+@pytest.mark.parametrize(
+    "schedule",
+    ["precompute(B(i,j)+C(i,j),{i,j},{i,j})", "precompute(B(i,j)+C(i,j),j,jw)"],
+)
+def test_precompute_a_sum(schedule, fmts, dtype, index_dtype):
+    """Issue 36, item 15: TACO's ``precompute(B(i,j)+C(i,j),{i,j},{i,j})`` on a sum of three
+    (it was refused as "not a product"): the term goes into a workspace the rest reads;
+    dcsr's row level has the loops above a workspace over j see B and D absent."""
+    shapes = {"B": (7, 6), "C": (7, 6), "D": (7, 6)}
+    dense, given = _operands(fmts, shapes, dtype, index_dtype)
+    k = sparsec.kernel(ADD3, fmts, schedule=schedule)
+    assert "a dense workspace over" in k.generated().source
+    _close(k(**given), dense["B"] + dense["C"] + dense["D"], dtype)
+    k.check(**given)
+
+
+def test_precompute_a_term_holding_a_sum():
+    """A term whose sum is placed on it (``Σj A*x`` in ``A*x + z``) is precomputed whole."""
+    dense, given = _operands({"A": "csr"}, {"A": (8, 5), "x": (5,), "z": (8,)}, "float64", "int32")
+    k = sparsec.kernel(
+        "y(i) = A(i,j) * x(j) + z(i)", {"A": "csr"}, schedule="precompute(A(i,j)*x(j),i,iw)"
+    )
+    _close(k(**given), dense["A"] @ dense["x"] + dense["z"], "float64")
+
+
+@pytest.mark.parametrize(
+    ("expr", "schedule", "message"),
+    [
+        (ADD3, "precompute(C(i,j)+D(i,j),{i,j},{i,j})", "nor one of its terms"),
+        ("y(i) = (A(i,j) + B(i,j)) * x(j)", "precompute(A(i,j)+B(i,j),j,jw)", "under a product"),
+        ("y(i) = (A(i,j) + B(i,j)) / x(j)", "precompute(A(i,j)+B(i,j),j,jw)", "nor one of"),
+    ],
+)
+def test_precompute_of_what_is_no_term_refused(expr, schedule, message):
+    """A subexpression that is no term of the sum (``+`` is left-associative), or one under a
+    product or quotient, where the dense workspace's zeros would read differently from an
+    absent value (``0 / 0``)."""
+    with pytest.raises(ScheduleError, match=message):
+        sparsec.kernel(expr, {"B": "csr"}, schedule=schedule)
+
+
+def test_precompute_a_sum_into_a_sparse_output_takes_the_whole_sum():
+    with pytest.raises(ScheduleError, match="whole right-hand side"):
+        sparsec.kernel(ADD3, {n: "csr" for n in "ABCD"}, schedule="precompute(B(i,j)+C(i,j),j,jw)")
+
+
 def test_precompute_reusing_the_name_equals_a_fresh_name():
     """``precompute(e, i, i)`` is ``precompute(e, i, iw)``: only the workspace's label
     in the generated code differs."""

@@ -304,11 +304,8 @@ def test_value_dtypes(array, dtype, expected):
 @pytest.mark.parametrize(
     "array,dtype,message",
     [
-        (np.ones(2, np.float16), None, "float16 values are not supported"),
         (np.ones(2, complex), None, "complex128 values are not supported"),
         (np.ones(2, complex), "float64", "complex128 values are not supported"),
-        (torch.ones(2, dtype=torch.bfloat16), None, "bfloat16 values are not supported"),
-        (torch.ones(2, dtype=torch.float16), None, "float16 values are not supported"),
         (torch.ones(2, dtype=torch.complex64), None, "complex64 values are not supported"),
         (np.ones(2), "int32", "value dtype int32 is not supported"),
         (np.array(["a", "b"]), None, "values are not supported"),
@@ -317,6 +314,25 @@ def test_value_dtypes(array, dtype, expected):
 def test_unsupported_value_dtypes(array, dtype, message):
     with pytest.raises(DTypeError, match=message):
         Tensor.from_dense(array, "s", dtype=dtype, name="x")
+
+
+@pytest.mark.parametrize(
+    ("array", "half"),
+    [
+        (np.array([1.0, 0.0, 1 / 3], np.float16), "float16"),
+        (torch.tensor([1.0, 0.0, 1 / 3], dtype=torch.float16), "float16"),
+        (torch.tensor([1.0, 0.0, 1 / 3], dtype=torch.bfloat16), "bfloat16"),
+    ],
+)
+def test_16_bit_values_make_16_bit_tensors(array, half):
+    """Issue 36 item 19: 16-bit inputs were refused ("float16 values are not supported")
+    although the README lists them; they make a tensor of that type, exactly."""
+    t = Tensor.from_dense(array, "s", name="x")
+    assert t.value_dtype == half and half in repr(t)
+    want = torch.as_tensor(array).float().numpy()
+    assert t.to_dense().astype(np.float32).tolist() == want.tolist()
+    assert t.to_torch().dtype == getattr(torch, half)
+    assert as_tensor(array, "s").value_dtype == half
 
 
 def test_nan_and_inf_are_data():
@@ -531,12 +547,60 @@ def test_array_protocol():
         np.array(t, copy=False)
 
 
-def test_to_format_identity_and_zero_dropping():
+def test_to_format_identity_and_stored_zeros():
+    """A dense-format tensor stores every entry, its zeros too (issue 36, item 6: they were
+    dropped): converted, every one stays stored; `eliminate_zeros` drops them explicitly."""
     t = Tensor.from_dense(CSR_3x4, "dense")
     assert t.to_format("dense") is t and t.to_format(t.format) is t
     csr = t.to_format("csr")
-    assert csr.nnz == 3 and csr.to_format("csr") is csr
+    assert csr.nnz == 12 and csr.to_format("csr") is csr
     assert_same(csr, CSR_3x4)
+    nonzero = csr.eliminate_zeros()
+    assert (
+        nonzero.nnz == 3 and nonzero.format == csr.format and nonzero.eliminate_zeros() is nonzero
+    )
+    assert_same(nonzero, CSR_3x4)
+    assert t.eliminate_zeros().nnz == 12  # a dense level stores its zeros all the same
+
+
+@pytest.mark.parametrize("source", ["coo", "csr", "csc", "dcsr", "csf"])
+@pytest.mark.parametrize("target", ["coo", "csr", "csc", "dcsr", "csf", "ds:1,0"])
+def test_to_format_keeps_explicit_zeros(source, target):
+    """Issue 36, item 6: every stored entry survives a conversion, explicit zeros included."""
+    coords = np.array([[0, 0, 2, 3], [1, 3, 0, 2]])
+    t = Tensor.from_coo(coords, np.array([0.0, 2.0, 0.0, -1.0]), (4, 4), source)
+    got = t.to_format(target)
+    assert got.nnz == 4
+    assert sorted(zip(*got.coords()[0], got.coords()[1], strict=True)) == [
+        (0, 1, 0.0),
+        (0, 3, 2.0),
+        (2, 0, 0.0),
+        (3, 2, -1.0),
+    ]
+    assert as_tensor(t, target).nnz == 4
+
+
+def test_min_plus_reads_a_stored_zero_packed_at_call_time():
+    """Issue 36, item 6: a COO tensor's stored 0 is a distance under min_plus; packed into
+    the kernel's declared csr at call time it was dropped ([inf, 6] instead of [1, 6])."""
+    import sparsec
+
+    a = Tensor.from_coo(np.array([[0, 1], [0, 1]]), np.array([0.0, 5.0]), (2, 2), "coo")
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, semiring="min_plus")
+    np.testing.assert_array_equal(k(A=a, x=np.array([1.0, 1.0])), [1.0, 6.0])
+    np.testing.assert_array_equal(k(A=a.to_scipy(), x=np.array([1.0, 1.0])), [1.0, 6.0])
+    np.testing.assert_array_equal(k(A=a.to_torch(), x=np.array([1.0, 1.0])), [1.0, 6.0])
+
+
+def test_files_keep_explicit_zeros(tmp_path):
+    """Issue 36, item 6: .tns and .mtx files hold every stored entry (they held the nonzeros);
+    a matrix whose stored values are symmetric but whose pattern is not stays general."""
+    t = Tensor.from_coo(np.array([[0, 1, 2], [1, 1, 0]]), np.array([0.0, 3.0, 0.0]), (3, 3))
+    for name in ("t.tns", "t.mtx"):
+        save(tmp_path / name, t)
+        back = load(tmp_path / name, "coo")
+        assert back.coords()[0].tolist() == t.coords()[0].tolist()
+        assert back.coords()[1].tolist() == t.coords()[1].tolist()
 
 
 @pytest.mark.parametrize("order", [1, 2, 3])
@@ -736,7 +800,7 @@ def test_random_exact_nnz(shape, density):
 def test_random_default_formats_and_dtypes():
     assert str(random((4,), 0.5).format) == "s"
     assert str(random((4, 4), 0.5).format) == "csr"
-    assert str(random((4, 4, 4), 0.5).format) == "sss"
+    assert str(random((4, 4, 4), 0.5).format) == "csf"
     t = random((6, 6), 0.5, dtype="float32", index_dtype="int64")
     assert (t.dtype, t.index_dtype) == (np.float32, np.int64)
 
@@ -819,7 +883,7 @@ def test_tns_frostt_file_infers_shape(tmp_path):
     t = load_tns(path)
     expected = np.zeros((3, 2, 2))
     expected[0, 0, 1], expected[2, 1, 0] = 2.0, -2
-    assert t.shape == (3, 2, 2) and str(t.format) == "sss"
+    assert t.shape == (3, 2, 2) and str(t.format) == "csf"
     assert_same(t, expected)
     assert load_tns(path, shape=(4, 4, 4)).shape == (4, 4, 4)
 
@@ -973,3 +1037,21 @@ def test_equal_formats_share_one_instance():
     assert a.format is b.format is built.format
     assert a.format == parse_format("csr", 2)
     assert a.format is not Tensor.from_dense(np.eye(4), "csc").format
+
+
+def test_a_csf_tensor_prints_its_format_as_csf():
+    """Issue 36 item 22: a CSF tensor printed as format=sss."""
+    t = random((4, 5, 6), 0.2, "csf", seed=0)
+    assert "format=csf" in repr(t) and str(t.format) == "csf"
+    assert str(parse_format("csf", 4)) == "csf"
+    assert str(parse_format("ssd", 3)) == "ssd"  # not a preset
+
+
+@pytest.mark.parametrize("suffix", [".mtx", ".tns"])
+def test_save_takes_what_as_tensor_takes(tmp_path, suffix):
+    """A scipy matrix or numpy array saves as its Tensor would (a raw AttributeError, found
+    making the README's blocks run)."""
+    a = sp.random(6, 5, density=0.4, format="coo", random_state=0)
+    save(tmp_path / f"a{suffix}", a)
+    back = load(tmp_path / f"a{suffix}", **({"shape": (6, 5)} if suffix == ".tns" else {}))
+    np.testing.assert_array_equal(back.to_dense(), a.toarray())

@@ -26,11 +26,16 @@ operator                    statement                                  result
 ==========================  =========================================  ==================
 
 A dense operand of lower order is matched against T's trailing modes (numpy's broadcasting
-without its size-1 stretching). Values follow numpy's promotion within float32/float64;
-a number (Python or numpy scalar) keeps T's dtype. ``T @ S`` runs Gustavson's row order,
-a column-major operand of a mixed pair re-laid out once (`Tensor.derived`). A scipy
-matrix on the left of ``@`` densifies T itself (scipy calls ``np.asarray`` before it
-defers): write ``sparsec.as_tensor(a) @ T``.
+without its size-1 stretching). Values follow the kernels' one rule (docs/semantics.md,
+Value types: torch's promotion over the floating operands; an integer array takes no
+part), and a number (Python or numpy scalar, 0-d array) keeps T's dtype, as a torch
+scalar does. ``T @ S`` runs Gustavson's row order,
+a column-major operand of a mixed pair re-laid out once (`Tensor.derived`). numpy's entry points
+reach these operators (``np.matmul``/``np.dot``/``np.add``/... and numpy's own operators
+through ``__array_ufunc__``/``__array_function__``) or are refused with an `InputError`
+naming the sparse spelling (``np.exp(T)``, ``np.concatenate``, ``np.allclose``). A scipy
+matrix on the left of ``@`` would densify T (scipy calls ``np.asanyarray`` on an operand it
+does not know): that conversion is refused, saying to write ``sparsec.as_tensor(a) @ T``.
 """
 
 from __future__ import annotations
@@ -47,12 +52,12 @@ from ..errors import DTypeError, InputError, ShapeError
 from ..policy.machine import machine
 from ..tensors import ops
 from ..tensors.formats import Format, parse_format
+from ..tensors.stored import Stored, stored
 from ..tensors.tensor import Tensor, as_tensor
 from .kernel import kernel
 
 #: the share of the machine's memory a dense conversion may take
 DENSE_SHARE = 0.5
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 # --------------------------------------------------------------------------- operands
@@ -84,26 +89,19 @@ def scalar_operand(x: Any) -> float | None:
     return None
 
 
-def dense_operand(x: Any, like: Tensor | None = None) -> Any:
-    """``x`` as a dense operand (numpy or strided torch), its values cast to numpy's
-    promotion with ``like``'s (float32 when None) where that is not float32/float64
-    already; None for anything else."""
+def dense_operand(x: Any) -> Any:
+    """``x`` itself when it is a dense operand (numpy or strided torch), None for anything
+    else. Its values are not cast here: the kernel's binding promotes every call's inputs
+    by one rule (`sparsec.runtime.binding.common_dtype`: torch's, integers take no part)."""
     if isinstance(x, np.ndarray):
-        dt = x.dtype
+        kind = x.dtype.kind
     elif _torch_tensor(x) and x.layout == sys.modules["torch"].strided:
-        name = str(x.dtype).removeprefix("torch.")
-        dt = np.dtype(name) if name in np.sctypeDict else np.dtype(np.float64)
+        kind = "c" if x.dtype.is_complex else "f"
     else:
         return None
-    if dt in _FLOATS:
-        return x
-    if dt.kind == "c":
-        raise DTypeError(f"complex operand ({dt}): sparsec values are float32 or float64")
-    want = np.result_type(like.dtype if like is not None else np.float32, dt)
-    want = want if want in _FLOATS else np.dtype(np.float64)
-    if isinstance(x, np.ndarray):
-        return x.astype(want)
-    return x.to(getattr(sys.modules["torch"], want.name))
+    if kind == "c":
+        raise DTypeError(f"complex operand ({x.dtype}): sparsec values are real")
+    return x
 
 
 def _modes(order: int, start: int = 0) -> list[str]:
@@ -151,10 +149,8 @@ def _matmul(left: Any, right: Any) -> Any:
     a, b = sparse_operand(left), sparse_operand(right)
     if a is None and b is None:
         return NotImplemented
-    like = a if a is not None else b
-    assert like is not None
-    da = left if a is not None else dense_operand(left, like)
-    db = right if b is not None else dense_operand(right, like)
+    da = left if a is not None else dense_operand(left)
+    db = right if b is not None else dense_operand(right)
     if da is None or db is None:
         return NotImplemented
     sa, sb = (
@@ -226,7 +222,7 @@ def _elementwise(op: str, left: Any, right: Any) -> Any:
             if op != "truediv"
             else "a number divided by a sparse tensor is dense; densify explicitly"
         )
-    dense = dense_operand(other, t)
+    dense = dense_operand(other)
     if dense is None or op == "truediv":
         return NotImplemented
     di = _trailing(symbol, t, tuple(dense.shape))
@@ -245,7 +241,8 @@ def _transpose(t: Tensor) -> Tensor:
     """The same levels and values under the reversed mode ordering: level k stored mode
     ``ordering[k]``, which is mode ``order - 1 - ordering[k]`` of the transpose."""
     fmt = Format(t.format.levels, tuple(t.order - 1 - m for m in t.format.ordering))
-    return Tensor(t.shape[::-1], fmt, t.levels, t.vals, t.index_dtype)
+    flipped = Tensor(t.shape[::-1], fmt, t.levels, t.vals, t.index_dtype)
+    return stored(flipped, t.value_dtype) if isinstance(t, Stored) else flipped
 
 
 def _sum(t: Tensor, axis: Any) -> Any:
@@ -281,6 +278,79 @@ def check_dense(t: Tensor) -> None:
     )
 
 
+#: numpy's ufuncs that are operators here, by the operator they are
+_UFUNCS = {
+    "matmul": "matmul",
+    "add": "add",
+    "subtract": "sub",
+    "multiply": "mul",
+    "divide": "truediv",
+    "true_divide": "truediv",
+}
+_SPARSE_SPELLINGS = (
+    "use the Tensor's operators (@ + - * / -T .T .sum), sparsec.einsum or sparsec.kernel, "
+    "or convert explicitly (np.asarray(T), T.to_dense(), T.to_scipy(), T.to_torch())"
+)
+
+
+def _refuse(what: str) -> InputError:
+    return InputError(
+        f"{what} is not defined on a sparsec.Tensor (numpy would densify it silently); "
+        + _SPARSE_SPELLINGS
+    )
+
+
+def _ufunc(ufunc: Any, method: str, inputs: tuple[Any, ...], kwargs: Any) -> Any:
+    """A numpy ufunc on a Tensor: numpy's operators on arrays (``x + T``, ``x @ T``) and the
+    same ufuncs called by name run as the operators; anything else is refused."""
+    name = getattr(ufunc, "__name__", str(ufunc))
+    spelled = f"numpy.{name}" + (f".{method}" if method != "__call__" else "")
+    if method == "__call__" and kwargs:
+        raise _refuse(f"{spelled} with {', '.join(sorted(kwargs))}=")
+    result: Any = NotImplemented
+    if method == "__call__" and len(inputs) == 2 and name in _UFUNCS:
+        result = _Implementation().binary(_UFUNCS[name], *inputs)
+    elif method == "__call__" and len(inputs) == 1 and name in ("negative", "positive"):
+        result = _negate(inputs[0]) if name == "negative" else inputs[0]
+    if result is NotImplemented:
+        known = name in _UFUNCS and method == "__call__"
+        raise _refuse(spelled + " on these operands" if known else spelled)
+    return result
+
+
+def _function(func: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+    """A numpy function on a Tensor (``__array_function__``): ``dot``, ``matmul``, ``sum``,
+    ``transpose``, ``shape``, ``ndim`` mean what the operators do; the rest is refused."""
+    name = getattr(func, "__name__", str(func))
+    params = {"sum": ("a", "axis"), "transpose": ("a", "axes")}.get(name, ("a", "b"))
+    bound = dict(zip(params, args, strict=False)) | dict(kwargs)
+    if len(args) > len(params):
+        raise _refuse(f"numpy.{name} with these arguments")
+    t = next((x for x in args if isinstance(x, Tensor)), None)
+    if name == "dot" and len(args) == 2 and not kwargs:
+        either = scalar_operand(args[0]) is not None or scalar_operand(args[1]) is not None
+        result = _elementwise("mul", *args) if either else _matmul(*args)
+        if result is not NotImplemented:
+            return result
+    elif name == "sum" and t is not None and set(bound) <= {"a", "axis"}:
+        return _sum(t, bound.get("axis"))
+    elif name == "transpose" and t is not None and set(bound) <= {"a", "axes"}:
+        axes = bound.get("axes")
+        if axes is None or tuple(axes) == tuple(range(t.order - 1, -1, -1)):
+            return _transpose(t)
+    elif name in ("shape", "ndim", "size") and t is not None and len(args) == 1:
+        return {"shape": t.shape, "ndim": t.order, "size": math.prod(t.shape)}[name]
+    elif name == "einsum":
+        raise InputError(
+            "numpy.einsum would densify a sparsec.Tensor; sparsec.einsum takes the same "
+            "subscripts and runs on the stored entries"
+        )
+    raise _refuse(f"numpy.{name}" + (" with these arguments" if name in _FUNCTIONS else ""))
+
+
+_FUNCTIONS = ("dot", "sum", "transpose")
+
+
 class _Implementation:
     """The `sparsec.tensors.ops.ArrayImpl` these operators provide."""
 
@@ -295,6 +365,12 @@ class _Implementation:
 
     def check_dense(self, tensor: Any) -> None:
         check_dense(tensor)
+
+    def ufunc(self, ufunc: Any, method: str, inputs: tuple[Any, ...], kwargs: Any) -> Any:
+        return _ufunc(ufunc, method, inputs, kwargs)
+
+    def function(self, func: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+        return _function(func, args, kwargs)
 
 
 ops.register(_Implementation())

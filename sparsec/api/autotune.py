@@ -13,6 +13,7 @@ kernels and processes skip the tuning for inputs of the same kind.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -77,12 +78,22 @@ def _path() -> str:
 
 
 def lookup(entry: str) -> dict[str, Any] | None:
+    """The recorded result for ``entry``, or None where the table lacks it or is not one
+    `record` wrote (unreadable, damaged, edited): the kernel then tunes again."""
     try:
         with open(_path()) as f:
-            found = json.load(f).get(entry)
+            table = json.load(f)
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) and "schedule" in found else None
+    found = table.get(entry) if isinstance(table, dict) else None
+    if not isinstance(found, dict) or not isinstance(found.get("schedule", 0), str | None):
+        return None
+    medians = found.get("medians_ms")
+    if not isinstance(medians, dict) or not all(
+        isinstance(v, int | float) for v in medians.values()
+    ):
+        return None
+    return found
 
 
 def record(entry: str, result: dict[str, Any]) -> None:
@@ -100,11 +111,17 @@ def record(entry: str, result: dict[str, Any]) -> None:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".json.tmp")
+        except OSError:
+            return
+        try:
             with os.fdopen(fd, "w") as f:
                 json.dump(table, f, indent=1, sort_keys=True)
             os.replace(tmp, path)
         except OSError:
             pass
+        finally:  # a write that failed (disk full) leaves no temporary file behind
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def tune(

@@ -135,7 +135,12 @@ class Kernel:
     def formats(self) -> dict[str, Format]:
         """The format of each tensor of `assignment` (what ``formats=`` rebuilds this kernel
         from: a sparse ``+=``'s ``C_old`` is the spec's own, `TensorVar.argument`)."""
-        given = {t.name: t.format for t in self.spec.tensors if t.argument == t.name}
+        made = {d.name for d in self.spec.derived}  # computed at call time, never given
+        given = {
+            t.name: t.format
+            for t in self.spec.tensors
+            if t.argument == t.name and t.name not in made
+        }
         # a tensor read only through derived inputs is passed in its own format
         given.update((t.name, t.format) for d in self.spec.derived for t, _ in d.reads)
         return given
@@ -235,7 +240,8 @@ class Kernel:
             self._executables.clear()
             self._fast = None
 
-    def __call__(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
+    def __call__(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> Any:
+        self.binder.no_positional(args)
         if autograd.wants_grad(inputs):  # torch inputs that require grad: a grad_fn
             return autograd.call(self, inputs, threads)
         try:
@@ -300,8 +306,9 @@ class Kernel:
                 self._candidates[key] = found
             return found
 
-    def check(self, /, *, threads: int | None = None, **inputs: Any) -> CheckResult:
+    def check(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> CheckResult:
         """Run the kernel and compare with ``torch.einsum`` on densified inputs."""
+        self.binder.no_positional(args)
         check.require_torch()
         prepared = self.binder.prepare(inputs, resolve_threads(threads))
         footprint.ensure_fits(

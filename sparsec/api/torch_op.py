@@ -30,7 +30,9 @@ import numpy as np
 
 from ..errors import InputError, SparsecError
 from ..middle.spec import TensorVar
+from ..tensors.halves import HALF
 from ..tensors.storage import LevelStorage
+from ..tensors.stored import stored
 from ..tensors.tensor import Tensor
 from .kernel import Kernel
 
@@ -98,9 +100,10 @@ class TorchOp:
         self.op = _register(self)
 
     # ------------------------------------------------------------------ calling
-    def __call__(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
+    def __call__(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> Any:
         """The kernel's output as a torch tensor (differentiable in the vals and the dense
         operands)."""
+        self.kernel.binder.no_positional(args)
         flat: list[Any] = []
         shapes: list[int] = []
         for operand in self.operands:
@@ -139,7 +142,12 @@ class TorchOp:
             for k in range(len(operand.var.format.levels))
         )
         index_dtype = arrays[operand.arrays[0]].dtype  # a sparse operand has index arrays
-        return Tensor(shape, operand.var.format, levels, _host(parts[-1]), index_dtype)
+        vals, half = parts[-1], str(parts[-1].dtype).removeprefix("torch.")
+        if half not in HALF:
+            return Tensor(shape, operand.var.format, levels, _host(vals), index_dtype)
+        # 16-bit values: float32 holds them exactly, and the kernel reads them in 16 bits
+        exact = _host(vals.float())
+        return stored(Tensor(shape, operand.var.format, levels, exact, index_dtype), half)
 
     def gradients(self, args: tuple[Any, ...]) -> list[Any]:
         """The gradient op's CPU implementation: ``args`` are the operands, the output's

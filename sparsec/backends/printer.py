@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 from functools import cache
+from pathlib import Path
 from typing import assert_never
 
 import jinja2
+import jinja2.bccache
 
 from ..ir import nodes as ir
 from ..middle.spec import Spec
-from ..resources import cache_dir, data_dir
+from ..resources import cache_dir, data_dir, read_entry, write_entry
 from .generated import Generated
 from .targets import (  # noqa: F401 - the targets, re-exported for the backends and tests
     CALLS,
@@ -211,7 +213,7 @@ class Printer:
 def environment() -> jinja2.Environment:
     """The templates' environment, once per process. Their compiled code is kept in the
     cache directory (jinja's bytecode cache, keyed by the template's source and Python's
-    version; written atomically): compiling kernel.c.j2 cost ~13 ms of the first kernel of
+    version; `_EntryCache`): compiling kernel.c.j2 cost ~13 ms of the first kernel of
     every process, loading it well under 1 ms."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
@@ -229,7 +231,30 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    return jinja2.FileSystemBytecodeCache(str(directory), "template-%s.jinja")
+    return _EntryCache(directory)
+
+
+class _EntryCache(jinja2.BytecodeCache):
+    """jinja's bytecode cache kept as `resources` cache entries (``template-<key>.jinja``):
+    written whole and checked by a digest when read. jinja's own file cache unpickles a
+    damaged file's header (and raises) and runs whatever marshal makes of damaged code."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def _path(self, bucket: jinja2.bccache.Bucket) -> Path:
+        return self.directory / f"template-{bucket.key}.jinja"
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        payload = read_entry(self._path(bucket))
+        if payload is not None:
+            try:
+                bucket.bytecode_from_string(payload)
+            except Exception:  # noqa: BLE001 - not this Python's code: compiled anew
+                bucket.reset()
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        write_entry(self._path(bucket), bucket.bytecode_to_string())
 
 
 def _comment_safe(text: str) -> str:

@@ -19,7 +19,7 @@ from ..errors import InputError
 from ..tensors.formats import parse_format
 from . import split, tasks
 from ._dask import client_of
-from .tensor import DistributedTensor, default_parts
+from .tensor import DistributedTensor, check_parts, default_parts
 
 #: bytes per parsed range unless ``chunk_bytes`` is given (at least one range per part)
 CHUNK_BYTES = 64 << 20
@@ -28,6 +28,16 @@ FIELDS = {"real": 1, "integer": 1, "double": 1, "pattern": 0}
 
 def _mtx_header(path: str) -> tuple[tuple[int, int], int, str, bool]:
     """(shape, byte offset of the first entry, field, symmetric) from a coordinate .mtx file."""
+    try:
+        return _read_mtx_header(path)
+    except OSError as err:
+        raise InputError(
+            f"cannot read {path}: {err.strerror or err}; give the path of a Matrix Market "
+            "file that the driver and every worker can read"
+        ) from None
+
+
+def _read_mtx_header(path: str) -> tuple[tuple[int, int], int, str, bool]:
     with open(path, "rb") as f:
         banner = f.readline().decode("ascii", "replace").split()
         if len(banner) < 5 or banner[0].lower() != "%%matrixmarket":
@@ -126,7 +136,7 @@ def _build(
     index_dtype: Any,
     chunk_bytes: int | None,
 ) -> DistributedTensor:
-    parts = parts or default_parts(client)
+    parts = check_parts(parts) or default_parts(client)
     order = spec["order"]
     fmt = parse_format(format, order, os.path.basename(path))
     ranges = _ranges(path, start, parts, chunk_bytes)

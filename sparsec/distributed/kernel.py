@@ -13,6 +13,7 @@ import pickle
 import time
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from ..errors import InputError, SparsecError
 from ..tensors.tensor import Tensor, as_tensor
 from . import plan as planner
 from ._dask import client_of
-from .tensor import DistributedTensor, default_parts, from_tensor
+from .tensor import DistributedTensor, check_parts, default_parts, from_tensor
 
 #: times a call is run again after a failure that is not the kernel's (a worker lost mid-call:
 #: the driver's operands are sent again, parts built by tasks are redone by Dask)
@@ -40,6 +41,43 @@ class DistributedKernel:
         out = self.kernel.spec.output
         self._out_order = out.format.ordering if out.order else ()
         self._out_dense = out.format.is_dense
+        self._mask = self.kernel.semantics.mask
+        self._parts: dict[str, PartsKernel] = {}
+
+    def parts_kernel(self, index: str) -> PartsKernel:
+        """What the parts of a call split along ``index`` run: this kernel, or where a
+        tensor is read both at ``index`` and elsewhere, its statement with the two
+        operands named apart (`plan.parts_statement`)."""
+        found = self._parts.get(index)
+        if found is None:
+            ops = planner.operands(self.assignment, index, self._mask)
+            k = self.kernel
+            if any(op.local != op.name for op in ops):
+                statement = planner.parts_statement(self.assignment, index, ops)
+                formats = dict(k.formats)
+                formats.update((op.local, formats[op.name]) for op in ops)
+                sem = k.semantics
+                try:
+                    k = Kernel(
+                        str(statement),
+                        formats,
+                        target=k.target,
+                        schedule=k._schedule_arg,
+                        dtype=k.dtype,
+                        index_dtype=k.index_dtype,
+                        division=sem.division,
+                        semiring=sem.semiring,
+                        mask=sem.mask,
+                    )
+                except SparsecError as err:
+                    raise SparsecError(
+                        f"{self.assignment}: its parts along {index!r} run {statement} (a "
+                        f"tensor read both at {index!r} and elsewhere is two operands), "
+                        f"which fails: {err}"
+                    ) from None
+            args = self._args if k is self.kernel else pickle.dumps(k.__reduce__()[1])
+            found = self._parts[index] = PartsKernel(k, args, tuple(ops))
+        return found
 
     @property
     def expression(self) -> str:
@@ -87,12 +125,25 @@ class DistributedKernel:
         kind, index, mode = planner.classify(
             self.assignment, self._out_order, self._out_dense, name, fmt.ordering[0]
         )
+        if kind == "repartition":  # driver data is cut along that mode in the first place
+            kind = "concatenate"
         return kind, index, name, mode
+
+    def _checked(self, inputs: Mapping[str, Any]) -> tuple[tuple[str, str, str, int], dict]:
+        """The call's split and each index's extent, after checking on the driver that
+        the inputs are those the kernel takes and that their shapes agree."""
+        if inputs.keys() != self.kernel.binder.names:
+            raise self.kernel.binder.name_error(inputs)
+        chosen = self._choose(inputs)
+        shapes = {n: _shape(v) for n, v in inputs.items()}
+        return chosen, planner.extents(self.assignment, self._mask, shapes)
 
     def plan(self, /, *, parts: int | None = None, client: Any = None, **inputs: Any) -> Any:
         """The class, split, bytes each part receives and imbalance of a call (moves nothing)."""
         client = client_of(client)
-        kind, index, name, mode = self._choose(inputs)
+        parts = check_parts(parts)
+        inputs = {n: _host(v) for n, v in inputs.items()}
+        (kind, index, name, mode), dims = self._checked(inputs)
         value = inputs[name]
         if isinstance(value, DistributedTensor):
             counts = value.part_nnz
@@ -107,36 +158,36 @@ class DistributedKernel:
             ranges = planner.even_ranges(extent, parts or default_parts(client))
             counts, moved = [1] * len(ranges), 0
             own = [int(_nbytes(value) * (b - a) / max(1, extent)) for a, b in ranges]
-        shared = self._broadcast_bytes(inputs, index, name)
-        sliced = self._sliced_bytes(inputs, index, name, ranges)
+        shared, sliced = self._operand_bytes(inputs, index, name, mode, ranges, dims)
         per = tuple(o + shared + s for o, s in zip(own, sliced, strict=True))
         mean = sum(counts) / max(1, len(counts))
         imbalance = max(counts) / mean if mean else 1.0
         return planner.Plan(kind, index, name, len(ranges), per, imbalance, moved, mode)
 
-    def _broadcast_bytes(self, inputs: Mapping[str, Any], index: str, split_name: str) -> int:
-        idx = planner.rhs_indices(self.assignment)
-        return sum(
-            _nbytes(v) for n, v in inputs.items() if n != split_name and index not in idx.get(n, ())
-        )
-
-    def _sliced_bytes(
-        self, inputs: Mapping[str, Any], index: str, split_name: str, ranges: list[tuple[int, int]]
-    ) -> list[int]:
-        idx = planner.rhs_indices(self.assignment)
-        out = [0] * len(ranges)
-        for n, v in inputs.items():
-            if n == split_name or index not in idx.get(n, ()):
+    def _operand_bytes(
+        self,
+        inputs: Mapping[str, Any],
+        index: str,
+        split_name: str,
+        mode: int,
+        ranges: list[tuple[int, int]],
+        dims: dict[str, int],
+    ) -> tuple[int, list[int]]:
+        """(bytes every part receives, bytes each part's slices add) of the operands other
+        than the split tensor's own parts."""
+        shared, out = 0, [0] * len(ranges)
+        sent: set[str] = set()
+        for op in self.parts_kernel(index).operands:
+            if op.name == split_name and op.axes == (mode,):
                 continue
-            extent = max(
-                1,
-                np.shape(v)[idx[n].index(index)]
-                if not isinstance(v, DistributedTensor)
-                else v.shape[idx[n].index(index)],
-            )
+            size = _nbytes(inputs[op.name])
+            if not op.sliced:
+                shared += 0 if op.name in sent else size
+                sent.add(op.name)
+                continue
             for p, (a, b) in enumerate(ranges):
-                out[p] += int(_nbytes(v) * (b - a) / extent)
-        return out
+                out[p] += int(size * ((b - a) / max(1, dims[index])) ** len(op.axes))
+        return shared, out
 
     # ----------------------------------------------------------------- calling
     def __call__(
@@ -154,10 +205,11 @@ class DistributedKernel:
         from .run import execute
 
         client = client_of(client)
+        parts = check_parts(parts)
         if out not in (None, "distributed"):
             raise InputError(f"out={out!r}: give out='distributed' or leave it out")
         inputs = {n: _host(v) for n, v in inputs.items()}
-        kind, index, name, mode = self._choose(inputs)
+        (kind, index, name, mode), dims = self._checked(inputs)
         value = inputs[name]
         if kind == "repartition":
             assert isinstance(value, DistributedTensor)
@@ -186,11 +238,11 @@ class DistributedKernel:
             elif dt.overlapping and self._semiring_not_plus():
                 inputs[name] = dt.repartition()
         if isinstance(inputs[name], DistributedTensor):
-            self.build(inputs[name].dtype.name, inputs[name].index_dtype.name)
+            self.build(inputs[name].dtype.name, inputs[name].index_dtype.name, index)
         for attempt in range(RETRIES + 1):
             try:
                 return execute(
-                    self, client, kind, index, name, mode, inputs, parts, out, threads, attempt > 0
+                    self, client, kind, index, name, dims, inputs, parts, out, threads, attempt > 0
                 )
             except SparsecError:
                 raise
@@ -203,15 +255,14 @@ class DistributedKernel:
                 time.sleep(0.5 * (attempt + 1))  # let the scheduler drop the dead worker
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def build(self, dtype: str, index_dtype: str) -> None:
-        """Compile on the driver before the parts run, so that workers sharing its compile
-        cache load the library instead of each building it (a worker on another CPU builds
-        its own: the cache key includes the target). Where it cannot be built here, the
-        workers report why."""
+    def build(self, dtype: str, index_dtype: str, index: str | None = None) -> None:
+        """Compile on the driver before the parts run (those of a call split along
+        ``index``), so that workers sharing its compile cache load the library instead of
+        each building it (a worker on another CPU builds its own: the cache key includes
+        the target). Where it cannot be built here, the workers report why."""
+        k = self.kernel if index is None else self.parts_kernel(index).kernel
         try:
-            self.kernel.executable(
-                self.kernel.dtype or dtype, self.kernel.index_dtype or index_dtype
-            )
+            k.executable(k.dtype or dtype, k.index_dtype or index_dtype)
         except SparsecError:
             pass
 
@@ -224,6 +275,7 @@ class DistributedKernel:
         """Run distributed and compare with ``torch.einsum`` on the gathered dense inputs."""
         require_torch()
         got = self(parts=parts, client=client, **inputs)
+        inputs = {n: _host(v) for n, v in inputs.items()}
         local = {
             n: v.to_tensor() if isinstance(v, DistributedTensor) else v for n, v in inputs.items()
         }
@@ -239,10 +291,23 @@ def kernel(expr: str, formats: Any = None, **options: Any) -> DistributedKernel:
 # ----------------------------------------------------------------------- helpers
 
 
+@dataclass(frozen=True)
+class PartsKernel:
+    """The kernel a call's parts run, its pickled arguments, and how each operand reaches
+    the parts (`plan.Operand`)."""
+
+    kernel: Kernel
+    args: bytes
+    operands: tuple[planner.Operand, ...]
+
+
 def _host(value: Any) -> Any:
-    """Driver values as numpy or sparsec tensors (torch dense -> numpy, torch sparse -> Tensor)."""
+    """Driver values as numpy or sparsec tensors (torch dense -> numpy, torch sparse ->
+    Tensor, nested lists -> numpy)."""
     if isinstance(value, DistributedTensor | Tensor | np.ndarray | int | float):
         return value
+    if isinstance(value, list | tuple):
+        return np.asarray(value)
     if hasattr(value, "tocoo"):  # scipy sparse
         return as_tensor(value)
     if type(value).__module__.startswith("torch"):
@@ -254,6 +319,11 @@ def _host(value: Any) -> Any:
             return as_tensor(value)
         return value.detach().cpu().numpy()
     return value
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    shape = getattr(value, "shape", None)
+    return tuple(int(n) for n in (np.shape(value) if shape is None else shape))
 
 
 def _nbytes(value: Any) -> int:

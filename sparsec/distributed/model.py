@@ -19,6 +19,7 @@ from ..errors import InputError
 from ..tensors.tensor import as_tensor
 from . import plan as planner
 from . import split
+from .tensor import check_parts
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ def model(
     ``name`` is the operand ``tensor`` stands for (default: the first sparse one); ``dims``
     gives extents of indices the tensor does not carry (default 1, a vector)."""
     k = getattr(kernel, "kernel", kernel)
+    parts = check_parts(parts) or 1
     formats = k.formats
     idx = planner.rhs_indices(k.assignment)
     sparse = [n for n in idx if idx[n] and not formats[n].is_dense]
@@ -87,12 +89,15 @@ def model(
     replicated = needed = out_bytes = 0
     for c in cuts:
         piece = coords[:, c.start : c.end]
-        for n, ind in idx.items():
+        for op in planner.operands(k.assignment, index, k.semantics.mask):
+            n, ind = op.name, op.indices
             if n == name or not ind or not formats[n].is_dense:
                 continue
             size = int(np.prod([extents.get(i, 1) for i in ind])) * value
-            if index in ind:  # sliced: each part gets its range
-                share = size * (c.hi - c.lo) // max(1, extents[index])
+            if op.sliced:  # each part gets its range
+                share = (
+                    size * (c.hi - c.lo) ** len(op.axes) // max(1, extents[index]) ** len(op.axes)
+                )
                 replicated += share
                 needed += share
                 continue

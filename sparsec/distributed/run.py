@@ -19,19 +19,17 @@ def execute(
     kind: str,
     index: str,
     name: str,
-    mode: int,
+    dims: dict[str, int],
     inputs: dict[str, Any],
     parts: int | None,
     out: str | None,
     threads: int | None,
     resend: bool = False,
 ) -> Any:
-    """One call; ``resend``: the driver's operands travel inside tasks (a retry after a
-    worker was lost: a scatter may still pick the dead worker, a task is placed by the
-    scheduler and redone if lost)."""
-    idx = planner.rhs_indices(dk.assignment)
-    formats = dk.kernel.formats
-    dims = _dims(idx, inputs)
+    """One call (``dims``: each index's extent, checked on the driver); ``resend``: the
+    driver's operands travel inside tasks (a retry after a worker was lost: a scatter may
+    still pick the dead worker, a task is placed by the scheduler and redone if lost)."""
+    parted = dk.parts_kernel(index)
     primary = inputs[name]
     if kind == "replicate":
         ranges = planner.even_ranges(dims[index], parts or default_parts(client))
@@ -42,36 +40,31 @@ def execute(
         if primary.unrecoverable():
             raise primary.lost_error(RuntimeError("lost"))
     per_part: list[dict[str, Any]] = [{} for _ in ranges]
-    for n, v in inputs.items():
-        if n not in idx or not idx[n]:  # scalars travel in the task
-            for d in per_part:
-                d[n] = v
-            continue
-        if index not in idx[n]:
-            whole = v.to_tensor() if isinstance(v, DistributedTensor) else v
-            fut = _send(client, [whole], resend, broadcast=True)[0]
-            for d in per_part:
-                d[n] = fut
-            continue
-        axis = idx[n].index(index)
-        if isinstance(v, DistributedTensor):
-            if not (v.mode == axis and v.bounds == ranges):
-                v = v.aligned(axis, [split.Cut(0, 0, a, b) for a, b in ranges])
-            futures = v.futures
-        elif formats[n].is_dense:
-            futures = client.scatter(
-                hash=False, data=[np.take(v, np.arange(a, b), axis=axis) for a, b in ranges]
-            )
+    sent: dict[str, Any] = {}  # each tensor sent whole once per call
+    for op in parted.operands:
+        v = inputs[op.name]
+        if not op.indices:  # scalars travel in the task
+            futures = [v] * len(ranges)
+        elif not op.sliced:
+            if op.name not in sent:
+                value = v.to_tensor() if isinstance(v, DistributedTensor) else v
+                sent[op.name] = _send(client, [value], resend, broadcast=True)[0]
+            futures = [sent[op.name]] * len(ranges)
+        elif isinstance(v, DistributedTensor):
+            futures = _distributed_slices(client, v, op.axes, ranges)
+        elif isinstance(v, np.ndarray):
+            futures = client.scatter(hash=False, data=[_dense_slice(v, op.axes, r) for r in ranges])
         else:
-            futures = _send(client, _sparse_slices(as_tensor(v, formats[n]), axis, ranges), resend)
+            t = as_tensor(v, dk.kernel.formats[op.name])
+            futures = _send(client, [split.cut(t, op.axes, a, b) for a, b in ranges], resend)
         for d, f in zip(per_part, futures, strict=True):
-            d[n] = f
+            d[op.local] = f
     names = list(per_part[0]) if per_part else []
     label = f"{name} along index {index!r}"
     results = [
         client.submit(
             tasks.run_part,
-            dk._args,
+            parted.args,
             f"part {p} of {len(ranges)} ({label}, range {a}:{b})",
             names,
             threads,
@@ -109,26 +102,26 @@ def _send(client: Any, data: list[Any], resend: bool, broadcast: bool = False) -
     return [client.submit(tasks.identity, d, pure=False) for d in data]
 
 
-def _dims(idx: dict[str, tuple[str, ...]], inputs: dict[str, Any]) -> dict[str, int]:
-    dims: dict[str, int] = {}
-    for n, v in inputs.items():
-        if n in idx and idx[n]:
-            for i, e in zip(
-                idx[n], np.shape(v) if not hasattr(v, "shape") else v.shape, strict=False
-            ):
-                dims.setdefault(i, int(e))
-    return dims
+def _dense_slice(v: np.ndarray, axes: tuple[int, ...], r: tuple[int, int]) -> np.ndarray:
+    at = tuple(slice(*r) if k in axes else slice(None) for k in range(v.ndim))
+    return np.ascontiguousarray(v[at])
 
 
-def _sparse_slices(t: Tensor, axis: int, ranges: list[tuple[int, int]]) -> list[Tensor]:
-    c, v = t.coords()
-    found = []
-    for a, b in ranges:
-        cs, vs = split.select([(c, v)], axis, a, b)
-        found.append(
-            split.make_part(cs, vs.astype(t.dtype), t.shape, axis, a, b, t.format, t.index_dtype)
-        )
-    return found
+def _distributed_slices(
+    client: Any, v: DistributedTensor, axes: tuple[int, ...], ranges: list[tuple[int, int]]
+) -> list[Any]:
+    """Parts of ``v`` over ``ranges`` on every mode of ``axes``: its own parts where they
+    are those, else parts re-cut along one of the modes and then cut on the others."""
+    first = v.mode if v.mode in axes else axes[0]
+    if not (v.mode == first and v.bounds == ranges):
+        v = v.aligned(first, [split.Cut(0, 0, a, b) for a, b in ranges])
+    rest = [ax for ax in axes if ax != first]
+    if not rest:
+        return v.futures
+    return [
+        client.submit(tasks.cut_part, f, rest, a, b, pure=False)
+        for f, (a, b) in zip(v.futures, ranges, strict=True)
+    ]
 
 
 def _reduce(dk: Any, client: Any, results: list[Any], gather: Any, shape: tuple[int, ...]) -> Any:

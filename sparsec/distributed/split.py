@@ -118,6 +118,22 @@ def make_part(
     return Tensor.from_coo(local, vals, tuple(part_shape), format, index_dtype=index_dtype)
 
 
+def cut(t: Tensor, axes: Sequence[int], lo: int, hi: int) -> Tensor:
+    """The entries of ``t`` whose coordinates on every mode of ``axes`` lie in ``[lo, hi)``,
+    shifted by ``lo`` on those modes (each of extent ``hi - lo``); stored zeros kept."""
+    c, v = t.coords()
+    keep = np.ones(len(v), dtype=bool)
+    for ax in axes:
+        keep &= (c[ax] >= lo) & (c[ax] < hi)
+    local = np.array(c[:, keep], dtype=np.int64, copy=True)
+    shape = list(t.shape)
+    for ax in axes:
+        local[ax] -= lo
+        shape[ax] = hi - lo
+    vals = np.asarray(v[keep], dtype=t.dtype)
+    return Tensor.from_coo(local, vals, tuple(shape), t.format, index_dtype=t.index_dtype)
+
+
 def select(
     pieces: Sequence[tuple[np.ndarray, np.ndarray]], mode: int, lo: int, hi: int
 ) -> tuple[np.ndarray, np.ndarray]:

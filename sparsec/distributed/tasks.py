@@ -47,6 +47,10 @@ def select_part(
     return split.make_part(c, v.astype(parts[0].dtype), shape, on, lo, hi, fmt, idt)
 
 
+def cut_part(part: Tensor, axes: Sequence[int], lo: int, hi: int) -> Tensor:
+    return split.cut(part, axes, lo, hi)
+
+
 def block_row(fmt: Format, dtype: Any, index_dtype: Any, *blocks: Any) -> Tensor:
     import scipy.sparse as sp
 

@@ -152,7 +152,7 @@ class DistributedTensor:
         """Parts along ``mode`` (default: the same), balanced by nonzeros at slice boundaries;
         each new part is a task reading the old parts, so Dask can redo it."""
         mode = self.mode if mode is None else mode
-        parts = parts or self.parts
+        parts = check_parts(parts) or self.parts
         if not 0 <= mode < self.order:
             raise InputError(f"mode {mode} is out of range for an order-{self.order} tensor")
         hists = self.client.map(
@@ -252,6 +252,7 @@ def from_tensor(
     """Cut a driver tensor (anything `sparsec.as_tensor` takes) into ``parts`` balanced by
     nonzeros along ``mode`` (default: the format's outermost stored mode) and scatter them."""
     client = client_of(client)
+    parts = check_parts(parts)
     t = as_tensor(t, format, name=name, dtype=dtype, index_dtype=index_dtype)
     if t.order == 0 or t.format.is_dense:
         raise InputError("a distributed tensor is sparse: give a sparse format (csr, csf, ...)")
@@ -360,6 +361,19 @@ def open_dir(
         "files",
         name or os.path.basename(root),
     )
+
+
+def check_parts(parts: Any) -> int | None:
+    """``parts=`` as given (None: one per worker thread), or an InputError if it is not a
+    positive whole number."""
+    if parts is None:
+        return None
+    if isinstance(parts, bool) or not isinstance(parts, int | np.integer) or parts < 1:
+        raise InputError(
+            f"parts={parts!r}: give a whole number of parts, at least 1 (or leave it out "
+            "for one part per worker thread)"
+        )
+    return int(parts)
 
 
 def default_parts(client: Any) -> int:

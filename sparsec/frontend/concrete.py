@@ -279,6 +279,10 @@ def without(
             return without(rest, absent, fold, sparse_division, divisor)  # ~M absent: no entry
         case BinOp(op="*", left=rest, right=Access(complement=True) as mask) if mask in absent:
             return without(rest, absent, fold, sparse_division, divisor)
+        case BinOp(op="*", left=Access(pattern=True) as mask) if mask in absent:
+            return ZERO  # outside the mask: absent, not 0 * rhs (NaN for an infinite rhs)
+        case BinOp(op="*", right=Access(pattern=True) as mask) if mask in absent:
+            return ZERO
         case Neg(operand=operand):
             x = without(operand, absent, fold, sparse_division, divisor)
             return ZERO if x is ZERO and fold else _neg(x, expr.span)
@@ -298,7 +302,9 @@ def without(
             a = without(left, absent, fold, sparse_division, divisor)
             b = without(right, absent, fold, sparse_division, divisor)
             if not fold:
-                return _bin(op, a, b, expr.span)
+                # 0 + 0, 0 - 0 and 0 * 0 are +0 exactly: absent (a mask's product, under
+                # "ieee", leaves such a sum with no term present)
+                return ZERO if a is ZERO and b is ZERO else _bin(op, a, b, expr.span)
             match op:
                 case "*":
                     return ZERO if a is ZERO or b is ZERO else _bin(op, a, b, expr.span)
@@ -321,5 +327,41 @@ def without(
             if fold and FUNCTIONS[fn].keeps_pattern(args) and all(a is ZERO for a in operands):
                 return ZERO
             return _call(fn, folded, expr.span)
+        case _:
+            assert_never(expr)
+
+
+def without_masked(
+    expr: CExpr, masked: frozenset[Access], absent: frozenset[Access], exact: bool
+) -> CExpr:
+    """`without` (folded unless ``exact``) where, besides ``absent``, each complemented mask
+    in ``masked`` is absent (``M`` stores an entry here): its products are structural
+    zeros, whatever else they hold (also under ``exact``), and the rest stays (the current
+    value of a sparse ``+=``, ``C_old + ~M * E``); ``ZERO`` when nothing present is left."""
+    if not masked:
+        return without(expr, absent, fold=not exact, sparse_division=not exact)
+    left = _mask_out(expr, masked)
+    if without(left, absent, sparse_division=True) is ZERO:
+        return ZERO
+    return without(left, absent, fold=not exact, sparse_division=not exact)
+
+
+def _mask_out(expr: CExpr, masked: frozenset[Access]) -> CExpr:
+    """``expr`` with the products by the ``masked`` complements replaced by ``ZERO``."""
+    match expr:
+        case BinOp(op="*", left=Access(complement=True) as mask) if mask in masked:
+            return ZERO
+        case BinOp(op="*", right=Access(complement=True) as mask) if mask in masked:
+            return ZERO
+        case Access() | Literal() | Zero():
+            return expr
+        case Neg(operand=x):
+            return _neg(_mask_out(x, masked), expr.span)
+        case Sum(indices=indices, body=body):
+            return Sum(indices, _mask_out(body, masked))
+        case BinOp(op=op, left=left, right=right):
+            return _bin(op, _mask_out(left, masked), _mask_out(right, masked), expr.span)
+        case Call(fn=fn, args=args):
+            return _call(fn, tuple(_mask_out(a, masked) for a in args), expr.span)
         case _:
             assert_never(expr)

@@ -276,6 +276,7 @@ def _rename(expr: Expr, mapping: dict[str, str]) -> Expr:
                 expr.span,
                 (),
                 expr.complement,
+                expr.pattern,
             )
         case Literal():
             return expr

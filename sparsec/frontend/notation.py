@@ -27,9 +27,14 @@ class Access:
     #: one span per index variable, for errors that point at a single index
     index_spans: tuple[Span, ...] = field(default=(), compare=False)
     #: a complemented structural mask ``~M`` (`middle.spec.apply_mask`): present where
-    #: ``M`` stores no entry; in a lattice, where ``M``'s last level is present the point
-    #: computes nothing, and an absent ``~M`` leaves its product (`concrete.without`)
+    #: ``M`` stores no entry; in a lattice, where ``M``'s last level is present its
+    #: products are absent (`concrete.without_masked`), and an absent ``~M`` leaves its
+    #: product (`concrete.without`)
     complement: bool = False
+    #: a structural mask's access (``M`` or ``~M``, `middle.spec.apply_mask`): its value is
+    #: never read, and where it is absent its product is absent under either division
+    #: convention (`concrete.without` folds it even where it folds nothing else)
+    pattern: bool = False
 
     @property
     def order(self) -> int:

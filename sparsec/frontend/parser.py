@@ -21,21 +21,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import math
 import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, assert_never
+from typing import assert_never
 
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import (
-    LarkError,
-    UnexpectedInput,
-)
+from lark.exceptions import UnexpectedInput
 
 from ..errors import NotationError, ParseError
-from ..resources import cache_dir, data_dir
+from ..resources import cache_dir, data_dir, read_entry, write_entry
 from .functions import FUNCTIONS, function
 from .notation import Access, Assignment, BinOp, Call, Expr, Literal, Neg, Span, indices_of
 from .syntax import clip, end, start, syntax_error, token_span, unknown_function, where
@@ -94,27 +92,57 @@ class _BuildAst(Transformer[Token, object]):
         return assignment
 
 
+#: options a parser takes when made, not kept with its tables (lark's own cache's choice)
+_PER_PROCESS_OPTIONS = (
+    "postlex",
+    "transformer",
+    "lexer_callbacks",
+    "use_bytes",
+    "debug",
+    "g_regex_flags",
+    "regex",
+    "propagate_positions",
+    "tree_class",
+    "_plugins",
+)
+
+
 @functools.cache
-def _lark() -> Lark:
+def _lark(fresh: bool = False) -> Lark:
     """The grammar compiled once per process (a race may build it twice; both are equal).
 
     Its LALR tables are a function of the grammar, lark's version and Python's alone, so
     they are kept in the cache directory (`_tables`): analysing the grammar costs 20-55 ms
-    of the first kernel of every process, loading the tables ~3 ms."""
+    of the first kernel of every process, loading the tables ~3 ms. The entry is written
+    whole (`resources.write_entry`: lark's own ``cache=`` writes in place, and two
+    processes writing at once left a file that unpickled into tables naming rules that
+    were not there), and anything wrong with it, on loading or in the first parses
+    (`_run_lark`), makes a parser built from the grammar (``fresh``) instead."""
     text = (data_dir("grammar") / _GRAMMAR_NAME).read_text(encoding="utf-8")
-    options: dict[str, Any] = {
-        "parser": "lalr",
-        "lexer": "contextual",
-        "propagate_positions": True,
-        "transformer": _BuildAst(),
-    }
     path = _tables(text)
-    if path is None:
-        return Lark(text, **options)
-    # lark writes the file in place, headed by a digest of the grammar and options; a load
-    # that finds it partly written, foreign or stale fails that check or unpickling, and
-    # lark then builds the tables and rewrites the file
-    return Lark(text, cache=str(path), **options)
+    if path is not None and not fresh:
+        payload = read_entry(path)
+        if payload is not None:
+            try:
+                # what lark's own cache does on a hit (`Lark.load` takes no transformer)
+                loaded: Lark = Lark.__new__(Lark)._load(
+                    io.BytesIO(payload), transformer=_BuildAst(), propagate_positions=True
+                )
+                return loaded
+            except Exception:  # noqa: BLE001 - damaged or foreign tables: rebuilt below
+                pass
+    parser = Lark(
+        text,
+        parser="lalr",
+        lexer="contextual",
+        propagate_positions=True,
+        transformer=_BuildAst(),
+    )
+    if path is not None:
+        buffer = io.BytesIO()
+        parser.save(buffer, exclude_options=_PER_PROCESS_OPTIONS)
+        write_entry(path, buffer.getvalue())
+    return parser
 
 
 def _tables(text: str) -> Path | None:
@@ -234,10 +262,36 @@ def _show_character(ch: str) -> str:
 
 
 def _run_lark(text: str) -> Assignment:
+    """Parse with the process's parser; a failure inside lark or the AST builder (not a
+    syntax error: tables that do not fit the grammar) rebuilds the parser from the grammar
+    and parses again, and only a failure of that one is an error (a `ParseError`)."""
+    global _distrusted
+    if not _distrusted:
+        try:
+            return _parse_with(_lark(), text)
+        except _Internal:
+            _distrusted = True
+    try:
+        return _parse_with(_lark(fresh=True), text)
+    except _Internal as internal:
+        raise ParseError(
+            f"cannot parse the expression (the parser failed: {internal})", source=text
+        ) from None
+
+
+#: the parser from the cached tables failed once: this process parses with a fresh one
+_distrusted = False
+
+
+class _Internal(Exception):
+    """A failure of the parser itself (never of the text)."""
+
+
+def _parse_with(parser: Lark, text: str) -> Assignment:
     """Parse token by token, remembering the last tokens so errors can say 'after ...'."""
-    interactive = _lark().parse_interactive(text)
     seen: list[Token] = []  # the last two tokens from the lexer, most recent last
     try:
+        interactive = parser.parse_interactive(text)
         for token in interactive.iter_parse():
             seen = [*seen[-1:], token]
         result = interactive.feed_eof(seen[-1] if seen else None)
@@ -247,9 +301,12 @@ def _run_lark(text: str) -> Assignment:
         # ``error.expected`` may list terminals that cannot follow; ask the parser instead.
         expected = frozenset(interactive.accepts())
         raise syntax_error(text, error, expected, seen) from None
-    except LarkError as error:  # not expected from a fixed grammar; still no lark traceback
-        raise ParseError(f"cannot parse the expression ({error})", source=text) from None
-    assert isinstance(result, Assignment)
+    except (ParseError, NotationError, RecursionError):
+        raise
+    except Exception as error:  # noqa: BLE001 - lark's or the builder's own fault
+        raise _Internal(f"{type(error).__name__}: {error}") from None
+    if not isinstance(result, Assignment):
+        raise _Internal(f"built {type(result).__name__}, not an assignment")
     return result
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..frontend.concrete import CExpr
 from ..frontend.notation import Access, Literal
 from ..ir import nodes as ir
 
@@ -123,3 +124,7 @@ class Where:
     workspace: Access
     base: str
     origin: str
+    #: a precomputed subexpression (not a product's factors): the right-hand side's node,
+    #: and the right-hand side reading ``workspace`` in its place
+    sub: CExpr | None = None
+    consumer: CExpr | None = None

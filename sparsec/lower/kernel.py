@@ -330,7 +330,8 @@ def _check_sparse_schedule(env: LowerEnv, plan: Plan) -> None:
     for pre in plan.precompute:
         want = sorted(map(str, factors(rhs)))
         got = sorted(map(str, factors(pre.expr)))
-        if got != want or pre.var != env.workspace:
+        whole = got == want if want else pre.expr == rhs  # a sum: the whole of it
+        if not whole or pre.var != env.workspace:
             raise ScheduleError(
                 f"{pre.origin}: for the sparse output {lhs.name}, precompute takes the "
                 f"whole right-hand side over its last level: precompute("

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import assert_never
 
 from ..errors import LoweringError
-from ..frontend.concrete import ZERO, CExpr, Sum, Zero, accesses, children
+from ..frontend.concrete import ZERO, CExpr, Sum, Zero, accesses, children, without_masked
 from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, BinOp, Call, Literal, Neg
 from ..ir import nodes as ir
@@ -57,7 +57,9 @@ def loops(
     outermost: bool = False,
 ) -> ir.Block:
     """Code computing ``Σ order . expr`` (over the not-yet-bound ``order``) into ``sink``."""
-    if expr is ZERO or _masked_out(expr, ctx):
+    if masked := _masked_here(expr, ctx):
+        expr = without_masked(expr, masked, frozenset(), env.exact)
+    if expr is ZERO:
         nothing_written(env, sink)
         return ir.Block()
     lhs = env.lhs
@@ -96,11 +98,12 @@ def loops(
     return coiterate(env, var, lattice, ctx, sink, outermost, body)
 
 
-def _masked_out(expr: CExpr, ctx: Ctx) -> bool:
-    """Whether a complemented mask ``~M`` is still in ``expr`` with every level of ``M``
-    bound: its last level is dense (located, so ``M`` stores an entry here; an iterated
-    last level is decided in the lattice, `middle.lattice.build`), so nothing is computed."""
-    return any(a.complement and ctx.depth(a) == a.order for a in accesses(expr))
+def _masked_here(expr: CExpr, ctx: Ctx) -> frozenset[Access]:
+    """The complemented masks ``~M`` still in ``expr`` with every level of ``M`` bound:
+    its last level is dense (located, so ``M`` stores an entry here; an iterated last
+    level is decided in the lattice, `middle.lattice.build`), so their products are absent
+    (`without_masked`); what is left (a sparse ``+=``'s current value) is still computed."""
+    return frozenset(a for a in accesses(expr) if a.complement and ctx.depth(a) == a.order)
 
 
 def _reduce_into_output(

@@ -250,7 +250,8 @@ def _rename(expr: Expr, names: Mapping[int, str], counter: Iterator[int]) -> Exp
             first = [expr.indices.index(v) for v in dict.fromkeys(expr.indices)]
             spans = tuple(expr.index_spans[m] for m in first) if expr.index_spans else ()
             indices = tuple(expr.indices[m] for m in first)
-            return Access(names[n], indices, expr.span, spans, expr.complement)  # ~M stays ~
+            # a mask's re-layout stays the mask (~M stays ~)
+            return Access(names[n], indices, expr.span, spans, expr.complement, expr.pattern)
         case Literal():
             return expr
         case Neg(operand=x):

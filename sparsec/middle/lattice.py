@@ -26,8 +26,10 @@ A complemented mask ``~M`` (`Access.complement`) is co-iterated as a full operan
 ``M``'s upper levels a point where ``M`` is present keeps ``~M`` (deeper levels decide) and
 one where it is absent drops it with no effect (``without``: ``M`` has no entry below, so
 everything below is allowed); at ``M``'s last level a point where ``M`` is present is a
-*skip* case, kept with the expression ``ZERO`` (its case emits nothing) rather than dropped:
-dropping it would let the lower point, where ``M`` is absent, fire where ``M`` has an entry.
+point computes the expression with ``~M``'s products absent (`without_masked`): what is left is
+a sparse ``+=``'s current value, or nothing, a *skip* case kept with the expression ``ZERO``
+(its case emits nothing) rather than dropped: dropping it would let the lower point, where
+``M`` is absent, fire where ``M`` has an entry.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from ..errors import LoweringError
-from ..frontend.concrete import ZERO, CExpr, Sum, Zero, without
+from ..frontend.concrete import ZERO, CExpr, Sum, Zero, without_masked
 from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, BinOp, Call, Literal, Neg
 
@@ -212,10 +214,15 @@ def build(
     points = []
     for p in sorted(sets, key=lambda s: -len(s)):
         absent = frozenset(a for a, it in by_access.items() if it not in p)
-        simplified = without(expr, absent, fold=not exact, sparse_division=not exact)
-        if any(it.access.complement and it.level == it.access.order - 1 for it in p):
-            # ~M where M's last level stores an entry: a skip case, kept (with no body)
-            # so that a lower point, where M is absent, does not fire here
+        # ~M where M's last level stores an entry: its products are absent, not the rest
+        # (a sparse +='s current value)
+        masked = frozenset(
+            it.access for it in p if it.access.complement and it.level == it.access.order - 1
+        )
+        simplified = without_masked(expr, masked, absent, exact)
+        if masked and simplified is ZERO:
+            # a skip case, kept (with no body) so that a lower point, where M is absent,
+            # does not fire here
             points.append(LatticePoint(p, ZERO))
         elif simplified is not ZERO:
             points.append(LatticePoint(p, simplified))

@@ -219,8 +219,14 @@ def apply_mask(assignment: Assignment, mask: str, formats: FormatsArg) -> Assign
             f"passed at call time; give it a name of its own (tensors: {', '.join(taken)})"
         )
     lhs = assignment.lhs
+    if not lhs.order:
+        raise NotationError(
+            f"mask {mask!r} on the scalar output {lhs.name!r}: a mask selects entries of an "
+            f"indexed output (M is indexed by the left-hand side's indices), and a scalar has "
+            f"none; drop mask=, or keep an index on the left (y(i) = ...) and sum y yourself"
+        )
     complement = mask.startswith("~")
-    pattern = Access(name, lhs.indices, lhs.span, lhs.index_spans, complement)
+    pattern = Access(name, lhs.indices, lhs.span, lhs.index_spans, complement, pattern=True)
     return replace(assignment, rhs=BinOp("*", pattern, assignment.rhs, assignment.rhs.span))
 
 

@@ -51,6 +51,16 @@ def sparsify(
     ``min_features`` for a `SparseLinear` magnitude-pruned to ``sparsity`` (None: keep
     each layer's zeros). The projections of ``nn.MultiheadAttention`` stay dense (it reads
     their weights, never calls them). Returns the model; `report` lists what was swapped."""
+    if not isinstance(model, torch.nn.Module):
+        hint = (
+            ": to prune a weight tensor use sparsec.nn.magnitude_mask(weight, sparsity)"
+            if isinstance(model, torch.Tensor)
+            else ""
+        )
+        raise InputError(
+            f"sparsify takes a torch.nn.Module (a model, or an nn.Linear), not a "
+            f"{type(model).__name__}{hint}"
+        )
     if min_features < 1:
         raise InputError(f"min_features must be at least 1, got {min_features}")
 
@@ -58,7 +68,7 @@ def sparsify(
         return (
             isinstance(m, torch.nn.Linear)
             and min(m.in_features, m.out_features) >= min_features
-            and m.weight.dtype in (torch.float32, torch.float64)
+            and m.weight.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
         )
 
     if eligible(model):

@@ -52,7 +52,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "cos": torch.cos,
 }
 
-_VALUE_DTYPES = (torch.float32, torch.float64)
+_VALUE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 class SparseLinear(torch.nn.Module):
@@ -109,7 +109,7 @@ class SparseLinear(torch.nn.Module):
         """The layer of ``linear``: its nonzeros (sparsity None) or its
         ``round((1 - sparsity) * numel)`` largest weights by magnitude (ties: lower flat
         index first), stored even where they are zero."""
-        weight = linear.weight.detach()
+        weight = _linear_weight(linear)
         if sparsity is None:
             mask = weight != 0
         else:
@@ -224,11 +224,28 @@ def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
     if not 0.0 <= sparsity <= 1.0:
         raise InputError(f"sparsity must be in [0, 1], got {sparsity}")
     flat = weight.detach().abs().reshape(-1)
-    keep = flat.numel() - int(round(sparsity * flat.numel()))
+    keep = int(round((1.0 - sparsity) * flat.numel()))
     order = torch.sort(flat, descending=True, stable=True).indices[:keep]
     mask = torch.zeros(flat.numel(), dtype=torch.bool, device=weight.device)
     mask[order] = True
     return mask.reshape(weight.shape)
+
+
+def _linear_weight(linear: Any) -> torch.Tensor:
+    """The (out_features, in_features) weight of an ``nn.Linear``, or an InputError saying
+    what ``from_linear`` takes instead."""
+    if not isinstance(linear, torch.nn.Linear):
+        kind = type(linear).__name__
+        hint = (
+            "; prune a weight tensor with sparsec.nn.magnitude_mask(weight, sparsity)"
+            if isinstance(linear, torch.Tensor)
+            else "; only linear layers have a sparse kernel here (a 1x1 Conv1d is an "
+            "nn.Linear over channels: copy its weight[:, :, 0] into one)"
+            if isinstance(linear, torch.nn.Module)
+            else ""
+        )
+        raise InputError(f"SparseLinear.from_linear takes a torch.nn.Linear, not a {kind}{hint}")
+    return linear.weight.detach()
 
 
 def _check_pattern(

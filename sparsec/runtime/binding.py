@@ -134,21 +134,24 @@ _NARROW = {"float16": 0, "bfloat16": 0, "float32": 1}
 
 
 def _value_dtype_of(value: Any) -> str | None:
-    """The name of ``value``'s value dtype ("int64" and the like for numpy integers); None
-    when it has none (a nested list) or is a torch tensor of no floating dtype (ignored,
-    as before 16-bit values)."""
+    """The name of ``value``'s floating value dtype; None when it has none: integer and
+    bool arrays (numpy, scipy, torch), nested lists and numbers take no part in a call's
+    promotion (torch's rule), whatever library holds them."""
+    if isinstance(value, Stored):
+        return value.value_dtype  # a 16-bit tensor promotes as its type
     if isinstance(value, Tensor):
         return value.vals.dtype.name
     dt: Any = getattr(value, "dtype", None)
-    if dt is None or isinstance(dt, np.dtype):
-        return None if dt is None else dt.name
-    return _TORCH_FLOATS.get(str(dt))
+    if isinstance(dt, np.dtype):
+        return dt.name if dt.kind == "f" else None
+    return None if dt is None else _TORCH_FLOATS.get(str(dt))
 
 
 def common_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
-    """The value dtype of a call, as torch promotes floating dtypes: float16 (bfloat16)
-    when every floating input is float16 (bfloat16); float32 when every one is float16,
-    bfloat16 or float32; float64 otherwise, and when none has a dtype."""
+    """The value dtype of a call, as torch promotes: over the inputs of a floating dtype
+    only (`_value_dtype_of`), float16 (bfloat16) when every one is float16 (bfloat16);
+    float32 when every one is float16, bfloat16 or float32; float64 otherwise, and when
+    none has a floating dtype. The one rule for numpy, scipy, torch and Tensor inputs."""
     found: set[str] = set()
     for t in wanted:
         if t.order:
@@ -199,8 +202,8 @@ def convert_input(
     _reject_dtype(value, where)
     half = dtype in HALF
     np_dtype = FLOAT32 if half else VALUE_DTYPES[dtype]
-    if half and isinstance(value, Stored):
-        value = value.astype(FLOAT32)  # its float values, stored anew below
+    if isinstance(value, Stored) and not (half and value.value_dtype == dtype):
+        value = value.plain()  # its float values (exact), stored anew below for a half kernel
     if not (
         isinstance(value, Tensor)
         and (value.format is t.format or value.format == t.format)

@@ -21,7 +21,7 @@ from ..middle.spec import Derived, Folded, Spec, TensorVar
 from ..pipeline import check_c_dtype
 from ..tensors.convert import derive_dense
 from ..tensors.halves import HALF, bfloat16_bits, readable, rounded, to_storage
-from ..tensors.stored import Stored, stored
+from ..tensors.stored import Stored, half_tensor, stored
 from ..tensors.tensor import Tensor
 from . import gpu
 from .binding import (
@@ -72,8 +72,8 @@ class Prepared:
 
     def wrap(self, out: Any) -> Any:
         """A kernel's result as the caller's kind of array (torch in, torch out)."""
-        if isinstance(out, Tensor):
-            return out  # a sparse output is a sparsec.Tensor (to_torch()/to_scipy() convert)
+        if isinstance(out, Tensor):  # a sparse output is a sparsec.Tensor, 16-bit ones too
+            return half_tensor(out, self.dtype) if self.dtype in HALF else out
         # a bfloat16 result comes as float32 (numpy and CuPy have no bfloat16): torch's own
         bf16 = self.use_torch and self.dtype == "bfloat16"
         if self.device and np.ndim(out):
@@ -171,6 +171,18 @@ class Binder:
             parts.append(f"unexpected input{'s' * (len(extra) > 1)} {', '.join(map(repr, extra))}")
         takes = ", ".join(names) or "no inputs"
         return InputError(f"{'; '.join(parts)}; kernel {self.statement} takes {takes}")
+
+    def no_positional(self, args: tuple[Any, ...]) -> None:
+        """Refuse inputs passed by position (a call names each one)."""
+        if not args:
+            return
+        count = len(args)
+        names = [t.argument for t in self.wanted]
+        spelled = ", ".join(f"{n}=..." for n in names) or ""
+        raise InputError(
+            f"{count} input{'s' * (count > 1)} passed by position; a kernel takes its inputs "
+            f"by name, as the statement {self.statement} names them: k({spelled})"
+        )
 
     def prepare(self, inputs: Mapping[str, Any], threads: int = 1) -> Prepared:
         """Validate and convert the inputs; cheap when they already fit (the hot path). The

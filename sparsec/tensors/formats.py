@@ -274,6 +274,8 @@ class Format:
                 return name
         if self.order >= 2 and _coo(self.order) == self:
             return "coo"
+        if self.order >= 3 and PRESETS["csf"](self.order) == self:
+            return "csf"
         return self.spelling or "scalar"
 
 

@@ -30,6 +30,19 @@ def is_half(dtype: str) -> bool:
     return dtype in HALF
 
 
+def half_name(dtype: Any) -> str | None:
+    """ "float16" or "bfloat16" where ``dtype`` (a name, numpy or torch dtype) names one."""
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    if name not in HALF:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            return None
+    return name if name in HALF else None
+
+
 def compute_dtype(dtype: str) -> np.dtype:
     """The dtype a kernel of value dtype ``dtype`` computes in (float32 for half types)."""
     return np.dtype(np.float32) if dtype in HALF else STORAGE[dtype]

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import FormatError, InputError, SparsecError
 from .formats import Format, default_sparse
-from .tensor import Tensor, from_dense, from_scipy, pack
+from .tensor import Tensor, as_tensor, from_dense, from_scipy, pack
 
 PathLike = str | Path
 _SHAPE_COMMENT = re.compile(r"^#\s*shape\s*[:=]?\s*((?:\d+\s*)*)$", re.IGNORECASE)
@@ -141,16 +141,13 @@ def load_tns(
         raise _rethrow(path, err) from None
 
 
-def _nonzeros(tensor: Tensor) -> tuple[np.ndarray, np.ndarray]:
-    coords, values = tensor.coords()
-    keep = values != 0
-    return coords[:, keep], values[keep]
-
-
-def save_tns(path: PathLike, tensor: Tensor) -> None:
-    """Write the nonzeros of ``tensor`` 1-based, with a ``# shape:`` comment line."""
+def save_tns(path: PathLike, tensor: Any) -> None:
+    """Write every stored entry of ``tensor`` (a Tensor or anything `as_tensor` takes; its
+    explicit zeros too, `Tensor.eliminate_zeros` drops them) 1-based, with a ``# shape:``
+    comment line."""
+    tensor = as_tensor(tensor)
     path = Path(path)
-    coords, values = _nonzeros(tensor)
+    coords, values = tensor.coords()
     rows = np.column_stack([coords.T + 1, values]) if tensor.order else values[:, None]
     fmt = ["%d"] * tensor.order + ["%.17g"]
     header = "shape: " + " ".join(map(str, tensor.shape))
@@ -188,20 +185,22 @@ def load_mtx(
         raise _rethrow(path, err) from None
 
 
-def save_mtx(path: PathLike, tensor: Tensor) -> None:
-    """Write an order-2 tensor's nonzeros as a coordinate Matrix Market file."""
+def save_mtx(path: PathLike, tensor: Any) -> None:
+    """Write an order-2 tensor's stored entries (explicit zeros too; a Tensor, a scipy matrix
+    or anything `as_tensor` takes) as a coordinate Matrix Market file."""
     import scipy.io
     import scipy.sparse
 
+    tensor = as_tensor(tensor)
     if tensor.order != 2:
         raise FormatError(
             f"Matrix Market files hold matrices; this tensor has order {tensor.order}"
         )
-    coords, values = _nonzeros(tensor)
+    coords, values = tensor.coords()
     matrix = scipy.sparse.coo_array((values, (coords[0], coords[1])), shape=tensor.shape)
     path = Path(path)
     with _open(path, "wb") as f:
-        scipy.io.mmwrite(f, matrix)
+        scipy.io.mmwrite(f, matrix, symmetry="general")  # as stored: no pattern inferred
 
 
 # --------------------------------------------------------------------------- by suffix
@@ -223,6 +222,6 @@ def load(path: PathLike, format: str | Format | None = None, **options: Any) -> 
     return _pick(Path(path), _LOADERS)(path, format, **options)
 
 
-def save(path: PathLike, tensor: Tensor) -> None:
+def save(path: PathLike, tensor: Any) -> None:
     """`save_tns` or `save_mtx` by the file's suffix."""
     _pick(Path(path), _SAVERS)(path, tensor)

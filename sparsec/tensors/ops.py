@@ -7,14 +7,23 @@ imported): the dependency points down, the call goes up. A binary operator retur
 ``NotImplemented`` for an operand kind the implementation does not take, so Python asks the
 other operand (and, for an unknown pair, raises its usual TypeError).
 
-``__array_ufunc__ = None`` makes numpy's operators defer to ours (``x @ T`` reaches
-``T.__rmatmul__`` instead of densifying T through ``__array__``); ``np.asarray(T)`` still
-converts, under the memory check of `check_dense`.
+numpy's entry points all reach the same operators or a clear refusal, never a silent
+dense copy: its ufuncs (``np.add``, ``np.matmul``, and so ``x @ T``, ``np.float64(2) * T``)
+through ``__array_ufunc__``, its functions (``np.dot``, ``np.sum``, ``np.transpose``, ...)
+through ``__array_function__``; what has no sparse meaning is an `InputError` naming the
+sparse spelling. ``np.asarray(T)`` is an explicit conversion and still converts (under the
+memory check of `check_dense`), as does a scipy constructor (``sp.csr_array(T)``), except
+where a scipy.sparse operator asks for it: scipy densifies an operand it does not know
+(``A @ T`` calls ``np.asanyarray(T)``), so `densify_check` refuses that call and says to
+convert the scipy operand instead.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Protocol
+
+from ..errors import InputError
 
 
 class ArrayImpl(Protocol):
@@ -31,6 +40,12 @@ class ArrayImpl(Protocol):
 
     def check_dense(self, tensor: Any) -> None:
         """Raise when ``tensor`` densified would not fit in memory."""
+
+    def ufunc(self, ufunc: Any, method: str, inputs: tuple[Any, ...], kwargs: Any) -> Any:
+        """A numpy ufunc call with a Tensor among ``inputs``: its result or a refusal."""
+
+    def function(self, func: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+        """A numpy function (``__array_function__``) with a Tensor among ``args``."""
 
 
 _impl: list[ArrayImpl] = []
@@ -53,6 +68,23 @@ def check_dense(tensor: Any) -> None:
         _impl[-1].check_dense(tensor)
 
 
+def densify_check() -> None:
+    """Refuse a dense conversion (``__array__``) that scipy.sparse asks for: the first caller
+        outside numpy is a scipy.sparse function other than a constructor (scipy densifies the
+    operands of its operators that it does not know)."""
+    frame = sys._getframe(2)  # the caller of Tensor.__array__
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("numpy"):
+        frame = frame.f_back  # type: ignore[assignment]
+    module = "" if frame is None else frame.f_globals.get("__name__", "")
+    # a constructor (sp.csr_array(T)) is a conversion the caller asked for, as np.asarray
+    if module.startswith("scipy.sparse") and frame.f_code.co_name != "__init__":
+        raise InputError(
+            "scipy.sparse would convert a sparsec.Tensor to a dense array (it densifies "
+            "operands it does not know, as in `A @ T`); convert the scipy operand instead: "
+            "sparsec.as_tensor(A) @ T runs sparse, or T.to_scipy() stays in scipy"
+        )
+
+
 class ArrayOps:
     """The array protocol of `Tensor` (numpy's spelling), forwarded to `implementation`.
 
@@ -60,9 +92,14 @@ class ArrayOps:
     ``len(T) > 0``: code that tests an optional tensor with ``if t:`` keeps working."""
 
     __slots__ = ()
-    __array_ufunc__ = None
 
     shape: tuple[int, ...]
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        return implementation().ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        return implementation().function(func, tuple(args), kwargs)
 
     def __matmul__(self, other: Any) -> Any:
         return implementation().binary("matmul", self, other)

@@ -45,7 +45,8 @@ from ..errors import FormatError
 from . import convert, packing
 from .buffers import address
 from .formats import Compressed, Dense, Format, Singleton, canonical, parse_format
-from .ops import ArrayOps, check_dense
+from .halves import half_name
+from .ops import ArrayOps, check_dense, densify_check
 from .random import random as _random_storage
 from .storage import (
     INDEX_DTYPES,
@@ -90,6 +91,15 @@ __all__ = [
 _P = ParamSpec("_P")
 
 
+def _half_request(dtype: Any, source: Any) -> str | None:
+    """The 16-bit dtype ``dtype`` names, or else the one ``source``'s values are in."""
+    return half_name(dtype) if dtype is not None else half_name(getattr(source, "dtype", None))
+
+
+#: makes a 16-bit tensor: `sparsec.tensors.stored.half_tensor`, registered on its import
+HALF_TENSOR: list[Callable[..., Tensor]] = []
+
+
 def _own(parts: StorageParts) -> Tensor:
     """The `Tensor` taking ownership of (freezing) storage its producer has validated."""
     return Tensor(parts.shape, parts.format, parts.levels, parts.vals, parts.index_dtype)
@@ -100,7 +110,11 @@ def _builds_tensor(make_storage: Callable[_P, StorageParts]) -> Callable[_P, Ten
     parameters, name and docstring, the parts owned by a new `Tensor`."""
 
     def build(*args: _P.args, **kwargs: _P.kwargs) -> Tensor:
-        return _own(make_storage(*args, **kwargs))
+        half = _half_request(kwargs.get("dtype"), args[0] if args else None)
+        if half is None:
+            return _own(make_storage(*args, **kwargs))
+        kwargs["dtype"] = "float64"  # exact for 16-bit sources; rounded once below
+        return HALF_TENSOR[-1](_own(make_storage(*args, **kwargs)), half)
 
     update_wrapper(build, make_storage, assigned=("__name__", "__qualname__", "__doc__"))
     signature = inspect.signature(make_storage).replace(return_annotation="Tensor")
@@ -252,6 +266,7 @@ class Tensor(ArrayOps):
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         if copy is False:
             raise ValueError("a sparsec Tensor is converted to numpy, never viewed (copy=False)")
+        densify_check()
         dense = self.to_dense()
         return dense if dtype is None else dense.astype(dtype, copy=False)
 
@@ -294,16 +309,27 @@ class Tensor(ArrayOps):
     def to_format(self, format: str | Format) -> Tensor:
         """This tensor in another format; the same object when the format is unchanged.
 
-        A conversion keeps the nonzero values only (plus the zeros the target's dense levels
-        force), so zeros stored by a source dense level are not carried over.
+        Every stored entry is kept, its explicit zeros too (those a source dense level
+        holds included): presence is what semirings, masks and gradient patterns read. The
+        target may store more: the zeros its dense levels force, a padded singleton's filler.
+        `eliminate_zeros` drops stored zeros explicitly.
         """
         fmt = parse_format(format, self.order)
         if fmt == self.format:
             return self
-        coords = self._mode_coords()
-        keep = self.vals != 0
         wanted = self.index_dtype if self.index_dtype == np.int64 else None
-        return pack(coords[:, keep], self.vals[keep], self.shape, fmt, wanted, self.dtype)
+        return pack(self._mode_coords(), self.vals, self.shape, fmt, wanted, self.dtype)
+
+    def eliminate_zeros(self) -> Tensor:
+        """This tensor without its stored zeros, in the same format (scipy's name); the
+        same object when it stores none. Zeros that a dense level forces (or a padded
+        singleton's filler) stay: the format stores them wherever it stores a parent."""
+        keep = self.vals != 0
+        if keep.all():
+            return self
+        coords = self._mode_coords()[:, keep]
+        wanted = self.index_dtype if self.index_dtype == np.int64 else None
+        return pack(coords, self.vals[keep], self.shape, self.format, wanted, self.dtype)
 
     def derived(self, indices: tuple[str, ...], format: Format) -> Tensor:
         """This tensor read as ``indices`` and stored in ``format`` (`convert.derive_entries`:
@@ -328,10 +354,14 @@ class Tensor(ArrayOps):
         return found
 
     def astype(self, dtype: Any = None, *, index_dtype: Any = None) -> Tensor:
-        """This tensor with other value and/or index dtypes (the same object if unchanged)."""
-        vdt = value_dtype(dtype) or self.dtype
+        """This tensor with other value and/or index dtypes (the same object if unchanged);
+        float16/bfloat16 round once and stay 16-bit, as a 16-bit tensor does unless told."""
+        half = half_name(dtype) if dtype is not None else getattr(self, "value_dtype", None)
+        if half is not None:
+            return HALF_TENSOR[-1](self, half, index_dtype_of(index_dtype))
+        vdt = value_dtype(dtype) or self.vals.dtype
         idt = index_dtype_of(index_dtype) or self.index_dtype
-        if vdt == self.dtype and idt == self.index_dtype:
+        if vdt == self.vals.dtype and idt == self.index_dtype and type(self) is Tensor:
             return self
         choose_index_dtype(idt, self.shape, _position_counts(self.format, self.shape, self.levels))
         levels = tuple(
@@ -391,7 +421,11 @@ def as_tensor(
     if isinstance(obj, Tensor):
         converted = obj if format is None else obj.to_format(parse_format(format, obj.order, name))
         return converted.astype(dtype, index_dtype=index_dtype)
-    return _own(convert.storage_of(obj, format, name, index_dtype=index_dtype, dtype=dtype))
+    half = _half_request(dtype, obj)
+    if half is not None:  # exact for 16-bit sources, rounded once by _as_half
+        dtype = "float64"
+    made = _own(convert.storage_of(obj, format, name, index_dtype=index_dtype, dtype=dtype))
+    return made if half is None else HALF_TENSOR[-1](made, half)
 
 
 # --------------------------------------------------------------------------- reading storage
