@@ -71,8 +71,6 @@ def random_statement(r: random.Random, ring: str, depth: int) -> dict:
     accumulate = r.random() < 0.3
     if free and r.random() < 0.3:
         mask = r.choice(["M", "~M"])
-        if mask == "~M" and accumulate and out != "dense":
-            mask = "M"  # issue 36 item 4 (~M with += into a sparse output) is fixed elsewhere
     lhs = f"O({','.join(free)})" if free else "O"
     expr = f"{lhs} {'+=' if accumulate else '='} {root.text()}"
     target = "cuda-emulated" if r.random() < 0.25 else "c"
