@@ -104,7 +104,7 @@ def _function() -> Any:
 
 def _shaped(grad: Any, source: Any) -> Any:
     """A gradient as torch gives it back for ``source``: dense of its shape and dtype, or
-    for a sparse input a sparse tensor of its layout and pattern (``grad`` holds the values
+    for a sparse input a sparse tensor of its layout (COO for CSC) and pattern (``grad`` holds the values
     aligned with ``as_tensor(source).vals``)."""
     import torch
 
@@ -113,15 +113,17 @@ def _shaped(grad: Any, source: Any) -> Any:
     layout = source.layout
     if layout == torch.strided:
         return values.reshape(source.shape)
+    if values.shape != (source._nnz(),):
+        # never hand torch values that do not match the pattern (it does not check them)
+        raise AssertionError(f"a gradient of {values.shape} values for {source._nnz()} entries")
     if layout == torch.sparse_csr:
         return torch.sparse_csr_tensor(
             source.crow_indices(), source.col_indices(), values, source.shape
         )
-    if layout == torch.sparse_csc:
-        return torch.sparse_csc_tensor(
-            source.ccol_indices(), source.row_indices(), values, source.shape
-        )
-    if layout == torch.sparse_coo:
+    if layout in (torch.sparse_coo, torch.sparse_csc):
+        # a CSC input gets its pattern as COO: torch accumulates no CSC gradient into a
+        # leaf ("Sparse CSC tensors do not have is_contiguous"); a CSC built from values
+        # hands a COO one to them all the same
         coords = torch.from_numpy(as_tensor(source).coords()[0])
         return torch.sparse_coo_tensor(coords, values, source.shape).coalesce()
     raise NotDifferentiable(

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..frontend.derivative import NotDifferentiable, derivative
 from ..frontend.functions import FUNCTIONS
-from ..frontend.notation import Access, Assignment, indices_of
+from ..frontend.notation import Access, Assignment, accesses, indices_of
 from ..tensors.formats import Format, dense
 from ..tensors.tensor import Tensor, as_tensor
 
@@ -48,14 +48,16 @@ class GradientKernel:
 
     wrt: str
     grad_name: str
-    kernel: Any  # a `Kernel`
+    kernel: Any  # a `Kernel`; None where the gradient is 0 everywhere (`sign`'s)
     kept: tuple[int, ...]
     order: int
     masked: str
+    #: (name, the forward access and mode giving its extent) of each vector of ones read
+    ones: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def statement(self) -> str:
-        return str(self.kernel.assignment)
+        return "0" if self.kernel is None else str(self.kernel.assignment)
 
 
 #: the gradient kernels of each forward `Kernel` (this module does not import api.kernel,
@@ -92,8 +94,13 @@ def _derive(forward: Any, wrt: str) -> GradientKernel:
     taken = {a.name for a in stmt.accesses()} | set(FUNCTIONS)
     grad_out = _fresh(f"d{stmt.lhs.name}", taken)
     grad_in = _fresh(f"d{wrt}", taken | {grad_out})
-    found = derivative(Assignment(stmt.lhs, stmt.rhs), wrt, grad_out, grad_in).statement
+    made_here = derivative(Assignment(stmt.lhs, stmt.rhs), wrt, grad_out, grad_in)
+    found = made_here.statement
     target = found.lhs.indices
+    order = len(target)
+    if not any(True for _ in accesses(found.rhs)):
+        # every term vanished (sign' = 0): zeros of the input's shape or entries, no kernel
+        return GradientKernel(wrt, grad_out, None, (), order, "")
     read = indices_of(found.rhs)
     kept = tuple(n for n, i in enumerate(target) if i in read)
     lhs = Access(grad_in, tuple(target[n] for n in kept))
@@ -107,6 +114,11 @@ def _derive(forward: Any, wrt: str) -> GradientKernel:
     # passes the input under this name too
     pattern = _fresh(f"{wrt}_pattern", taken | {grad_out, grad_in})
     formats[pattern] = source
+    extents: dict[str, tuple[str, int]] = {}
+    for name, v in made_here.ones:
+        formats[name] = dense(1)
+        use = next(a for a in accesses(stmt.rhs) if v in a.indices)
+        extents[name] = (use.name, use.indices.index(v))
     statement = Assignment(lhs, found.rhs)
     named = {a.name for a in statement.accesses()} | ({pattern} if masked else set())
     made = type(forward)(
@@ -119,7 +131,8 @@ def _derive(forward: Any, wrt: str) -> GradientKernel:
         division=sem.division,
         mask=pattern if masked else None,
     )
-    return GradientKernel(wrt, grad_out, made, kept, len(target), pattern if masked else "")
+    ones = tuple((name, tensor, mode) for name, (tensor, mode) in extents.items())
+    return GradientKernel(wrt, grad_out, made, kept, len(target), pattern if masked else "", ones)
 
 
 def _fresh(base: str, taken: set[str]) -> str:
@@ -164,25 +177,54 @@ def gradients(
 
 
 def _run(grad: GradientKernel, inputs: Mapping[str, Any], dy: Any, threads: int | None) -> Any:
+    source = inputs[grad.wrt]
+    sparse = _is_sparse(source)
+    dtype = _value_dtype(dy)
+    if grad.kernel is None:
+        if sparse:
+            return np.zeros(as_tensor(source).nnz, dtype=dtype)
+        return np.zeros(_shape(source), dtype=dtype)
     names = {t.argument for t in grad.kernel.binder.wanted}
     args = {k: v for k, v in inputs.items() if k in names}
     args[grad.grad_name] = dy
     if grad.masked:
-        args[grad.masked] = inputs[grad.wrt]
+        args[grad.masked] = source
+    for name, tensor, mode in grad.ones:
+        # in dY's own type, so that the call's value dtype stays dY's
+        extent = _shape(inputs[tensor])[mode]
+        if _is_torch(dy):
+            import torch
+
+            args[name] = torch.ones(extent, dtype=dy.dtype)
+        else:
+            args[name] = np.ones(extent, dtype=dtype)
     result = grad.kernel(threads=threads, **args)
-    source = inputs[grad.wrt]
     if grad.masked:
         return _aligned(result, as_tensor(source))
     result = _as_numpy(result)
-    if _is_sparse(source):
-        # the statement reads fewer variables than the input has: gather at its entries
+    # variables of the input the statement does not read are a broadcast of the result
+    shape = _shape(source)
+    missing = [n for n in range(grad.order) if n not in grad.kept]
+    full = np.broadcast_to(np.expand_dims(result, missing), shape) if missing else result
+    if sparse:
+        # gathered at the input's stored entries (one value each, whatever ``missing``)
         coords = as_tensor(source).coords()[0]
-        return np.ascontiguousarray(result[tuple(coords[n] for n in grad.kept)])
-    if len(grad.kept) == grad.order:
-        return result
-    shape = tuple(np.shape(source))
-    expanded = np.expand_dims(result, [n for n in range(grad.order) if n not in grad.kept])
-    return np.ascontiguousarray(np.broadcast_to(expanded, shape))
+        return np.ascontiguousarray(full[tuple(coords)])
+    return np.ascontiguousarray(full) if missing else result
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(as_tensor(x).shape) if _is_sparse(x) else tuple(np.shape(x))
+
+
+def _value_dtype(dy: Any) -> Any:
+    """The value dtype of the output's gradient as numpy spells it (float32 for torch's
+    16-bit dtypes, which numpy lacks or the kernels read as float32 anyway)."""
+    if _is_torch(dy):
+        name = str(dy.dtype).removeprefix("torch.")
+        return np.dtype(name) if name in ("float32", "float64") else np.dtype(np.float32)
+    dt = np.asarray(dy).dtype
+    return dt if dt.kind == "f" else np.dtype(np.float64)
 
 
 def _aligned(result: Tensor, reference: Tensor) -> np.ndarray:

@@ -1,12 +1,10 @@
 """The user-facing kernel: ``sparsec.kernel(expr, formats) -> Kernel``; ``Kernel(**inputs)``.
 
-A `Kernel` is one statement in index notation with its formats and schedule: it parses,
-builds the `Spec` and checks the schedule when it is made, shows what it generates
-(`source`, `schedule`, `generated`), and runs a call through an `Executable`
-(`sparsec.runtime.executable`), made lazily per (value dtype, index dtype): the first call
-with float32 CSR inputs generates, compiles (through the on-disk cache) and loads one C
-function; later calls bind their inputs (`sparsec.runtime.inputs`) and run it, and calls
-whose inputs already fit take the generated fast path (`sparsec.runtime.fastpath`).
+A `Kernel` is one statement in index notation with its formats and schedule: made, it parses,
+builds the `Spec` and checks the schedule; it shows what it generates (`source`, `schedule`,
+`generated`) and runs a call through an `Executable` made lazily per (value dtype, index
+dtype), which generates, compiles (on-disk cache) and loads one C function at its first call;
+later calls bind their inputs (`runtime.inputs`) and run it, or take `runtime.fastpath`.
 """
 
 from __future__ import annotations
@@ -136,11 +134,8 @@ class Kernel:
         """The format of each tensor of `assignment` (what ``formats=`` rebuilds this kernel
         from: a sparse ``+=``'s ``C_old`` is the spec's own, `TensorVar.argument`)."""
         made = {d.name for d in self.spec.derived}  # computed at call time, never given
-        given = {
-            t.name: t.format
-            for t in self.spec.tensors
-            if t.argument == t.name and t.name not in made
-        }
+        given = {t.name: t.format for t in self.spec.tensors if t.argument == t.name}
+        given = {n: f for n, f in given.items() if n not in made}
         # a tensor read only through derived inputs is passed in its own format
         given.update((t.name, t.format) for d in self.spec.derived for t, _ in d.reads)
         return given

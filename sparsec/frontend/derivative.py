@@ -21,6 +21,14 @@ ones, so ``relu(A(i,k) * x(k))`` differentiated for ``x(k)`` reads
 the chain's ``k`` is the gradient's free variable. The other variables of a term are summed
 over that term, which for a product chain is the sum over the whole term.
 
+A variable the forward sums at or above the read (its sum's subexpression holds the read)
+and that the read does not use sums the read's derivative too: ``a = (B(k) + D(k,i)) +
+C(i)`` adds ``B(k)`` once per ``i``, and ``y(j) = relu(B(j,i)) * c(j) + D(j,i)`` gives
+``dc(j) = Σi dy(j) * relu(B(j,i))``. Re-read by the smallest-subexpression rule, the term
+would lose that sum (no factor uses ``i``) or place it inside a function (``relu(Σi B)``).
+Such a term gets a factor ``ones(i)``, a dense vector of ones over ``i`` (`Derivative.ones`:
+the caller binds it, of ``i``'s extent), which puts ``i``'s sum over the whole term.
+
 Not differentiable here (`NotDifferentiable`, naming the construct and the input): a
 division by anything but a non-zero literal, ``sqrt``/``log`` (their derivatives divide),
 ``pow`` with a non-literal exponent or a literal one below 1 (but 0), a repeated index in
@@ -36,6 +44,7 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from ..errors import SparsecError
+from .functions import FUNCTIONS
 from .notation import Access, Assignment, BinOp, Call, Expr, Literal, Neg, accesses
 
 #: a path from the rhs's root to one read: the child taken at each node (0 left, 1 right,
@@ -116,10 +125,14 @@ DERIVATIVES: dict[str, Callable[[Args, int], Expr | str]] = {
 @dataclass(frozen=True, slots=True)
 class Derivative:
     """``statement`` computes the gradient of ``wrt`` from ``grad_output`` (an access of the
-    forward output's indices); its lhs is ``grad_input`` at the first read's indices."""
+    forward output's indices); its lhs is ``grad_input`` at the first read's indices, and
+    its rhs ``Literal(0.0)`` where every term vanishes (``sign``'s derivative). ``ones``:
+    (name, forward variable) of each dense vector of ones the statement reads, of that
+    variable's extent (see the module docstring)."""
 
     wrt: str
     statement: Assignment
+    ones: tuple[tuple[str, str], ...] = ()
 
 
 def derivative(stmt: Assignment, wrt: str, grad_output: str, grad_input: str) -> Derivative:
@@ -137,16 +150,62 @@ def derivative(stmt: Assignment, wrt: str, grad_output: str, grad_input: str) ->
             )
     names = _Names(stmt)
     target = reads[0][1].indices
+    placed = _sum_paths(stmt)
+    tensors = {a.name for a in stmt.accesses()} | {grad_output, grad_input} | set(FUNCTIONS)
+    ones: dict[str, str] = {}
     terms: list[Expr] = []
     for path, access in reads:
         coeff, chain = _chain(stmt.rhs, path, stmt, names, wrt)
-        term = _product(coeff, [Access(grad_output, stmt.lhs.indices), *chain])
+        factors = [Access(grad_output, stmt.lhs.indices), *chain]
+        for v, at in placed.items():
+            if v in access.indices or path[: len(at)] != at or _placed_over(v, factors):
+                continue
+            if v not in ones:
+                ones[v] = _fresh_tensor(f"ones_{v}", tensors)
+            factors.append(Access(ones[v], (v,)))
+        term = _product(coeff, factors)
         if term is not None:
             terms.append(_onto(term, access.indices, target, names))
     rhs: Expr = terms[0] if terms else Literal(0.0)
     for term in terms[1:]:
         rhs = BinOp("+", rhs, term)
-    return Derivative(wrt, Assignment(Access(grad_input, target), rhs))
+    used = {a.name for a in accesses(rhs)}
+    kept = tuple((name, v) for v, name in ones.items() if name in used)
+    return Derivative(wrt, Assignment(Access(grad_input, target), rhs), kept)
+
+
+def _sum_paths(stmt: Assignment) -> dict[str, Path]:
+    """Each summed variable's place in the forward: the path of the smallest subexpression
+    holding all its uses (docs/semantics.md, Reductions)."""
+    found: dict[str, Path] = {}
+    for path, access in _reads(stmt.rhs, ()):
+        for v in access.indices:
+            if v in stmt.lhs.indices:
+                continue
+            at = found.get(v, path)
+            n = 0
+            while n < min(len(at), len(path)) and at[n] == path[n]:
+                n += 1
+            found[v] = at[:n]
+    return found
+
+
+def _placed_over(v: str, factors: list[Expr]) -> bool:
+    """Does the smallest-subexpression rule sum ``v`` over the product of ``factors`` (as
+    much as over the whole product)? Yes where two factors use it, or one that is a plain
+    access; not where none does, or only a compound one (a function's argument, a copy with
+    sums of its own), where the rule would place the sum inside it."""
+    users = [f for f in factors if any(v in a.indices for a in accesses(f))]
+    return len(users) >= 2 or (len(users) == 1 and isinstance(users[0], Access))
+
+
+def _fresh_tensor(base: str, taken: set[str]) -> str:
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
 
 
 def _reads(expr: Expr, path: Path) -> list[tuple[Path, Access]]:

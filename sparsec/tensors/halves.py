@@ -11,6 +11,7 @@ storage round to nearest, ties to even, as CUDA's ``__float2half_rn`` /
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -135,3 +136,13 @@ def to_torch(array: np.ndarray, dtype: str) -> Any:
     if dtype == "bfloat16":
         return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def half_request(dtype: Any, source: Any) -> str | None:
+    """The 16-bit dtype ``dtype`` names, or else the one ``source``'s values are in."""
+    return half_name(dtype) if dtype is not None else half_name(getattr(source, "dtype", None))
+
+
+#: makes a 16-bit `Tensor`: `sparsec.tensors.stored.half_tensor`, registered on its import
+#: (`tensor` cannot import `stored`, which builds on it)
+HALF_TENSOR: list[Callable[..., Any]] = []

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from .buffers import address
-from .halves import from_storage, to_storage, torch_dtype
-from .tensor import HALF_TENSOR, Tensor
+from .halves import HALF_TENSOR, from_storage, to_storage, torch_dtype
+from .tensor import Tensor
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -22,12 +22,10 @@ as well as storage given by the user); ``Tensor(...)`` itself only runs cheap st
 checks and takes ownership of (freezes) the arrays it is given: it is the path for storage
 already validated or valid by construction (kernel outputs).
 
-Modules, in import order: `sparsec.tensors.storage` (LevelStorage, StorageParts, dtypes,
-validation) <- `sparsec.tensors.packing` (pack, from_dense, from_arrays) <-
-`sparsec.tensors.random` <- `sparsec.tensors.convert` (scipy, torch) <- this one. The lower
-modules return validated `StorageParts` and never see a `Tensor`; this module alone builds
-one, under the same constructor names (`_builds_tensor`), and adds `as_tensor`. It re-exports
-the public names, so ``from sparsec.tensors.tensor import ...`` is the one import users need.
+Modules, in import order: `storage` (LevelStorage, StorageParts, dtypes, validation) <- `packing`
+(pack, from_dense, from_arrays) <- `random` <- `convert` (scipy, torch) <- this one. The lower
+modules return validated `StorageParts`; this one alone builds a `Tensor` (`_builds_tensor`),
+adds `as_tensor` and re-exports the public names (``from sparsec.tensors.tensor import ...``).
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ from ..errors import FormatError
 from . import convert, packing
 from .buffers import address
 from .formats import Compressed, Dense, Format, Singleton, canonical, parse_format
-from .halves import half_name
+from .halves import HALF_TENSOR, half_name, half_request
 from .ops import ArrayOps, check_dense, densify_check
 from .random import random as _random_storage
 from .storage import (
@@ -91,15 +89,6 @@ __all__ = [
 _P = ParamSpec("_P")
 
 
-def _half_request(dtype: Any, source: Any) -> str | None:
-    """The 16-bit dtype ``dtype`` names, or else the one ``source``'s values are in."""
-    return half_name(dtype) if dtype is not None else half_name(getattr(source, "dtype", None))
-
-
-#: makes a 16-bit tensor: `sparsec.tensors.stored.half_tensor`, registered on its import
-HALF_TENSOR: list[Callable[..., Tensor]] = []
-
-
 def _own(parts: StorageParts) -> Tensor:
     """The `Tensor` taking ownership of (freezing) storage its producer has validated."""
     return Tensor(parts.shape, parts.format, parts.levels, parts.vals, parts.index_dtype)
@@ -110,7 +99,7 @@ def _builds_tensor(make_storage: Callable[_P, StorageParts]) -> Callable[_P, Ten
     parameters, name and docstring, the parts owned by a new `Tensor`."""
 
     def build(*args: _P.args, **kwargs: _P.kwargs) -> Tensor:
-        half = _half_request(kwargs.get("dtype"), args[0] if args else None)
+        half = half_request(kwargs.get("dtype"), args[0] if args else None)
         if half is None:
             return _own(make_storage(*args, **kwargs))
         kwargs["dtype"] = "float64"  # exact for 16-bit sources; rounded once below
@@ -421,7 +410,7 @@ def as_tensor(
     if isinstance(obj, Tensor):
         converted = obj if format is None else obj.to_format(parse_format(format, obj.order, name))
         return converted.astype(dtype, index_dtype=index_dtype)
-    half = _half_request(dtype, obj)
+    half = half_request(dtype, obj)
     if half is not None:  # exact for 16-bit sources, rounded once by _as_half
         dtype = "float64"
     made = _own(convert.storage_of(obj, format, name, index_dtype=index_dtype, dtype=dtype))
