@@ -288,7 +288,7 @@ def test_check_evaluates_the_statement_as_written(monkeypatch):
     from sparsec.frontend.concrete import Statement
     from sparsec.frontend.notation import Access, BinOp
 
-    def lifted_across_the_division(assignment):
+    def lifted_across_the_division(assignment, distributive=True):
         a, x, w = (Access("A", ("i", "j")), Access("x", ("j",)), Access("w", ("i",)))
         return Statement(assignment.lhs, BinOp("/", BinOp("*", a, x), w), ("j",), False)
 

@@ -24,13 +24,17 @@ DEFAULT_EXTENTS = (23, 19, 17, 13, 11, 7)
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
-    """Outcome of `Kernel.check`: the largest absolute error against dense torch."""
+    """Outcome of `Kernel.check`: the largest absolute error against the reference it
+    compared with (``reference``: dense torch, or a semiring's dense numpy evaluation)."""
 
     max_abs_error: float
     dtype: str
+    reference: str = "dense torch"
 
     def __str__(self) -> str:
-        return f"ok: matches dense torch (max abs error {self.max_abs_error:.3g}, {self.dtype})"
+        return (
+            f"ok: matches {self.reference} (max abs error {self.max_abs_error:.3g}, {self.dtype})"
+        )
 
 
 def require_torch() -> None:
@@ -52,7 +56,8 @@ def verdict(
     got: Any,
 ) -> CheckResult:
     """Compare a kernel's result ``got`` on ``prepared`` inputs with ``torch.einsum`` on
-    the densified inputs (`sparsec.api.reference`); a mismatch is a `CheckError`."""
+    the densified inputs (`sparsec.api.reference`), or under a semiring with its dense
+    numpy evaluation (`semiring_reference`); a mismatch is a `CheckError`."""
     import torch
 
     from .reference import compare, reference
@@ -79,6 +84,7 @@ def verdict(
     current = dense.pop(spec.output.name, None)
     stored.pop(spec.output.name, None)
     ring = semiring(spec.semantics.semiring)
+    against = "dense torch" if ring.is_default else f"the dense {ring.name} reference (numpy)"
     if ring.is_default:
         division = spec.semantics.division
         want = reference(assignment, dense, prepared.dims, current, stored, division).numpy()
@@ -96,8 +102,8 @@ def verdict(
         want = _masked(want, spec, stored, current, ring.identity)
     if isinstance(got, Tensor):
         got.validate(spec.output.name)  # the assembled storage keeps every invariant
-    err = compare(np.asarray(got), want, prepared.dtype, f"kernel {assignment}")
-    return CheckResult(err, prepared.dtype)
+    err = compare(np.asarray(got), want, prepared.dtype, f"kernel {assignment}", against)
+    return CheckResult(err, prepared.dtype, against)
 
 
 def _masked(want: Any, spec: Spec, stored: Mapping[str, Any], current: Any, identity: float) -> Any:

@@ -104,13 +104,15 @@ class _Evaluator:
         self.exact = exact
         self.stored = stored or {}
         # einsum only where every value is finite: a sum of products then factors freely
-        self.elementwise = exact or unbounded(assignment.rhs)
+        # (an absent factor's product is 0, never computed: not so for an infinite datum)
+        finite = all(bool(torch.isfinite(t).all()) for t in inputs.values())
+        self.elementwise = exact or unbounded(assignment.rhs) or not finite
         #: structural presence of each node `value` returned (its sums taken), and its
         #: labels, by node identity (the tree lives as long as this evaluator)
         self._present: dict[int, Presence] = {}
         self._labels: dict[int, tuple[str, ...]] = {}
         #: inside a divisor (how deep): IEEE values, where a zero's sign decides the sign
-        #: of an infinity, as the kernel computes them; an absent node is still 0 there
+        #: of an infinity, as the kernel computes them; an absent node is +0 there
         self._divisor = 0
 
     def _closing(self, expr: Expr, labels: tuple[str, ...]) -> tuple[str, ...]:
@@ -127,10 +129,9 @@ class _Evaluator:
         t, labels = self._node(expr)
         present = self._presence(expr, labels)
         if present is not None:
-            # absent: 0 whatever its operands' values (an absent 0/0 is never computed);
-            # inside a divisor a zero keeps the sign IEEE arithmetic gives it
-            keep = present | (t == 0) if self._divisor else present
-            t = torch.where(keep, t, torch.zeros((), dtype=t.dtype))
+            # absent: +0 whatever its operands' values (an absent 0/0 is never computed),
+            # inside a divisor too (an absent -x or 0 * -3 is +0, not IEEE's -0)
+            t = torch.where(present, t, torch.zeros((), dtype=t.dtype))
         closing = self._closing(expr, labels)
         if closing:
             dims = [labels.index(x) for x in closing]
@@ -294,8 +295,11 @@ def _either(a: Presence, b: Presence) -> Presence:
     return None if a is None or b is None else a | b
 
 
-def compare(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> float:
-    """Max abs error of ``got`` against ``want``; raises `CheckError` beyond tolerance."""
+def compare(
+    got: np.ndarray, want: np.ndarray, dtype: str, what: str, against: str = "dense torch"
+) -> float:
+    """Max abs error of ``got`` against ``want`` (computed by ``against``); raises
+    `CheckError` beyond tolerance."""
     got64 = np.asarray(got, dtype=np.float64)
     want64 = np.asarray(want, dtype=np.float64)
     if got64.shape != want64.shape:
@@ -315,7 +319,7 @@ def compare(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> float:
         worst = np.unravel_index(int(np.argmax(excess)), got64.shape)
         at = ",".join(map(str, worst))
         raise CheckError(
-            f"{what}: result differs from dense torch at [{at}]: got {float(got64[worst])!r}, "
+            f"{what}: result differs from {against} at [{at}]: got {float(got64[worst])!r}, "
             f"expected {float(want64[worst])!r} (tolerance {tol[worst]:.3g}); "
             f"{int(bad.sum())} of {bad.size} elements differ"
         )

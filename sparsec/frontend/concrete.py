@@ -7,10 +7,12 @@ is not multiplied by the size of ``k``. `place` builds that tree: it *is* the me
 the statement, and the dense reference (sparsec/reference.py) evaluates the statement
 from the notation by the same rule, independently of what happens here next.
 
-Sums are then lifted where that keeps the value (`lift`), so a reduction can run in the
-same loop nest as the output: through unary minus, through a product whose other factor
-cannot be infinite or NaN (``(Σk X) * Y = Σk (X * Y)`` when ``Y`` has no ``k`` and does
-not divide), and through a division by a non-zero literal. A sum is never moved across a
+Sums are then lifted where that keeps the value and costs no more (`lift`), so a
+reduction can run in the same loop nest as the output: through unary minus, through a
+product whose other factor holds no sum and cannot be infinite or NaN (``(Σk X) * Y =
+Σk (X * Y)`` when ``Y`` has no ``k``, no sum and does not divide), when the semiring's
+multiply distributes over its add (`Semiring.distributive`), and through a division by a
+non-zero literal. A sum is never moved across a
 division by anything else (``(Σk X) / w`` is not ``Σk X / w`` when ``w`` is 0: ``inf``
 against ``0/0 = NaN`` terms), nor anywhere inside a divisor, where a zero's sign decides
 ``+inf`` against ``-inf``. Sums left under ``+``/``-``/a division are *nested*: the
@@ -149,51 +151,74 @@ def place(assignment: Assignment) -> CExpr:
     return place_at(assignment.rhs)
 
 
-def concretize(assignment: Assignment) -> Statement:
-    """Place each summed index at the lowest common ancestor of its uses, then lift."""
-    top, body = lift(place(assignment))
+def concretize(assignment: Assignment, distributive: bool = True) -> Statement:
+    """Place each summed index at the lowest common ancestor of its uses, then lift
+    (``distributive``: the semiring's multiply distributes over its add, `lift`)."""
+    top, body = lift(place(assignment), distributive)
     return Statement(assignment.lhs, body, top, assignment.accumulate)
 
 
-def lift(expr: CExpr) -> tuple[tuple[str, ...], CExpr]:
-    """Pull sums up where the value stays the same; normalise nested sums.
+def lift(expr: CExpr, distributive: bool = True) -> tuple[tuple[str, ...], CExpr]:
+    """Pull sums up where the value stays the same and the work does not grow; normalise
+    nested sums.
 
     Through unary ``-`` (exact up to the sign of a zero sum, which only a divisor can
-    tell, and divisors are never rewritten); through ``*`` when the other factor does not
-    divide (``(Σk X) * Y`` and ``Σk X*Y`` differ when ``Y`` is infinite and some ``X`` is
-    zero); through a numerator only over a non-zero literal divisor. Never out of a
-    function's operand (``f(Σk X)`` is not ``Σk f(X)``).
+    tell, and divisors are never rewritten); through ``*`` when the multiply distributes
+    over the add (``max(a, b) * c`` is not ``max(a*c, b*c)`` for a negative ``c``: not
+    under ``max_times``/``min_times``) and the other factor holds no sum and does not
+    divide. A sum in the other factor would be recomputed at every term (``(Σi B(i)) *
+    (Σl C(l))`` is O(n + m), ``Σi Σl B(i)*C(l)`` O(n·m), and NaN where an infinite
+    ``B(i)`` meets ``Σl C(l) = 0``); a divisor may be infinite (``(Σk X) * Y`` and ``Σk
+    X*Y`` differ when ``Y`` is infinite and some ``X`` is zero). Through a numerator only
+    over a non-zero literal divisor. Never out of a function's operand (``f(Σk X)`` is
+    not ``Σk f(X)``).
     """
     match expr:
         case Sum(indices=indices, body=body):
-            inner, lifted = lift(body)
+            inner, lifted = lift(body, distributive)
             return indices + inner, lifted
         case BinOp(op="*", left=left, right=right):
-            vl, bl = ((), nest(left)) if unbounded(right) else lift(left)
-            vr, br = ((), nest(right)) if unbounded(left) else lift(right)
+            vl, bl = lift(left, distributive)
+            vr, br = lift(right, distributive)
+            # a side's sums cross the product only over a plain factor: no sum, no divisor
+            if vl and not (distributive and _plain(vr, br)):
+                vl, bl = (), Sum(vl, bl)
+            if vr and not (distributive and _plain(vl, bl)):
+                vr, br = (), Sum(vr, br)
             return vl + vr, _bin("*", bl, br, expr.span)
         case BinOp(op="/", left=left, right=Literal(value=v) as right) if v != 0:
-            vl, bl = lift(left)
+            vl, bl = lift(left, distributive)
             return vl, _bin("/", bl, right, expr.span)
         case BinOp(op="/", left=left, right=right):
             # Neither side's sums cross the division, and the divisor stays as written.
-            return (), _bin("/", nest(left), right, expr.span)
+            return (), _bin("/", nest(left, distributive), right, expr.span)
         case BinOp(op=op, left=left, right=right):
-            return (), _bin(op, nest(left), nest(right), expr.span)
+            return (), _bin(op, nest(left, distributive), nest(right, distributive), expr.span)
         case Neg(operand=x):
-            vx, bx = lift(x)
+            vx, bx = lift(x, distributive)
             return vx, _neg(bx, expr.span)
         case Call(fn=fn, args=args):
-            return (), _call(fn, tuple(nest(a) for a in args), expr.span)
+            return (), _call(fn, tuple(nest(a, distributive) for a in args), expr.span)
         case Access() | Literal() | Zero():
             return (), expr
         case _:
             assert_never(expr)
 
 
-def nest(expr: CExpr) -> CExpr:
+def _plain(lifted: tuple[str, ...], body: CExpr) -> bool:
+    """May a sum cross a product with this factor (lifted sums ``lifted``, ``body``)? Only
+    when it holds no sum (one would run again at every term of the crossing sum) and
+    cannot be infinite or NaN (`unbounded`)."""
+    return not lifted and not _has_sum(body) and not unbounded(body)
+
+
+def _has_sum(expr: CExpr) -> bool:
+    return isinstance(expr, Sum) or any(_has_sum(c) for c in children(expr))
+
+
+def nest(expr: CExpr, distributive: bool = True) -> CExpr:
     """A subexpression that stays below its parent: its lifted sums form one `Sum`."""
-    indices, body = lift(expr)
+    indices, body = lift(expr, distributive)
     return Sum(indices, body) if indices else body
 
 
@@ -225,7 +250,11 @@ def divides(expr: CExpr) -> bool:
 
 # ------------------------------------------------------------- simplification
 def without(
-    expr: CExpr, absent: frozenset[Access], fold: bool = True, sparse_division: bool = False
+    expr: CExpr,
+    absent: frozenset[Access],
+    fold: bool = True,
+    sparse_division: bool = False,
+    divisor: bool = False,
 ) -> CExpr:
     """``expr`` with the ``absent`` accesses replaced by structural zeros, folded; an
     absent complemented mask ``~M`` (`Access.complement`: ``M`` has no entry here) is the
@@ -233,9 +262,10 @@ def without(
 
     Folding follows the ring: ``0*x = 0``, ``0+x = x``, ``x-0 = x``, ``0-x = -x``,
     ``-0 = 0``, ``Σ 0 = 0``, ``0/x = 0`` only for a literal ``x`` (otherwise ``0/0`` must
-    stay NaN, as dense torch computes it). A divisor is never folded (``fold=False``):
-    there the sign of a zero decides between ``+inf`` and ``-inf``, so ``0 * x`` must be
-    computed as dense torch computes it.
+    stay NaN, as dense torch computes it). Nothing is folded with ``fold=False`` (exact
+    lowering). Inside a divisor (``divisor``) only absent nodes fold, to a +0: there the
+    sign of a zero decides ``+inf`` against ``-inf``, so a present ``0 - x`` is computed
+    as IEEE arithmetic computes it (``+0 - +0`` is +0, not the ``-x`` of the ring).
     """
     match expr:
         case Access(complement=True) if expr in absent:
@@ -246,29 +276,31 @@ def without(
         case Literal() | Zero():
             return expr
         case BinOp(op="*", left=Access(complement=True) as mask, right=rest) if mask in absent:
-            return without(rest, absent, fold, sparse_division)  # ~M absent: M has no entry
+            return without(rest, absent, fold, sparse_division, divisor)  # ~M absent: no entry
         case BinOp(op="*", left=rest, right=Access(complement=True) as mask) if mask in absent:
-            return without(rest, absent, fold, sparse_division)
+            return without(rest, absent, fold, sparse_division, divisor)
         case BinOp(op="*", left=Access(pattern=True) as mask) if mask in absent:
             return ZERO  # outside the mask: absent, not 0 * rhs (NaN for an infinite rhs)
         case BinOp(op="*", right=Access(pattern=True) as mask) if mask in absent:
             return ZERO
         case Neg(operand=operand):
-            x = without(operand, absent, fold, sparse_division)
+            x = without(operand, absent, fold, sparse_division, divisor)
             return ZERO if x is ZERO and fold else _neg(x, expr.span)
         case Sum(indices=indices, body=body):
-            inner = without(body, absent, fold, sparse_division)
+            inner = without(body, absent, fold, sparse_division, divisor)
             return ZERO if inner is ZERO else Sum(indices, inner)
         case BinOp(op="/", left=left, right=right):
-            a = without(left, absent, fold, sparse_division)
-            b = without(right, absent, False, sparse_division)
+            a = without(left, absent, fold, sparse_division, divisor)
+            # a divisor's absent nodes are +0 under the sparse convention (no 0/0 of an
+            # absent quotient); exact lowering folds nothing
+            b = without(right, absent, fold and sparse_division, sparse_division, True)
             literal = isinstance(b, Literal) and b.value != 0
             if fold and a is ZERO and (literal or sparse_division):
                 return ZERO
             return _bin("/", a, b, expr.span)
         case BinOp(op=op, left=left, right=right):
-            a = without(left, absent, fold, sparse_division)
-            b = without(right, absent, fold, sparse_division)
+            a = without(left, absent, fold, sparse_division, divisor)
+            b = without(right, absent, fold, sparse_division, divisor)
             if not fold:
                 # 0 + 0, 0 - 0 and 0 * 0 are +0 exactly: absent (a mask's product, under
                 # "ieee", leaves such a sum with no term present)
@@ -276,6 +308,8 @@ def without(
             match op:
                 case "*":
                     return ZERO if a is ZERO or b is ZERO else _bin(op, a, b, expr.span)
+                case "+" | "-" if divisor:
+                    return ZERO if a is ZERO and b is ZERO else _bin(op, a, b, expr.span)
                 case "+":
                     if a is ZERO:
                         return b
@@ -287,7 +321,7 @@ def without(
                 case _:
                     raise AssertionError(op)
         case Call(fn=fn, args=args):
-            folded = tuple(without(a, absent, fold, sparse_division) for a in args)
+            folded = tuple(without(a, absent, fold, sparse_division, divisor) for a in args)
             # pow keeps its base's pattern; max/min are absent where both operands are
             operands = folded[:1] if fn == "pow" else folded
             if fold and FUNCTIONS[fn].keeps_pattern(args) and all(a is ZERO for a in operands):

@@ -40,6 +40,10 @@ class Semiring:
     np_mul: str
     #: values are truth values (nonzero is true); results are 1 or 0
     boolean: bool = False
+    #: the multiply distributes over the add for every value (it preserves the add's
+    #: order), so a sum may cross a product (`concrete.lift`): ``min(a, b) + c = min(a + c,
+    #: b + c)``, but ``max(a, b) * c`` is ``min(a*c, b*c)`` for a negative ``c``
+    distributive: bool = True
 
     @property
     def is_default(self) -> bool:
@@ -52,8 +56,8 @@ SEMIRING_TABLE: dict[str, Semiring] = {
         Semiring("plus_times", "+", "*", 0.0, "add", "multiply"),
         Semiring("min_plus", "min", "+", math.inf, "minimum", "add"),
         Semiring("max_plus", "max", "+", -math.inf, "maximum", "add"),
-        Semiring("max_times", "max", "*", -math.inf, "maximum", "multiply"),
-        Semiring("min_times", "min", "*", math.inf, "minimum", "multiply"),
+        Semiring("max_times", "max", "*", -math.inf, "maximum", "multiply", distributive=False),
+        Semiring("min_times", "min", "*", math.inf, "minimum", "multiply", distributive=False),
         Semiring("or_and", "or", "and", 0.0, "logical_or", "logical_and", boolean=True),
     )
 }

@@ -56,9 +56,6 @@ class Flags:
     #: sparse output: per nested sum of the statement being stored, the flag its loops
     #: set when they reach a term (see `lowerer.presence`)
     reached_of: dict[Sum, str] = field(default_factory=dict)
-    #: inside a divisor: values are IEEE's, no structural zero is substituted there
-    #: (``lowerer._value``; the sign of a zero decides ``+inf`` against ``-inf``)
-    in_divisor: bool = False
 
 
 _FLAG_NAMES = frozenset(f.name for f in fields(Flags))

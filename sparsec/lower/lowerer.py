@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import assert_never
 
 from ..errors import LoweringError
-from ..frontend.concrete import ZERO, CExpr, Sum, Zero, accesses, unbounded, without_masked
+from ..frontend.concrete import ZERO, CExpr, Sum, Zero, accesses, children, without_masked
 from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, BinOp, Call, Literal, Neg
 from ..ir import nodes as ir
@@ -281,20 +281,16 @@ def _value(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Exp
     """The IR value of ``expr`` with every variable bound; nested sums emit into ``stmts``.
 
     Where values may be infinite without exact lowering (a quotient under the ``"sparse"``
-    convention, ``log``), a product, quotient or function over nested sums is 0 where it
-    is structurally absent (`_presence`: its sums reached no term), not ``0 * inf``: the
-    value of docs/semantics.md. Divisors excepted (``Flags.in_divisor``)."""
+    convention, ``log``), a negation, product, quotient or function over nested sums is
+    +0 where it is structurally absent (`_presence`: its sums reached no term), not ``0 *
+    inf``, nor a ``-0`` that would turn a divisor's ``+inf`` into ``-inf``: the value of
+    docs/semantics.md, inside a divisor too. Under a semiring it is the add's identity
+    (absent), which is no annihilator of every multiply (``-inf * -2`` is ``+inf``)."""
     value = _value_of(env, expr, ctx, stmts)
-    if (
-        isinstance(expr, BinOp | Call)
-        and not (isinstance(expr, BinOp) and expr.op in ("+", "-"))
-        and not env.flags.in_divisor
-        and not _surely_present(expr, exact=False)
-        and _guards(env)
-    ):
+    if _guarded(expr) and _guards(env):
         present = _presence(env, expr, ctx, stmts)
         assert present is not None
-        return ir.Select(present, value, ir.FloatLit(0.0))
+        return ir.Select(present, value, ir.FloatLit(env.ring.identity))
     return value
 
 
@@ -318,10 +314,6 @@ def _value_of(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
             return ir.FloatLit(0.0)
         case Neg(operand=x):
             return ir.Unary("-", _value(env, x, ctx, stmts))
-        case BinOp(op="/", left=left, right=right) if _guards(env):
-            numerator = _value(env, left, ctx, stmts)
-            with env.scope(in_divisor=True):
-                return ir.Bin("/", numerator, _value(env, right, ctx, stmts))
         case BinOp(op=op, left=left, right=right):
             a, b = _value(env, left, ctx, stmts), _value(env, right, ctx, stmts)
             if op in ("*", "+"):
@@ -340,10 +332,27 @@ def _value_of(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
 
 
 def _guards(env: LowerEnv) -> bool:
-    """May the statement's values be infinite without exact lowering (a quotient by a
-    non-constant under the ``"sparse"`` convention, ``log``, ``exp``)? Then nested sums
-    flag whether they reached a term, and `_value` guards what is absent with that."""
-    return not env.exact and unbounded(env.spec.statement.rhs)
+    """Do nested sums flag whether they reached a term, so that `_value` makes what is
+    absent the add's identity? Wherever values are not computed densely (exact lowering):
+    a nested sum's value may be infinite (a quotient by a non-constant under the
+    ``"sparse"`` convention, ``log``, infinite input data, ``max`` of nothing under a
+    semiring), and an absent factor's product is never computed (``0 * inf``). Only
+    where such a node holds a nested sum: a sum under ``+`` alone needs no flag."""
+    return not env.exact and _holds_guarded(env.spec.statement.rhs)
+
+
+def _holds_guarded(expr: CExpr) -> bool:
+    return _guarded(expr) or any(_holds_guarded(c) for c in children(expr))
+
+
+def _guarded(expr: CExpr) -> bool:
+    """Is ``expr`` a node that `_value` guards: a negation, product, quotient or function
+    that may be absent (over nested sums)? ``+`` and ``-`` combine what is present."""
+    return (
+        isinstance(expr, BinOp | Call | Neg)
+        and not (isinstance(expr, BinOp) and expr.op in ("+", "-"))
+        and not _surely_present(expr, exact=False)
+    )
 
 
 def _function(env: LowerEnv, fn: str, args: tuple[ir.Expr, ...], stmts: list[ir.Stmt]) -> ir.Expr:

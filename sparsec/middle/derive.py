@@ -45,6 +45,7 @@ from ..errors import SparsecError
 from ..frontend.concrete import CExpr, Sum, children, concretize
 from ..frontend.concrete import accesses as placed_accesses
 from ..frontend.notation import Access, BinOp, Call, Expr, Literal, Neg, accesses
+from ..frontend.semirings import semiring
 from ..tensors.formats import Compressed, Dense, Format, dense
 from .order import OrderConflict, loop_order, reordered
 from .spec import Derived, Folded, Spec, TensorVar
@@ -257,7 +258,7 @@ def _build(spec: Spec, feeds: Mapping[int, Format]) -> Spec:
     indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
     return Spec(
         assignment,
-        concretize(assignment),
+        concretize(assignment, semiring(spec.semantics.semiring).distributive),
         tensors,
         indices,
         spec.semantics,

@@ -200,7 +200,9 @@ def make_plan(
         if var in nested:
             raise ScheduleError(
                 f"{command}: {var} is summed inside a nested sum, which runs in its own loop "
-                f"nest; schedules apply to the outer loops ({', '.join(plan.order)})"
+                f"nest (docs/semantics.md, Reductions); schedules apply to the outer loops "
+                f"({', '.join(plan.order) or 'none here'}): drop the command, or write the "
+                "statement so that the sum encloses what you want in its loop"
             )
         raise ScheduleError(
             f"{command}: {var!r} is not a loop of this kernel; the loops are "

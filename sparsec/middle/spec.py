@@ -193,7 +193,8 @@ def make_spec(
         if assignment.accumulate:
             assignment, tensors = _sparse_accumulate(assignment, tensors)
     indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
-    return Spec(assignment, concretize(assignment), tensors, indices, semantics)
+    statement = concretize(assignment, semiring(semantics.semiring).distributive)
+    return Spec(assignment, statement, tensors, indices, semantics)
 
 
 def apply_mask(assignment: Assignment, mask: str, formats: FormatsArg) -> Assignment:

@@ -27,12 +27,14 @@ import numpy as np
 
 from ..abi import ASSEMBLE_NAME
 from ..backends import Generated
+from ..frontend.semirings import semiring
 from ..middle.spec import Spec
 from ..middle.staging import ROW, needs_staging, staged
 from ..passes.stages import hints as stage_hints
 from ..policy.costs import Columns
 from ..tensors.buffers import aligned_empty
 from ..tensors.halves import readable, result_dtype, rounded, storage_fill
+from ..tensors.tensor import Tensor
 from . import gpu, gpu_sparse, sparse_out
 from .args import Source, arguments, slots
 from .binding import VALUE_DTYPES, resolve_threads
@@ -51,6 +53,7 @@ class Executable:
         "target",
         "output",
         "accumulate",
+        "truth_mask",
         "columns",
         "out_identity",
         "sparse",
@@ -69,6 +72,16 @@ class Executable:
         self.output = spec.output
         #: '+=' into a dense output: the kernel adds into a copy of its current value
         self.accumulate = spec.statement.accumulate
+        #: '+=' under a boolean semiring: the mask's name and whether it is complemented
+        #: ("" for none), and the current value's input (`_computed`, `_kept_outside`)
+        self.truth_mask: tuple[str, bool, str] | None = None
+        # a sparse '+=' is compiled as C = C_old + E, C_old an input passed as C
+        current = next(
+            (t.name for t in spec.inputs if t.argument == spec.output.name), spec.output.name
+        )
+        accumulates = self.accumulate or current != spec.output.name
+        if accumulates and semiring(spec.semantics.semiring).boolean:
+            self.truth_mask = (spec.pattern, spec.semantics.mask.startswith("~"), current)
         #: the column layouts open to the calls, and the output's indices in level order
         self.columns = columns
         self.out_identity = spec.output.format.ordering == tuple(range(spec.output.order))
@@ -119,8 +132,12 @@ class Executable:
         the output's mode order, or a scalar."""
         if self.sparse is not None:
             if self.target != "c":
-                return self._run_sparse_gpu(prepared)
-            return sparse_out.run(self.sparse, prepared, threads, self.poison)
+                result = self._run_sparse_gpu(prepared)
+            else:
+                result = sparse_out.run(self.sparse, prepared, threads, self.poison)
+            if self.truth_mask is not None and self.truth_mask[0]:
+                return self._kept_outside(prepared, result)
+            return result
         width = self.columns.width(prepared.dims, prepared.values)
         if width:
             return self.run_panels(prepared, threads, width)
@@ -128,6 +145,52 @@ class Executable:
 
     def _level_shape(self, prepared: Prepared) -> tuple[int, ...]:
         return tuple(prepared.dims[i] for i in self.columns.out_indices)
+
+    def _computed(self, prepared: Prepared, xp: Any) -> Any:
+        """Where an ``or_and`` ``+=`` computes the output (flat, level order): inside its
+        mask (None: everywhere, no mask or a dense ``M``, which stores every element)."""
+        assert self.truth_mask is not None
+        name, complement, _ = self.truth_mask
+        mask = prepared.values.get(name) if name else None
+        if not isinstance(mask, Tensor):
+            return xp.zeros(1, dtype=bool) if name and complement else None
+        stored = np.zeros(mask.shape, dtype=bool)
+        stored[tuple(mask.coords()[0])] = True
+        stored = np.transpose(stored, self.output.format.ordering).reshape(-1)
+        return xp.asarray(~stored if complement else stored)
+
+    def _kept_outside(self, prepared: Prepared, result: Tensor) -> Tensor:
+        """A masked ``or_and`` ``+=`` into a sparse output, compiled as ``C = C_old + M*E``:
+        outside the mask ``C`` keeps its current value (docs/semantics.md), which the
+        kernel read as a truth value (a stored 2 came back 1)."""
+        assert self.truth_mask is not None
+        name, complement, current = self.truth_mask
+        mask, old = prepared.values.get(name), prepared.values[current]
+        if not isinstance(old, Tensor) or not old.nnz:
+            return result
+        coords, vals = result.coords()
+        at = np.ravel_multi_index(tuple(coords), result.shape)
+        if isinstance(mask, Tensor):
+            inside = np.isin(at, np.ravel_multi_index(tuple(mask.coords()[0]), mask.shape))
+        else:  # a dense mask stores every element
+            inside = np.ones(at.shape, dtype=bool)
+        outside = inside if complement else ~inside
+        if not outside.any():
+            return result
+        old_coords, old_vals = old.coords()
+        old_at = np.ravel_multi_index(tuple(old_coords), old.shape)
+        order = np.argsort(old_at)
+        # every entry outside the mask is one of C_old's: nothing else reaches it there
+        found = order[np.searchsorted(old_at, at[outside], sorter=order)]
+        vals[outside] = old_vals[found]
+        return Tensor.from_coo(
+            coords,
+            vals,
+            result.shape,
+            result.format,
+            dtype=vals.dtype,
+            index_dtype=result.index_dtype,
+        )
 
     def run_panels(self, prepared: Prepared, threads: int | None, width: int) -> np.ndarray:
         """The dense output in panels of ``width`` columns of j: each carrier's panel is
@@ -171,11 +234,20 @@ class Executable:
         size = math.prod(level_shape)
         # the output lives where the inputs do: in GPU memory when any input does
         xp: Any = gpu.cupy_device() if prepared.device else np
+        kept: Any = None  # or_and's +=: the current value, kept outside the mask
+        computed: Any = None
         if self.accumulate:
             # the current value, already in level order: the kernel adds into a copy
             current = prepared.values[self.output.name]
             out = xp.empty(size, dtype=np_dtype)
             out[:size] = readable(xp.asarray(current), dtype).astype(np_dtype).reshape(-1)
+            if self.truth_mask is not None:
+                # or_and: `y or E` is a truth value wherever the output is computed, also
+                # where no term reaches (docs/semantics.md: as a sparse output's C_old + E)
+                kept = out[:size].copy()
+                computed = self._computed(prepared, xp)
+                truth = (kept != 0).astype(np_dtype)
+                out[:size] = truth if computed is None else xp.where(computed, truth, kept)
         elif gen.launch is not None and gen.launch.zero_before:
             # CUDA kernels only add (a semiring's add: from its identity)
             fill = gen.launch.fill if wide else storage_fill(gen.launch.fill, dtype)
@@ -201,6 +273,10 @@ class Executable:
             status = self.loaded.fn(*args)
             if status != 0:
                 raise status_error(status, gen)
+        if computed is not None:
+            # outside the mask y keeps its value: the threads' copies are or-ed into every
+            # element, which makes a kept 2 a 1
+            out[:size] = xp.where(computed, out[:size], kept)
         out = rounded(out[:size], dtype) if wide else readable(out[:size], dtype)
         if self.output.order == 0:
             return result_dtype(dtype).type(float(out[0]) if prepared.device else out[0])

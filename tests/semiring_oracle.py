@@ -1,0 +1,202 @@
+"""An independent oracle for the semiring and sum-placement fuzz (tests/test_fuzz_semirings.py),
+written from docs/semantics.md with explicit loops, not from sparsec's own reference code.
+
+A statement is a tree of `Leaf`, `Op` and `Neg` nodes that the fuzz prints in explicit
+parentheses (so sparsec parses the same tree). Its meaning, per docs/semantics.md:
+
+* each summed index (on the right-hand side, not on the left) is reduced at the smallest
+  subtree holding all its uses, with the semiring's add, over the terms that are present;
+  such a sum is present where some term is;
+* a sparse operand is present at its stored entries (an explicit zero included), a dense
+  one everywhere; ``*`` needs both operands, ``+`` and ``-`` either (a lone operand keeps
+  its value, `-` negates a lone right operand); an absent node is never computed;
+* ``or_and`` reads every value as a truth value and yields 1 or 0;
+* a dense output holds the add's identity where nothing is present; ``+=`` combines the
+  current value with the add (``or_and``: ``y or E``, a truth value even where no term
+  reaches it); a mask ``M`` computes only where ``M`` stores an entry (``~M``: where it
+  stores none), elsewhere the output is absent (``=``) or keeps its current value (``+=``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: name -> (add, multiply, identity, boolean), as docs/semantics.md's table states them
+RINGS: dict[
+    str, tuple[Callable[[float, float], float], Callable[[float, float], float], float, bool]
+] = {
+    "plus_times": (lambda a, b: a + b, lambda a, b: a * b, 0.0, False),
+    "min_plus": (min, lambda a, b: a + b, math.inf, False),
+    "max_plus": (max, lambda a, b: a + b, -math.inf, False),
+    "max_times": (max, lambda a, b: a * b, -math.inf, False),
+    "min_times": (min, lambda a, b: a * b, math.inf, False),
+    "or_and": (
+        lambda a, b: float(bool(a) or bool(b)),
+        lambda a, b: float(bool(a) and bool(b)),
+        0.0,
+        True,
+    ),
+}
+
+
+@dataclass
+class Leaf:
+    name: str
+    indices: tuple[str, ...]
+    sums: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        return f"{self.name}({','.join(self.indices)})" if self.indices else self.name
+
+
+@dataclass
+class Op:
+    op: str
+    left: Node
+    right: Node
+    sums: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        return f"({self.left.text()} {self.op} {self.right.text()})"
+
+
+@dataclass
+class Neg:
+    operand: Node
+    sums: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        return f"-{self.operand.text()}"
+
+
+Node = Leaf | Op | Neg
+
+
+def children(node: Node) -> tuple[Node, ...]:
+    if isinstance(node, Op):
+        return (node.left, node.right)
+    if isinstance(node, Neg):
+        return (node.operand,)
+    return ()
+
+
+def uses(node: Node) -> Counter[str]:
+    if isinstance(node, Leaf):
+        return Counter(node.indices)
+    total: Counter[str] = Counter()
+    for c in children(node):
+        total += uses(c)
+    return total
+
+
+def place(root: Node, summed: set[str]) -> None:
+    """Set each node's ``sums``: the summed indices whose every use lies below it and
+    below none of its children (the smallest enclosing subtree)."""
+    totals = uses(root)
+
+    def visit(node: Node) -> None:
+        here = uses(node)
+        below = [uses(c) for c in children(node)]
+        node.sums = tuple(
+            sorted(
+                x
+                for x in summed
+                if here[x] == totals[x] and not any(b[x] == totals[x] for b in below)
+            )
+        )
+        for c in children(node):
+            visit(c)
+
+    visit(root)
+
+
+@dataclass
+class Operand:
+    """A tensor's values (dense, mode order) and where it stores an entry."""
+
+    values: np.ndarray
+    stored: np.ndarray = field(default_factory=lambda: np.ones((), dtype=bool))
+
+
+class Oracle:
+    def __init__(self, ring: str, operands: Mapping[str, Operand], extents: Mapping[str, int]):
+        self.add, self.mul, self.identity, self.boolean = RINGS[ring]
+        self.operands = operands
+        self.extents = extents
+
+    def truth(self, v: float) -> float:
+        return float(v != 0) if self.boolean else v
+
+    def node(self, node: Node, env: dict[str, int]) -> tuple[bool, float]:
+        """(present, value) of ``node`` at ``env``, its own sums taken."""
+        if not node.sums:
+            return self._core(node, env)
+        present, acc = False, self.identity
+        for point in itertools.product(*(range(self.extents[x]) for x in node.sums)):
+            inner = dict(env, **dict(zip(node.sums, point, strict=True)))
+            p, v = self._core(node, inner)
+            if p:
+                acc = v if not present else self.add(acc, v)
+                present = True
+        return present, (acc if present else 0.0)
+
+    def _core(self, node: Node, env: dict[str, int]) -> tuple[bool, float]:
+        if isinstance(node, Leaf):
+            t = self.operands[node.name]
+            at = tuple(env[x] for x in node.indices)
+            stored = bool(t.stored[at]) if t.stored.ndim else True
+            return stored, (self.truth(float(t.values[at])) if stored else 0.0)
+        if isinstance(node, Neg):
+            p, v = self.node(node.operand, env)
+            return p, (-v if p else 0.0)
+        pa, a = self.node(node.left, env)
+        pb, b = self.node(node.right, env)
+        if node.op == "*":
+            return (pa and pb), (self.mul(a, b) if pa and pb else 0.0)
+        if node.op == "+":
+            if pa and pb:
+                return True, self.add(a, b)
+            return (pa or pb), (a if pa else b if pb else 0.0)
+        assert node.op == "-"  # plus_times only
+        if pa and pb:
+            return True, a - b
+        return (pa or pb), (a if pa else -b if pb else 0.0)
+
+    def output(
+        self,
+        root: Node,
+        free: tuple[str, ...],
+        accumulate: bool,
+        current: Operand | None,
+        mask: tuple[bool, np.ndarray] | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The output's values and where it holds an entry (dense: everywhere, absent
+        elements holding the identity)."""
+        shape = tuple(self.extents[x] for x in free)
+        values = np.zeros(shape)
+        present = np.zeros(shape, dtype=bool)
+        for at in itertools.product(*(range(n) for n in shape)):
+            p, v = self.node(root, dict(zip(free, at, strict=True)))
+            allowed = True
+            if mask is not None:
+                complement, pattern = mask
+                allowed = bool(pattern[at]) != complement
+            have = current is not None and bool(current.stored[at] if current.stored.ndim else True)
+            old = float(current.values[at]) if current is not None else 0.0
+            if not allowed:
+                p = False
+                if accumulate:  # outside the mask the current value is kept as it is
+                    values[at], present[at] = (old if have else 0.0), have
+                    continue
+            if accumulate and have:
+                values[at] = self.add(self.truth(old), v if p else self.identity)
+                present[at] = True
+            else:
+                values[at], present[at] = (v if p else 0.0), p
+        return values, present
