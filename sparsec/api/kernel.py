@@ -19,6 +19,7 @@ from ..backends import Generated
 from ..errors import InputError, NotationError, ScheduleError, SparsecError, StagesMissing
 from ..frontend.parser import parse_expression
 from ..frontend.semantics import Semantics
+from ..lower import every_loop
 from ..middle.commands import Command, parse_commands
 from ..middle.derive import contiguous, derive
 from ..middle.regroup import regroup
@@ -84,12 +85,11 @@ class Kernel:
             raise err.with_source(expr) from None
         self.parallel, self.commands = _schedule(schedule)
         try:
-            # repeated indices read derived inputs; so, with no schedule of the user's
-            # (whose refusals stand), does the cheapest re-layout where no loop order fits
-            self.spec = derive(self.spec, None if self.commands else natural_loops)
+            # repeated indices read derived inputs; so does, with no user schedule (its
+            # refusals stand), the cheapest re-layout where no loop order fits (nested too)
+            self.spec = derive(self.spec, None if self.commands else every_loop)
             if not self.commands:
-                # dense factors over fewer variables than a sparse one are combined once
-                # per call (A(i,j) * p(j) / g(j) reads A(i,j) * T(j), T = p / g)
+                # dense factors over fewer variables are combined once a call (regroup)
                 self.spec = regroup(self.spec)
                 if target == "c":  # a dense read the innermost loop strides: transposed
                     self.spec = contiguous(self.spec, natural_loops)

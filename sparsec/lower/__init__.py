@@ -12,7 +12,7 @@ copies), `gpu` (GPU loops), `races` (the race analysis), `output` (stores),
 from .assemble import BLOCK_SLACK, LAST_LEVEL_SLACK
 from .chunks import table as chunk_table
 from .chunks import wrap as wrap_chunks
-from .kernel import LoweredKernel, RowsOutOfOrder, loop_nest, lower
+from .kernel import LoweredKernel, RowsOutOfOrder, every_loop, loop_nest, lower
 
 __all__ = [
     "BLOCK_SLACK",
@@ -20,6 +20,7 @@ __all__ = [
     "LoweredKernel",
     "RowsOutOfOrder",
     "chunk_table",
+    "every_loop",
     "loop_nest",
     "lower",
     "wrap_chunks",

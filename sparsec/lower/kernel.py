@@ -8,13 +8,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..abi import BOUND_VIOLATED, Namer, Signature
+from ..abi import BOUND_VIOLATED, Namer, Signature, signature
 from ..errors import LoweringError, ScheduleError
-from ..frontend.concrete import accesses
+from ..frontend.concrete import CExpr, Sum, accesses, children
 from ..frontend.notation import Access, factors
 from ..ir import nodes as ir
 from ..middle.commands import GPU_UNITS, Command
-from ..middle.order import Edge, check_order, edges, level_indices, loop_order, output_edges
+from ..middle.order import (
+    Edge,
+    OrderConflict,
+    check_order,
+    edges,
+    level_indices,
+    loop_order,
+    output_edges,
+)
 from ..middle.plan import Plan, Space, make_plan
 from ..middle.spec import Spec
 from .chunks import ChunkFrame
@@ -134,6 +142,37 @@ def loop_nest(
     without lowering the nest: the default policy names its loops from it."""
     sig, namer = make_names()
     return _scheduled_order(LowerEnv(spec, sig, namer, commands=commands))
+
+
+def every_loop(spec: Spec) -> tuple[str, ...]:
+    """The loops of `loop_nest` for ``spec`` with no schedule, then each nested sum's loops
+    as the lowerer orders them (`loop_order` inside the loops around it): a sum kept under a
+    function, a division or a ``+`` (``a = cos(Σ B(i,j) * C(i,j))``) runs its own nest, whose
+    reads' level orders must fit too. It is `middle.derive`'s probe: a re-layout takes its
+    order from these loops. Where a nested sum fits no order inside the outer loops, a
+    serial lowering says whether the statement lowers all the same (a sum lowered as a
+    sequence of whole nests does): its `OrderConflict` is the answer."""
+
+    def make_names() -> tuple[Signature, Namer]:
+        namer = Namer()
+        return signature(spec, namer), namer
+
+    found = list(loop_nest(spec, make_names))
+    formats = spec.formats
+
+    def walk(expr: CExpr, outer: tuple[str, ...]) -> None:
+        if isinstance(expr, Sum):
+            order = loop_order(expr.indices, list(accesses(expr.body)), formats, outer)
+            found.extend(order)
+            outer = outer + order
+        for child in children(expr):
+            walk(child, outer)
+
+    try:
+        walk(spec.statement.rhs, tuple(found))
+    except OrderConflict:
+        lower(spec, make_names, parallel=False)
+    return tuple(found)
 
 
 def _scheduled_order(env: LowerEnv) -> tuple[str, ...]:

@@ -42,12 +42,11 @@ from itertools import combinations
 from typing import assert_never
 
 from ..errors import SparsecError
-from ..frontend.concrete import CExpr, Sum, children, concretize
-from ..frontend.concrete import accesses as placed_accesses
+from ..frontend.concrete import concretize
 from ..frontend.notation import Access, BinOp, Call, Expr, Literal, Neg, accesses
 from ..frontend.semirings import semiring
 from ..tensors.formats import Compressed, Dense, Format, dense
-from .order import OrderConflict, loop_order, reordered
+from .order import OrderConflict, reordered
 from .spec import Derived, Folded, Spec, TensorVar
 
 #: the lowering's loop order search for a spec (raises `OrderConflict` when none fits)
@@ -72,7 +71,6 @@ def derive(spec: Spec, probe: Probe | None) -> Spec:
     made = _build(spec, feeds) if feeds else spec
     if probe is None:
         return made
-    probe = _with_nested(probe)
     try:
         probe(made)
         return made
@@ -91,31 +89,6 @@ def derive(spec: Spec, probe: Probe | None) -> Spec:
             if found is not None:
                 return found
     return made
-
-
-def _with_nested(probe: Probe) -> Probe:
-    """``probe``'s loops followed by each nested sum's, outermost first, as the lowering
-    orders them (`loop_order` inside the loops around it). A sum kept under a function, a
-    division or a ``+`` (``a = cos(Σ B(i,j) * C(i,j))``) runs its own nest: its reads'
-    level orders must fit too, and a re-layout takes its order from those loops."""
-
-    def nested(spec: Spec) -> tuple[str, ...]:
-        found = list(probe(spec))
-        formats = spec.formats
-
-        def walk(expr: CExpr, outer: tuple[str, ...]) -> None:
-            if isinstance(expr, Sum):
-                reads = list(placed_accesses(expr.body))
-                order = loop_order(expr.indices, reads, formats, outer)
-                found.extend(order)
-                outer = outer + order
-            for child in children(expr):
-                walk(child, outer)
-
-        walk(spec.statement.rhs, tuple(found))
-        return tuple(found)
-
-    return nested
 
 
 def contiguous(spec: Spec, probe: Probe) -> Spec:
