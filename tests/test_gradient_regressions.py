@@ -176,3 +176,15 @@ def test_a_csc_input_gets_its_pattern_as_a_coo_gradient() -> None:
     built = torch.sparse_csc_tensor(base.ccol_indices(), base.row_indices(), values, (2, 2))
     k(C=built, x=x).sum().backward()
     np.testing.assert_array_equal(values.grad.numpy(), [2.0, 2.0, -1.0])
+
+
+def test_a_division_by_a_negative_literal_differentiates() -> None:
+    """Found by tests/test_fuzz_gradients.py: ``x / -4.0`` parses as a division by
+    ``Neg(4.0)``, which the derivative refused as a division by a non-literal."""
+    k = sparsec.kernel("y(i) = B(i,j) * c(j) / -4.0", {})
+    B, c = _leaf([[1.0, 2.0], [3.0, -1.0]]), _leaf([2.0, 4.0])
+    k(B=B, c=c).sum().backward()
+    b, cc = (t.detach().clone().requires_grad_() for t in (B, c))
+    ((b * cc).sum(1) / -4.0).sum().backward()
+    np.testing.assert_array_equal(B.grad.numpy(), b.grad.numpy())
+    np.testing.assert_array_equal(c.grad.numpy(), cc.grad.numpy())

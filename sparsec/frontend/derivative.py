@@ -279,9 +279,10 @@ def _chain(
                 return c * other.value, f
             return c, [names.copy(other), *f]
         case BinOp(op="/", left=left, right=right):
-            if k == 0 and isinstance(right, Literal) and right.value != 0:
+            divisor = _literal(right)
+            if k == 0 and divisor is not None and divisor != 0:
                 c, f = _chain(left, rest, stmt, names, wrt)
-                return c / right.value, f
+                return c / divisor, f
             raise refuse(f"the division {expr}")
         case BinOp():
             raise AssertionError(expr.op)
@@ -347,3 +348,12 @@ def _rename(expr: Expr, mapping: dict[str, str]) -> Expr:
             return Call(fn, tuple(_rename(a, mapping) for a in args))
         case _:
             assert_never(expr)
+
+
+def _literal(expr: Expr) -> float | None:
+    """The value of a literal, negated ones included (``x / -4.0`` parses as a division by
+    ``Neg(4.0)``); None for anything else."""
+    if isinstance(expr, Neg):
+        inner = _literal(expr.operand)
+        return None if inner is None else -inner
+    return expr.value if isinstance(expr, Literal) else None
