@@ -188,3 +188,22 @@ def test_a_division_by_a_negative_literal_differentiates() -> None:
     ((b * cc).sum(1) / -4.0).sum().backward()
     np.testing.assert_array_equal(B.grad.numpy(), b.grad.numpy())
     np.testing.assert_array_equal(c.grad.numpy(), cc.grad.numpy())
+
+
+@pytest.mark.parametrize("stmt", ["y(i) = A(i,j) * x(j)", "y(i) += A(i,j) * x(j)"])
+def test_a_dense_array_packed_into_a_sparse_format_gets_a_dense_gradient(stmt: str) -> None:
+    """A dense torch or numpy array passed for a csr input is a dense input: its gradient is
+    torch's at every element, also where it holds a 0 (the pattern of its nonzeros left 0
+    there)."""
+    k = sparsec.kernel(stmt, {"A": "csr"})
+    A, x, y = _leaf([[1.0, 2.0], [0.0, 3.0]]), _leaf([1.0, -1.0]), _leaf([5.0, 6.0])
+    extra = {"y": y} if "+=" in stmt else {}
+    k(A=A, x=x, **extra).sum().backward()
+    a, xx = (t.detach().clone().requires_grad_() for t in (A, x))
+    (a @ xx).sum().backward()
+    np.testing.assert_array_equal(A.grad.numpy(), a.grad.numpy())
+    np.testing.assert_array_equal(x.grad.numpy(), xx.grad.numpy())
+    found = gradients(
+        k, {"A": A.detach().numpy(), "x": x.detach().numpy(), **extra}, np.ones(2), ["A"]
+    )
+    np.testing.assert_array_equal(found["A"], [[1.0, -1.0], [1.0, -1.0]])

@@ -188,7 +188,9 @@ def _run(grad: GradientKernel, inputs: Mapping[str, Any], dy: Any, threads: int 
     args = {k: v for k, v in inputs.items() if k in names}
     args[grad.grad_name] = dy
     if grad.masked:
-        args[grad.masked] = source
+        # a dense array packed into a sparse format is a dense input: its gradient is
+        # wanted at every element, so the pattern is all of them
+        args[grad.masked] = source if sparse else np.ones(_shape(source), dtype=dtype)
     for name, tensor, mode in grad.ones:
         # in dY's own type, so that the call's value dtype stays dY's
         extent = _shape(inputs[tensor])[mode]
@@ -200,6 +202,8 @@ def _run(grad: GradientKernel, inputs: Mapping[str, Any], dy: Any, threads: int 
             args[name] = np.ones(extent, dtype=dtype)
     result = grad.kernel(threads=threads, **args)
     if grad.masked:
+        if not sparse:
+            return np.asarray(result.to_dense())
         return _aligned(result, as_tensor(source))
     result = _as_numpy(result)
     # variables of the input the statement does not read are a broadcast of the result
