@@ -176,8 +176,16 @@ def torch_input(
     ).coalesce()
     if layout == "csr":
         crow = np.concatenate([[0], np.cumsum(keep.sum(1))])
+        # from a list: numpy's nonzero gives strided views, and a 1-element array keeps a
+        # stride torch copies and its CSR check refuses ("contiguous tensor per batch")
+        crd = torch.tensor(idx[1].tolist(), dtype=torch.int64)
         return torch.sparse_csr_tensor(
-            crow, idx[1], v[idx], v.shape, dtype=F64, check_invariants=True
+            torch.tensor(crow, dtype=torch.int64),
+            crd,
+            torch.tensor(v[idx], dtype=F64),
+            v.shape,
+            dtype=F64,
+            check_invariants=True,
         ).requires_grad_()
     return coo.requires_grad_()
 
