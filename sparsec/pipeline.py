@@ -25,7 +25,6 @@ from .abi import (
     Namer,
     Param,
     Signature,
-    signature,
 )
 from .backends import Generated, Launch
 from .backends.c import STREAM_OUT, STREAM_OUT_VALUES, Function, print_c
@@ -35,7 +34,7 @@ from .errors import DTypeError, ScheduleError, SparsecError
 from .frontend.semirings import semiring
 from .ir import nodes as ir
 from .ir.visit import map_blocks, statements
-from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower, wrap_chunks
+from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower, names_for, wrap_chunks
 from .middle.commands import Command
 from .middle.derive import describe as describe_derived
 from .middle.spec import Spec
@@ -212,20 +211,10 @@ def run_passes(passes: tuple[Pass, ...], body: ir.Block, unit: Unit) -> Passed:
 # ---------------------------------------------------------------------- targets
 
 
-def _names(spec: Spec) -> Callable[[], tuple[Signature, Namer]]:
-    """A fresh ABI signature and name supply for each lowering of ``spec``."""
-
-    def make_names() -> tuple[Signature, Namer]:
-        namer = Namer()
-        return signature(spec, namer), namer
-
-    return make_names
-
-
 def natural_loops(spec: Spec) -> tuple[str, ...]:
     """The loops the lowering runs for ``spec`` with no schedule (`lower.loop_nest`); raises
     `middle.order.OrderConflict` where no loop order fits (`middle.derive`'s question)."""
-    return loop_nest(spec, _names(spec))
+    return loop_nest(spec, names_for(spec))
 
 
 def _record(
@@ -258,7 +247,7 @@ def generate(
     check_c_dtype(dtype)
     # 16-bit values are computed in float: the passes' vector tiles would compute in them
     c_passes, append_passes = ((), ()) if half else (C_PASSES, C_APPEND_PASSES)
-    make_names = _names(spec)
+    make_names = names_for(spec)
     # the user's commands, then the default's (none for schedule="serial")
     schedule = commands
     if parallel and not any(c.name == "parallelize" for c in commands):
@@ -393,7 +382,7 @@ def generate_cuda(
             f"({staging_format(spec.output.format)}), then compacted"
         )
         spec = staged(spec)
-    make_names = _names(spec)
+    make_names = names_for(spec)
     if commands:
         lowered, sig = lower(spec, make_names, commands=commands, target="cuda")
         chosen = commands

@@ -230,12 +230,12 @@ def test_gpu_default_lowers_each_candidate_once(expr, formats, first, chosen, mo
     nothing else (no throw-away kernel to learn the loop order)."""
     from sparsec import pipeline
     from sparsec.frontend.parser import parse_expression
-    from sparsec.lower import loop_nest
+    from sparsec.lower import loop_nest, names_for
     from sparsec.middle.spec import make_spec
     from sparsec.policy.schedules import gpu_candidates
 
     spec = make_spec(parse_expression(expr), formats)
-    candidates = gpu_candidates(spec, loop_nest(spec, pipeline._names(spec)))
+    candidates = gpu_candidates(spec, loop_nest(spec, names_for(spec)))
     assert ", ".join(map(str, candidates[0])) == first
     lowered: list[tuple] = []
     real = pipeline.lower

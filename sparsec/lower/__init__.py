@@ -12,7 +12,7 @@ copies), `gpu` (GPU loops), `races` (the race analysis), `output` (stores),
 from .assemble import BLOCK_SLACK, LAST_LEVEL_SLACK
 from .chunks import table as chunk_table
 from .chunks import wrap as wrap_chunks
-from .kernel import LoweredKernel, RowsOutOfOrder, every_loop, loop_nest, lower
+from .kernel import LoweredKernel, RowsOutOfOrder, every_loop, loop_nest, lower, names_for
 
 __all__ = [
     "BLOCK_SLACK",
@@ -23,5 +23,6 @@ __all__ = [
     "every_loop",
     "loop_nest",
     "lower",
+    "names_for",
     "wrap_chunks",
 ]

@@ -144,6 +144,16 @@ def loop_nest(
     return _scheduled_order(LowerEnv(spec, sig, namer, commands=commands))
 
 
+def names_for(spec: Spec) -> Callable[[], tuple[Signature, Namer]]:
+    """A fresh ABI signature and name supply for each lowering of ``spec``."""
+
+    def make_names() -> tuple[Signature, Namer]:
+        namer = Namer()
+        return signature(spec, namer), namer
+
+    return make_names
+
+
 def every_loop(spec: Spec) -> tuple[str, ...]:
     """The loops of `loop_nest` for ``spec`` with no schedule, then each nested sum's loops
     as the lowerer orders them (`loop_order` inside the loops around it): a sum kept under a
@@ -153,10 +163,7 @@ def every_loop(spec: Spec) -> tuple[str, ...]:
     serial lowering says whether the statement lowers all the same (a sum lowered as a
     sequence of whole nests does): its `OrderConflict` is the answer."""
 
-    def make_names() -> tuple[Signature, Namer]:
-        namer = Namer()
-        return signature(spec, namer), namer
-
+    make_names = names_for(spec)
     found = list(loop_nest(spec, make_names))
     formats = spec.formats
 
