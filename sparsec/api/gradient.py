@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from ..frontend.derivative import NotDifferentiable, derivative
+from ..frontend.derivative import NotDifferentiable, derivative, fresh_name
 from ..frontend.functions import FUNCTIONS
-from ..frontend.notation import Access, Assignment, accesses, indices_of
+from ..frontend.notation import Access, Assignment, Literal, accesses, indices_of
 from ..tensors.formats import Format, dense
 from ..tensors.tensor import Tensor, as_tensor
 
@@ -92,15 +92,14 @@ def _derive(forward: Any, wrt: str) -> GradientKernel:
         )
     # "d"+name and name+"_pattern" are never "threads", the one reserved input name
     taken = {a.name for a in stmt.accesses()} | set(FUNCTIONS)
-    grad_out = _fresh(f"d{stmt.lhs.name}", taken)
-    grad_in = _fresh(f"d{wrt}", taken | {grad_out})
+    grad_out = fresh_name(f"d{stmt.lhs.name}", taken)
+    grad_in = fresh_name(f"d{wrt}", taken | {grad_out})
     made_here = derivative(Assignment(stmt.lhs, stmt.rhs), wrt, grad_out, grad_in)
     found = made_here.statement
     target = found.lhs.indices
-    order = len(target)
-    if not any(True for _ in accesses(found.rhs)):
+    if isinstance(found.rhs, Literal):
         # every term vanished (sign' = 0): zeros of the input's shape or entries, no kernel
-        return GradientKernel(wrt, grad_out, None, (), order, "")
+        return GradientKernel(wrt, grad_out, None, (), len(target), "")
     read = indices_of(found.rhs)
     kept = tuple(n for n, i in enumerate(target) if i in read)
     lhs = Access(grad_in, tuple(target[n] for n in kept))
@@ -112,13 +111,13 @@ def _derive(forward: Any, wrt: str) -> GradientKernel:
     formats[grad_in] = source if masked else dense(len(kept))
     # the mask is an extra input (the statement may read the input itself): the caller
     # passes the input under this name too
-    pattern = _fresh(f"{wrt}_pattern", taken | {grad_out, grad_in})
+    pattern = fresh_name(f"{wrt}_pattern", taken | {grad_out, grad_in})
     formats[pattern] = source
-    extents: dict[str, tuple[str, int]] = {}
+    ones = []  # each vector of ones with the forward read and mode giving its extent
     for name, v in made_here.ones:
         formats[name] = dense(1)
         use = next(a for a in accesses(stmt.rhs) if v in a.indices)
-        extents[name] = (use.name, use.indices.index(v))
+        ones.append((name, use.name, use.indices.index(v)))
     statement = Assignment(lhs, found.rhs)
     named = {a.name for a in statement.accesses()} | ({pattern} if masked else set())
     made = type(forward)(
@@ -131,16 +130,8 @@ def _derive(forward: Any, wrt: str) -> GradientKernel:
         division=sem.division,
         mask=pattern if masked else None,
     )
-    ones = tuple((name, tensor, mode) for name, (tensor, mode) in extents.items())
-    return GradientKernel(wrt, grad_out, made, kept, len(target), pattern if masked else "", ones)
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, n = base, 0
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    return name
+    masked_by = pattern if masked else ""
+    return GradientKernel(wrt, grad_out, made, kept, len(target), masked_by, tuple(ones))
 
 
 def gradients(
@@ -178,19 +169,19 @@ def gradients(
 
 def _run(grad: GradientKernel, inputs: Mapping[str, Any], dy: Any, threads: int | None) -> Any:
     source = inputs[grad.wrt]
-    sparse = _is_sparse(source)
+    # a sparse input is packed once here (each as_tensor of a torch or scipy one converts)
+    packed = as_tensor(source) if _is_sparse(source) else None
+    shape = tuple(packed.shape) if packed is not None else tuple(np.shape(source))
     dtype = _value_dtype(dy)
     if grad.kernel is None:
-        if sparse:
-            return np.zeros(as_tensor(source).nnz, dtype=dtype)
-        return np.zeros(_shape(source), dtype=dtype)
+        return np.zeros(packed.nnz if packed is not None else shape, dtype=dtype)
     names = {t.argument for t in grad.kernel.binder.wanted}
     args = {k: v for k, v in inputs.items() if k in names}
     args[grad.grad_name] = dy
     if grad.masked:
         # a dense array packed into a sparse format is a dense input: its gradient is
         # wanted at every element, so the pattern is all of them
-        args[grad.masked] = source if sparse else np.ones(_shape(source), dtype=dtype)
+        args[grad.masked] = source if packed is not None else np.ones(shape, dtype=dtype)
     for name, tensor, mode in grad.ones:
         # in dY's own type, so that the call's value dtype stays dY's
         extent = _shape(inputs[tensor])[mode]
@@ -202,18 +193,16 @@ def _run(grad: GradientKernel, inputs: Mapping[str, Any], dy: Any, threads: int 
             args[name] = np.ones(extent, dtype=dtype)
     result = grad.kernel(threads=threads, **args)
     if grad.masked:
-        if not sparse:
+        if packed is None:
             return np.asarray(result.to_dense())
-        return _aligned(result, as_tensor(source))
+        return _aligned(result, packed)
     result = _as_numpy(result)
     # variables of the input the statement does not read are a broadcast of the result
-    shape = _shape(source)
     missing = [n for n in range(grad.order) if n not in grad.kept]
     full = np.broadcast_to(np.expand_dims(result, missing), shape) if missing else result
-    if sparse:
+    if packed is not None:
         # gathered at the input's stored entries (one value each, whatever ``missing``)
-        coords = as_tensor(source).coords()[0]
-        return np.ascontiguousarray(full[tuple(coords)])
+        return np.ascontiguousarray(full[tuple(packed.coords()[0])])
     return np.ascontiguousarray(full) if missing else result
 
 

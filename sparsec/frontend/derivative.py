@@ -161,7 +161,8 @@ def derivative(stmt: Assignment, wrt: str, grad_output: str, grad_input: str) ->
             if v in access.indices or path[: len(at)] != at or _placed_over(v, factors):
                 continue
             if v not in ones:
-                ones[v] = _fresh_tensor(f"ones_{v}", tensors)
+                ones[v] = fresh_name(f"ones_{v}", tensors)
+                tensors.add(ones[v])
             factors.append(Access(ones[v], (v,)))
         term = _product(coeff, factors)
         if term is not None:
@@ -199,12 +200,12 @@ def _placed_over(v: str, factors: list[Expr]) -> bool:
     return len(users) >= 2 or (len(users) == 1 and isinstance(users[0], Access))
 
 
-def _fresh_tensor(base: str, taken: set[str]) -> str:
+def fresh_name(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ... : the first not in ``taken``."""
     name, n = base, 0
     while name in taken:
         n += 1
         name = f"{base}_{n}"
-    taken.add(name)
     return name
 
 
