@@ -46,6 +46,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.distributed",
         "sparsec.distributed on a 2-worker Dask cluster vs one process; sd.model up to P=512",
     ),
+    "generate": (
+        "bench.generate",
+        "cold code generation in fresh processes: SpMV, SpMM, SpGEMM, MTTKRP, CUDA defaults",
+    ),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
     "gpu_lanes": ("bench.gpu_lanes", "SpMV lanes per row, 2 to 128 per row, on a GPU"),
 }
