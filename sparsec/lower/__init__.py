@@ -1,4 +1,5 @@
-"""Lowering: a concrete statement and a schedule plan to the loop IR of one kernel.
+"""Lowering: a concrete statement and its schedule (`middle.schedule`) to the loop IR of
+one kernel.
 
 Other stages import from this package, not from its modules. Read it module by module,
 top to bottom: `kernel` (the entry and the one epilogue), `lowerer` (the recursion),
@@ -12,16 +13,13 @@ copies), `gpu` (GPU loops), `races` (the race analysis), `output` (stores),
 from .assemble import BLOCK_SLACK, LAST_LEVEL_SLACK
 from .chunks import table as chunk_table
 from .chunks import wrap as wrap_chunks
-from .kernel import LoweredKernel, RowsOutOfOrder, every_loop, loop_nest, lower, names_for
+from .kernel import LoweredKernel, lower, names_for
 
 __all__ = [
     "BLOCK_SLACK",
     "LAST_LEVEL_SLACK",
     "LoweredKernel",
-    "RowsOutOfOrder",
     "chunk_table",
-    "every_loop",
-    "loop_nest",
     "lower",
     "names_for",
     "wrap_chunks",
