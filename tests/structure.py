@@ -1,7 +1,8 @@
 """The package's shape, measured from its source: the module import graph (every import,
 TYPE_CHECKING and function-local ones included), its cycles, the stage order of the folders,
-and the largest modules and classes. ``python tests/structure.py`` prints the numbers;
-`test_structure.py` holds the package to them."""
+and the largest modules and classes with the reasons they give for their length.
+``python tests/structure.py`` prints the numbers; `test_structure.py` holds the package to
+them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sparsec"
+
+#: a module or class past its soft limit says why in a string assigned to ``__long__`` in its
+#: body (the module's top level, the class's body); none may pass its hard limit
+SOFT_MODULE_LINES, HARD_MODULE_LINES = 450, 800
+SOFT_CLASS_LINES, HARD_CLASS_LINES = 400, 600
 
 #: the stages, top to bottom: a module may import its own stage and the stages below it
 STAGES = (
@@ -40,6 +46,21 @@ class Module:
     lines: int
     imports: frozenset[str]
     classes: tuple[tuple[str, int], ...]  # (name, lines)
+    long: str | None = None  # the module's ``__long__``: why it needs its length
+    long_classes: tuple[tuple[str, str], ...] = ()  # (class, its ``__long__``)
+
+
+def _long(body: list[ast.stmt]) -> str | None:
+    """The string a body assigns to ``__long__``, if any."""
+    for stmt in body:
+        if (
+            isinstance(stmt, ast.Assign)
+            and [t.id for t in stmt.targets if isinstance(t, ast.Name)] == ["__long__"]
+            and isinstance(stmt.value, ast.Constant)
+            and isinstance(stmt.value.value, str)
+        ):
+            return stmt.value.value
+    return None
 
 
 def _name(path: Path) -> str:
@@ -76,8 +97,19 @@ def modules() -> dict[str, Module]:
             if isinstance(n, ast.ClassDef)
         )
         lines = len(path.read_text().splitlines())
+        long_classes = tuple(
+            (n.name, reason)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ClassDef) and (reason := _long(n.body)) is not None
+        )
         found[name] = Module(
-            name, path, lines, frozenset(i for i in imports if i in names), classes
+            name,
+            path,
+            lines,
+            frozenset(i for i in imports if i in names),
+            classes,
+            _long(tree.body),
+            long_classes,
         )
     return found
 
@@ -132,6 +164,33 @@ def upward_imports(mods: dict[str, Module]) -> list[tuple[str, str]]:
     return sorted((m.name, i) for m in mods.values() for i in m.imports if stage(i) < stage(m.name))
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """The size rule's findings, each a list of ``(module or module.Class, lines)``."""
+
+    over_hard: list[tuple[str, int]]  # past the hard limit: an error, whatever the reason
+    unexplained: list[tuple[str, int]]  # past the soft limit with no ``__long__``: a warning
+    stale: list[tuple[str, int]]  # a ``__long__`` that is empty, or on one within the soft limit
+
+
+def sizes(mods: dict[str, Module]) -> Sizes:
+    found = Sizes([], [], [])
+    for m in mods.values():
+        reasons = dict(m.long_classes)
+        scopes = [(m.name, m.lines, m.long, SOFT_MODULE_LINES, HARD_MODULE_LINES)] + [
+            (f"{m.name}.{c}", n, reasons.get(c), SOFT_CLASS_LINES, HARD_CLASS_LINES)
+            for c, n in m.classes
+        ]
+        for name, lines, reason, soft, hard in scopes:
+            if lines > hard:
+                found.over_hard.append((name, lines))
+            elif lines > soft and reason is None:
+                found.unexplained.append((name, lines))
+            if reason is not None and (lines <= soft or not reason.strip()):
+                found.stale.append((name, lines))
+    return found
+
+
 def subpackages(mods: dict[str, Module]) -> list[str]:
     return sorted(m.name for m in mods.values() if m.path.name == "__init__.py" and "." in m.name)
 
@@ -147,10 +206,20 @@ def report() -> str:
         f"largest class: {klass[2]}.{klass[0]} ({klass[1]} lines)",
         f"import cycles: {len(cycles(mods))} {cycles(mods)}",
         f"upward imports: {len(upward_imports(mods))} {upward_imports(mods)}",
-        "modules over 450 lines: "
-        + ", ".join(f"{m.name} ({m.lines})" for m in mods.values() if m.lines > 450),
-        "classes over 400 lines: "
-        + ", ".join(f"{m.name}.{c} ({n})" for m in mods.values() for c, n in m.classes if n > 400),
+        f"modules over {SOFT_MODULE_LINES} lines: "
+        + ", ".join(f"{m.name} ({m.lines})" for m in mods.values() if m.lines > SOFT_MODULE_LINES),
+        f"classes over {SOFT_CLASS_LINES} lines: "
+        + ", ".join(
+            f"{m.name}.{c} ({n})"
+            for m in mods.values()
+            for c, n in m.classes
+            if n > SOFT_CLASS_LINES
+        ),
+        "long, with a reason: "
+        + ", ".join(
+            [f"{m.name}: {m.long}" for m in mods.values() if m.long]
+            + [f"{m.name}.{c}: {r}" for m in mods.values() for c, r in m.long_classes]
+        ),
     ]
     return "\n".join(lines)
 

@@ -4,11 +4,11 @@ class grows past the size a reader can hold. Measured by `structure` from the so
 
 from __future__ import annotations
 
-import structure
+import ast
+import warnings
 
-#: the limits LAYOUT.md asks for: modules of a few hundred lines, no god class
-MAX_MODULE_LINES = 450
-MAX_CLASS_LINES = 400
+import structure
+from structure import Module
 
 
 def test_no_import_cycles() -> None:
@@ -24,9 +24,20 @@ def test_imports_flow_down_the_stages() -> None:
 
 
 def test_no_module_or_class_over_the_limits() -> None:
-    mods = structure.modules().values()
-    assert [(m.name, m.lines) for m in mods if m.lines > MAX_MODULE_LINES] == []
-    assert [(m.name, c, n) for m in mods for c, n in m.classes if n > MAX_CLASS_LINES] == []
+    """A module is as long as its one idea needs (issue 37 item 7), so the size limits are
+    soft, with a hard ceiling: a module over 450 lines (a class over 400) says why in a
+    string assigned to ``__long__`` in its body, and the test warns, naming it, where none
+    is given; nothing may pass 800 lines (a class 600), whatever its reason; a ``__long__``
+    that is empty or stands on a module or class within the soft limit fails, so a reason
+    never outlives its length. Split where the idea splits, not to meet a number."""
+    found = structure.sizes(structure.modules())
+    assert found.over_hard == []
+    assert found.stale == []
+    for name, lines in found.unexplained:
+        warnings.warn(
+            f"{name} has {lines} lines, past the soft limit, and gives no `__long__` reason",
+            stacklevel=1,
+        )
 
 
 def test_the_measure_sees_what_it_claims() -> None:
@@ -40,3 +51,26 @@ def test_the_measure_sees_what_it_claims() -> None:
         "b": structure.Module("b", mods["sparsec.abi"].path, 1, frozenset({"a"}), ()),
     }
     assert structure.cycles(toy) == [["a", "b"]]
+
+
+def test_the_size_rule_sees_reasons() -> None:
+    """The size rule on toy modules: the soft limit warns unless a reason is given, the hard
+    limit fails whatever the reason, and a reason on a short module or class is stale."""
+    path = structure.modules()["sparsec.abi"].path
+
+    def mod(lines: int, long: str | None, classes: tuple[tuple[str, int], ...] = ()) -> Module:
+        return structure.Module("m", path, lines, frozenset(), classes, long)
+
+    soft, hard = structure.SOFT_MODULE_LINES, structure.HARD_MODULE_LINES
+    assert structure.sizes({"m": mod(soft + 1, None)}).unexplained == [("m", soft + 1)]
+    assert structure.sizes({"m": mod(soft + 1, "one table")}) == structure.Sizes([], [], [])
+    assert structure.sizes({"m": mod(hard + 1, "one table")}).over_hard == [("m", hard + 1)]
+    assert structure.sizes({"m": mod(soft, "one table")}).stale == [("m", soft)]
+    assert structure.sizes({"m": mod(soft + 1, " ")}).stale == [("m", soft + 1)]
+    klass = mod(10, None, (("C", structure.SOFT_CLASS_LINES + 1),))
+    assert structure.sizes({"m": klass}).unexplained == [("m.C", structure.SOFT_CLASS_LINES + 1)]
+    tree = ast.parse("__long__ = 'why'\nclass C:\n    __long__ = 'because'\n    x = 1\n")
+    assert structure._long(tree.body) == "why"
+    assert [structure._long(c.body) for c in tree.body if isinstance(c, ast.ClassDef)] == [
+        "because"
+    ]
