@@ -19,7 +19,7 @@ list, so the two cannot drift apart.
 A C kernel none of whose parameters is a scalar value also exports
 ``sparsec_kernel_packed(const void*)``: the same list as int64s in one array (arrays by
 address, in this order), which the runtime's fast path passes as one bytes object. One
-ctypes argument costs ~1 us where eleven cost ~3 us.
+ctypes argument costs much less than eleven (docs/decisions.md, "A repeated call").
 
 No user text reaches generated code: identifiers come from validated names plus fixed
 suffixes, and `Namer` makes every identifier unique and keeps clear of C/CUDA keywords.

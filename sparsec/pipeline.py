@@ -269,7 +269,7 @@ def generate(
         single = None
         # one pass only where a count costs what a fill does (a merge, a workspace) or rows
         # fill serially anyway (not rowwise); SDDMM's count walks B's positions: two phases
-        # (20k^2: 1 thread 9.3 ms, one pass 13.7; 2 threads 4.3, chunks 6.0)
+        # (measured: docs/decisions.md, "Sparse outputs: one pass into a proven capacity")
         heavy = any(isinstance(s, ir.While | ir.Alloc) for s in statements(counted.body))
         rowwise = OutputLayout.of(spec.output.format, spec.output.name).rowwise
         if not commands and (heavy or not rowwise):

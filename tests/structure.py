@@ -7,7 +7,10 @@ them."""
 from __future__ import annotations
 
 import ast
+import io
+import re
 import sys
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,6 +192,71 @@ def sizes(mods: dict[str, Module]) -> Sizes:
             if reason is not None and (lines <= soft or not reason.strip()):
                 found.stale.append((name, lines))
     return found
+
+
+#: a measured timing: a number with a unit of time or throughput, or a speed ratio
+TIMING = re.compile(
+    r"""(?x)(?<![\w.])\d(?:[\d.,]*\d)?
+    (?: \s?(?:ns|us|µs|ms|[KMG]B/s)(?![\w/]) | \s(?:s|seconds?|minutes?)\b
+      | \s?x\s+(?:faster|slower|cheaper|dearer)\b | \s?%\s+(?:faster|slower)\b
+      | \s?[-–]\s?\d(?:[\d.]*\d)?\s?x\b )
+    | within\s\d+\s?%"""
+)
+
+
+def prose(path: Path) -> list[tuple[int, str]]:
+    """A module's prose, as ``(first line, text)``: each run of comment lines (read with
+    `tokenize`) and each string statement (docstrings, attribute docstrings). Strings that
+    are values (text printed into generated code) are not prose."""
+    source = path.read_text()
+    found: list[tuple[int, str]] = []
+    last = -2
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type != tokenize.COMMENT:
+            continue
+        text = tok.string.lstrip("#:").strip()
+        if tok.start[0] == last + 1 and found:
+            found[-1] = (found[-1][0], f"{found[-1][1]} {text}")
+        else:
+            found.append((tok.start[0], text))
+        last = tok.start[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            if isinstance(node.value.value, str):
+                found.append((node.lineno, node.value.value))
+    return found
+
+
+def timings(package: Path = PACKAGE) -> list[tuple[str, int, str]]:
+    """``(module path, line, the timing)`` for each measured timing quoted in prose."""
+    return [
+        (str(path.relative_to(package.parent)), line + text.count("\n", 0, m.start()), m.group(0))
+        for path in sorted(package.rglob("*.py"))
+        for line, text in prose(path)
+        for m in TIMING.finditer(text)
+    ]
+
+
+#: a pointer into the decisions: ``docs/decisions.md, "<the start of a decision's title>"``
+#: (several titles may follow one ``docs/decisions.md:``)
+POINTER = re.compile(r'docs/decisions\.md[,:]\s+((?:"[^"]+"(?:,\s+)?)+)')
+
+
+def decision_pointers(package: Path = PACKAGE) -> list[tuple[str, str]]:
+    """``(module path, title)`` for each decision that prose points to by its title."""
+    return [
+        (str(path.relative_to(package.parent)), " ".join(title.split()))
+        for path in sorted(package.rglob("*.py"))
+        for _, text in prose(path)
+        for m in POINTER.finditer(text)
+        for title in re.findall(r'"([^"]+)"', m.group(1))
+    ]
+
+
+def decision_titles(decisions: Path = PACKAGE.parent / "docs" / "decisions.md") -> list[str]:
+    """The bold titles that open the decisions' entries, each on one line."""
+    text = re.sub(r"\s+", " ", decisions.read_text())
+    return re.findall(r"(?:^|\s)- \*\*(.+?)\*\*", text)
 
 
 def subpackages(mods: dict[str, Module]) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import warnings
+from pathlib import Path
 
 import structure
 from structure import Module
@@ -74,3 +75,25 @@ def test_the_size_rule_sees_reasons() -> None:
     assert [structure._long(c.body) for c in tree.body if isinstance(c, ast.ClassDef)] == [
         "because"
     ]
+
+
+def test_no_comment_quotes_a_timing(tmp_path: Path) -> None:
+    """Measurements live in docs/decisions.md, under the decision they support, with the
+    machine they were taken on (issue 37 item 6): a comment or docstring in sparsec/ gives
+    the reason and points there, and quotes no timing (a number of ns, us, ms, s or GB/s,
+    or a speed ratio such as ``1.2-1.4x`` or ``4x faster``). Strings that are values, text
+    printed into generated code among them, are not prose and are not read."""
+    assert structure.timings() == []
+    toy = tmp_path / "toy.py"
+    toy.write_text("x = '9 ms'  # 3 ms\n# 1.2-1.4x on one\n# thread\ndef f():\n    '4x faster'\n")
+    found = [m.group(0) for _, t in structure.prose(toy) for m in structure.TIMING.finditer(t)]
+    assert found == ["3 ms", "1.2-1.4x", "4x faster"]
+
+
+def test_decision_pointers_name_a_decision() -> None:
+    """Prose that points to ``docs/decisions.md, "<title>"`` names the start of a decision's
+    bold title there, so a pointer outlives no decision it points to."""
+    titles = structure.decision_titles()
+    pointers = structure.decision_pointers()
+    assert len(pointers) > 20
+    assert [p for p in pointers if not any(t.startswith(p[1]) for t in titles)] == []

@@ -13,12 +13,13 @@ nothing not yet moved (where it overlaps its own source, numpy copies through a 
 
 This replaces counting every row, a prefix sum and a second pass (`sparse_out.two_phase`)
 with one pass and a copy of the entries outside chunk 0. The moves are the runtime's (numpy
-copies) rather than generated C: they cost the compiler about a third more time on a sparse
-add (cc's CPU time 150 -> 200 ms) for a copy that is a tenth of the pass.
+copies) rather than generated C: in C they made a sparse add's compile markedly slower for
+a copy that is a small part of the pass (docs/decisions.md, "CSR-like outputs on several
+threads").
 
 One chunk's rows are their own function (`APPEND_ROWS_NAME`, the serial pass's body with its
 rows and its region given by the chunk): inside an OpenMP loop the compiler would reach the
-kernel's arrays through the loop's shared data and lose their ``restrict`` (a merge was 14 %
+kernel's arrays through the loop's shared data and lose their ``restrict`` (a merge ran
 slower so); a function keeps them. It stops with CAPACITY_EXCEEDED like the serial pass, and
 the loop marks that chunk's end -1.
 

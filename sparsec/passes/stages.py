@@ -7,7 +7,8 @@ on the extent alone: at 512 float64 columns on 8-lane vectors only whole tiles, 
 rank 32 only the tile of 4 vectors, at both no columns left. Every stage is a copy of the
 region that the C compiler optimises on its own, and the stages that never run cost most
 of a tiled kernel's compile: the unused ones of SpMM at 512 columns and of MTTKRP at rank
-32 took 40 % of cc1's time (127 -> 75 ms and 140 -> 80 ms, docs/decisions.md).
+32 took much of cc1's time (docs/decisions.md, "A tiled kernel is built with the
+register-tile stages").
 
 So each stage is guarded by a compile-time constant. A stage is a bit: whole tiles
 `VECTORS`, a narrower tile its vectors, the columns left 1 (`REMAINDER`). The template
