@@ -25,6 +25,35 @@ def test_imports_flow_down_the_stages() -> None:
     assert structure.upward_imports(mods) == []
 
 
+#: code generation, of which the runtime knows only `Generated` (and `sparsec.abi`): what a
+#: call needs of the statement, the lowering or the printers travels in it as data
+COMPILER = (
+    "sparsec.pipeline",
+    "sparsec.passes",
+    "sparsec.lower",
+    "sparsec.backends",
+    "sparsec.middle.bound",
+    "sparsec.middle.staging",
+    "sparsec.frontend.concrete",
+)
+GENERATED = ("sparsec.backends", "sparsec.backends.generated")
+
+
+def test_the_runtime_sits_above_the_compiler() -> None:
+    """No runtime module imports the compiler's code, only `Generated` and the ABI (issue
+    37: the runtime read the slack and chunk table from the lowering, the stage hints from
+    the passes, the launcher's printing from the printer, the statement's entry bound and
+    staging from the middle end, and a dtype check from the pipeline)."""
+    mods = structure.modules()
+
+    def compiler(name: str) -> bool:
+        inside = any(name == p or name.startswith(p + ".") for p in COMPILER)
+        return inside and name not in GENERATED
+
+    runtime = (m for m in mods.values() if m.name.startswith("sparsec.runtime"))
+    assert sorted((m.name, i) for m in runtime for i in m.imports if compiler(i)) == []
+
+
 def test_no_module_or_class_over_the_limits() -> None:
     """A module is as long as its one idea needs (issue 37 item 7), so the size limits are
     soft, with a hard ceiling: a module over 450 lines (a class over 400) says why in a

@@ -24,7 +24,7 @@ slower so); a function keeps them. It stops with CAPACITY_EXCEEDED like the seri
 the loop marks that chunk's end -1.
 
 The runtime passes the chunks in ``sc_sizes`` after the output's level sizes (``L`` of them,
-``C`` chunks), laid out by `Table`::
+``C`` chunks), laid out as `sparsec.abi.CHUNK_TABLE` says (`Table` reads it)::
 
     sc_sizes[L]                      C
     sc_sizes[L + 1 + c]              chunk c's first row (C + 1 entries: the last is the rows)
@@ -36,16 +36,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..abi import APPEND_ROWS_NAME, CHUNK_PARAM, Namer
+from ..abi import APPEND_ROWS_NAME, CHUNK_PARAM, CHUNK_TABLE, Namer
 from ..ir import nodes as ir
 from ..ir.visit import statements
-
-
-def table(levels: int, chunks: int) -> tuple[int, int, int, int]:
-    """Where the chunk table's row starts, region starts and ends begin in ``sc_sizes``,
-    and the table's length, for an output of ``levels`` levels in ``chunks`` chunks."""
-    ends = levels + 3 + 2 * chunks
-    return levels + 1, levels + 2 + chunks, ends, ends + chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,20 +49,21 @@ class Table:
     levels: int
     chunks: ir.Expr
 
-    def _at(self, start: int, times: int, c: ir.Expr) -> ir.Load:
+    def _at(self, part: str, c: ir.Expr) -> ir.Load:
+        start, times = CHUNK_TABLE[part]
         off: ir.Expr = ir.IntLit(self.levels + start)
         if times:
             off = ir.Bin("+", off, ir.mul(ir.IntLit(times), self.chunks))
         return ir.Load(self.sizes, ir.add(off, c))
 
     def row(self, c: ir.Expr) -> ir.Load:
-        return self._at(1, 0, c)
+        return self._at("row", c)
 
     def region(self, c: ir.Expr) -> ir.Load:
-        return self._at(2, 1, c)
+        return self._at("region", c)
 
     def end(self, c: ir.Expr) -> ir.Load:
-        return self._at(3, 2, c)
+        return self._at("end", c)
 
 
 @dataclass(frozen=True, slots=True)
