@@ -29,12 +29,13 @@ from .abi import (
 from .backends import Generated, Launch
 from .backends.c import STREAM_OUT, STREAM_OUT_VALUES, Function, print_c
 from .backends.cuda import print_cuda
-from .backends.printer import HALF_DTYPES, C
-from .errors import DTypeError, ScheduleError, SparsecError
+from .backends.printer import HALF_DTYPES
+from .errors import ScheduleError, SparsecError
 from .frontend.semirings import semiring
 from .ir import nodes as ir
 from .ir.visit import map_blocks, statements
 from .lower import LoweredKernel, lower, names_for, wrap_chunks
+from .middle.bound import plan as plan_bound
 from .middle.commands import Command
 from .middle.derive import describe as describe_derived
 from .middle.schedule import RowsOutOfOrder, Schedule, make_schedule
@@ -49,7 +50,8 @@ from .passes.jam import jam
 from .passes.streams import prefetch_streams
 from .passes.tile import VECTORS as TILE_VECTORS
 from .passes.tile import tile
-from .policy.machine import c_half_types, machine
+from .policy.dtypes import check_c_dtype
+from .policy.machine import machine
 from .policy.schedules import cpu_default, describe_cpu, describe_gpu, gpu_candidates
 from .tensors.layout import OutputLayout
 
@@ -273,7 +275,7 @@ def generate(
         single = None
         # one pass only where a count costs what a fill does (a merge, a workspace) or rows
         # fill serially anyway (not rowwise); SDDMM's count walks B's positions: two phases
-        # (20k^2: 1 thread 9.3 ms, one pass 13.7; 2 threads 4.3, chunks 6.0)
+        # (measured: docs/decisions.md, "Sparse outputs: one pass into a proven capacity")
         heavy = any(isinstance(s, ir.While | ir.Alloc) for s in statements(counted.body))
         rowwise = OutputLayout.of(spec.output.format, spec.output.name).rowwise
         if not commands and (heavy or not rowwise):
@@ -325,30 +327,19 @@ def generate(
     if tiled or streamed or jammed or dots:
         notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed, *jammed, *dots)
         said += f"; {'; '.join(notes)}"
-    gen = _record(lowered, sig, said, dtype, index_dtype, append=append, chunked=chunked)
+    bound = None if spec.output.format.is_dense else plan_bound(spec.statement)
+    gen = _record(
+        lowered, sig, said, dtype, index_dtype, append=append, chunked=chunked, bound=bound
+    )
     vectors = TILE_VECTORS if tiled or append_tiled else 0
     return print_c(spec, gen, functions, vectors=vectors, llc=unit.llc, l1_way=facts.l1_way)
-
-
-def check_c_dtype(dtype: str) -> None:
-    """A `DTypeError` where C kernels cannot store ``dtype`` (a 16-bit type the compiler
-    lacks, `policy.machine.c_half_types`): asked at each generation and each call, since
-    generated code and compiled kernels are cached across machines' facts."""
-    if dtype in HALF_DTYPES and dtype not in c_half_types():
-        raise DTypeError(
-            f"{dtype} values on the C target need a C compiler with a {dtype} type "
-            f"({C.half_types[dtype]} with conversions, as in recent GCC and Clang; this "
-            f"one has {' and '.join(sorted(c_half_types())) or 'neither'}): cast the inputs "
-            "to float32, pass dtype='float32', or use target='cuda-emulated'"
-        )
 
 
 def _gpu_default(
     spec: Spec, make_names: Callable[[], tuple[Signature, Namer]]
 ) -> tuple[LoweredKernel, Signature, Schedule]:
-    """The first of the default GPU mappings that lowers, each scheduled and lowered once;
-    the mappings are decided from the spec and its natural loop order, with no lowering of
-    their own.
+    """The first default GPU mapping that lowers, each scheduled and lowered once; the
+    mappings come from the spec and its natural loop order, with no lowering of their own.
 
     Only where no mapping lowers is the kernel lowered without one (serially): an
     expression that cannot be lowered at all (a nested sum's loop order, say) reports
@@ -444,7 +435,16 @@ def generate_cuda(
         schedule = f"{lowered.sequence}; {schedule}"
     if spec.derived:
         schedule = f"{describe_derived(spec)}; {schedule}"
+    staging = spec if stage_note else None
     gen = _record(
-        lowered, sig, schedule, dtype, index_dtype, target="cuda", launch=launch, commands=chosen
+        lowered,
+        sig,
+        schedule,
+        dtype,
+        index_dtype,
+        target="cuda",
+        launch=launch,
+        commands=chosen,
+        staging=staging,
     )
     return print_cuda(spec, gen)

@@ -10,16 +10,11 @@ copies), `gpu` (GPU loops), `races` (the race analysis), `output` (stores),
 `workspace` and `chunks` (sparse outputs).
 """
 
-from .assemble import BLOCK_SLACK, LAST_LEVEL_SLACK
-from .chunks import table as chunk_table
 from .chunks import wrap as wrap_chunks
 from .kernel import LoweredKernel, lower, names_for
 
 __all__ = [
-    "BLOCK_SLACK",
-    "LAST_LEVEL_SLACK",
     "LoweredKernel",
-    "chunk_table",
     "lower",
     "names_for",
     "wrap_chunks",
