@@ -214,7 +214,7 @@ def run_passes(passes: tuple[Pass, ...], body: ir.Block, unit: Unit) -> Passed:
 # ---------------------------------------------------------------------- targets
 
 
-def lowers(spec: Spec) -> None:
+def lower_serially(spec: Spec) -> None:
     """``spec`` lowered serially with no schedule, for what it raises (the question
     `middle.schedule.every_loop` asks where a nested sum fits no order)."""
     lower(spec, names_for(spec), schedule=make_schedule(spec), parallel=False)

@@ -23,7 +23,7 @@ from ..middle.commands import Command, parse_commands
 from ..middle.derive import contiguous, derive
 from ..middle.regroup import regroup
 from ..middle.spec import FormatsArg, Spec, make_spec
-from ..pipeline import generate, generate_cuda, lowers
+from ..pipeline import generate, generate_cuda, lower_serially
 from ..policy import tuning
 from ..policy.costs import Columns
 from ..policy.schedules import vector_rows
@@ -86,7 +86,7 @@ class Kernel:
         try:
             # repeated indices read derived inputs; so does, with no user schedule (its
             # refusals stand), the cheapest re-layout where no loop order fits (nested too)
-            self.spec = derive(self.spec, None if self.commands else lowers)
+            self.spec = derive(self.spec, None if self.commands else lower_serially)
             if not self.commands:
                 # dense factors over fewer variables are combined once a call (regroup)
                 self.spec = regroup(self.spec)

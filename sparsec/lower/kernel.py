@@ -64,7 +64,8 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
     lhs = env.lhs
     asm = env.assembler
     order = env.schedule.order
-    assert env.schedule.rows_in_order == (asm is None or not asm.rowwise), "another schedule"
+    # the single pass's schedule keeps rowwise rows in storage order (`make_schedule`'s append)
+    assert env.schedule.rows_in_order == (asm is None or not asm.rowwise), "another row order"
     plan = env.plan
     for space in plan.spaces.values() if plan is not None else ():
         if space.bound is not None:

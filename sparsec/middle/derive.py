@@ -57,13 +57,13 @@ Probe = Callable[[Spec], tuple[str, ...]]
 MAX_CANDIDATES = 8
 
 
-def derive(spec: Spec, lowers: Callable[[Spec], object] | None) -> Spec:
-    """``spec`` with its repeated-index accesses made derived inputs and, when ``lowers``
-    is given and `schedule.every_loop` refuses every loop order, the cheapest set of
-    sparse reads re-laid out so that it accepts one (``lowers``: a serial lowering, which
-    `every_loop` asks where a nested sum fits no order). Without ``lowers`` (a user
-    schedule, whose refusals stand), or when no set helps, only the repeated indices
-    change (the lowering then reports the conflict as before)."""
+def derive(spec: Spec, lower_serially: Callable[[Spec], object] | None) -> Spec:
+    """``spec`` with its repeated-index accesses made derived inputs and, when
+    ``lower_serially`` is given and `schedule.every_loop` refuses every loop order, the
+    cheapest set of sparse reads re-laid out so that it accepts one (`every_loop` asks
+    ``lower_serially`` where a nested sum fits no order). Without it (a user schedule,
+    whose refusals stand), or when no set helps, only the repeated indices change (the
+    lowering then reports the conflict as before)."""
     reads = list(accesses(spec.assignment.rhs))
     feeds = {
         n: diagonal_format(spec.tensor(a.name).format, a.indices)
@@ -71,11 +71,11 @@ def derive(spec: Spec, lowers: Callable[[Spec], object] | None) -> Spec:
         if len(set(a.indices)) < len(a.indices)
     }
     made = _build(spec, feeds) if feeds else spec
-    if lowers is None:
+    if lower_serially is None:
         return made
 
     def probe(trial: Spec) -> tuple[str, ...]:
-        return every_loop(trial, lowers)
+        return every_loop(trial, lower_serially)
 
     try:
         probe(made)

@@ -409,14 +409,14 @@ def natural_loops(spec: Spec) -> tuple[str, ...]:
     return loop_nest(spec)
 
 
-def every_loop(spec: Spec, lowers: Callable[[Spec], object]) -> tuple[str, ...]:
+def every_loop(spec: Spec, lower_serially: Callable[[Spec], object]) -> tuple[str, ...]:
     """The loops of `natural_loops`, then each nested sum's loops as the lowerer orders
     them (`loop_order` inside the loops around it): a sum kept under a function, a
     division or a ``+`` (``a = cos(Σ B(i,j) * C(i,j))``) runs its own nest, whose reads'
     level orders must fit too. It is `middle.derive`'s probe: a re-layout takes its order
     from these loops. Where a nested sum fits no order inside the outer loops,
-    ``lowers(spec)`` (a serial lowering) says whether the statement lowers all the same (a
-    sum lowered as a sequence of whole nests does): its `OrderConflict` is the answer."""
+    ``lower_serially(spec)`` says whether the statement lowers all the same (a sum
+    lowered as a sequence of whole nests does): its `OrderConflict` is the answer."""
     found = list(natural_loops(spec))
     formats = spec.formats
 
@@ -431,5 +431,5 @@ def every_loop(spec: Spec, lowers: Callable[[Spec], object]) -> tuple[str, ...]:
     try:
         walk(spec.statement.rhs, tuple(found))
     except OrderConflict:
-        lowers(spec)
+        lower_serially(spec)
     return tuple(found)
