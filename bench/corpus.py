@@ -92,13 +92,13 @@ def _cases(quick: bool) -> Iterator[Case]:
 
 
 def _tuned(expr: str, fmts: dict[str, str]) -> Iterator[Case]:
-    """The autotuner's candidate schedules of a C kernel (they are text it parses)."""
+    """The autotuner's candidate decisions of a C kernel, by their commands as written."""
     import sparsec
     from sparsec.policy import tuning
 
     k = sparsec.kernel(expr, fmts)
-    for schedule in tuning.candidates(k.spec, k.generated().loop_order):
-        yield expr, fmts, "c", schedule, "float64", "int32", {}
+    for decision in tuning.candidates(k.spec, k.generated().loop_order):
+        yield expr, fmts, "c", decision.label, "float64", "int32", {}
 
 
 def _one(case: Case) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from .abi import (
@@ -29,7 +30,6 @@ from .abi import (
 from .backends import Generated, Launch
 from .backends.c import STREAM_OUT, STREAM_OUT_VALUES, Function, print_c
 from .backends.cuda import print_cuda
-from .backends.printer import HALF_DTYPES
 from .errors import ScheduleError, SparsecError
 from .frontend.semirings import semiring
 from .ir import nodes as ir
@@ -42,14 +42,13 @@ from .middle.schedule import RowsOutOfOrder, Schedule, make_schedule
 from .middle.spec import Spec
 from .middle.staging import needs_staging, staged, staging_format
 from .passes.bands import BAND, DEPTH, Walks, band
-from .passes.coarsen import BLOCK as COARSE_BLOCK
 from .passes.coarsen import coarsen
 from .passes.dots import vectorize_dots
 from .passes.flags import count_in_closed_form, fold_flag_loops, light_count
 from .passes.jam import jam
 from .passes.streams import prefetch_streams
-from .passes.tile import VECTORS as TILE_VECTORS
 from .passes.tile import tile
+from .policy.decision import Decision, Output, PassOptions, decide
 from .policy.dtypes import check_c_dtype
 from .policy.machine import machine
 from .policy.schedules import cpu_default, describe_cpu, describe_gpu, gpu_candidates
@@ -76,12 +75,13 @@ class Passed:
 
 @dataclass(frozen=True, slots=True)
 class Unit:
-    """What a pass may read besides the body: the statement, the kernel's ABI and the
-    last-level cache's size (read once per kernel: the template's threshold and the
-    schedule's note must agree)."""
+    """What a pass may read besides the body: the statement, the kernel's ABI, the passes'
+    options (`Decision.passes`: which run, and each one's) and the last-level cache's size
+    (read once per kernel: the template's threshold and the schedule's note must agree)."""
 
     spec: Spec
     sig: Signature
+    options: PassOptions
     #: C only (the GPU passes read no cache size)
     llc: int = 0
 
@@ -91,15 +91,15 @@ Pass = Callable[[Passed, Unit], Passed]
 
 
 def _streams(p: Passed, unit: Unit) -> Passed:
-    return p.after("streams", *prefetch_streams(p.body))
+    return p.after("streams", *prefetch_streams(p.body, unit.options))
 
 
 def _tile(p: Passed, unit: Unit) -> Passed:
-    return p.after("tile", *tile(p.body))
+    return p.after("tile", *tile(p.body, unit.options.tile))
 
 
 def _jam(p: Passed, unit: Unit) -> Passed:
-    return p.after("jam", *jam(p.body))
+    return p.after("jam", *jam(p.body, unit.options))
 
 
 def _bands(p: Passed, unit: Unit) -> Passed:
@@ -170,11 +170,11 @@ def _walks(spec: Spec, sig: Signature) -> Walks:
 
 
 def _dots(p: Passed, unit: Unit) -> Passed:
-    return p.after("dots", *vectorize_dots(p.body))
+    return p.after("dots", *vectorize_dots(p.body, unit.options))
 
 
 def _coarsen(p: Passed, unit: Unit) -> Passed:
-    return p.after("coarsen", *coarsen(p.body))
+    return p.after("coarsen", *coarsen(p.body, unit.options))
 
 
 #: the C kernel's passes, in order. Streams first: a loop that the tile pass will tile
@@ -196,18 +196,19 @@ APPEND_CHUNKED = (
 )
 APPEND_ROWS = "one chunk's rows of the single pass, appended into its region"
 COUNT_COMMENT = "symbolic phase: count the positions of every output level into sc_sizes"
-#: a default GPU mapping's passes (an explicit schedule is printed as written)
+#: the CUDA kernel's passes (the decision runs them on a default GPU mapping only)
 CUDA_PASSES: tuple[Pass, ...] = (_coarsen,)
 
 
 def run_passes(passes: tuple[Pass, ...], body: ir.Block, unit: Unit) -> Passed:
-    """``body`` through ``passes`` in order."""
+    """``body`` through those of ``passes`` the decision runs (`PassOptions.run`)."""
     done = Passed(body)
     if unit.spec.semantics.semiring != "plus_times":
         # the passes' register tiles, bands and coarsened threads add with '+'
         return done
     for step in passes:
-        done = step(done, unit)
+        if unit.options.runs(step.__name__.removeprefix("_")):
+            done = step(done, unit)
     return done
 
 
@@ -241,64 +242,63 @@ def generate(
     index_dtype: str = "int32",
     parallel: bool = True,
     commands: tuple[Command, ...] = (),
+    decision: Decision | None = None,
 ) -> Generated:
-    """C source for ``spec`` under the user's ``commands`` and the CPU default's
-    (`cpu_default`; none with ``parallel`` off): ``sparsec_kernel`` and, for a sparse
-    output, also ``sparsec_assemble``, which only counts the output's positions into
-    ``sc_sizes``, and where it applies ``sparsec_append`` (serial: no default)."""
-    half = dtype in HALF_DTYPES
+    """C source for ``spec`` as ``decision`` says (by default `decide`'s for ``commands``
+    and ``parallel``): ``sparsec_kernel`` and, for a sparse output, also ``sparsec_assemble``,
+    which only counts the output's positions into ``sc_sizes``, and where the decision's
+    output strategy takes one pass, ``sparsec_append``."""
     check_c_dtype(dtype)
-    # 16-bit values are computed in float: the passes' vector tiles would compute in them
-    c_passes, append_passes = ((), ()) if half else (C_PASSES, C_APPEND_PASSES)
+    decision = decision or decide(spec, "c", commands=commands, parallel=parallel, dtype=dtype)
+    commands, parallel = decision.commands, decision.parallel
     make_names = names_for(spec)
+    # every lowering of the kernel: the statement, its names, the decision's chunks
+    lowers = partial(lower, spec, make_names, chunks_per_thread=decision.chunks_per_thread)
     # the user's commands, then the default's (none for schedule="serial")
     schedule = commands
     # the user's commands' schedule: the default's loops, and the kernel's where it adds none
     plain = make_schedule(spec, commands)
-    if parallel and not any(c.name == "parallelize" for c in commands):
+    if decision.default_commands:
         schedule += cpu_default(spec, plain.order, commands)
     final = plain if schedule == commands else make_schedule(spec, schedule)
-    lowered, sig = lower(spec, make_names, schedule=final, parallel=parallel)
+    lowered, sig = lowers(schedule=final, parallel=parallel)
     facts = machine()  # once: the template's constants and the schedule's notes agree
-    unit = Unit(spec, sig, facts.last_level_cache)
+    unit = Unit(spec, sig, decision.passes, facts.last_level_cache)
     functions = []
     # whether the append function was tiled: the template's vector helpers serve it too
     append_tiled: tuple[str, ...] = ()
     comment = append = ""
     chunked = False
     if not spec.output.format.is_dense:
-        counted, _ = lower(spec, make_names, schedule=final, parallel=parallel, counting=True)
+        counted, _ = lowers(schedule=final, parallel=parallel, counting=True)
         counting = count_in_closed_form(fold_flag_loops(counted.body))
         light = light_count(counting)
         functions.append(Function(ASSEMBLE_NAME, COUNT_COMMENT, counting, light=light))
         comment = "numeric phase: append coordinates and values into the allocated arrays"
         single = None
-        # one pass only where a count costs what a fill does (a merge, a workspace) or rows
-        # fill serially anyway (not rowwise); SDDMM's count walks B's positions: two phases
-        # (measured: docs/decisions.md, "Sparse outputs: one pass into a proven capacity")
+        # the decision's rule (`Output.BY_COUNT`) needs the count: whether it loops or
+        # allocates (SDDMM's count walks B's positions: neither)
         heavy = any(isinstance(s, ir.While | ir.Alloc) for s in statements(counted.body))
         rowwise = OutputLayout.of(spec.output.format, spec.output.name).rowwise
-        if not commands and (heavy or not rowwise):
+        output = decision.output_for(heavy, rowwise)
+        if output in (Output.SINGLE_PASS, Output.SINGLE_PASS_CHUNKS):
             try:
-                chunks = parallel and heavy
+                chunks = output is Output.SINGLE_PASS_CHUNKS
                 # no commands: `plain`, unless the pass keeps rowwise rows in storage order
                 one = make_schedule(spec, append=True) if rowwise else plain
-                single, _ = lower(
-                    spec, make_names, schedule=one, parallel=False, append=True, chunked=chunks
-                )
+                single, _ = lowers(schedule=one, parallel=False, append=True, chunked=chunks)
             except RowsOutOfOrder:
                 pass  # rows visited out of storage order: counted and filled, two phases
         if single is not None:
-            appended = run_passes(append_passes, single.body, unit)
-            append_tiled = appended.of("tile")
-            body = appended.body
-            wrapped = wrap_chunks(body, single.chunks) if single.chunks is not None else None
+            appended = run_passes(C_APPEND_PASSES, single.body, unit)
+            wrapped = (
+                wrap_chunks(appended.body, single.chunks) if single.chunks is not None else None
+            )
             if single.chunks is not None and wrapped is None:
                 # rows not in one plain loop, or carried from row to row: the serial pass
-                single, _ = lower(spec, make_names, schedule=one, parallel=False, append=True)
-                appended = run_passes(append_passes, single.body, unit)
-                append_tiled = appended.of("tile")
-                body = appended.body
+                single, _ = lowers(schedule=one, parallel=False, append=True)
+                appended = run_passes(C_APPEND_PASSES, single.body, unit)
+            append_tiled, body = appended.of("tile"), appended.body
             if wrapped is not None:
                 rows_body, body = wrapped
                 chunked = True
@@ -311,7 +311,7 @@ def generate(
         elif not rowwise:
             append = KERNEL_NAME  # a serial kernel appends into any arrays large enough
         # else a light count, a user's schedule, or rows out of storage order: two phases
-    done = run_passes(c_passes, lowered.body, unit)
+    done = run_passes(C_PASSES, lowered.body, unit)
     fields = {BAND: "band", DEPTH: "depth"}
     sig = Signature((*sig.params, *(Param(n, "value", INT, fields[n]) for n in done.params)))
     functions.append(Function(KERNEL_NAME, comment, done.body))
@@ -331,8 +331,10 @@ def generate(
     gen = _record(
         lowered, sig, said, dtype, index_dtype, append=append, chunked=chunked, bound=bound
     )
-    vectors = TILE_VECTORS if tiled or append_tiled else 0
-    return print_c(spec, gen, functions, vectors=vectors, llc=unit.llc, l1_way=facts.l1_way)
+    tiles = decision.passes.tile
+    vectors = tiles.vectors if tiled or append_tiled else 0
+    sizes = {"vectors": vectors, "narrowest": tiles.narrowest, "llc": unit.llc}
+    return print_c(spec, gen, functions, **sizes, l1_way=facts.l1_way)
 
 
 def _gpu_default(
@@ -373,10 +375,13 @@ def generate_cuda(
     dtype: str = "float64",
     index_dtype: str = "int32",
     commands: tuple[Command, ...] = (),
+    decision: Decision | None = None,
 ) -> Generated:
-    """The CUDA source of ``spec``'s kernel under ``commands`` (or the default GPU mapping,
-    then `CUDA_PASSES`). A sparse output that is not filled row by row is computed into
-    its rowwise staging output (`staging`), which the runtime compacts."""
+    """The CUDA source of ``spec``'s kernel as ``decision`` (by default `decide`'s for
+    ``commands``) says: its commands or the default GPU mapping, then its passes. A sparse
+    output not filled row by row is computed into its rowwise staging output (`staging`)."""
+    decision = decision or decide(spec, "cuda", commands=commands)
+    commands = decision.commands
     stage_note = ""
     if needs_staging(spec):
         stage_note = (
@@ -390,12 +395,12 @@ def generate_cuda(
         lowered, sig = lower(spec, make_names, schedule=scheduled)
     else:
         lowered, sig, scheduled = _gpu_default(spec, make_names)
-        done = run_passes(CUDA_PASSES, lowered.body, Unit(spec, sig))
+        done = run_passes(CUDA_PASSES, lowered.body, Unit(spec, sig, decision.passes))
         if done.of("coarsen"):
             lowered = replace(
                 lowered,
                 body=done.body,
-                block=COARSE_BLOCK,
+                block=decision.passes.coarsen_block,
                 notes=(*lowered.notes, *done.of("coarsen")),
             )
     counted = None

@@ -305,6 +305,52 @@ def keyword_only(mod: Module, function: str) -> tuple[str, ...]:
     raise KeyError(function)
 
 
+def int_constants(mod: Module) -> list[str]:
+    """The UPPER_CASE names ``mod`` binds at its top level to an integer or a tuple of
+    integers (written as literals): options a module fixes for itself."""
+
+    def numeric(e: ast.expr) -> bool:
+        if isinstance(e, ast.Tuple):
+            return bool(e.elts) and all(numeric(x) for x in e.elts)
+        if isinstance(e, ast.UnaryOp):
+            return numeric(e.operand)
+        if isinstance(e, ast.BinOp):
+            return numeric(e.left) and numeric(e.right)
+        return isinstance(e, ast.Constant) and type(e.value) is int
+
+    found = []
+    for node in ast.parse(mod.path.read_text()).body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        value = getattr(node, "value", None)
+        for t in targets:
+            if isinstance(t, ast.Name) and t.id.isupper() and value is not None and numeric(value):
+                found.append(t.id)
+    return found
+
+
+def names_from(mod: Module, prefix: str) -> set[tuple[str, str]]:
+    """(module, name) for each ``from <module> import name`` in ``mod`` whose module, made
+    absolute, starts with ``prefix``."""
+    package = mod.name if mod.path.name == "__init__.py" else mod.name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(mod.path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            up = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join(up + ([base] if base else []))
+        if base == prefix or base.startswith(prefix + "."):
+            found |= {(base, alias.name) for alias in node.names}
+    return found
+
+
 def report() -> str:
     mods = modules()
     biggest = max(mods.values(), key=lambda m: m.lines)

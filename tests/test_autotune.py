@@ -10,7 +10,9 @@ from conftest import sparse_array
 
 import sparsec
 from sparsec.api import autotune
+from sparsec.middle.commands import parse_commands
 from sparsec.policy import tuning
+from sparsec.policy.decision import Decision, decide
 
 SPMV = "y(i) = A(i,j) * x(j)"
 
@@ -78,3 +80,36 @@ def test_candidates_are_legal_or_skipped(cache, rng):
 def test_auto_is_for_the_cpu():
     with pytest.raises(sparsec.ScheduleError, match="auto"):
         sparsec.kernel(SPMV, {"A": "csr"}, target="cuda", schedule="auto")
+
+
+def test_candidates_are_decisions_built_from_the_default():
+    """The tuner searches typed decisions (issue 37 item 3): the default first, the others
+    it under other commands, never text parsed again; the label names each in the table."""
+    k = sparsec.kernel(SPMV, {"A": "csr"}, schedule="auto")
+    default = decide(k.spec, "c")
+    found = tuning.candidates(k.spec, k.generated().loop_order, default)
+    assert found[0] == default and default.label is None
+    assert all(isinstance(d, Decision) for d in found)
+    for d in found[1:]:
+        assert d.passes == default.passes and d.prepare == default.prepare
+        assert d.commands and parse_commands(d.label) == d.commands
+    assert len({d.label for d in found}) == len(found)
+
+
+def test_a_table_written_before_decisions_is_read(cache, rng, monkeypatch):
+    """The stored format is the schedule's text: a winner recorded as text is found among
+    the candidates by its label and run without tuning."""
+    a = sparsec.Tensor.from_dense(sparse_array((60, 40), rng), "csr")
+    x = rng.standard_normal(40)
+    k = sparsec.kernel(SPMV, {"A": "csr"}, schedule="auto")
+    text = "split(i,i_blk,i_in,16), parallelize(i_blk,CPUThread,NoRaces)"
+    assert text in {d.label for d in tuning.candidates(k.spec, k.generated().loop_order)}
+    entry = autotune.key(k.assignment, k.spec, {"A": a, "x": x}, "float64", "int32", 2)
+    autotune.record(entry, {"schedule": text, "medians_ms": {"default": 2.0, text: 1.0}})
+
+    def no_tuning(*args, **kwargs):
+        raise AssertionError("tuned again despite the table")
+
+    monkeypatch.setattr(autotune, "tune", no_tuning)
+    np.testing.assert_allclose(k(A=a, x=x, threads=2), a.to_dense() @ x)
+    assert k.schedule.startswith(f"auto: {text} (")

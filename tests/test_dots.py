@@ -10,7 +10,9 @@ import scipy.sparse as sp
 import torch
 
 import sparsec
-from sparsec.passes.dots import BLOCK
+from sparsec.policy.decision import DEFAULTS
+
+BLOCK = DEFAULTS.dot_block
 
 
 def _csr(rows: int, cols: int, density: float, rng, dtype, stored_zero: bool = True):

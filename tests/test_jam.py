@@ -18,7 +18,10 @@ import sparsec
 from sparsec import Tensor, pipeline
 from sparsec.api.kernel import Kernel
 from sparsec.ir import nodes as ir
-from sparsec.passes.jam import WAYS, jam
+from sparsec.passes.jam import jam
+from sparsec.policy.decision import DEFAULTS
+
+WAYS = DEFAULTS.jam_ways
 
 SDDMM = "A(i,j) = B(i,j) * C(i,k) * D(k,j)"
 

@@ -10,7 +10,10 @@ from conftest import sparse_array, torch_reference
 
 import sparsec
 from sparsec.ir import nodes as ir
-from sparsec.passes.streams import DISTANCE, prefetch_streams
+from sparsec.passes.streams import prefetch_streams
+from sparsec.policy.decision import DEFAULTS
+
+DISTANCE = DEFAULTS.stream_distance
 
 P = ir.Var("p")
 START = ir.Load("pos", ir.Var("i"))

@@ -167,3 +167,35 @@ def test_the_schedule_is_decided_outside_lower() -> None:
     called = {(m.name, fn, n) for m in lower for fn, n in structure.calls(m) if n in SCHEDULING}
     assert called == NEST_ORDERS
     assert "schedule" in structure.keyword_only(mods["sparsec.lower.kernel"], "lower")
+
+
+#: the integers a pass module may fix for itself: a stage's bit in the template's mask is
+#: the ABI between the pass and its template, not a tuned option
+PASS_CONSTANTS = frozenset({("sparsec.passes.stages", "REMAINDER")})
+
+
+def test_the_passes_take_their_options_from_the_decision() -> None:
+    """Policy is one typed value per kernel (issue 37 item 3, `sparsec.policy.decision`):
+    no pass module fixes a tuned option of its own (tile widths, jam ways, coarsening
+    factors and block, dot blocks, prefetch distances were module constants); the pipeline
+    takes none from a pass (it imported the tile's vectors and the coarsened block), nor
+    does a printer (the C one read the narrowest tile), and the pipeline applies a decision (`generate` and `generate_cuda` take one); the lowering takes the
+    chunks per thread (fixed at 8 in lower/parallel.py); and `Kernel.__init__` asks policy
+    for the inputs' preparation instead of deciding re-layouts, regrouping and copies."""
+    mods = structure.modules()
+    passes = [m for name, m in mods.items() if name.startswith("sparsec.passes")]
+    fixed = {(m.name, c) for m in passes for c in structure.int_constants(m)}
+    assert sorted(fixed - PASS_CONSTANTS) == []
+    pipeline = mods["sparsec.pipeline"]
+    taken = structure.names_from(pipeline, "sparsec.passes")
+    assert sorted((m, n) for m, n in taken if n.isupper() and n not in ("BAND", "DEPTH")) == []
+    # a printer reads the tiles' stages (the template's guards), never a pass's options
+    backends = (m for name, m in mods.items() if name.startswith("sparsec.backends"))
+    read = {(m.name, i) for m in backends for i in m.imports if i.startswith("sparsec.passes")}
+    assert read == {("sparsec.backends.c", "sparsec.passes.stages")}
+    for function in ("generate", "generate_cuda"):
+        assert "decision" in structure.keyword_only(pipeline, function)
+    assert "chunks_per_thread" in structure.keyword_only(mods["sparsec.lower.kernel"], "lower")
+    assert ("__init__", "prepare") in structure.calls(mods["sparsec.api.kernel"])
+    # the measure finds a constant where one is
+    assert structure.int_constants(mods["sparsec.passes.stages"]) == ["REMAINDER"]

@@ -16,6 +16,8 @@ from sparsec import abi
 from sparsec.ir import nodes as ir
 from sparsec.ir.visit import arrays, free_vars, statements
 from sparsec.passes.tile import tile
+from sparsec.policy import decision
+from sparsec.policy.decision import DEFAULTS
 from sparsec.policy.machine import use
 from sparsec.tensors import buffers as runtime
 
@@ -54,7 +56,8 @@ def test_every_width_accumulates_right(dtype, narrowest, rng, monkeypatch):
     the widest vectors (128 float32 values on 64-byte vectors) and a few values more meets
     each combination of them on any vector width; integer values make every sum exact. The
     plain loop starts after the narrowest tile built, however narrow that is (8: none)."""
-    monkeypatch.setattr(sys.modules["sparsec.passes.tile"], "NARROWEST", narrowest)
+    tiles = replace(DEFAULTS.tile, narrowest=narrowest)
+    monkeypatch.setattr(decision, "DEFAULTS", replace(DEFAULTS, tile=tiles))
     w = sparse_array((13, 9), rng, 0.4, integer=True).astype(dtype)
     w[4] = 0  # an empty row
     spmm = sparsec.Kernel(SPMM, {"W": "csr"}, dtype=dtype)
@@ -264,7 +267,7 @@ def test_zeroing_of_another_row_is_kept(zero):
 def test_prefetch_only_rows_found_through_an_index_array():
     """``X[crd[k] * ld + j]``: the row iteration k + PREFETCH_DISTANCE gathers is
     prefetched; ``X[k * ld + j]`` is a stride the hardware predicts, left alone."""
-    from sparsec.passes.tile import PREFETCH_DISTANCE
+    PREFETCH_DISTANCE = DEFAULTS.tile.prefetch_distance
 
     strided = ir.Bin("*", ir.Var("k"), ir.Var("ld"))
     body, notes = tile(ir.block(_gather_region(strided)))

@@ -1,4 +1,4 @@
-"""``schedule="auto"``: time the candidate schedules (`sparsec.policy.tuning`) on the call's
+"""``schedule="auto"``: time the candidate decisions (`sparsec.policy.tuning`) on the call's
 own inputs and keep the fastest, remembered on disk.
 
 `tune` times `Executable`s, one per legal candidate, each built by the caller's ``build``:
@@ -8,7 +8,9 @@ every candidate's result is compared with the default's before it is timed; the 
 The winner is cached in ``<cache dir>/autotune.json`` under a key of the expression, the
 formats, the value and index dtypes, the thread count and a sparsity signature of the
 inputs (shapes, and each sparse input's nonzero count rounded to a power of two), so later
-kernels and processes skip the tuning for inputs of the same kind.
+kernels and processes skip the tuning for inputs of the same kind. A result names its
+winner by the decision's label (`Decision.label`: its commands as written, None for the
+default), as the table stored schedules before decisions: old tables stay readable.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 
 from ..errors import ScheduleError
 from ..middle.spec import Spec
+from ..policy.decision import Decision
 from ..runtime.build import cache_dir
 from ..runtime.executable import Executable
 from ..runtime.inputs import Prepared
@@ -125,19 +128,19 @@ def record(entry: str, result: dict[str, Any]) -> None:
 
 
 def tune(
-    build: Callable[[str | None], Executable],
-    schedules: Sequence[str | None],
+    build: Callable[[Decision], Executable],
+    decisions: Sequence[Decision],
     prepared: Prepared,
     threads: int | None,
 ) -> dict[str, Any]:
-    """Time the executable ``build(schedule)`` of every legal schedule (an illegal one
-    raises `ScheduleError`) on ``prepared``; returns the winner and all medians."""
+    """Time the executable ``build(decision)`` of every legal decision (an illegal one
+    raises `ScheduleError`) on ``prepared``; returns the winner's label and all medians."""
     reference = None
     timings: dict[str, float] = {}
-    for schedule in schedules:
-        label = schedule or "default"
+    for decision in decisions:
+        label = decision.label or "default"
         try:
-            executable = build(schedule)
+            executable = build(decision)
         except ScheduleError:
             continue
         got = _dense(executable.run(prepared, threads))  # compiles, and warms up

@@ -24,7 +24,7 @@ from ..middle.derive import contiguous, derive
 from ..middle.regroup import regroup
 from ..middle.spec import FormatsArg, Spec, make_spec
 from ..pipeline import generate, generate_cuda, lower_serially
-from ..policy import tuning
+from ..policy import decision, tuning
 from ..policy.costs import Columns
 from ..policy.schedules import vector_rows
 from ..runtime import fastpath, nvrtc
@@ -83,15 +83,15 @@ class Kernel:
         except SparsecError as err:
             raise err.with_source(expr) from None
         self.parallel, self.commands = _schedule(schedule)
+        prepare = decision.prepare(self.commands, target)
         try:
-            # repeated indices read derived inputs; so does, with no user schedule (its
-            # refusals stand), the cheapest re-layout where no loop order fits (nested too)
-            self.spec = derive(self.spec, None if self.commands else lower_serially)
-            if not self.commands:
-                # dense factors over fewer variables are combined once a call (regroup)
+            # repeated indices read derived inputs; so does, where policy says, the cheapest
+            # re-layout where no loop order fits (nested too)
+            self.spec = derive(self.spec, lower_serially if prepare.relayout else None)
+            if prepare.regroup:
                 self.spec = regroup(self.spec)
-                if target == "c":  # a dense read the innermost loop strides: transposed
-                    self.spec = contiguous(self.spec)
+            if prepare.contiguous:
+                self.spec = contiguous(self.spec)
         except SparsecError as err:
             raise err.with_source(expr) from None
         self._schedule_arg = schedule  # what a pickle or copy rebuilds the kernel from
@@ -103,7 +103,7 @@ class Kernel:
         #: the executables of the schedules timed or chosen
         self._tuned: dict[str, dict[str, Any]] = {}
         self._last_tuned: dict[str, Any] | None = None
-        self._candidates: dict[tuple[str | None, str, str], Executable] = {}
+        self._candidates: dict[tuple[decision.Decision, str, str], Executable] = {}
         if target != "c" and schedule == "serial":
             raise ScheduleError(
                 "schedule 'serial' is for the C target; CUDA kernels map loops to GPU units"
@@ -160,22 +160,25 @@ class Kernel:
         key = (dtype or self.dtype or "float64", index_dtype or self.index_dtype or "int32")
         found = self._generated.get(key)
         if found is None:
-            found = self._generated[key] = self._generate(key[0], key[1], self.commands)
+            found = self._generated[key] = self._generate(key[0], key[1], self._decide(key[0]))
         return found
 
-    def _generate(
-        self, dtype: str, index_dtype: str, commands: tuple[Command, ...], parallel: bool = True
-    ) -> Generated:
+    def _decide(self, dtype: str, commands: tuple[Command, ...] | None = None) -> decision.Decision:
+        """Policy's decision for this kernel's ``dtype`` values under ``commands`` (the
+        kernel's own by default)."""
+        return decision.decide(
+            self.spec,
+            self.target,
+            commands=self.commands if commands is None else commands,
+            parallel=self.parallel,
+            dtype=dtype,
+        )
+
+    def _generate(self, dtype: str, index_dtype: str, decided: decision.Decision) -> Generated:
         try:
             if self.target == "c":
-                return generate(
-                    self.spec,
-                    dtype=dtype,
-                    index_dtype=index_dtype,
-                    parallel=parallel and self.parallel,
-                    commands=commands,
-                )
-            return generate_cuda(self.spec, dtype=dtype, index_dtype=index_dtype, commands=commands)
+                return generate(self.spec, dtype=dtype, index_dtype=index_dtype, decision=decided)
+            return generate_cuda(self.spec, dtype=dtype, index_dtype=index_dtype, decision=decided)
         except SparsecError as err:
             raise err.with_source(self.expression) from None
 
@@ -263,7 +266,8 @@ class Kernel:
             vector = self._vector and by_lane_groups(self.spec, self._vector, prepared.values)
             if vector:  # rows long enough for groups of lanes: the kernel for that group size
                 try:
-                    return self._candidate(vector, prepared.dtype, prepared.index_dtype)
+                    mapped = self._decide(prepared.dtype, parse_commands(vector))
+                    return self._candidate(mapped, prepared.dtype, prepared.index_dtype)
                 except ScheduleError:
                     self._vector = None  # not mappable by groups: thread-per-row stays
             return self.executable(prepared.dtype, prepared.index_dtype, prepared)
@@ -276,26 +280,31 @@ class Kernel:
             index_dtype,
             resolve_threads(threads),
         )
+        decisions = tuning.candidates(self.spec, self.generated().loop_order, self._decide(dtype))
+        # a recorded winner is found among the candidates by its label (the stored format
+        # predates the decision); one no candidate bears any more is tuned again
         found = self._tuned.get(entry) or autotune.lookup(entry)
-        if found is None:
-            schedules = tuning.candidates(self.spec, self.generated().loop_order)
+        chosen = None
+        if found is not None:
+            chosen = next((d for d in decisions if d.label == found["schedule"]), None)
+        if found is None or chosen is None:
 
-            def build(schedule: str | None) -> Executable:
-                return self._candidate(schedule, dtype, index_dtype)
+            def build(candidate: decision.Decision) -> Executable:
+                return self._candidate(candidate, dtype, index_dtype)
 
-            found = autotune.tune(build, schedules, prepared, threads)
+            found = autotune.tune(build, decisions, prepared, threads)
             autotune.record(entry, found)
+            chosen = next(d for d in decisions if d.label == found["schedule"])
         self._tuned[entry] = self._last_tuned = found
-        return self._candidate(found["schedule"], dtype, index_dtype)
+        return self._candidate(chosen, dtype, index_dtype)
 
-    def _candidate(self, schedule: str | None, dtype: str, index_dtype: str) -> Executable:
-        """schedule="auto": the executable of one candidate schedule (kept)."""
-        key = (schedule, dtype, index_dtype)
+    def _candidate(self, decided: decision.Decision, dtype: str, index_dtype: str) -> Executable:
+        """schedule="auto" or a lane-group mapping: the executable of one decision (kept)."""
+        key = (decided, dtype, index_dtype)
         with self._lock:
             found = self._candidates.get(key)
             if found is None:
-                parallel, commands = _schedule(schedule)
-                gen = self._generate(dtype, index_dtype, commands, parallel)
+                gen = self._generate(dtype, index_dtype, decided)
                 found = Executable.build(self.spec, gen, self.target, self.columns, self._poison)
                 self._candidates[key] = found
             return found

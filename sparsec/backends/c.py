@@ -12,7 +12,6 @@ from ..abi import ASSEMBLE_NAME, KERNEL_NAME, PACKED_NAME
 from ..ir import nodes as ir
 from ..ir.visit import exprs, statements, subexpressions
 from ..middle.spec import Spec
-from ..passes import tile as tile_pass
 from ..passes.stages import guarded_extents
 from .generated import Generated
 from .printer import C, Printer, adds_into_output, header, param, render, storage_arrays
@@ -74,14 +73,16 @@ def print_c(
     functions: Sequence[Function],
     *,
     vectors: int,
+    narrowest: int,
     llc: int,
     l1_way: int,
 ) -> Generated:
     """``gen`` with its source: the C translation unit of ``functions`` (each takes the
     parameters ``gen.signature``), and ``sparsec_kernel_packed`` where it can be defined.
     ``vectors``: the register tile's vectors where a body was tiled (0: the template leaves
-    the vector helpers out); ``llc``: the last-level cache's bytes, the output size from
-    which tiles are stored non-temporally; ``l1_way``: one way of the L1 data cache's bytes
+    the vector helpers out); ``narrowest``: the narrowest tile's vectors (the template
+    sizes the narrower tiles' stages from it); ``llc``: the last-level cache's bytes, the
+    output size from which tiles are stored non-temporally; ``l1_way``: one way of the L1 data cache's bytes
     (rows gathered a multiple of it apart are not prefetched into it)."""
     bodies = tuple(f.body for f in functions)
     wide = adds_into_output(gen.dtype, gen.signature, *bodies)
@@ -117,7 +118,7 @@ def print_c(
             for f in functions
         ],
         vectors=vectors,
-        narrowest=tile_pass.NARROWEST,  # read now: the tests vary it
+        narrowest=narrowest,
         stage_extents=extents,
         stream_sfx="ps" if gen.dtype == "float32" else "pd",
         stream_out_bytes=llc,

@@ -21,6 +21,7 @@ from ..ir import nodes as ir
 from ..middle.plan import Plan
 from ..middle.schedule import Schedule
 from ..middle.spec import Spec
+from ..policy.decision import CHUNKS_PER_THREAD
 from .assemble import Assembler
 from .ctx import Where
 
@@ -81,6 +82,7 @@ class LowerEnv:
         append: bool = False,
         chunked: bool = False,
         schedule: Schedule = UNSCHEDULED,
+        chunks_per_thread: int = CHUNKS_PER_THREAD,
     ) -> None:
         # ------------------------------------------------------------ inputs
         self.spec = spec
@@ -98,6 +100,8 @@ class LowerEnv:
         self.commands = schedule.commands
         #: threads may be used at all (``schedule="serial"`` turns them off)
         self.threads_ok = parallel
+        #: a parallel CPU loop's dynamic chunks per thread (`policy.decision.Decision`)
+        self.chunks_per_thread = chunks_per_thread
         #: dense-exact lowering (see `lattice.build`) when the expression may make inf/NaN
         self.exact = exact(spec.statement.rhs, spec.semantics.division)
         #: the algebra of ``*`` and the sums (`frontend.semirings`; plus_times by default)

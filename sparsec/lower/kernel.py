@@ -15,6 +15,7 @@ from ..middle.order import level_indices
 from ..middle.plan import Space
 from ..middle.schedule import Schedule
 from ..middle.spec import Spec
+from ..policy.decision import CHUNKS_PER_THREAD
 from .chunks import ChunkFrame
 from .ctx import Ctx, OutputSink
 from .env import LowerEnv
@@ -154,6 +155,7 @@ def lower(
     counting: bool = False,
     append: bool = False,
     chunked: bool = False,
+    chunks_per_thread: int = CHUNKS_PER_THREAD,
 ) -> tuple[LoweredKernel, Signature]:
     """Lower ``spec`` under ``schedule`` (`middle.schedule.make_schedule`: its loops, its
     commands, the user's and the default policy's (`policy.schedules.cpu_default`), and its
@@ -166,10 +168,15 @@ def lower(
     ``counting`` lowers the assemble kernel of a sparse output (sizes only); ``append``
     its single-pass kernel (serial, appending into arrays of a proven capacity, even where
     the two-phase kernel fills rows in parallel; ``chunked``: in chunks of rows, see
-    `chunks`), whose schedule is made with ``append`` too.
+    `chunks`), whose schedule is made with ``append`` too. ``chunks_per_thread``: a
+    parallel CPU loop's dynamic chunks per thread (`policy.decision.Decision`).
     """
     sig, namer = make_names()
-    options: dict[str, Any] = {"parallel": parallel, "schedule": schedule}
+    options: dict[str, Any] = {
+        "parallel": parallel,
+        "schedule": schedule,
+        "chunks_per_thread": chunks_per_thread,
+    }
     if not spec.output.format.is_dense:
         env = LowerEnv(
             spec, sig, namer, counting=counting, append=append, chunked=chunked, **options

@@ -187,11 +187,12 @@ def _cpu_setup(
 
 
 def _parallel_for(env: LowerEnv, var: str, trip: ir.Expr) -> tuple[ir.Stmt, ir.Parallel]:
-    """A dynamic schedule with about eight chunks per thread (skewed rows balance)."""
+    """A dynamic schedule with about `LowerEnv.chunks_per_thread` chunks per thread
+    (skewed rows balance)."""
     env.parallel_loops.append(var)
     chunk = env.namer.fresh("chunk")
     threads = ir.Var(env.sig.threads)
-    per = ir.Bin("*", ir.IntLit(8), threads)
+    per = ir.Bin("*", ir.IntLit(env.chunks_per_thread), threads)
     size = ir.Bin("/", ir.Bin("+", trip, ir.Bin("-", per, ir.IntLit(1))), per)
     decl = ir.Decl(ir.I64, chunk, ir.Call("max", (ir.IntLit(1), size)))
     return decl, ir.Parallel("CPUThread", "dynamic", chunk)

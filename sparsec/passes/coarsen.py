@@ -23,12 +23,8 @@ from itertools import count
 
 from ..ir import nodes as ir
 from ..ir.visit import exprs, free_vars, map_blocks, statements, subexpressions, substitute
+from ..policy.decision import DEFAULTS, PassOptions
 
-#: columns per thread in the first sweeps (measured on an H100: 4 beat 1, 2 and 8 on
-#: pruned-BERT SpMM), then 2 for what is left (768 = 512 + 256 columns), then 1
-FACTORS = (4, 2)
-#: threads per block when a loop is coarsened: a first sweep covers 4 * 128 = 512 columns
-BLOCK = 128
 _THREADS = ir.Call("block_threads", ())
 _THREAD = ir.Call("thread_in_block", ())
 #: calls whose value differs between the lanes of a warp, or that exchange values
@@ -37,36 +33,44 @@ _LANE_CALLS = frozenset(
 )
 
 
-def coarsen(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
-    """``body`` with every eligible thread loop coarsened, and a note per loop."""
+def coarsen(body: ir.Block, options: PassOptions = DEFAULTS) -> tuple[ir.Block, tuple[str, ...]]:
+    """``body`` with every eligible thread loop coarsened, and a note per loop: columns
+    per thread ``options.coarsen_factors`` in turn (then 1) on ``options.coarsen_block``
+    threads per block (a first sweep of 4 on 128 covers 512 columns, then 2 covers 768)."""
     notes: list[str] = []
-    return _block(body, notes, count(), frozenset()), tuple(notes)
+    return _block(body, notes, count(), frozenset(), options), tuple(notes)
 
 
-def _block(b: ir.Block, notes: list[str], ids: count[int], outer: frozenset[str]) -> ir.Block:
+def _block(
+    b: ir.Block, notes: list[str], ids: count[int], outer: frozenset[str], options: PassOptions
+) -> ir.Block:
     out, scope = [], set(outer)
     for s in b.body:
-        out.append(_stmt(s, notes, ids, frozenset(scope)))
+        out.append(_stmt(s, notes, ids, frozenset(scope), options))
         if isinstance(s, ir.Decl) and outer:
             scope.add(s.name)  # a local of an outer loop's body varies with it
     return ir.Block(tuple(out))
 
 
-def _stmt(s: ir.Stmt, notes: list[str], ids: count[int], outer: frozenset[str]) -> ir.Stmt:
+def _stmt(
+    s: ir.Stmt, notes: list[str], ids: count[int], outer: frozenset[str], options: PassOptions
+) -> ir.Stmt:
     """``outer``: the variables of the loops around ``s`` and the locals of their bodies."""
     match s:
         case ir.For(parallel=par, end=end) if par is not None and par.unit == "GPUThread":
             # a thread loop bounded by an outer loop's variable is a split piece of a
             # row range (thread-per-row), not a range of output columns
             plain = par.schedule not in ("lane", "group") and not free_vars(end) & outer
-            done = _coarsen(s, next(ids)) if plain else None
+            factors = options.coarsen_factors
+            done = _coarsen(s, next(ids), factors) if plain else None
             if done is None:
                 return s
-            per = " then ".join(map(str, FACTORS))
-            notes.append(f"{s.var}: {per} columns per thread ({BLOCK} threads per block)")
+            per = " then ".join(map(str, factors))
+            block = options.coarsen_block
+            notes.append(f"{s.var}: {per} columns per thread ({block} threads per block)")
             return done
     inner = outer | {s.var} if isinstance(s, ir.For) else outer
-    return map_blocks(s, lambda b: _block(b, notes, ids, inner))
+    return map_blocks(s, lambda b: _block(b, notes, ids, inner, options))
 
 
 # ------------------------------------------------------------------ analysis
@@ -138,7 +142,7 @@ def _per_column(stmts: list[ir.Stmt], j: str) -> set[str] | None:
 
 
 # ------------------------------------------------------------------- rewrite
-def _coarsen(loop: ir.For, n: int) -> ir.Block | None:
+def _coarsen(loop: ir.For, n: int, factors: tuple[int, ...]) -> ir.Block | None:
     if loop.start != ir.IntLit(0) or loop.unroll:
         return None
     stmts = _walk(loop.body)
@@ -152,14 +156,14 @@ def _coarsen(loop: ir.For, n: int) -> ir.Block | None:
     if not any(isinstance(s, ir.For) and _touches(s.body, column) for s in stmts):
         return None
     stmts_out: list[ir.Stmt] = [
-        ir.Comment(f"{' then '.join(map(str, FACTORS))} columns of {j} per thread, then one")
+        ir.Comment(f"{' then '.join(map(str, factors))} columns of {j} per thread, then one")
     ]
     start: ir.Expr = ir.IntLit(0)
 
     def plus(a: ir.Expr, b: ir.Expr) -> ir.Expr:
         return b if a == ir.IntLit(0) else ir.Bin("+", a, b)
 
-    for factor in FACTORS:
+    for factor in factors:
         span, tiles, tile = f"sc_span{n}_{factor}", f"sc_tiles{n}_{factor}", f"sc_tile{n}_{factor}"
         first = ir.Bin("+", plus(start, ir.Bin("*", ir.Var(tile), ir.Var(span))), _THREAD)
         columns = [

@@ -5,12 +5,12 @@ over a dense level read in storage order (a dense GEMV row, a row sum over a com
 level's values) is one chain of dependent additions: each add waits for the one before it,
 so the loop runs at the adder's latency, a term every 4 cycles, and C compilers do not
 reorder floating-point sums on their own. This pass lets the compiler sum on vector lanes:
-the loop is cut into blocks of `BLOCK` iterations, each block summed into a partial of the
-value type under ``#pragma omp simd reduction(+: ...)``, and each partial added into the
-loop's accumulator. A float32 partial sums at most `BLOCK` terms, at most ``BLOCK / lanes``
-per lane, and is then added into the double accumulator (``sc_acc_t``), so float32 sums
-keep the precision docs/decisions.md records for them ("float32 sums accumulate in
-double").
+the loop is cut into blocks of ``dot_block`` iterations (`policy.decision`), each block
+summed into a partial of the value type under ``#pragma omp simd reduction(+: ...)``, and
+each partial added into the loop's accumulator. A float32 partial sums at most
+``dot_block`` terms, at most ``dot_block / lanes`` per lane, and is then added into the
+double accumulator (``sc_acc_t``), so float32 sums keep the precision docs/decisions.md
+records for them ("float32 sums accumulate in double").
 
 A *dot loop* is a `For` that
 
@@ -28,7 +28,7 @@ infinity among them makes the sum NaN or infinite, does not. torch and TACO (who
 generated code is compiled with ``-ffast-math``) reorder such sums too. Semirings are left
 alone (`run_passes` runs no pass under them). C only.
 
-Value-typed partials of `BLOCK` terms added into the double accumulator measured fastest,
+Value-typed partials of ``dot_block`` terms added into the double accumulator measured fastest,
 ahead of lanes summing in double (docs/decisions.md, "Contiguous dot loops").
 """
 
@@ -47,47 +47,50 @@ from ..ir.visit import (
     subexpressions,
     substitute,
 )
-
-#: iterations summed into one value-typed partial before it is added into the accumulator
-BLOCK = 256
+from ..policy.decision import DEFAULTS, PassOptions
 
 
-def vectorize_dots(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
-    """``body`` with every dot loop summed on vector lanes in blocks, and a note when any
-    was."""
+def vectorize_dots(
+    body: ir.Block, options: PassOptions = DEFAULTS
+) -> tuple[ir.Block, tuple[str, ...]]:
+    """``body`` with every dot loop summed on vector lanes in blocks of
+    ``options.dot_block`` iterations, and a note when any was."""
+    block = options.dot_block
     count = [0]
     decls = [s for s in statements(body) if isinstance(s, ir.Decl)]
     scalars = {d.name for d in decls if d.type in (ir.ACC, ir.VAL)}
     # flags declared 0: set before the loop when it runs, as its iterations would
     flags = {d.name for d in decls if d.type == ir.BOOL and d.init == ir.IntLit(0)}
-    done = _block(body, count, (scalars, flags), in_vector=False)
+    done = _block(body, count, (scalars, flags), in_vector=False, size=block)
     if not count[0]:
         return body, ()
-    return done, (f"{count[0]} dot loop(s) summed on vector lanes in blocks of {BLOCK}",)
+    return done, (f"{count[0]} dot loop(s) summed on vector lanes in blocks of {block}",)
 
 
 #: the names a dot loop may sum into, and the flags it may set
 Names = tuple[set[str], set[str]]
 
 
-def _block(b: ir.Block, count: list[int], names: Names, in_vector: bool) -> ir.Block:
+def _block(b: ir.Block, count: list[int], names: Names, in_vector: bool, size: int) -> ir.Block:
     out: list[ir.Stmt] = []
     for s in b.body:
         if isinstance(s, ir.For) and not in_vector:
             sums = _dot(s)
             if sums is not None and set(sums[0]) <= names[0] and set(sums[1]) <= names[1]:
                 count[0] += 1
-                out.extend(_blocked(s, *sums, uid=count[0]))
+                out.extend(_blocked(s, *sums, uid=count[0], size=size))
                 continue
         vector = in_vector or (
             isinstance(s, ir.For) and s.parallel is not None and s.parallel.unit == "CPUVector"
         )
-        out.append(map_blocks(s, _inside(count, names, vector)))
+        out.append(map_blocks(s, _inside(count, names, vector, size)))
     return ir.Block(tuple(out))
 
 
-def _inside(count: list[int], names: Names, in_vector: bool) -> Callable[[ir.Block], ir.Block]:
-    return lambda b: _block(b, count, names, in_vector)
+def _inside(
+    count: list[int], names: Names, in_vector: bool, size: int
+) -> Callable[[ir.Block], ir.Block]:
+    return lambda b: _block(b, count, names, in_vector, size)
 
 
 def _dot(loop: ir.For) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
@@ -168,18 +171,16 @@ def _stride(e: ir.Expr, var: str) -> int | None:
 
 
 def _blocked(
-    loop: ir.For, sums: tuple[str, ...], flags: tuple[str, ...], uid: int
+    loop: ir.For, sums: tuple[str, ...], flags: tuple[str, ...], uid: int, size: int
 ) -> list[ir.Stmt]:
-    """``loop`` as blocks of `BLOCK` iterations, each summed on vector lanes into partials
+    """``loop`` as blocks of ``size`` iterations, each summed on vector lanes into partials
     of the value type, which are added into ``sums``. The names it declares are the
     ``sc_`` ones no index or tensor can take, numbered ``uid`` per kernel."""
     v = loop.var
     blk, lo, hi = f"sc_dot{uid}", f"sc_dot{uid}_lo", f"sc_dot{uid}_hi"
     parts = {name: f"sc_dot{uid}_part{n}" for n, name in enumerate(sums)}
     start = ir.Var(f"sc_dot{uid}_start")
-    count = ir.Bin(
-        "/", ir.add(ir.Bin("-", loop.end, start), ir.IntLit(BLOCK - 1)), ir.IntLit(BLOCK)
-    )
+    count = ir.Bin("/", ir.add(ir.Bin("-", loop.end, start), ir.IntLit(size - 1)), ir.IntLit(size))
     inner_body = tuple(
         replace(s, target=ir.Var(parts[s.target.name]))
         if isinstance(s, ir.Assign) and isinstance(s.target, ir.Var) and s.target.name in parts
@@ -195,8 +196,8 @@ def _blocked(
         parallel=ir.Parallel("CPUVector", reduction=tuple(parts.values())),
     )
     block = ir.block(
-        ir.Decl(ir.I64, lo, ir.add(start, ir.Bin("*", ir.Var(blk), ir.IntLit(BLOCK)))),
-        ir.Decl(ir.I64, hi, ir.Call("min", (loop.end, ir.add(ir.Var(lo), ir.IntLit(BLOCK))))),
+        ir.Decl(ir.I64, lo, ir.add(start, ir.Bin("*", ir.Var(blk), ir.IntLit(size)))),
+        ir.Decl(ir.I64, hi, ir.Call("min", (loop.end, ir.add(ir.Var(lo), ir.IntLit(size))))),
         *(ir.Decl(ir.VAL, part, ir.FloatLit(0.0)) for part in parts.values()),
         inner,
         *(ir.Assign(ir.Var(name), ir.Var(part), "+=") for name, part in parts.items()),

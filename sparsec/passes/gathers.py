@@ -5,7 +5,7 @@ Two shapes, measured on pruned-BERT SpMM (`bench bert`) and MTTKRP (docs/decisio
 
 - *Within segments* (`Gathers.within`). When a vector load's row is found through an index
   array that the region's innermost loop walks (SpMM's ``X[W_crd[p], j]``), each iteration
-  prefetches the tile of the row that iteration ``p + PREFETCH_DISTANCE`` will load (one
+  prefetches the tile of the row that iteration ``p + prefetch_distance`` will load (one
   cache line, mid-tile, which measured faster than one per line), that iteration clamped
   to the loop's last. Hardware prefetchers cannot predict these rows; strided loads are left
   to them. The prefetch (``sc_prefetch_row``) also gets the rows' stride, and where that is
@@ -18,7 +18,7 @@ Two shapes, measured on pruned-BERT SpMM (`bench bert`) and MTTKRP (docs/decisio
 - *Across segments* (`Gathers.across`). When the innermost loop walks segments ``pos[q] ..
   pos[q + 1]`` of the loop around it (MTTKRP's l fibers in its k fibers, about one entry
   each on random tensors, where prefetching within a fiber finds nothing ahead), the segments of the
-  region make one run of positions: the innermost loop prefetches ``PREFETCH_DISTANCE``
+  region make one run of positions: the innermost loop prefetches ``prefetch_distance``
   positions on in that run, into the next segments, and the loop around it prefetches the
   rows that its own iteration that far on gathers (MTTKRP's ``C[k, :]``), each index
   clamped to its range's last. MTTKRP (2000³, 1M entries, rank 32) measured faster.
@@ -32,10 +32,6 @@ from dataclasses import dataclass, replace
 
 from ..ir import nodes as ir
 from ..ir.visit import bindings, free_vars, map_children, subexpressions, substitute
-
-#: iterations ahead that a gathered row is prefetched: enough to hide an L2 miss at a few
-#: cycles per vector FMA (2 to 12 measured alike on Zen; 6 is in the middle)
-PREFETCH_DISTANCE = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +47,8 @@ class Gathers:
     #: names the region declares (their values change inside it)
     inside: frozenset[str]
     uid: int
+    #: iterations ahead that a gathered row is prefetched (`policy.decision.TileOptions`)
+    distance: int
 
     def prefetches(
         self,
@@ -108,13 +106,13 @@ class Gathers:
 
     def across(self, region: ir.For, parent: ir.For, last: ir.Expr) -> ir.Stmt | None:
         """``region`` with its two innermost loops prefetching ahead across segments: the
-        innermost loop the rows ``PREFETCH_DISTANCE`` positions on in the parent's run of
+        innermost loop the rows ``distance`` positions on in the parent's run of
         positions (into the next segments: MTTKRP's l fibers hold about one entry each), and
         the parent the rows its own iteration that far on gathers (MTTKRP's ``C[k, :]``),
         each index clamped to its range's last. None when neither has a load to prefetch."""
         loop = self.loops[-1]
         end = f"sc_pfend{self.uid}"
-        distance = ir.IntLit(PREFETCH_DISTANCE)
+        distance = ir.IntLit(self.distance)
         ahead = ir.Call("min", (ir.add(ir.Var(loop.var), distance), ir.Var(end)))
         own = self.prefetches(loop, ahead)
         # the parent's prefetches open its body, before its declarations: a row that needs
@@ -140,11 +138,11 @@ class Gathers:
 
     def within(self, region: ir.For) -> ir.For | None:
         """``region`` with its innermost loop prefetching the rows that iteration
-        ``PREFETCH_DISTANCE`` on gathers, that iteration clamped to the loop's last (the
+        ``distance`` on gathers, that iteration clamped to the loop's last (the
         index array is read only where the loop runs); None when there is nothing to
         prefetch."""
         last = self.loops[-1]
-        distance = ir.IntLit(PREFETCH_DISTANCE)
+        distance = ir.IntLit(self.distance)
         final = ir.Bin("-", last.end, ir.IntLit(1))
         ahead = ir.Call("min", (ir.add(ir.Var(last.var), distance), final))
         prefetch = self.prefetches(last, ahead, row_aware=True)

@@ -8,10 +8,10 @@ SDDMM with a sparse output, ``A(i,j) = B(i,j) * C(i,k) * D(k,j)``, lowers to
 Each ``acc`` is one chain of dependent additions, ``k`` long: the core waits an addition's
 latency (3-4 cycles) per multiply-add while its FMA units idle. Reassociating the sum
 (partial sums over ``k``, as ``-ffast-math`` lets a compiler) would change its rounding.
-This pass instead runs `WAYS` iterations of the outer loop at once (unroll and jam): their
+This pass instead runs ``jam_ways`` iterations of the outer loop at once (unroll and jam): their
 declarations, then one ``k`` loop whose body holds each iteration's body in turn (their
 chains are independent), then each iteration's statements after the ``k`` loop, in the
-original order. The iterations left over (fewer than `WAYS`) run through the original
+original order. The iterations left over (fewer than ``jam_ways``) run through the original
 loop. Every output gets the same additions in the same order: results are bit-identical.
 (The dots pass runs after this one: where the jammed inner loop reads only contiguous
 elements it sums them on vector lanes, which reorders each sum; see `dots.py`.)
@@ -34,16 +34,16 @@ from itertools import count
 
 from ..ir import nodes as ir
 from ..ir.visit import arrays, blocks, exprs, free_vars, map_blocks, statements, substitute
+from ..policy.decision import DEFAULTS, PassOptions
 
-#: outer iterations run together: enough independent chains to cover an addition's
-#: latency at two additions per cycle without running out of registers
-WAYS = 4
 #: the statements a tail may hold (no loop: its variable would need renaming too)
 _TAIL = (ir.Decl, ir.Assign, ir.If, ir.Return, ir.Effect, ir.Comment, ir.Block)
 
 
-def jam(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
-    """``body`` with every qualifying loop interleaved `WAYS` ways, and a note per loop."""
+def jam(body: ir.Block, options: PassOptions = DEFAULTS) -> tuple[ir.Block, tuple[str, ...]]:
+    """``body`` with every qualifying loop interleaved ``options.jam_ways`` ways, and a
+    note per loop."""
+    ways = options.jam_ways
     taken = _names(body)
     notes: list[str] = []
     ids = count()
@@ -52,13 +52,13 @@ def jam(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
         out: list[ir.Stmt] = []
         for s in b.body:
             s = map_blocks(s, visit)
-            made = _jam(s, taken, next(ids)) if isinstance(s, ir.For) else None
+            made = _jam(s, taken, next(ids), ways) if isinstance(s, ir.For) else None
             if made is None:
                 out.append(s)
                 continue
             assert isinstance(s, ir.For)
             out.extend(made)
-            notes.append(f"loop {s.var} runs {WAYS} iterations' sums interleaved")
+            notes.append(f"loop {s.var} runs {ways} iterations' sums interleaved")
         return ir.Block(tuple(out))
 
     return visit(body), tuple(notes)
@@ -108,8 +108,8 @@ def _reads(stmts: tuple[ir.Stmt, ...]) -> tuple[set[str], set[str]]:
     return names, loaded
 
 
-def _jam(loop: ir.For, taken: set[str], ident: int) -> list[ir.Stmt] | None:
-    """``loop`` interleaved `WAYS` ways (statements replacing it), or None."""
+def _jam(loop: ir.For, taken: set[str], ident: int, ways: int) -> list[ir.Stmt] | None:
+    """``loop`` interleaved ``ways`` ways (statements replacing it), or None."""
     if loop.parallel is not None or loop.unroll:
         return None
     body = loop.body.body
@@ -155,7 +155,7 @@ def _jam(loop: ir.For, taken: set[str], ident: int) -> list[ir.Stmt] | None:
             local.add(s.name)
     if inner.var in local:
         return None
-    renamed = [{v: f"{v}_w{u}" for v in local} for u in range(WAYS)]
+    renamed = [{v: f"{v}_w{u}" for v in local} for u in range(ways)]
     if any(n in taken for env in renamed for n in env.values()):
         return None
     prefix = f"sc_jam{ident}"
@@ -172,12 +172,12 @@ def _jam(loop: ir.For, taken: set[str], ident: int) -> list[ir.Stmt] | None:
             groups,
             ir.Select(
                 ir.Bin(">", ir.Var(end), ir.Var(start)),
-                ir.Bin("/", span, ir.IntLit(WAYS)),
+                ir.Bin("/", span, ir.IntLit(ways)),
                 ir.IntLit(0),
             ),
         ),
     ]
-    first = ir.Bin("+", ir.Var(start), ir.Bin("*", ir.Var(group), ir.IntLit(WAYS)))
+    first = ir.Bin("+", ir.Var(start), ir.Bin("*", ir.Var(group), ir.IntLit(ways)))
     grouped: list[ir.Stmt] = []
     for u, env in enumerate(renamed):
         grouped.append(ir.Decl(ir.I64, env[loop.var], ir.add(first, ir.IntLit(u))))
@@ -188,7 +188,7 @@ def _jam(loop: ir.For, taken: set[str], ident: int) -> list[ir.Stmt] | None:
     for env in renamed:
         grouped.extend(_rename(s, env) for s in tail)
     stmts.append(ir.For(group, ir.IntLit(0), ir.Var(groups), ir.Block(tuple(grouped))))
-    left = ir.Bin("+", ir.Var(start), ir.Bin("*", ir.Var(groups), ir.IntLit(WAYS)))
+    left = ir.Bin("+", ir.Var(start), ir.Bin("*", ir.Var(groups), ir.IntLit(ways)))
     stmts.append(replace(loop, start=left, end=ir.Var(end)))
     return stmts
 

@@ -1,8 +1,8 @@
 """Register-tile stages a build compiles: those the call's extent needs, or all of them.
 
-A tiled region (`tile`) covers its columns in stages: whole tiles of `VECTORS` vectors,
-then at most one tile of each narrower width down to `NARROWEST` vectors, then the columns
-left (fewer than `NARROWEST` vectors) through the original nest. Which stages run depends
+A tiled region (`tile`) covers its columns in stages: whole tiles of ``vectors`` vectors,
+then at most one tile of each narrower width down to ``narrowest`` vectors, then the columns
+left (fewer than ``narrowest`` vectors) through the original nest. Which stages run depends
 on the extent alone: at 512 float64 columns on 8-lane vectors only whole tiles, at MTTKRP's
 rank 32 only the tile of 4 vectors, at both no columns left. Every stage is a copy of the
 region that the C compiler optimises on its own, and the stages that never run cost most
@@ -11,7 +11,7 @@ of a tiled kernel's compile: the unused ones of SpMM at 512 columns and of MTTKR
 register-tile stages").
 
 So each stage is guarded by a compile-time constant. A stage is a bit: whole tiles
-`VECTORS`, a narrower tile its vectors, the columns left 1 (`REMAINDER`). The template
+``vectors``, a narrower tile its vectors, the columns left 1 (`REMAINDER`). The template
 defines, per extent parameter ``p`` whose regions are guarded, ``SC_STAGES_p``: the stages
 ``SC_HINT_p`` needs (the extent the build was made for, `sparsec.abi.stage_hints`), or all
 of them when the build names no extent. The compiler drops a guarded stage whose bit is

@@ -5,7 +5,7 @@ Across the rows, ``crd`` and ``vals`` are read front to back: two streams, each 
 by a row's length per outer iteration. When the rows are short (SpMV's 10 entries), the
 inner loop is mostly ``x`` gathers that miss L2, and the hardware prefetchers left to
 themselves do not keep the streams ahead of it. This pass puts, before such a loop, a
-prefetch of each stream `DISTANCE` positions past where the loop starts: two cache lines
+prefetch of each stream ``stream_distance`` positions past where the loop starts: two cache lines
 per stream per outer iteration, non-temporal (the data is read once).
 
 A loop is a *stream loop* when it
@@ -29,45 +29,46 @@ faster on 1 and 2 threads; float32 and the banded matrix gain less; rows of 100 
 neutral (the numbers: docs/decisions.md, "Stream loops prefetch their crd and vals").
 Distances from 64 to 320 measured alike; one line per stream per row was slower than two
 (rows of 10 doubles span two lines); a loop that prefetches exactly the lines of the row
-``DISTANCE`` ahead was slower still (its trip count of 1 or 2 mispredicts).
+that distance ahead was slower still (its trip count of 1 or 2 mispredicts).
 """
 
 from __future__ import annotations
 
 from ..ir import nodes as ir
 from ..ir.visit import exprs, map_blocks, statements, subexpressions
-
-#: positions ahead of the loop's start that each stream is prefetched
-DISTANCE = 128
+from ..policy.decision import DEFAULTS, PassOptions
 
 
-def prefetch_streams(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
+def prefetch_streams(
+    body: ir.Block, options: PassOptions = DEFAULTS
+) -> tuple[ir.Block, tuple[str, ...]]:
     """``body`` with a prefetch of each stream loop's streams before the loop, and a note
-    per distinct set of streams."""
+    per distinct set of streams; each stream is prefetched ``options.stream_distance``
+    positions past the loop's start."""
     notes: list[str] = []
-    return _block(body, notes, inside=False), tuple(notes)
+    return _block(body, notes, inside=False, distance=options.stream_distance), tuple(notes)
 
 
-def _block(b: ir.Block, notes: list[str], inside: bool) -> ir.Block:
+def _block(b: ir.Block, notes: list[str], inside: bool, distance: int) -> ir.Block:
     out: list[ir.Stmt] = []
     for s in b.body:
         if isinstance(s, ir.For):
             streams = _streams(s) if inside else ()
             if streams:
-                note = f"{', '.join(streams)} prefetched {DISTANCE} positions ahead"
+                note = f"{', '.join(streams)} prefetched {distance} positions ahead"
                 if note not in notes:
                     notes.append(note)
-                ahead = ir.add(s.start, ir.IntLit(DISTANCE))
+                ahead = ir.add(s.start, ir.IntLit(distance))
                 out.extend(
                     ir.Effect(ir.Call("prefetch_stream", (ir.Var(a), ahead))) for a in streams
                 )
-        out.append(_stmt(s, notes, inside))
+        out.append(_stmt(s, notes, inside, distance))
     return ir.Block(tuple(out))
 
 
-def _stmt(s: ir.Stmt, notes: list[str], inside: bool) -> ir.Stmt:
+def _stmt(s: ir.Stmt, notes: list[str], inside: bool, distance: int) -> ir.Stmt:
     inner = inside or isinstance(s, ir.For | ir.While)
-    return map_blocks(s, lambda b: _block(b, notes, inner))
+    return map_blocks(s, lambda b: _block(b, notes, inner, distance))
 
 
 #: what a stream loop's body may not hold: a loop (the body is the per-entry work) or

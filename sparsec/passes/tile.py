@@ -4,9 +4,9 @@ SpMM ``Y(i,j) = W(i,k) * X(k,j)`` lowers to ``for k in row i: for j: Y[i,j] += w
 The compiler vectorises the j loop, but every multiply-add still loads and stores ``Y``:
 two loads and a store per FMA, where one load would do. This pass rewrites such a nest
 (the *region*: serial loops whose bodies only declare locals, ending in the j loop) into
-tiles of `VECTORS` vectors of ``j``: each tile's output elements live in registers for the
-whole region (``sc_acc0 .. sc_acc7``) and are stored once after it. The columns left over
-(fewer than a tile) run in at most one tile of 4 vectors and one of 2 (`NARROWEST`), so a
+tiles of ``vectors`` (8) vectors of ``j``: each tile's output elements live in registers for
+the whole region (``sc_acc0 .. sc_acc7``) and are stored once after it. The columns left over
+(fewer than a tile) run in at most one tile of 4 vectors and one of 2 (``narrowest``), so a
 row narrower than a tile still accumulates in registers (MTTKRP at rank 32 in float64 on
 64-byte vectors: docs/decisions.md, "A row narrower than a tile"); the rest, fewer than
 2 vectors, runs through the original nest. A build has the stages its extent needs (`stages`).
@@ -35,15 +35,10 @@ from itertools import count
 
 from ..ir import nodes as ir
 from ..ir.visit import arrays, bindings, free_vars, map_blocks, substitute
-from .gathers import PREFETCH_DISTANCE, Gathers
+from ..policy.decision import DEFAULTS, TileOptions
+from .gathers import Gathers
 from .stages import REMAINDER, built, checked, guard
 
-#: accumulators per tile: 8 AVX2 registers of the 16, leaving room for loads and the
-#: broadcast factor; FMA latency × issue width is also about 8 on current x86 cores
-VECTORS = 8
-#: the fewest vectors of the narrower tiles after the whole ones (`_Tiler.build`): tiles of
-#: one vector (a pass over the region per vector) measured no faster than the plain loop
-NARROWEST = 2
 #: macros of the C template: lanes per vector (set from the compiler's target flags)
 #: and values per tile
 VLEN = ir.Var("SC_VLEN")
@@ -59,15 +54,16 @@ class _Nest:
     inner: ir.For
 
 
-def tile(body: ir.Block) -> tuple[ir.Block, tuple[str, ...]]:
-    """``body`` with every eligible region tiled, and a note per region tiled."""
+def tile(body: ir.Block, options: TileOptions = DEFAULTS.tile) -> tuple[ir.Block, tuple[str, ...]]:
+    """``body`` with every eligible region tiled in tiles of ``options.vectors`` vectors
+    (then narrower ones down to ``options.narrowest``), and a note per region tiled."""
     notes: list[str] = []
     ids = count()
-    tiled = _block(body, notes, ids)
+    tiled = _block(body, notes, ids, options)
     return (checked(tiled) if notes else tiled), tuple(notes)
 
 
-def _block(b: ir.Block, notes: list[str], ids: count[int]) -> ir.Block:
+def _block(b: ir.Block, notes: list[str], ids: count[int], options: TileOptions) -> ir.Block:
     out: list[ir.Stmt] = []
     # the last loop that zeroes a row, its index in `out`, and the local declarations
     # after it
@@ -75,7 +71,7 @@ def _block(b: ir.Block, notes: list[str], ids: count[int]) -> ir.Block:
     between: list[ir.Decl] = []
     for s in b.body:
         before = _Zeroing(zeroing[1], tuple(between)) if zeroing is not None else None
-        done = _stmt(s, notes, ids, before)
+        done = _stmt(s, notes, ids, options, before)
         if isinstance(done, _ZeroStarted):
             assert zeroing is not None
             del out[zeroing[0]]
@@ -130,24 +126,26 @@ def zero_store(loop: ir.For) -> ir.Load | None:
 
 
 def _stmt(
-    s: ir.Stmt, notes: list[str], ids: count[int], before: _Zeroing | None = None
+    s: ir.Stmt, notes: list[str], ids: count[int], opts: TileOptions, before: _Zeroing | None = None
 ) -> ir.Stmt | _ZeroStarted:
     match s:
         case ir.For():
             if s.parallel is None:
                 nest = _nest(s)
                 if nest is not None:
-                    found = _tile(nest, ids, before)
+                    found = _tile(nest, ids, opts, before)
                     if found is not None:
                         tiled, prefetched = found
                         loops = ", ".join(loop.var for loop in nest.loops)
                         note = f"{nest.inner.var} in register tiles across loop {loops}"
                         if prefetched:
                             where = ", across segments" if prefetched == "across segments" else ""
-                            note += f" (gathered rows prefetched {PREFETCH_DISTANCE} ahead{where})"
+                            note += (
+                                f" (gathered rows prefetched {opts.prefetch_distance} ahead{where})"
+                            )
                         notes.append(note)
                         return tiled
-    return map_blocks(s, lambda b: _block(b, notes, ids))
+    return map_blocks(s, lambda b: _block(b, notes, ids, opts))
 
 
 def _nest(root: ir.For) -> _Nest | None:
@@ -185,12 +183,12 @@ class _Refuse(Exception):
 
 
 def _tile(
-    nest: _Nest, ids: count[int], before: _Zeroing | None
+    nest: _Nest, ids: count[int], options: TileOptions, before: _Zeroing | None
 ) -> tuple[ir.Stmt | _ZeroStarted, str] | None:
     """The tiled region (a `_ZeroStarted` when it took over ``before``) and how it
     prefetches (`_Tiler.prefetched`), or None."""
     try:
-        tiler = _Tiler(nest, ids)
+        tiler = _Tiler(nest, ids, options)
         zero = before is not None and tiler.zeroed_by(before)
         tiled = tiler.build(zero)
     except _Refuse:
@@ -199,8 +197,10 @@ def _tile(
 
 
 class _Tiler:
-    def __init__(self, nest: _Nest, ids: count[int]) -> None:
+    def __init__(self, nest: _Nest, ids: count[int], options: TileOptions) -> None:
         self.nest = nest
+        self.vectors, self.narrowest = options.vectors, options.narrowest  # see TileOptions
+        self.distance = options.prefetch_distance
         self.j = nest.inner.var
         #: the region's number; its narrower tiles (see `build`) draw theirs from ``ids``
         self.uid = next(ids)
@@ -319,32 +319,32 @@ class _Tiler:
                 raise _Refuse
         value = self.resolve(store.value)
         tiles = ir.Var(f"sc_tiles{self.uid}")
-        main = self._tiles(VECTORS, self.uid, tiles, ir.IntLit(0), value, out_base, zero)
+        main = self._tiles(self.vectors, self.uid, tiles, ir.IntLit(0), value, out_base, zero)
         rest = ir.Bin("*", tiles, TILE)
         # the columns left (fewer than a tile): at most one tile of half as many vectors,
-        # then of a quarter, down to NARROWEST vectors, so a row narrower than a tile (MTTKRP's
+        # then of a quarter, down to `narrowest` vectors, so a row narrower than a tile (MTTKRP's
         # rank 32 in float64 on 8-lane vectors) still accumulates in registers; `q` is the
-        # whole vectors left, fewer than VECTORS
+        # whole vectors left, fewer than a tile's
         q = ir.Var(f"sc_q{self.uid}")
         stages: list[ir.Stmt] = []
-        vectors = VECTORS // 2
-        while vectors >= NARROWEST:
+        vectors = self.vectors // 2
+        while vectors >= self.narrowest:
             first = ir.add(rest, ir.mul(self._down(q, 2 * vectors), VLEN))
             runs = ir.Bin("/", q, ir.IntLit(vectors))
-            if 2 * vectors < VECTORS:
+            if 2 * vectors < self.vectors:
                 runs = ir.Bin("%", runs, ir.IntLit(2))
             uid = next(self.ids)
             stage = self._tiles(vectors, uid, runs, first, value, out_base, zero)
             stages.append(guard(end, vectors, stage))  # built where the extent needs it
             vectors //= 2
-        left = ir.add(rest, ir.mul(self._down(q, NARROWEST), VLEN))
+        left = ir.add(rest, ir.mul(self._down(q, self.narrowest), VLEN))
         remainder = self._replace_inner(nest.loops[0], None, start=left)
         zeroing = replace(self.zeroing, start=left) if zero and self.zeroing else None
         leftover = ir.Bin("&&", built(end, REMAINDER), ir.Bin("<", left, end))
         return ir.block(
             ir.Comment(f"{nest.inner.var} in tiles of SC_TILE values held in registers"),
             ir.Decl(ir.I64, tiles.name, ir.Bin("/", end, TILE)),
-            guard(end, VECTORS, main),
+            guard(end, self.vectors, main),
             ir.If(
                 (
                     (
@@ -359,11 +359,10 @@ class _Tiler:
             ),
         )
 
-    @staticmethod
-    def _down(q: ir.Var, m: int) -> ir.Expr:
+    def _down(self, q: ir.Var, m: int) -> ir.Expr:
         """``q`` rounded down to a multiple of ``m`` (0 where ``m`` is a whole tile: ``q``
         is less)."""
-        if m >= VECTORS:
+        if m >= self.vectors:
             return ir.IntLit(0)
         return ir.Bin("*", ir.Bin("/", q, ir.IntLit(m)), ir.IntLit(m))
 
@@ -386,7 +385,7 @@ class _Tiler:
         jt = ir.Var(self.jt)
         sums = [self.vector(value, v) for v in range(vectors)]
         acc = [f"sc_acc{uid}_{v}" for v in range(vectors)]
-        width = TILE if vectors == VECTORS else ir.Bin("*", ir.IntLit(vectors), VLEN)
+        width = TILE if vectors == self.vectors else ir.Bin("*", ir.IntLit(vectors), VLEN)
 
         def slot(v: int) -> ir.Expr:
             return ir.Bin("+", ir.Var(self.out), ir.add(ir.add(out_base, jt), self._lane(v)))
@@ -399,6 +398,7 @@ class _Tiler:
             self._lane(vectors // 2),
             frozenset(self.inside),
             uid,
+            self.distance,
         )
         segments = gathers.segments()
         across = None if segments is None else gathers.across(walked, *segments)
@@ -409,7 +409,7 @@ class _Tiler:
             within = gathers.within(walked)
             prefetched = "within segments" if within is not None else ""
             region = walked if within is None else within
-        if vectors == VECTORS:
+        if vectors == self.vectors:
             self.prefetched = prefetched
         t = f"sc_t{uid}"
         return ir.For(

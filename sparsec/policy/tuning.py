@@ -1,5 +1,6 @@
-"""The schedules ``schedule="auto"`` times (`sparsec.api.autotune` times them and keeps the
-fastest).
+"""The decisions ``schedule="auto"`` times (`sparsec.api.autotune` times them and keeps the
+fastest): the default `Decision` and others built from it by replacing fields, never
+schedule text parsed again.
 
 Candidates, each kept by the tuner only if it is legal for the expression and formats: the
 default; the outermost loop split into blocks of 16 and of 128 rows on threads; the
@@ -10,8 +11,9 @@ position-space parallelism over the leading sparse operand's nonzeros (``fuse`` 
 
 from __future__ import annotations
 
-from ..middle.commands import name_supply
+from ..middle.commands import Command, name_supply
 from ..middle.spec import Spec
+from .decision import Decision, decide
 
 #: the position-space candidates' chunk of nonzeros per task
 POSITION_CHUNK = 2048
@@ -19,27 +21,42 @@ POSITION_CHUNK = 2048
 ROW_BLOCKS = (16, 128)
 
 
-def candidates(spec: Spec, loop_order: tuple[str, ...]) -> list[str | None]:
-    """Schedules worth timing for ``spec``'s kernel, whose default schedule runs its loops
-    in ``loop_order`` (outermost first); None is the default itself."""
-    found: list[str | None] = [None]
+def candidates(
+    spec: Spec, loop_order: tuple[str, ...], default: Decision | None = None
+) -> list[Decision]:
+    """Decisions worth timing for ``spec``'s C kernel, whose ``default`` decision (by
+    default `decide`'s) runs its loops in ``loop_order`` (outermost first); the default
+    first. Each other candidate is the default under other commands (`Decision.under`)."""
+    default = default or decide(spec, "c")
+    found = [default]
     if not loop_order:
         return found
     v, last = loop_order[0], loop_order[-1]
     fresh = name_supply(set(spec.indices) | {t.name for t in spec.tensors})
 
+    def par(loop: str, unit: str, races: str) -> Command:
+        return Command("parallelize", (loop, unit, races))
+
+    def candidate(*commands: Command) -> Decision:
+        return default.under(commands)
+
     outer, inner = fresh(f"{v}_blk"), fresh(f"{v}_in")
     for block in ROW_BLOCKS:
-        found.append(f"split({v},{outer},{inner},{block}), parallelize({outer},CPUThread,NoRaces)")
+        split = Command("split", (v, outer, inner, str(block)))
+        found.append(candidate(split, par(outer, "CPUThread", "NoRaces")))
     if len(loop_order) > 1:
-        found.append(f"parallelize({v},CPUThread,NoRaces), parallelize({last},CPUVector,NoRaces)")
+        found.append(candidate(par(v, "CPUThread", "NoRaces"), par(last, "CPUVector", "NoRaces")))
         w = loop_order[1]
         sparse = next((t for t in spec.inputs if not t.format.is_dense), None)
         if sparse is not None:  # the leading sparse operand's nonzeros, in chunks
             f, fp, c, rest = fresh("fused"), fresh("fpos"), fresh("chunk"), fresh("fpos1")
             for races in ("Atomics", "Temporary"):
                 found.append(
-                    f"fuse({v},{w},{f}), pos({f},{fp},{sparse.name}), "
-                    f"split({fp},{c},{rest},{POSITION_CHUNK}), parallelize({c},CPUThread,{races})"
+                    candidate(
+                        Command("fuse", (v, w, f)),
+                        Command("pos", (f, fp, sparse.name)),
+                        Command("split", (fp, c, rest, str(POSITION_CHUNK))),
+                        par(c, "CPUThread", races),
+                    )
                 )
     return found

@@ -1,0 +1,191 @@
+"""One typed decision per kernel: everything a kernel's code depends on besides its
+statement and formats, decided here from the user's schedule, the target and the dtype.
+
+`decide` holds the hand-coded defaults (each tuned on one machine: docs/decisions.md); the
+pipeline applies a `Decision` as given, the passes take their options from it, and
+``schedule="auto"`` searches values of it (`policy.tuning.candidates` replaces fields of
+the default). A field is a value the runtime cannot change after generation, so host
+calibration or the tuner sets it by building another `Decision`, never by a module constant.
+
+Where a choice needs a lowering's result (whether the count loops or allocates), the field
+states the rule (`Output.BY_COUNT`) and the pipeline resolves it with `Decision.output_for`;
+the decision never pretends to know the lowering in advance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from ..middle.commands import Command
+from ..middle.spec import Spec
+from ..tensors.halves import HALF
+
+#: a parallel CPU loop's dynamic schedule: about this many chunks per thread, so skewed
+#: rows balance
+CHUNKS_PER_THREAD = 8
+
+
+class Output(Enum):
+    """How a sparse output is assembled (a dense output is written in place: `DENSE`)."""
+
+    DENSE = "dense"
+    #: the symbolic phase counts, the runtime allocates, the numeric phase fills (where
+    #: rows are not filled row by row, the serial kernel appends into large enough arrays)
+    TWO_PHASES = "two phases"
+    #: one serial pass appending into a capacity the runtime proved
+    SINGLE_PASS = "single pass"
+    #: the single pass in chunks of rows on threads (the serial pass where rows do not
+    #: fall into one plain loop or carry state from row to row)
+    SINGLE_PASS_CHUNKS = "single pass in chunks"
+    #: the rule, resolved once the count is lowered (`Decision.output_for`): one pass where
+    #: a count costs what a fill does (the count loops or allocates: a merge, a workspace)
+    #: or rows fill serially anyway (not rowwise), in chunks where threads are allowed and
+    #: the count is heavy; else two phases. A single pass that visits rows out of storage
+    #: order is refused by its schedule, and the kernel takes two phases (measured:
+    #: docs/decisions.md, "Sparse outputs: one pass into a proven capacity")
+    BY_COUNT = "by the count"
+
+
+@dataclass(frozen=True, slots=True)
+class TileOptions:
+    """Register tiles (`passes.tile`): whole tiles of ``vectors`` vectors (8 AVX2
+    registers of the 16, leaving room for loads and the broadcast factor; FMA latency ×
+    issue width is also about 8 on current x86 cores), then one tile each of half as many,
+    down to ``narrowest`` vectors (tiles of one vector, a pass over the region per vector,
+    measured no faster than the plain loop); a gathered row is prefetched
+    ``prefetch_distance`` iterations ahead (`passes.gathers`: enough to hide an L2 miss at
+    a few cycles per vector FMA; 2 to 12 measured alike on Zen, 6 is in the middle)."""
+
+    vectors: int = 8
+    narrowest: int = 2
+    prefetch_distance: int = 6
+
+
+@dataclass(frozen=True, slots=True)
+class PassOptions:
+    """Which passes run (by name, in the pipeline's order for the target) and each tuned
+    option of theirs.
+
+    ``stream_distance``: positions ahead of a stream loop's start that each stream is
+    prefetched (`passes.streams`; 64 to 320 measured alike). ``jam_ways``: outer iterations
+    interleaved (`passes.jam`: enough chains to cover an addition's latency at two per
+    cycle without running out of registers). ``dot_block``: iterations summed into one
+    value-typed partial (`passes.dots`). ``coarsen_factors``, ``coarsen_block``: columns per
+    GPU thread in the first sweeps, then the next, then 1, and threads per block
+    (`passes.coarsen`; 4 beat 1, 2 and 8 on an H100 on pruned-BERT SpMM)."""
+
+    run: frozenset[str] = frozenset()
+    tile: TileOptions = field(default_factory=TileOptions)
+    stream_distance: int = 128
+    jam_ways: int = 4
+    dot_block: int = 256
+    coarsen_factors: tuple[int, ...] = (4, 2)
+    coarsen_block: int = 128
+
+    def runs(self, name: str) -> bool:
+        return name in self.run
+
+
+#: the C kernel's passes by name (the pipeline orders them); 16-bit values run none (they
+#: are computed in float: the passes' vector tiles would compute in them)
+C_PASSES = frozenset({"streams", "tile", "jam", "bands", "stream_output", "dots"})
+#: a default GPU mapping's passes (an explicit schedule is printed as written)
+CUDA_PASSES = frozenset({"coarsen"})
+#: the passes' options, read by `decide` at each call (so a calibration or a test sets them)
+DEFAULTS = PassOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """What the API does to a kernel's inputs before generating it (`Kernel.__init__`):
+    ``relayout``: where no loop order fits, read the cheapest re-layout of an input
+    (`middle.derive`'s refusals stand otherwise); ``regroup``: dense factors over fewer
+    variables combined once a call; ``contiguous``: a dense read the innermost loop strides
+    transposed. Repeated indices always read derived inputs."""
+
+    relayout: bool
+    regroup: bool
+    contiguous: bool
+
+
+def prepare(commands: tuple[Command, ...], target: str) -> Prepare:
+    """The inputs' preparation: none under a user's schedule (its refusals stand); the
+    transposed copy on the C target only."""
+    free = not commands
+    return Prepare(relayout=free, regroup=free, contiguous=free and target == "c")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Everything decided for one kernel (see the module's docstring).
+
+    ``commands``: the user's (or a tuning candidate's); ``parallel``: threads allowed;
+    ``default_commands``: the CPU default's commands (`policy.schedules.cpu_default`) are
+    appended to them; ``chunks_per_thread``: a parallel CPU loop's dynamic chunks per
+    thread (`lower.parallel`)."""
+
+    commands: tuple[Command, ...]
+    parallel: bool
+    default_commands: bool
+    prepare: Prepare
+    output: Output
+    passes: PassOptions
+    chunks_per_thread: int = CHUNKS_PER_THREAD
+
+    @property
+    def label(self) -> str | None:
+        """The decision's name where the tuner stores it: its commands as written, None for
+        the default (a candidate differing in another field needs that field named here)."""
+        return ", ".join(map(str, self.commands)) or None
+
+    def under(self, commands: tuple[Command, ...]) -> Decision:
+        """This C decision under ``commands`` instead (a tuning candidate's), as `decide`
+        makes one under a user's schedule: the CPU default's commands only where none
+        parallelizes a loop, and a sparse output's rule replaced by two phases."""
+        output = Output.TWO_PHASES if commands and self.output is Output.BY_COUNT else self.output
+        default = self.parallel and not _parallelizes(commands)
+        return replace(self, commands=commands, default_commands=default, output=output)
+
+    def output_for(self, heavy: bool, rowwise: bool) -> Output:
+        """`output` with `Output.BY_COUNT` resolved: ``heavy``, the count loops or
+        allocates; ``rowwise``, the output is filled row by row."""
+        if self.output is not Output.BY_COUNT:
+            return self.output
+        if rowwise and not heavy:
+            return Output.TWO_PHASES
+        return Output.SINGLE_PASS_CHUNKS if self.parallel and heavy else Output.SINGLE_PASS
+
+
+def decide(
+    spec: Spec,
+    target: str,
+    *,
+    commands: tuple[Command, ...] = (),
+    parallel: bool = True,
+    dtype: str = "float64",
+) -> Decision:
+    """The default decision for a kernel on ``target`` under the user's ``commands`` (with
+    threads unless ``parallel`` is off) for ``dtype`` values. A user's schedule keeps two
+    phases and, on the GPU, is printed with no pass."""
+    if target == "c":
+        run = frozenset() if dtype in HALF else C_PASSES
+        default = parallel and not _parallelizes(commands)
+    else:
+        run, default = (frozenset() if commands else CUDA_PASSES), False
+    if spec.output.is_dense:
+        output = Output.DENSE
+    else:
+        output = Output.TWO_PHASES if commands or target != "c" else Output.BY_COUNT
+    return Decision(
+        commands,
+        parallel if target == "c" else True,
+        default,
+        prepare(commands, target),
+        output,
+        replace(DEFAULTS, run=run),
+    )
+
+
+def _parallelizes(commands: tuple[Command, ...]) -> bool:
+    return any(c.name == "parallelize" for c in commands)
