@@ -50,6 +50,7 @@ from .passes.tile import VECTORS as TILE_VECTORS
 from .passes.tile import tile
 from .policy.machine import c_half_types, machine
 from .policy.schedules import cpu_default, describe_cpu, describe_gpu, gpu_candidates
+from .target import CUDA, Target
 from .tensors.layout import OutputLayout
 
 # ------------------------------------------------------------------------ passes
@@ -336,7 +337,7 @@ def check_c_dtype(dtype: str) -> None:
 
 
 def _gpu_default(
-    spec: Spec, make_names: Callable[[], tuple[Signature, Namer]]
+    spec: Spec, make_names: Callable[[], tuple[Signature, Namer]], target: Target
 ) -> tuple[LoweredKernel, Signature, tuple[Command, ...]]:
     """The first of the default GPU mappings that lowers, each lowered once; the mappings
     are decided from the spec and its natural loop order, with no lowering of their own.
@@ -349,7 +350,7 @@ def _gpu_default(
     try:
         for candidate in gpu_candidates(spec, order):
             try:
-                lowered, sig = lower(spec, make_names, commands=candidate, target="cuda")
+                lowered, sig = lower(spec, make_names, commands=candidate, target=target)
             except ScheduleError as err:
                 reasons.append(str(err))
                 continue
@@ -371,6 +372,7 @@ def generate_cuda(
     dtype: str = "float64",
     index_dtype: str = "int32",
     commands: tuple[Command, ...] = (),
+    target: Target = CUDA,
 ) -> Generated:
     """The CUDA source of ``spec``'s kernel under ``commands`` (or the default GPU mapping,
     then `CUDA_PASSES`). A sparse output that is not filled row by row is computed into
@@ -384,10 +386,10 @@ def generate_cuda(
         spec = staged(spec)
     make_names = names_for(spec)
     if commands:
-        lowered, sig = lower(spec, make_names, commands=commands, target="cuda")
+        lowered, sig = lower(spec, make_names, commands=commands, target=target)
         chosen = commands
     else:
-        lowered, sig, chosen = _gpu_default(spec, make_names)
+        lowered, sig, chosen = _gpu_default(spec, make_names, target)
         done = run_passes(CUDA_PASSES, lowered.body, Unit(spec, sig))
         if done.of("coarsen"):
             lowered = replace(
@@ -400,7 +402,7 @@ def generate_cuda(
     if not spec.output.format.is_dense:
         # rows counted (each into its pos slot) by the same mapping, prefix-summed by the
         # runtime, then filled
-        counted, _ = lower(spec, make_names, counting=True, commands=chosen, target="cuda")
+        counted, _ = lower(spec, make_names, counting=True, commands=chosen, target=target)
     launch = Launch(
         lowered.grid,
         lowered.block,
@@ -433,6 +435,6 @@ def generate_cuda(
     if spec.derived:
         schedule = f"{describe_derived(spec)}; {schedule}"
     gen = _record(
-        lowered, sig, schedule, dtype, index_dtype, target="cuda", launch=launch, commands=chosen
+        lowered, sig, schedule, dtype, index_dtype, target=target, launch=launch, commands=chosen
     )
     return print_cuda(spec, gen)

@@ -29,7 +29,7 @@ STAGES = (
     ("sparsec.tensors",),
     ("sparsec.frontend",),
     ("sparsec.ir",),
-    ("sparsec.errors", "sparsec.resources"),
+    ("sparsec.errors", "sparsec.resources", "sparsec.target"),
 )
 
 

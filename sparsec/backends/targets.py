@@ -1,15 +1,16 @@
-"""The targets the printer prints for (`C`, `CUDA`), as data: type spellings, the restrict
-keyword, operator and intrinsic spellings, how parallel loops and atomics are written, the
-translation unit's template with its value, accumulator and index types; and how a 16-bit
-kernel's values are typed (`storage_arrays`, `adds_into_output`, `param`)."""
+"""The languages the printer prints (`C`, `CUDA`: one `Dialect` each, chosen by
+`sparsec.target.Target.language`), as data: type spellings, the restrict keyword,
+operator, intrinsic and function spellings, how parallel loops and atomics are written,
+the translation unit's template with its value, accumulator and index types; and how a
+16-bit kernel's values are typed (`storage_arrays`, `adds_into_output`, `param`). What a
+target can do is `sparsec.target`'s; how it is spelled is here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..abi import INT, Param, Signature
-from ..frontend.functions import FUNCTIONS
 from ..ir import nodes as ir
 from .generated import Generated
 
@@ -72,10 +73,26 @@ CALLS = {
     )
 }
 
-#: the language's functions (``fn_sqrt``, as the lowerer emits them) per target: GCC/Clang
-#: builtins in C (no ``<math.h>`` needed), the CUDA math API's overloads on CUDA
-C_FUNCTIONS = {f"fn_{f.name}": f.c for f in FUNCTIONS.values() if f.c}
-CUDA_FUNCTIONS = {f"fn_{f.name}": f.cuda for f in FUNCTIONS.values() if f.cuda}
+#: the functions of the language that are calls (``fn_sqrt``, as the lowerer emits them;
+#: it builds ``relu``, ``sign`` and ``sigmoid`` from others), spelled per dialect: GCC/Clang
+#: builtins in C (no ``<math.h>`` needed; computed in double, as float32 sums are), the
+#: CUDA math API's overloads on CUDA (float or double by the operand's type)
+C_FUNCTIONS = {
+    f"fn_{name}": f"__builtin_{spelled}"
+    for name, spelled in (
+        ("abs", "fabs"),
+        ("sqrt", "sqrt"),
+        ("exp", "exp"),
+        ("log", "log"),
+        ("sin", "sin"),
+        ("cos", "cos"),
+        ("tanh", "tanh"),
+        ("max", "fmax"),
+        ("min", "fmin"),
+        ("pow", "pow"),
+    )
+}
+CUDA_FUNCTIONS = {name: spelled.removeprefix("__builtin_") for name, spelled in C_FUNCTIONS.items()}
 
 #: the loop IR's types that both targets spell alike (the template typedefs the value,
 #: accumulator and index types per kernel)
@@ -88,7 +105,7 @@ _SHARED_TYPES = {
 }
 
 #: dtype -> the value type (``ir.VAL``), on every target; a 16-bit dtype's is its target's
-#: storage type (`Target.half_types`)
+#: storage type (`Dialect.half_types`)
 VALUE_TYPES = {"float32": "float", "float64": "double"}
 #: the 16-bit value dtypes: stored in 16 bits, loaded with ``sc_ld`` into the accumulator
 #: type (float), which every local, literal and sum uses, and stored back with ``sc_st``
@@ -96,7 +113,7 @@ VALUE_TYPES = {"float32": "float", "float64": "double"}
 HALF_DTYPES = ("float16", "bfloat16")
 
 #: (first index, stride) of each GPU unit's grid/block/warp-strided loop; "lane" is a
-#: GPUThread loop inside a warp
+#: GPUThread loop inside a warp (of 32 lanes)
 GPU_STRIDES = {
     "GPUBlock": ("(long long)blockIdx.x", "(long long)gridDim.x"),
     "GPUWarp": ("(long long)(threadIdx.x >> 5)", "(long long)(blockDim.x >> 5)"),
@@ -105,11 +122,27 @@ GPU_STRIDES = {
 }
 
 
+def cuda_strides(par: ir.Parallel) -> tuple[str, str] | None:
+    """(first index, stride) of a CUDA loop on a GPU unit (None: no such unit): strided
+    over the grid, the warps of a block, its threads, a warp's 32 lanes, the warp's groups
+    of ``par.lanes`` lanes, or one group's lanes."""
+    key = "lane" if par.schedule in ("lane", "group") else par.unit
+    if key not in GPU_STRIDES:
+        return None
+    if par.schedule == "group":  # the warp's groups of par.lanes lanes
+        shift = par.lanes.bit_length() - 1
+        return f"(long long)((threadIdx.x & 31) >> {shift})", str(32 // par.lanes)
+    if par.lanes != 32:  # a group's lanes
+        return f"(long long)(threadIdx.x & {par.lanes - 1})", str(par.lanes)
+    return GPU_STRIDES[key]
+
+
 @dataclass(frozen=True)
-class Target:
-    """Everything the printer does differently per target, as data: type spellings, the
-    restrict keyword, how a loop is unrolled, how a parallel loop runs (OpenMP pragmas on
-    CPU units, grid-strided loops on GPU units) and how an atomic update is written."""
+class Dialect:
+    """Everything the printer does differently per language, as data: type spellings,
+    the restrict keyword, how a loop is unrolled, how a parallel loop runs (OpenMP pragmas
+    on CPU units, loops strided over the launch on GPU units) and how an atomic update is
+    written."""
 
     name: str
     types: Mapping[str, str]
@@ -128,8 +161,9 @@ class Target:
     atomic_locals: bool = True
     #: parallel loops on CPU units become OpenMP pragmas
     openmp: bool = False
-    #: GPU units whose loops are strided over the launch (see `GPU_STRIDES`)
-    strides: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    #: a GPU unit's loop strided over the launch: (first index, stride) for its
+    #: `ir.Parallel`, None where the dialect has no such unit (`cuda_strides`)
+    strides: Callable[[ir.Parallel], tuple[str, str] | None] | None = None
     calls: Mapping[str, str] = field(default_factory=lambda: CALLS)
     indent: str = "  "
     #: the translation unit's skeleton (in ``templates/``)
@@ -186,21 +220,16 @@ class Target:
         if par is None or self.openmp:
             head.append(f"for ({i64} {var} = {start}; {var} < {end}; {var}++) {{")
             return head
-        key = "lane" if par.schedule in ("lane", "group") else par.unit
-        if key not in self.strides:
+        strided = self.strides(par) if self.strides is not None else None
+        if strided is None:
             raise ValueError(f"target {self.name} cannot run {par.unit} loops")
-        first, stride = self.strides[key]
-        if par.schedule == "group":  # the warp's groups of par.lanes lanes
-            shift = par.lanes.bit_length() - 1
-            first, stride = f"(long long)((threadIdx.x & 31) >> {shift})", str(32 // par.lanes)
-        elif par.lanes != 32:  # a group's lanes
-            first, stride = f"(long long)(threadIdx.x & {par.lanes - 1})", str(par.lanes)
+        first, stride = strided
         init = first if start == "0" else f"{start} + {first}"
         head.append(f"for ({i64} {var} = {init}; {var} < {end}; {var} += {stride}) {{")
         return head
 
 
-C = Target(
+C = Dialect(
     name="c",
     types={**_SHARED_TYPES, ir.I64: "int64_t", ir.U64: "uint64_t", ir.VEC: "sc_vec_t"},
     restrict="restrict",
@@ -223,7 +252,7 @@ C = Target(
 
 #: CUDA: GPU loops are strided over the grid, the warps of a block, its threads or a
 #: warp's lanes (correct for any launch size); stores shared by threads use atomicAdd
-CUDA = Target(
+CUDA = Dialect(
     name="cuda",
     types={**_SHARED_TYPES, ir.I64: "long long", ir.U64: "unsigned long long"},
     restrict="__restrict__",
@@ -237,7 +266,7 @@ CUDA = Target(
         "or=": ("sc_atomic_or(&{target}, {value});",),
     },
     atomic_locals=False,
-    strides=GPU_STRIDES,
+    strides=cuda_strides,
     calls={**CALLS, **CUDA_FUNCTIONS},
     template="kernel.cu.j2",
     # the value type: unlike the C target's, since most GPUs run double arithmetic at 1/32
@@ -250,7 +279,7 @@ CUDA = Target(
 )
 
 
-def param(target: Target, p: Param, gen: Generated) -> str:
+def param(target: Dialect, p: Param, gen: Generated) -> str:
     """``p``'s declaration in ``gen``'s kernel on ``target``: under a 16-bit dtype, a GPU
     workspace's values (SpGEMM's rows, `abi.GPU_WORKSPACE`) and an output added into are
     float, as `storage_arrays` leaves them out."""

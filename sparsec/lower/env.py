@@ -21,6 +21,7 @@ from ..ir import nodes as ir
 from ..middle.commands import Command
 from ..middle.plan import Plan
 from ..middle.spec import Spec
+from ..target import C, Target
 from .assemble import Assembler
 from .ctx import Where
 
@@ -77,7 +78,7 @@ class LowerEnv:
         append: bool = False,
         chunked: bool = False,
         commands: tuple[Command, ...] = (),
-        target: str = "c",
+        target: Target = C,
     ) -> None:
         # ------------------------------------------------------------ inputs
         self.spec = spec
@@ -86,9 +87,10 @@ class LowerEnv:
         #: tensor formats by name (a precompute adds its workspace's)
         self.formats = spec.formats
         self.lhs = spec.statement.lhs
-        #: "c" (OpenMP loops) or "cuda" (GPU loops; the runtime zeroes the output)
+        #: what the kernel is lowered for: OpenMP loops, or GPU loops (the runtime zeroes
+        #: the output)
         self.target = target
-        self.gpu = target == "cuda"
+        self.gpu = target.gpu
         #: the schedule: the user's commands and the default policy's (`Command.policy`)
         self.commands = commands
         #: threads may be used at all (``schedule="serial"`` turns them off)

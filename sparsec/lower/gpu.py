@@ -65,7 +65,8 @@ def gpu_setup(
     target_acc = isinstance(sink, AccSink)
     why = race(env, loop, distinct, sink)
     schedule = "group" if group else "lane" if lane else ""
-    par = ir.Parallel(unit, schedule, lanes=lanes) if lanes != 32 else ir.Parallel(unit, schedule)
+    warp = env.target.lanes
+    par = ir.Parallel(unit, schedule, lanes=lanes) if lanes != warp else ir.Parallel(unit, schedule)
     if isinstance(sink, AccSink):
         env.acc_units.setdefault(sink.name, set()).add("lane" if lane and not group else unit)
     if why is None:
@@ -93,7 +94,7 @@ def gpu_setup(
             assert isinstance(sink, AccSink)
             env.warp_reduced.add(sink.name)
             setup.parallel = par
-            if lanes == 32:
+            if lanes == warp:
                 env.notes.append(f"{loop}: {unit} lanes, warp shuffle reduction, lane 0 stores")
                 return setup
             env.group_reduced[sink.name] = lanes
@@ -151,7 +152,8 @@ def _encloses_lanes(env: LowerEnv, loop: str) -> bool:
 
 
 def _group_lanes(env: LowerEnv, cmd: str, loop: str) -> int:
-    """The lanes of each group of a GPUThread loop over groups: 32 / its split factor."""
+    """The lanes of each group of a GPUThread loop over groups: a warp's lanes / its split
+    factor."""
     piece = env.plan.pieces.get(loop) if env.plan is not None else None
     factor = piece.factor if piece is not None and not piece.outer and not piece.divide else 0
     if factor not in (2, 4, 8, 16):
@@ -161,7 +163,7 @@ def _group_lanes(env: LowerEnv, cmd: str, loop: str) -> int:
             f"groups per warp: 16, 8, 4 or 2 lanes each); {loop} is not (e.g. split(i,iw,"
             f"{loop},4) for groups of 8 lanes)"
         )
-    return 32 // factor
+    return env.target.lanes // factor
 
 
 def _gpu_rows(env: LowerEnv, cmd: str, loop: str) -> None:

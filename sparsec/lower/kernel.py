@@ -25,6 +25,7 @@ from ..middle.order import (
 )
 from ..middle.plan import Plan, Space, make_plan
 from ..middle.spec import Spec
+from ..target import C, Target
 from .chunks import ChunkFrame
 from .ctx import Ctx, OutputSink
 from .env import LowerEnv
@@ -408,7 +409,7 @@ def lower(
     append: bool = False,
     chunked: bool = False,
     commands: tuple[Command, ...] = (),
-    target: str = "c",
+    target: Target = C,
 ) -> tuple[LoweredKernel, Signature]:
     """Lower ``spec``; a second pass stores with ``=`` when no element is written twice
     (the loops around each write bind exactly the output's indices), and drops the output

@@ -113,16 +113,18 @@ def one_store_per_part(
 
 
 def block_size(env: LowerEnv) -> int:
-    """Threads per block: the GPUThread loop's split factor (a warp loop's times 32)."""
+    """Threads per block: the GPUThread loop's split factor (a warp loop's times the lanes
+    of a warp), at most the target's largest block."""
     if not env.gpu or env.plan is None:
         return 1
     plan = env.plan
     warps = [v for v, p in plan.parallel.items() if p.unit == "GPUWarp"]
     threads = [v for v, p in plan.parallel.items() if p.unit == "GPUThread"]
+    most, lanes = env.target.max_block, env.target.lanes
     if warps:
-        return min(1024, 32 * _factor_of(plan, warps[0], 8))
+        return min(most, lanes * _factor_of(plan, warps[0], 8))
     if threads:
-        return min(1024, max(32, _factor_of(plan, threads[0], 256)))
+        return min(most, max(lanes, _factor_of(plan, threads[0], 256)))
     return 1
 
 
