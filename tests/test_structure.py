@@ -4,6 +4,8 @@ class grows past the size a reader can hold. Measured by `structure` from the so
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import structure
 
 #: the limits LAYOUT.md asks for: modules of a few hundred lines, no god class
@@ -40,3 +42,25 @@ def test_the_measure_sees_what_it_claims() -> None:
         "b": structure.Module("b", mods["sparsec.abi"].path, 1, frozenset({"a"}), ()),
     }
     assert structure.cycles(toy) == [["a", "b"]]
+
+
+def test_only_the_api_edge_decides_by_a_target_s_name() -> None:
+    """A target is a `sparsec.target.Target`, made once from the user's string at the API
+    edge: everywhere else code asks its capabilities (``gpu``, ``openmp``, ``lanes``,
+    ``emulated``), never compares its name, so a new target is a new row."""
+    assert structure.target_decisions(structure.modules()) == []
+
+
+def test_the_frontend_spells_no_function_for_a_target() -> None:
+    """A function of the language means one thing (`frontend.functions`); each dialect of
+    the printer spells every one the lowerer emits as a call, and only there."""
+    from sparsec.frontend import functions
+
+    text = Path(functions.__file__).read_text()
+    assert "__builtin_" not in text and "cuda" not in text.lower()
+    from sparsec.backends.targets import DIALECTS
+
+    built = {"relu", "sign", "sigmoid"}  # expressions of others (`lower.lowerer._function`)
+    calls = {f"fn_{name}" for name in functions.FUNCTIONS} - {f"fn_{name}" for name in built}
+    for dialect in DIALECTS.values():
+        assert calls <= set(dialect.calls), dialect.name

@@ -24,6 +24,7 @@ from .generated import Generated
 from .targets import (  # noqa: F401 - the targets, re-exported for the backends and tests
     CALLS,
     CUDA,
+    DIALECTS,
     GPU_STRIDES,
     HALF_DTYPES,
     SEMIRING_UPDATES,

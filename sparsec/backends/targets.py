@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..abi import INT, Param, Signature
 from ..ir import nodes as ir
+from ..middle.commands import Unit
 from .generated import Generated
 
 #: the value a semiring's add (`lower.semiring`) stores, ``op`` -> expression
@@ -115,9 +116,9 @@ HALF_DTYPES = ("float16", "bfloat16")
 #: (first index, stride) of each GPU unit's grid/block/warp-strided loop; "lane" is a
 #: GPUThread loop inside a warp (of 32 lanes)
 GPU_STRIDES = {
-    "GPUBlock": ("(long long)blockIdx.x", "(long long)gridDim.x"),
-    "GPUWarp": ("(long long)(threadIdx.x >> 5)", "(long long)(blockDim.x >> 5)"),
-    "GPUThread": ("(long long)threadIdx.x", "(long long)blockDim.x"),
+    Unit.GPUBlock: ("(long long)blockIdx.x", "(long long)gridDim.x"),
+    Unit.GPUWarp: ("(long long)(threadIdx.x >> 5)", "(long long)(blockDim.x >> 5)"),
+    Unit.GPUThread: ("(long long)threadIdx.x", "(long long)blockDim.x"),
     "lane": ("(long long)(threadIdx.x & 31)", "32"),
 }
 
@@ -190,7 +191,7 @@ class Dialect:
         if par.flags:
             reduce += f" reduction(max:{', '.join(par.flags)})"
         match par.unit:
-            case "CPUThread":
+            case Unit.CPUThread:
                 sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
                 collapse = f" collapse({par.collapse})" if par.collapse > 1 else ""
                 cond = f"{threads} > 1" + (f" && {par.only_if}" if par.only_if else "")
@@ -198,15 +199,16 @@ class Dialect:
                     f"#pragma omp parallel for schedule({sched}){collapse} num_threads({threads}) "
                     f"if({cond}){reduce}"
                 )
-            case "CPUVector":
+            case Unit.CPUVector:
                 return f"#pragma omp simd{reduce}"
             case _:
                 raise ValueError(f"target {self.name} cannot run {par.unit} loops")
 
-    def atomic(self, target: str, op: str, value: str) -> list[str]:
+    def atomic(self, lhs: str, op: str, value: str) -> list[str]:
+        """The lines of the atomic update ``lhs op value`` (``lhs``: a C lvalue)."""
         if self.atomic_ops and op not in self.atomic_ops:
             raise ValueError(f"no atomic {op!r} on {self.name}")
-        return [line.format(target=target, op=op, value=value) for line in self.atomic_lines]
+        return [line.format(target=lhs, op=op, value=value) for line in self.atomic_lines]
 
     def loop_head(
         self, var: str, start: str, end: str, par: ir.Parallel | None, unroll: int, threads: str
@@ -277,6 +279,10 @@ CUDA = Dialect(
     # the bits, converted by the template's sc_ld/sc_st (NVRTC has no cuda_fp16.h built in)
     half_types={"float16": "unsigned short", "bfloat16": "unsigned short"},
 )
+
+
+#: the dialects by language (`sparsec.target.Target.language`)
+DIALECTS = {d.name: d for d in (C, CUDA)}
 
 
 def param(target: Dialect, p: Param, gen: Generated) -> str:
