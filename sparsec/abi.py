@@ -19,7 +19,7 @@ list, so the two cannot drift apart.
 A C kernel none of whose parameters is a scalar value also exports
 ``sparsec_kernel_packed(const void*)``: the same list as int64s in one array (arrays by
 address, in this order), which the runtime's fast path passes as one bytes object. One
-ctypes argument costs ~1 us where eleven cost ~3 us.
+ctypes argument costs much less than eleven (docs/decisions.md, "A repeated call").
 
 No user text reaches generated code: identifiers come from validated names plus fixed
 suffixes, and `Namer` makes every identifier unique and keeps clear of C/CUDA keywords.
@@ -95,6 +95,41 @@ STATUSES = {
     "CAPACITY_EXCEEDED": CAPACITY_EXCEEDED,
     "STAGES_MISSING": STAGES_MISSING,
 }
+
+# A sparse output's arrays, which the runtime allocates and the kernel fills.
+#: blocks of spare ``vals`` the runtime allocates past an output's last dense block (the
+#: kernel may write the position one past a full block: `sparsec.lower.assemble`)
+BLOCK_SLACK = 1
+#: extents of the last output level the runtime allocates beyond its entry bound, so the
+#: single pass's up-front check of a loop (at most its extent) never fails a correct bound
+LAST_LEVEL_SLACK = 1
+#: the chunk table of a chunked single pass (`sparsec.lower.chunks`), in ``sc_sizes`` after
+#: the output's ``L`` level sizes, for ``C`` chunks: ``sc_sizes[L]`` is ``C``, then each
+#: part's entry for chunk ``c`` at ``L + start + times * C + c``: part -> (start, times)
+CHUNK_TABLE = {
+    "row": (1, 0),  # chunk c's first row (C + 1 entries: the last is the rows)
+    "region": (2, 1),  # chunk c's region start (C + 1 entries: the last ends it)
+    "end": (3, 2),  # written by the kernel: the end chunk c reached (-1: it stopped)
+}
+
+
+def chunk_table(levels: int, chunks: int) -> tuple[int, int, int, int]:
+    """Where the chunk table's row starts, region starts and ends begin in ``sc_sizes``,
+    and the table's length, for an output of ``levels`` levels in ``chunks`` chunks."""
+    row, region, end = (levels + a + b * chunks for a, b in CHUNK_TABLE.values())
+    return row, region, end, end + chunks
+
+
+#: the build's macro naming the extent of a parameter whose register-tile stages are
+#: guarded (`sparsec.passes.stages`): ``SC_HINT_<parameter>``
+HINT_PREFIX = "SC_HINT_"
+
+
+def stage_hints(extents: tuple[str, ...], values: dict[str, int]) -> str:
+    """The lines that build a kernel for the extents ``values`` (by parameter) of its
+    guarded ``extents``, put before its source: ``#define SC_HINT_p <extent>``."""
+    return "".join(f"#define {HINT_PREFIX}{p} {int(values[p])}\n" for p in extents if p in values)
+
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

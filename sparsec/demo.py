@@ -7,7 +7,8 @@ a small instance first, then timed on one thread and as a default call (no ``thr
 cores busy) against scipy (SpMV) and numpy (MTTKRP), both single threaded; the speedups
 are the baseline's time over each. The table says how many threads the default calls took
 and, below it, how busy the machine was while they ran: forcing every core on a busy
-machine would time the wait for a descheduled thread (10-100x), not the kernel.
+machine would time the wait for a descheduled thread, many times the kernel's own
+(docs/decisions.md, "A default call leaves busy cores alone").
 """
 
 from __future__ import annotations

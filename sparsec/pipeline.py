@@ -29,12 +29,13 @@ from .abi import (
 from .backends import Generated, Launch
 from .backends.c import STREAM_OUT, STREAM_OUT_VALUES, Function, print_c
 from .backends.cuda import print_cuda
-from .backends.printer import HALF_DTYPES, C
-from .errors import DTypeError, ScheduleError, SparsecError
+from .backends.printer import HALF_DTYPES
+from .errors import ScheduleError, SparsecError
 from .frontend.semirings import semiring
 from .ir import nodes as ir
 from .ir.visit import map_blocks, statements
 from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower, names_for, wrap_chunks
+from .middle.bound import plan as plan_bound
 from .middle.commands import Command
 from .middle.derive import describe as describe_derived
 from .middle.spec import Spec
@@ -48,7 +49,8 @@ from .passes.jam import jam
 from .passes.streams import prefetch_streams
 from .passes.tile import VECTORS as TILE_VECTORS
 from .passes.tile import tile
-from .policy.machine import c_half_types, machine
+from .policy.dtypes import check_c_dtype
+from .policy.machine import machine
 from .policy.schedules import cpu_default, describe_cpu, describe_gpu, gpu_candidates
 from .target import CUDA, Target
 from .tensors.layout import OutputLayout
@@ -270,7 +272,7 @@ def generate(
         single = None
         # one pass only where a count costs what a fill does (a merge, a workspace) or rows
         # fill serially anyway (not rowwise); SDDMM's count walks B's positions: two phases
-        # (20k^2: 1 thread 9.3 ms, one pass 13.7; 2 threads 4.3, chunks 6.0)
+        # (measured: docs/decisions.md, "Sparse outputs: one pass into a proven capacity")
         heavy = any(isinstance(s, ir.While | ir.Alloc) for s in statements(counted.body))
         rowwise = OutputLayout.of(spec.output.format, spec.output.name).rowwise
         if not commands and (heavy or not rowwise):
@@ -318,22 +320,12 @@ def generate(
     if tiled or streamed or jammed or dots:
         notes = (*tiled, *done.of("bands"), *done.of("stream_output"), *streamed, *jammed, *dots)
         said += f"; {'; '.join(notes)}"
-    gen = _record(lowered, sig, said, dtype, index_dtype, append=append, chunked=chunked)
+    bound = None if spec.output.format.is_dense else plan_bound(spec.statement)
+    gen = _record(
+        lowered, sig, said, dtype, index_dtype, append=append, chunked=chunked, bound=bound
+    )
     vectors = TILE_VECTORS if tiled or append_tiled else 0
     return print_c(spec, gen, functions, vectors=vectors, llc=unit.llc, l1_way=facts.l1_way)
-
-
-def check_c_dtype(dtype: str) -> None:
-    """A `DTypeError` where C kernels cannot store ``dtype`` (a 16-bit type the compiler
-    lacks, `policy.machine.c_half_types`): asked at each generation and each call, since
-    generated code and compiled kernels are cached across machines' facts."""
-    if dtype in HALF_DTYPES and dtype not in c_half_types():
-        raise DTypeError(
-            f"{dtype} values on the C target need a C compiler with a {dtype} type "
-            f"({C.half_types[dtype]} with conversions, as in recent GCC and Clang; this "
-            f"one has {' and '.join(sorted(c_half_types())) or 'neither'}): cast the inputs "
-            "to float32, pass dtype='float32', or use target='cuda-emulated'"
-        )
 
 
 def _gpu_default(
@@ -434,7 +426,16 @@ def generate_cuda(
         schedule = f"{lowered.sequence}; {schedule}"
     if spec.derived:
         schedule = f"{describe_derived(spec)}; {schedule}"
+    staging = spec if stage_note else None
     gen = _record(
-        lowered, sig, schedule, dtype, index_dtype, target=target, launch=launch, commands=chosen
+        lowered,
+        sig,
+        schedule,
+        dtype,
+        index_dtype,
+        target=target,
+        launch=launch,
+        commands=chosen,
+        staging=staging,
     )
     return print_cuda(spec, gen)

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from sparsec.backends.cuda import shim_launcher
 from sparsec.runtime import build
-from sparsec.runtime.gpu import MAX_EMULATED_GRID, behind_shim, shim_launcher
+from sparsec.runtime.gpu import MAX_EMULATED_GRID, behind_shim
 
 
 class DeviceArray(np.ndarray):

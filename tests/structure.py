@@ -1,16 +1,25 @@
 """The package's shape, measured from its source: the module import graph (every import,
 TYPE_CHECKING and function-local ones included), its cycles, the stage order of the folders,
-and the largest modules and classes. ``python tests/structure.py`` prints the numbers;
-`test_structure.py` holds the package to them."""
+and the largest modules and classes with the reasons they give for their length.
+``python tests/structure.py`` prints the numbers; `test_structure.py` holds the package to
+them."""
 
 from __future__ import annotations
 
 import ast
+import io
+import re
 import sys
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sparsec"
+
+#: a module or class past its soft limit says why in a string assigned to ``__long__`` in its
+#: body (the module's top level, the class's body); none may pass its hard limit
+SOFT_MODULE_LINES, HARD_MODULE_LINES = 450, 800
+SOFT_CLASS_LINES, HARD_CLASS_LINES = 400, 600
 
 #: the stages, top to bottom: a module may import its own stage and the stages below it
 STAGES = (
@@ -40,6 +49,21 @@ class Module:
     lines: int
     imports: frozenset[str]
     classes: tuple[tuple[str, int], ...]  # (name, lines)
+    long: str | None = None  # the module's ``__long__``: why it needs its length
+    long_classes: tuple[tuple[str, str], ...] = ()  # (class, its ``__long__``)
+
+
+def _long(body: list[ast.stmt]) -> str | None:
+    """The string a body assigns to ``__long__``, if any."""
+    for stmt in body:
+        if (
+            isinstance(stmt, ast.Assign)
+            and [t.id for t in stmt.targets if isinstance(t, ast.Name)] == ["__long__"]
+            and isinstance(stmt.value, ast.Constant)
+            and isinstance(stmt.value.value, str)
+        ):
+            return stmt.value.value
+    return None
 
 
 def _name(path: Path) -> str:
@@ -76,8 +100,19 @@ def modules() -> dict[str, Module]:
             if isinstance(n, ast.ClassDef)
         )
         lines = len(path.read_text().splitlines())
+        long_classes = tuple(
+            (n.name, reason)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ClassDef) and (reason := _long(n.body)) is not None
+        )
         found[name] = Module(
-            name, path, lines, frozenset(i for i in imports if i in names), classes
+            name,
+            path,
+            lines,
+            frozenset(i for i in imports if i in names),
+            classes,
+            _long(tree.body),
+            long_classes,
         )
     return found
 
@@ -130,6 +165,98 @@ def stage(name: str) -> int:
 def upward_imports(mods: dict[str, Module]) -> list[tuple[str, str]]:
     """(importer, imported) where the imported module's stage is above the importer's."""
     return sorted((m.name, i) for m in mods.values() for i in m.imports if stage(i) < stage(m.name))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The size rule's findings, each a list of ``(module or module.Class, lines)``."""
+
+    over_hard: list[tuple[str, int]]  # past the hard limit: an error, whatever the reason
+    unexplained: list[tuple[str, int]]  # past the soft limit with no ``__long__``: a warning
+    stale: list[tuple[str, int]]  # a ``__long__`` that is empty, or on one within the soft limit
+
+
+def sizes(mods: dict[str, Module]) -> Sizes:
+    found = Sizes([], [], [])
+    for m in mods.values():
+        reasons = dict(m.long_classes)
+        scopes = [(m.name, m.lines, m.long, SOFT_MODULE_LINES, HARD_MODULE_LINES)] + [
+            (f"{m.name}.{c}", n, reasons.get(c), SOFT_CLASS_LINES, HARD_CLASS_LINES)
+            for c, n in m.classes
+        ]
+        for name, lines, reason, soft, hard in scopes:
+            if lines > hard:
+                found.over_hard.append((name, lines))
+            elif lines > soft and reason is None:
+                found.unexplained.append((name, lines))
+            if reason is not None and (lines <= soft or not reason.strip()):
+                found.stale.append((name, lines))
+    return found
+
+
+#: a measured timing: a number with a unit of time or throughput, or a speed ratio
+TIMING = re.compile(
+    r"""(?x)(?<![\w.])\d(?:[\d.,]*\d)?
+    (?: \s?(?:ns|us|µs|ms|[KMG]B/s)(?![\w/]) | \s(?:s|seconds?|minutes?)\b
+      | \s?x\s+(?:faster|slower|cheaper|dearer)\b | \s?%\s+(?:faster|slower)\b
+      | \s?[-–]\s?\d(?:[\d.]*\d)?\s?x\b )
+    | within\s\d+\s?%"""
+)
+
+
+def prose(path: Path) -> list[tuple[int, str]]:
+    """A module's prose, as ``(first line, text)``: each run of comment lines (read with
+    `tokenize`) and each string statement (docstrings, attribute docstrings). Strings that
+    are values (text printed into generated code) are not prose."""
+    source = path.read_text()
+    found: list[tuple[int, str]] = []
+    last = -2
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type != tokenize.COMMENT:
+            continue
+        text = tok.string.lstrip("#:").strip()
+        if tok.start[0] == last + 1 and found:
+            found[-1] = (found[-1][0], f"{found[-1][1]} {text}")
+        else:
+            found.append((tok.start[0], text))
+        last = tok.start[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            if isinstance(node.value.value, str):
+                found.append((node.lineno, node.value.value))
+    return found
+
+
+def timings(package: Path = PACKAGE) -> list[tuple[str, int, str]]:
+    """``(module path, line, the timing)`` for each measured timing quoted in prose."""
+    return [
+        (str(path.relative_to(package.parent)), line + text.count("\n", 0, m.start()), m.group(0))
+        for path in sorted(package.rglob("*.py"))
+        for line, text in prose(path)
+        for m in TIMING.finditer(text)
+    ]
+
+
+#: a pointer into the decisions: ``docs/decisions.md, "<the start of a decision's title>"``
+#: (several titles may follow one ``docs/decisions.md:``)
+POINTER = re.compile(r'docs/decisions\.md[,:]\s+((?:"[^"]+"(?:,\s+)?)+)')
+
+
+def decision_pointers(package: Path = PACKAGE) -> list[tuple[str, str]]:
+    """``(module path, title)`` for each decision that prose points to by its title."""
+    return [
+        (str(path.relative_to(package.parent)), " ".join(title.split()))
+        for path in sorted(package.rglob("*.py"))
+        for _, text in prose(path)
+        for m in POINTER.finditer(text)
+        for title in re.findall(r'"([^"]+)"', m.group(1))
+    ]
+
+
+def decision_titles(decisions: Path = PACKAGE.parent / "docs" / "decisions.md") -> list[str]:
+    """The bold titles that open the decisions' entries, each on one line."""
+    text = re.sub(r"\s+", " ", decisions.read_text())
+    return re.findall(r"(?:^|\s)- \*\*(.+?)\*\*", text)
 
 
 def subpackages(mods: dict[str, Module]) -> list[str]:
@@ -195,10 +322,20 @@ def report() -> str:
         f"largest class: {klass[2]}.{klass[0]} ({klass[1]} lines)",
         f"import cycles: {len(cycles(mods))} {cycles(mods)}",
         f"upward imports: {len(upward_imports(mods))} {upward_imports(mods)}",
-        "modules over 450 lines: "
-        + ", ".join(f"{m.name} ({m.lines})" for m in mods.values() if m.lines > 450),
-        "classes over 400 lines: "
-        + ", ".join(f"{m.name}.{c} ({n})" for m in mods.values() for c, n in m.classes if n > 400),
+        f"modules over {SOFT_MODULE_LINES} lines: "
+        + ", ".join(f"{m.name} ({m.lines})" for m in mods.values() if m.lines > SOFT_MODULE_LINES),
+        f"classes over {SOFT_CLASS_LINES} lines: "
+        + ", ".join(
+            f"{m.name}.{c} ({n})"
+            for m in mods.values()
+            for c, n in m.classes
+            if n > SOFT_CLASS_LINES
+        ),
+        "long, with a reason: "
+        + ", ".join(
+            [f"{m.name}: {m.long}" for m in mods.values() if m.long]
+            + [f"{m.name}.{c}: {r}" for m in mods.values() for c, r in m.long_classes]
+        ),
     ]
     return "\n".join(lines)
 

@@ -291,8 +291,8 @@ def test_each_chunk_reserves_room_for_its_own_rows(threads, rng, monkeypatch):
     got = k(B=B, C=C, threads=threads).validate("out")
     assert seen == [threads]
     np.testing.assert_array_equal(np.asarray(got), b @ c)
-    spec = k.spec
-    bound = SPARSE_OUT.entry_bound(spec.statement, {"B": B, "C": C}, {"i": 40, "j": 50, "k": 30})
+    plan = k.generated().bound
+    bound = SPARSE_OUT.entry_bound(plan, {"B": B, "C": C}, {"i": 40, "j": 50, "k": 30})
     slack = SPARSE_OUT.LAST_LEVEL_SLACK * 50
     assert bound <= reserved[0] <= bound + threads * (slack + 1)
 
@@ -348,7 +348,7 @@ def test_several_chunks_bound_only_their_own_rows(threads, rng, monkeypatch):
     else:
         assert len(calls) == threads and all(rows is not None for rows in calls)
         assert [rows[1:] for rows in calls] == sorted(rows[1:] for rows in calls)
-    whole = real(k.spec.statement, {"B": B, "C": C}, {"i": 40, "j": 50, "k": 30})
+    whole = real(k.generated().bound, {"B": B, "C": C}, {"i": 40, "j": 50, "k": 30})
     monkeypatch.setattr(COSTS, "SINGLE_PASS_ENTRIES", whole // 2)  # too large: two phases
     got = k(B=B, C=C, threads=threads).validate("out")
     np.testing.assert_array_equal(np.asarray(got), b @ c)

@@ -4,13 +4,13 @@ class grows past the size a reader can hold. Measured by `structure` from the so
 
 from __future__ import annotations
 
+import ast
+import re
+import warnings
 from pathlib import Path
 
 import structure
-
-#: the limits LAYOUT.md asks for: modules of a few hundred lines, no god class
-MAX_MODULE_LINES = 450
-MAX_CLASS_LINES = 400
+from structure import Module
 
 
 def test_no_import_cycles() -> None:
@@ -25,10 +25,50 @@ def test_imports_flow_down_the_stages() -> None:
     assert structure.upward_imports(mods) == []
 
 
+#: code generation, of which the runtime knows only `Generated` (and `sparsec.abi`): what a
+#: call needs of the statement, the lowering or the printers travels in it as data
+COMPILER = (
+    "sparsec.pipeline",
+    "sparsec.passes",
+    "sparsec.lower",
+    "sparsec.backends",
+    "sparsec.middle.bound",
+    "sparsec.middle.staging",
+    "sparsec.frontend.concrete",
+)
+GENERATED = ("sparsec.backends", "sparsec.backends.generated")
+
+
+def test_the_runtime_sits_above_the_compiler() -> None:
+    """No runtime module imports the compiler's code, only `Generated` and the ABI (issue
+    37: the runtime read the slack and chunk table from the lowering, the stage hints from
+    the passes, the launcher's printing from the printer, the statement's entry bound and
+    staging from the middle end, and a dtype check from the pipeline)."""
+    mods = structure.modules()
+
+    def compiler(name: str) -> bool:
+        inside = any(name == p or name.startswith(p + ".") for p in COMPILER)
+        return inside and name not in GENERATED
+
+    runtime = (m for m in mods.values() if m.name.startswith("sparsec.runtime"))
+    assert sorted((m.name, i) for m in runtime for i in m.imports if compiler(i)) == []
+
+
 def test_no_module_or_class_over_the_limits() -> None:
-    mods = structure.modules().values()
-    assert [(m.name, m.lines) for m in mods if m.lines > MAX_MODULE_LINES] == []
-    assert [(m.name, c, n) for m in mods for c, n in m.classes if n > MAX_CLASS_LINES] == []
+    """A module is as long as its one idea needs (issue 37 item 7), so the size limits are
+    soft, with a hard ceiling: a module over 450 lines (a class over 400) says why in a
+    string assigned to ``__long__`` in its body, and the test warns, naming it, where none
+    is given; nothing may pass 800 lines (a class 600), whatever its reason; a ``__long__``
+    that is empty or stands on a module or class within the soft limit fails, so a reason
+    never outlives its length. Split where the idea splits, not to meet a number."""
+    found = structure.sizes(structure.modules())
+    assert found.over_hard == []
+    assert found.stale == []
+    for name, lines in found.unexplained:
+        warnings.warn(
+            f"{name} has {lines} lines, past the soft limit, and gives no `__long__` reason",
+            stacklevel=1,
+        )
 
 
 def test_the_measure_sees_what_it_claims() -> None:
@@ -42,6 +82,64 @@ def test_the_measure_sees_what_it_claims() -> None:
         "b": structure.Module("b", mods["sparsec.abi"].path, 1, frozenset({"a"}), ()),
     }
     assert structure.cycles(toy) == [["a", "b"]]
+
+
+def test_the_size_rule_sees_reasons() -> None:
+    """The size rule on toy modules: the soft limit warns unless a reason is given, the hard
+    limit fails whatever the reason, and a reason on a short module or class is stale."""
+    path = structure.modules()["sparsec.abi"].path
+
+    def mod(lines: int, long: str | None, classes: tuple[tuple[str, int], ...] = ()) -> Module:
+        return structure.Module("m", path, lines, frozenset(), classes, long)
+
+    soft, hard = structure.SOFT_MODULE_LINES, structure.HARD_MODULE_LINES
+    assert structure.sizes({"m": mod(soft + 1, None)}).unexplained == [("m", soft + 1)]
+    assert structure.sizes({"m": mod(soft + 1, "one table")}) == structure.Sizes([], [], [])
+    assert structure.sizes({"m": mod(hard + 1, "one table")}).over_hard == [("m", hard + 1)]
+    assert structure.sizes({"m": mod(soft, "one table")}).stale == [("m", soft)]
+    assert structure.sizes({"m": mod(soft + 1, " ")}).stale == [("m", soft + 1)]
+    klass = mod(10, None, (("C", structure.SOFT_CLASS_LINES + 1),))
+    assert structure.sizes({"m": klass}).unexplained == [("m.C", structure.SOFT_CLASS_LINES + 1)]
+    tree = ast.parse("__long__ = 'why'\nclass C:\n    __long__ = 'because'\n    x = 1\n")
+    assert structure._long(tree.body) == "why"
+    assert [structure._long(c.body) for c in tree.body if isinstance(c, ast.ClassDef)] == [
+        "because"
+    ]
+
+
+def test_no_comment_quotes_a_timing(tmp_path: Path) -> None:
+    """Measurements live in docs/decisions.md, under the decision they support, with the
+    machine they were taken on (issue 37 item 6): a comment or docstring in sparsec/ gives
+    the reason and points there, and quotes no timing (a number of ns, us, ms, s or GB/s,
+    or a speed ratio such as ``1.2-1.4x`` or ``4x faster``). Strings that are values, text
+    printed into generated code among them, are not prose and are not read."""
+    assert structure.timings() == []
+    toy = tmp_path / "toy.py"
+    toy.write_text("x = '9 ms'  # 3 ms\n# 1.2-1.4x on one\n# thread\ndef f():\n    '4x faster'\n")
+    found = [m.group(0) for _, t in structure.prose(toy) for m in structure.TIMING.finditer(t)]
+    assert found == ["3 ms", "1.2-1.4x", "4x faster"]
+
+
+def test_decision_pointers_name_a_decision() -> None:
+    """Prose that points to ``docs/decisions.md, "<title>"`` names the start of a decision's
+    bold title there, so a pointer outlives no decision it points to."""
+    titles = structure.decision_titles()
+    pointers = structure.decision_pointers()
+    assert len(pointers) > 20
+    assert [p for p in pointers if not any(t.startswith(p[1]) for t in titles)] == []
+
+
+def test_every_module_is_in_the_architecture() -> None:
+    """docs/architecture.md's "Every module" names each module of sparsec/ by its path under
+    the package (`api/kernel.py`), and names no module that is gone (issue 37 item 6)."""
+    mods = structure.modules().values()
+    paths = {str(m.path.relative_to(structure.PACKAGE)) for m in mods}
+    doc = (structure.PACKAGE.parent / "docs" / "architecture.md").read_text()
+    assert "\n## Every module\n" in doc
+    section = doc.split("\n## Every module\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([\w/]+\.py)`", section))
+    assert sorted(paths - named) == []
+    assert sorted(named - paths) == []
 
 
 def test_only_the_api_edge_decides_by_a_target_s_name() -> None:

@@ -32,8 +32,8 @@ _MODULES = sys.modules
 
 def wants_grad(inputs: Mapping[str, Any]) -> bool:
     """Does a kernel call record autograd (torch loaded, grad mode on, some input a torch
-    tensor that requires grad)? Cheap for numpy/scipy calls: no import, one plain loop
-    (~0.2 us for two inputs; a kernel call's fast path takes ~5 us)."""
+    tensor that requires grad)? Cheap for numpy/scipy calls: no import, one plain loop,
+    a small part of a fast-path call (docs/decisions.md, "A repeated call")."""
     torch = _MODULES.get("torch")
     if torch is not None:
         tensor = torch.Tensor

@@ -9,15 +9,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..abi import ASSEMBLE_NAME, KERNEL_NAME
+from ..abi import ASSEMBLE_NAME, KERNEL_NAME, LAUNCH_ASSEMBLE_NAME, LAUNCH_NAME
 from ..middle.spec import Spec
 from .generated import Generated, Launch
-from .printer import DIALECTS, Printer, adds_into_output, header, render, storage_arrays
+from .printer import (
+    CUDA,
+    DIALECTS,
+    Printer,
+    adds_into_output,
+    header,
+    param,
+    render,
+    storage_arrays,
+)
 
 
 def print_cuda(spec: Spec, gen: Generated) -> Generated:
     """``gen`` with its source: the CUDA translation unit of its launch's body, whose
-    header tells the launch (``gen.launch``: the grid, the block, the output's zeroing)."""
+    header tells the launch (``gen.launch``: the grid, the block, the output's zeroing),
+    and the emulation's launchers of it."""
     launch: Launch = gen.launch
     bodies = (launch.body, *((launch.assemble,) if launch.assemble is not None else ()))
     wide = adds_into_output(gen.dtype, gen.signature, *bodies)
@@ -42,4 +52,32 @@ def print_cuda(spec: Spec, gen: Generated) -> Generated:
     if launch.assemble is not None:
         fields["assemble"] = "\n".join(printer.stmts(launch.assemble))
     source = render(dialect, lines, gen, name=KERNEL_NAME, body=body, semiring=semiring, **fields)
-    return replace(gen, source=source)
+    return replace(gen, source=source, launchers=launchers(gen))
+
+
+def launchers(gen: Generated) -> str:
+    """The CUDA emulation's ``sparsec_launch(grid, block, <parameters>)`` (and
+    ``sparsec_launch_assemble`` for a sparse output's count), printed after the source."""
+    params = ",\n    ".join(param(CUDA, p, gen) for p in gen.signature.params)
+    names = ", ".join(p.name for p in gen.signature.params)
+    launch: Launch = gen.launch
+    text = "\n/* the emulation's launcher: every block of the grid, every thread of a block */\n"
+    text += shim_launcher(LAUNCH_NAME, params, f"{KERNEL_NAME}({names})", launch.shuffles)
+    if launch.assemble is not None:
+        call = f"{ASSEMBLE_NAME}({names})"
+        text += shim_launcher(LAUNCH_ASSEMBLE_NAME, params, call, launch.shuffles)
+    return text
+
+
+def shim_launcher(export: str, params: str, call: str, fibers: bool) -> str:
+    """``extern "C" int export(grid, block, params)``: ``call`` for every thread of every
+    block of the grid (as fibers that meet at shuffles when ``fibers``), through the
+    emulation's shim (``templates/cuda_shim.h``)."""
+    return (
+        f'extern "C" int {export}(long long sc_grid, int sc_block,\n'
+        f"    {params}) {{\n"
+        f"  auto sc_body = [&]() {{ {call}; }};\n"
+        f"  sc_emu::launch(sc_grid, sc_block, {'true' if fibers else 'false'}, sc_body);\n"
+        "  return 0;\n"
+        "}\n"
+    )

@@ -7,7 +7,9 @@ from typing import Any
 
 from ..abi import Signature
 from ..ir import nodes as ir
+from ..middle.bound import EntryBound
 from ..middle.commands import Command
+from ..middle.spec import Spec
 from ..target import C, Target
 
 
@@ -42,7 +44,8 @@ class Launch:
 
 @dataclass(frozen=True, slots=True)
 class Generated:
-    """One kernel's source and what the runtime needs to build and call it."""
+    """One kernel's source and what the runtime needs to build and call it: with
+    `sparsec.abi`, all the runtime knows of code generation (frozen data, picklable)."""
 
     source: str
     #: the ABI: every parameter, in order (`sparsec.abi`)
@@ -78,3 +81,13 @@ class Generated:
     #: whether the C source also defines ``sparsec_kernel_packed`` (its arguments in one
     #: int64 array; none where a parameter is a scalar value)
     packed: bool = False
+    #: a sparse output's entry bound (`sparsec.middle.bound.plan`), which the runtime
+    #: counts on a call's inputs for the single pass's capacities and chunks; None: none
+    bound: EntryBound | None = None
+    #: CUDA: the spec the kernel computes where the output is computed as rows into its
+    #: rowwise staging output (`sparsec.middle.staging.staged`), which the runtime
+    #: compacts into the asked-for one; None: the output as asked
+    staging: Spec | None = None
+    #: CUDA: the emulation's launchers (`sparsec.backends.cuda.launchers`), printed after
+    #: the source when the runtime builds it behind the shim (``target="cuda-emulated"``)
+    launchers: str = ""

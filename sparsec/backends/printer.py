@@ -214,8 +214,8 @@ class Printer:
 def environment() -> jinja2.Environment:
     """The templates' environment, once per process. Their compiled code is kept in the
     cache directory (jinja's bytecode cache, keyed by the template's source and Python's
-    version; `_EntryCache`): compiling kernel.c.j2 cost ~13 ms of the first kernel of
-    every process, loading it well under 1 ms."""
+    version; `_EntryCache`): compiling kernel.c.j2 was a visible part of the first kernel
+    of every process, loading it is not (docs/decisions.md, "A cold compile's time")."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
         bytecode_cache=_bytecode_cache(),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..abi import INT, Param, Signature
 from ..ir import nodes as ir
 from ..middle.commands import Unit
+from ..policy.compiler import C_HALF_TYPES
 from .generated import Generated
 
 #: the value a semiring's add (`lower.semiring`) stores, ``op`` -> expression
@@ -249,7 +250,7 @@ C = Dialect(
     acc_types={"float32": "double", "float64": "double", "float16": "float", "bfloat16": "float"},
     index_types={"int32": "int32_t", "int64": "int64_t"},
     # the compiler's own types where it has them (`policy.machine.c_half_types`)
-    half_types={"float16": "_Float16", "bfloat16": "__bf16"},
+    half_types=C_HALF_TYPES,
 )
 
 #: CUDA: GPU loops are strided over the grid, the warps of a block, its threads or a

@@ -112,8 +112,9 @@ def _lark(fresh: bool = False) -> Lark:
     """The grammar compiled once per process (a race may build it twice; both are equal).
 
     Its LALR tables are a function of the grammar, lark's version and Python's alone, so
-    they are kept in the cache directory (`_tables`): analysing the grammar costs 20-55 ms
-    of the first kernel of every process, loading the tables ~3 ms. The entry is written
+    they are kept in the cache directory (`_tables`): analysing the grammar is a large part
+    of the first kernel of every process, loading the tables a small one (docs/decisions.md,
+    "A cold compile's time"). The entry is written
     whole (`resources.write_entry`: lark's own ``cache=`` writes in place, and two
     processes writing at once left a file that unpickled into tables naming rules that
     were not there), and anything wrong with it, on loading or in the first parses

@@ -9,17 +9,12 @@ copies), `gpu` (GPU loops), `races` (the race analysis), `output` (stores),
 `workspace` and `chunks` (sparse outputs).
 """
 
-from .assemble import BLOCK_SLACK, LAST_LEVEL_SLACK
-from .chunks import table as chunk_table
 from .chunks import wrap as wrap_chunks
 from .kernel import LoweredKernel, RowsOutOfOrder, every_loop, loop_nest, lower, names_for
 
 __all__ = [
-    "BLOCK_SLACK",
-    "LAST_LEVEL_SLACK",
     "LoweredKernel",
     "RowsOutOfOrder",
-    "chunk_table",
     "every_loop",
     "loop_nest",
     "lower",

@@ -33,13 +33,6 @@ from ..tensors.layout import OutputLayout
 from .chunks import ChunkFrame, Table
 from .workspace import Workspace, allocate
 
-#: blocks of spare ``vals`` the runtime allocates past an output's last block (see
-#: `Assembler.around`)
-BLOCK_SLACK = 1
-#: extents of the last output level allocated beyond its entry bound (see
-#: `Assembler.precheck`)
-LAST_LEVEL_SLACK = 1
-
 
 class Assembler:
     """Generates the output-assembly statements for one kernel (count or compute mode).
@@ -108,7 +101,7 @@ class Assembler:
 
     def _room(self, k: int, slack: bool = False) -> list[ir.Stmt]:
         """Leave the kernel before appending past level ``k``'s capacity (``slack``: the
-        position one past it may still be written: a dense block's spare, see `BLOCK_SLACK`)."""
+        position one past it may still be written: a dense block's spare, see `abi.BLOCK_SLACK`)."""
         if k not in self.capacity:
             return []
         full = ir.Bin(">" if slack else ">=", ir.Var(self.count[k]), ir.Var(self.capacity[k]))
@@ -122,7 +115,7 @@ class Assembler:
         per iteration (COO's singletons, dense blocks) or are gathered from a workspace.
 
         The loop appends at most ``min(room, extent)`` distinct coordinates. The runtime
-        gives the last level `LAST_LEVEL_SLACK` extents beyond its bound, so a correct
+        gives the last level `abi.LAST_LEVEL_SLACK` extents beyond its bound, so a correct
         bound never fails this check, however loosely ``room`` counts."""
         layout = self.layout
         if (

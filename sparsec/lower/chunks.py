@@ -13,17 +13,18 @@ nothing not yet moved (where it overlaps its own source, numpy copies through a 
 
 This replaces counting every row, a prefix sum and a second pass (`sparse_out.two_phase`)
 with one pass and a copy of the entries outside chunk 0. The moves are the runtime's (numpy
-copies) rather than generated C: they cost the compiler about a third more time on a sparse
-add (cc's CPU time 150 -> 200 ms) for a copy that is a tenth of the pass.
+copies) rather than generated C: in C they made a sparse add's compile markedly slower for
+a copy that is a small part of the pass (docs/decisions.md, "CSR-like outputs on several
+threads").
 
 One chunk's rows are their own function (`APPEND_ROWS_NAME`, the serial pass's body with its
 rows and its region given by the chunk): inside an OpenMP loop the compiler would reach the
-kernel's arrays through the loop's shared data and lose their ``restrict`` (a merge was 14 %
+kernel's arrays through the loop's shared data and lose their ``restrict`` (a merge ran
 slower so); a function keeps them. It stops with CAPACITY_EXCEEDED like the serial pass, and
 the loop marks that chunk's end -1.
 
 The runtime passes the chunks in ``sc_sizes`` after the output's level sizes (``L`` of them,
-``C`` chunks), laid out by `Table`::
+``C`` chunks), laid out as `sparsec.abi.CHUNK_TABLE` says (`Table` reads it)::
 
     sc_sizes[L]                      C
     sc_sizes[L + 1 + c]              chunk c's first row (C + 1 entries: the last is the rows)
@@ -35,17 +36,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..abi import APPEND_ROWS_NAME, CHUNK_PARAM, Namer
+from ..abi import APPEND_ROWS_NAME, CHUNK_PARAM, CHUNK_TABLE, Namer
 from ..ir import nodes as ir
 from ..ir.visit import statements
 from ..middle.commands import Unit
-
-
-def table(levels: int, chunks: int) -> tuple[int, int, int, int]:
-    """Where the chunk table's row starts, region starts and ends begin in ``sc_sizes``,
-    and the table's length, for an output of ``levels`` levels in ``chunks`` chunks."""
-    ends = levels + 3 + 2 * chunks
-    return levels + 1, levels + 2 + chunks, ends, ends + chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,20 +50,21 @@ class Table:
     levels: int
     chunks: ir.Expr
 
-    def _at(self, start: int, times: int, c: ir.Expr) -> ir.Load:
+    def _at(self, part: str, c: ir.Expr) -> ir.Load:
+        start, times = CHUNK_TABLE[part]
         off: ir.Expr = ir.IntLit(self.levels + start)
         if times:
             off = ir.Bin("+", off, ir.mul(ir.IntLit(times), self.chunks))
         return ir.Load(self.sizes, ir.add(off, c))
 
     def row(self, c: ir.Expr) -> ir.Load:
-        return self._at(1, 0, c)
+        return self._at("row", c)
 
     def region(self, c: ir.Expr) -> ir.Load:
-        return self._at(2, 1, c)
+        return self._at("region", c)
 
     def end(self, c: ir.Expr) -> ir.Load:
-        return self._at(3, 2, c)
+        return self._at("end", c)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,19 +27,121 @@ product of the extents of the indices ``S``):
 Each rule over-counts, never under-counts; the kernel also stops (status
 `assemble.CAPACITY_EXCEEDED`) rather than write past a capacity, so a wrong bound could
 only cost the fallback to the two-phase assembly, not memory safety.
+
+The rules are read off the statement once, at code generation (`plan`: an `EntryBound`,
+frozen data that travels in `sparsec.backends.Generated`), and counted on each call's
+inputs (`EntryBound.count`), so the runtime never reads the statement.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..frontend.concrete import CExpr, Statement, Sum, Zero, exact
+from ..frontend.concrete import CExpr, Statement, Sum, Zero, accesses, divides
 from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, BinOp, Call, Literal, Neg, factor_chain
+
+
+@dataclass(frozen=True, slots=True)
+class Operand:
+    """An access of an input: its name, its indices, whether it is complemented (``~M``)."""
+
+    name: str
+    indices: tuple[str, ...]
+    complement: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A tensor: its stored entries (capped by the dense size of its indices)."""
+
+    operand: Operand
+    free: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Everything:
+    """Present everywhere over ``free`` (a complement, a function with ``f(0) != 0``)."""
+
+    free: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Constant:
+    """A literal (1) or an absent zero (0), over no index."""
+
+    entries: int
+    free: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Combined:
+    """``parts``, each widened to ``free``, combined by ``rule``: "min" (an intersection),
+    "sum" (a union) or "first" (present where the first part is: a quotient by a
+    literal, a function with ``f(0) = 0``)."""
+
+    rule: str
+    parts: tuple[Node, ...]
+    free: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Summed:
+    """``Σ`` of ``body``; over one index ``index`` of a product of tensors and literals,
+    also ``Σ_k Π_f c_f(k)`` over that product's tensors ``chain`` (None: no such sum)."""
+
+    body: Node
+    free: frozenset[str]
+    index: str | None = None
+    chain: tuple[Operand, ...] = ()
+
+
+Node = Stored | Everything | Constant | Combined | Summed
+
+
+@dataclass(frozen=True, slots=True)
+class EntryBound:
+    """The bound of one statement's output, as data: `count` it on a call's inputs."""
+
+    #: the output's indices
+    out: frozenset[str]
+    #: the expression divides by a non-literal (lowered exactly under ``"ieee"``)
+    divides: bool
+    root: Node
+    #: every access of the right-hand side, left to right (nested sums included)
+    operands: tuple[Operand, ...]
+
+    def count(
+        self,
+        values: Mapping[str, Any],
+        dims: Mapping[str, int],
+        division: str = "sparse",
+        rows: tuple[str, int, int] | None = None,
+    ) -> int:
+        """At most how many entries the output gets for these inputs, under the kernel's
+        ``division`` convention (`sparsec.frontend.semantics`). ``rows`` = (an output
+        index ``i``, ``lo``, ``hi``): only the entries with ``lo <= i < hi`` (a chunk of a
+        rowwise output's rows, `sparsec.runtime.sparse_out.chunked_pass`)."""
+        full = dims[rows[0]] if rows is not None else 0
+        if rows is not None:
+            dims = {**dims, rows[0]: rows[2] - rows[1]}
+        dense = _size(dims, self.out)
+        if division == "ieee" and self.divides:
+            return dense  # exact lowering: present everywhere
+        n = _Bound(values, dims, rows, full).of(self.root)
+        return int(min(dense, n * _size(dims, self.out - self.root.free)))
+
+
+def plan(stmt: Statement) -> EntryBound:
+    """The rules above for ``stmt``'s output, read off the statement once."""
+    rhs: CExpr = Sum(stmt.top_sums, stmt.rhs) if stmt.top_sums else stmt.rhs
+    operands = tuple(_operand(a) for a in accesses(stmt.rhs))
+    return EntryBound(frozenset(stmt.lhs.indices), divides(rhs), _node(rhs), operands)
 
 
 def entry_bound(
@@ -49,20 +151,53 @@ def entry_bound(
     division: str = "sparse",
     rows: tuple[str, int, int] | None = None,
 ) -> int:
-    """At most how many entries the output of ``stmt`` gets for these inputs, under the
-    kernel's ``division`` convention (`sparsec.frontend.semantics`). ``rows`` = (an output
-    index ``i``, ``lo``, ``hi``): only the entries with ``lo <= i < hi`` (a chunk of a
-    rowwise output's rows, `sparsec.runtime.sparse_out.chunked_pass`)."""
-    full = dims[rows[0]] if rows is not None else 0
-    if rows is not None:
-        dims = {**dims, rows[0]: rows[2] - rows[1]}
-    rhs: CExpr = Sum(stmt.top_sums, stmt.rhs) if stmt.top_sums else stmt.rhs
-    out = frozenset(stmt.lhs.indices)
-    dense = _size(dims, out)
-    if exact(rhs, division):
-        return dense  # exact lowering: present everywhere
-    free, n = _Bound(values, dims, rows, full).of(rhs)
-    return int(min(dense, n * _size(dims, out - free)))
+    """At most how many entries the output of ``stmt`` gets for these inputs
+    (`EntryBound.count` of its `plan`)."""
+    return plan(stmt).count(values, dims, division, rows)
+
+
+def _operand(a: Access) -> Operand:
+    return Operand(a.name, a.indices, a.complement)
+
+
+def _node(e: CExpr) -> Node:
+    """The rule of ``e`` (the module's list)."""
+    match e:
+        case Access(indices=indices, complement=True):
+            # present where the operand stores nothing: bounded by everything
+            return Everything(frozenset(indices))
+        case Access(indices=indices):
+            return Stored(_operand(e), frozenset(indices))
+        case Literal():
+            return Constant(1)
+        case Zero():
+            return Constant(0)
+        case Neg(operand=x):
+            return _node(x)  # type: ignore[arg-type]
+        case BinOp(op=op, left=a, right=b):
+            pair = (_node(a), _node(b))  # type: ignore[arg-type]
+            free = pair[0].free | pair[1].free
+            # a quotient is present where its numerator is (the sparse convention; the
+            # exact one is `EntryBound.divides`)
+            rule = {"*": "min", "+": "sum", "-": "sum", "/": "first"}.get(op)
+            return Combined(rule, pair, free) if rule else Everything(free)
+        case Call(fn=fn, args=args):
+            parts = tuple(_node(a) for a in args)  # type: ignore[arg-type]
+            free = frozenset().union(*(p.free for p in parts))
+            if fn in ("max", "min"):
+                return Combined("sum", parts, free)
+            if FUNCTIONS[fn].keeps_pattern(args):
+                return Combined("first", parts, free)
+            return Everything(free)
+        case Sum(indices=summed, body=body):
+            inner = _node(body)
+            free = inner.free - frozenset(summed)
+            factors = factor_chain(body)
+            if len(summed) != 1 or any(not isinstance(f, Access | Literal) for f in factors):
+                return Summed(inner, free)
+            chain = tuple(_operand(f) for f in factors if isinstance(f, Access))
+            return Summed(inner, free, summed[0], chain)
+    raise AssertionError(e)
 
 
 def _size(dims: Mapping[str, int], indices: frozenset[str]) -> int:
@@ -89,7 +224,7 @@ class _Bound:
         #: the row index's whole extent (``dims`` holds the range's)
         self.full = full
 
-    def _stored(self, a: Access) -> int:
+    def _stored(self, a: Operand) -> int:
         """``a``'s stored entries (within the rows, where `_cut` or a dense array allows)."""
         v = self.values[a.name]
         cut = self._cut(a)
@@ -103,7 +238,7 @@ class _Bound:
                 return int(np.size(v)) // self.full * (hi - lo)
         return _stored(v)
 
-    def _cut(self, a: Access) -> tuple[int, int] | None:
+    def _cut(self, a: Operand) -> tuple[int, int] | None:
         """The positions of ``a``'s entries within the rows, where ``a``'s value is a
         matrix stored as a dense level of the row index over one compressed level."""
         if self.rows is None:
@@ -119,72 +254,36 @@ class _Bound:
             return None
         return int(pos[lo]), int(pos[hi])
 
-    def of(self, e: CExpr) -> tuple[frozenset[str], int]:
-        """(free indices of ``e``, bound on its present tuples over them)."""
-        match e:
-            case Access(indices=indices, complement=True):
-                # present where the operand stores nothing: bounded by everything
-                return frozenset(indices), _size(self.dims, frozenset(indices))
-            case Access(indices=indices):
-                free = frozenset(indices)
-                return free, min(self._stored(e), _size(self.dims, free))
-            case Literal():
-                return frozenset(), 1
-            case Zero():
-                return frozenset(), 0
-            case Neg(operand=x):
-                return self.of(x)  # type: ignore[arg-type]
-            case BinOp(op=op, left=a, right=b):
-                fa, na = self.of(a)  # type: ignore[arg-type]
-                fb, nb = self.of(b)  # type: ignore[arg-type]
-                free = fa | fb
-                wa, wb = na * _size(self.dims, fb - fa), nb * _size(self.dims, fa - fb)
-                match op:
-                    case "*":
-                        n = min(wa, wb)
-                    case "+" | "-":
-                        n = wa + wb
-                    case "/":
-                        # a quotient is present where its numerator is (the sparse
-                        # convention; the exact one returned above)
-                        n = wa
-                    case _:
-                        n = _size(self.dims, free)
-                return free, min(n, _size(self.dims, free))
-            case Call(fn=fn, args=args):
-                parts = [self.of(a) for a in args]  # type: ignore[arg-type]
-                free = frozenset().union(*(f for f, _ in parts))
-                widened = [n * _size(self.dims, free - f) for f, n in parts]
-                if fn in ("max", "min"):
-                    n = sum(widened)
-                elif FUNCTIONS[fn].keeps_pattern(args):
-                    n = widened[0]
-                else:
-                    n = _size(self.dims, free)
-                return free, min(n, _size(self.dims, free))
-            case Sum(indices=summed, body=body):
-                fb, nb = self.of(body)
-                free = fb - frozenset(summed)
-                n = min(nb, _size(self.dims, free))
-                if len(summed) == 1:
-                    n = min(n, self._contracted(summed[0], body, n))
-                return free, n
-        raise AssertionError(e)
+    def of(self, node: Node) -> int:
+        """A bound on the present tuples of ``node`` over its free indices."""
+        match node:
+            case Everything(free=free):
+                return _size(self.dims, free)
+            case Stored(operand=a, free=free):
+                return min(self._stored(a), _size(self.dims, free))
+            case Constant(entries=n):
+                return n
+            case Combined(rule=rule, parts=parts, free=free):
+                widened = [self.of(p) * _size(self.dims, free - p.free) for p in parts]
+                n = min(widened) if rule == "min" else sum(widened) if rule == "sum" else widened[0]
+                return min(n, _size(self.dims, free))
+            case Summed(body=body, free=free, index=k, chain=chain):
+                n = min(self.of(body), _size(self.dims, free))
+                if k is not None:
+                    n = min(n, self._contracted(k, chain))
+                return n
+        raise AssertionError(node)
 
-    def _contracted(self, k: str, body: CExpr, known: int) -> int:
-        """``Σ_k Π_f c_f(k)`` when ``body`` is a product of tensors and literals; else
-        ``known`` (the bound already proved)."""
-        factors = factor_chain(body)
-        if any(not isinstance(f, Access | Literal) for f in factors):
-            return known
+    def _contracted(self, k: str, chain: tuple[Operand, ...]) -> int:
+        """``Σ_k Π_f c_f(k)`` over the tensors ``chain`` of a product of tensors and
+        literals."""
         total = np.ones(self.dims[k], dtype=np.float64)
-        for f in factors:
-            if isinstance(f, Access):
-                total *= self._counts(f, k)
+        for f in chain:
+            total *= self._counts(f, k)
         # float64 sums: a margin above rounding, then one more for good measure
         return math.ceil(float(total.sum()) * (1 + 1e-9)) + 1
 
-    def _counts(self, a: Access, k: str) -> np.ndarray | float:
+    def _counts(self, a: Operand, k: str) -> np.ndarray | float:
         """Entries of ``a`` per coordinate of index ``k`` (all of them if ``k`` is absent)."""
         v = self.values[a.name]
         dims = self.dims

@@ -9,15 +9,14 @@ The call is the statement
 
 over the activations transposed (Xt = X^T, tokens last), through the torch op of
 `sparsec.api.torch_op` (so eager and ``torch.compile`` run, and train through, one path).
-Why this spelling, measured on this machine (1 thread, float32, W 1536 x 384 at 90 %,
-512 tokens; torch dense ``F.linear`` 8.8 ms): the loop nest (o, i, t) walks each stored row
-of W once and streams a contiguous row of Xt per entry: 1.6 ms. Writing the bias as
-``+ b(o)`` in the statement puts the sum over i in a scalar temporary per (o, t) (loop order
-o, t, i: Xt read down a column): 45 ms. Tokens first, ``Y(t,o) = X(t,i) * W(o,i) + b(o)``:
-18.5 ms in CSR, 19 ms in CSC, and ``Y(t,o) += X(t,i) * W(o,i)`` in CSC 20 ms (each token
-re-reads all of W). So the bias is fused as the accumulator's start, and the transposes
-(0.1 ms each) are torch's. An activation fused into the statement, ``relu(W*Xt + b)``,
-forces the scalar-temporary form again (60 ms; 31 ms tokens-first in CSC), so the
+Why this spelling (measured: docs/decisions.md, "SparseLinear"): the loop nest (o, i, t)
+walks each stored row of W once and streams a contiguous row of Xt per entry, the fastest
+form measured. Writing the bias as ``+ b(o)`` in the statement puts the sum over i in a
+scalar temporary per (o, t) (loop order o, t, i: Xt read down a column), far slower.
+Tokens first, ``Y(t,o) = X(t,i) * W(o,i) + b(o)`` in CSR or CSC, or ``Y(t,o) += X(t,i) *
+W(o,i)`` in CSC, is slower too (each token re-reads all of W). So the bias is fused as the
+accumulator's start, and the transposes (cheap) are torch's. An activation fused into the
+statement, ``relu(W*Xt + b)``, forces the scalar-temporary form again, so the
 activation (a function of the language: relu, tanh, ...) is applied to the op's output by
 torch, elementwise.
 """

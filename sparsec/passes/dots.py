@@ -28,9 +28,8 @@ infinity among them makes the sum NaN or infinite, does not. torch and TACO (who
 generated code is compiled with ``-ffast-math``) reorder such sums too. Semirings are left
 alone (`run_passes` runs no pass under them). C only.
 
-Measured (gcc -O3 -march=native, AVX2/AVX-512 VM, float32, 295k entries x 1024 terms, the
-gradient of a pruned linear layer's weight): 270 ms serial, 49 ms on lanes summing in
-double, 22 ms in float partials of 256 added into double.
+Value-typed partials of `BLOCK` terms added into the double accumulator measured fastest,
+ahead of lanes summing in double (docs/decisions.md, "Contiguous dot loops").
 """
 
 from __future__ import annotations
@@ -204,8 +203,8 @@ def _blocked(
         *(ir.Assign(ir.Var(name), ir.Var(part), "+=") for name, part in parts.items()),
     )
     # every iteration sets the flags: they are set once before the loop when it runs at
-    # all, rather than combined by `max` on the lanes (measured: that reduction cost ~20 %
-    # of the -O3 compile of SDDMM's jammed dot loops, 145 -> 114 ms of cc CPU time)
+    # all, rather than combined by `max` on the lanes (that reduction cost SDDMM's jammed
+    # dot loops a good part of their -O3 compile: docs/decisions.md, "A cold compile's time")
     ran = ir.If(
         (
             (

@@ -6,9 +6,9 @@ effect is ``reached = 1`` when its range is not empty (`fold_flag_loops` makes i
 ``if (0 < k_dim) reached = 1;``), and then counted B's row one entry at a time under that
 invariant flag (`count_in_closed_form` adds the row's length at once). GCC finds both only
 at -O3, at a price in compile time; simplified here, the count is light (`light_count`)
-and is built at -O1 (``SC_LIGHT_OPT``): SDDMM's cold compile 145 -> 135 ms (medians of 21
-alternated builds), its count 0.08-0.10 ms a call as before. The closed form alone, at
--O3, compiled slower (157 ms: GCC vectorizes the simpler loop), so the two go together.
+and is built at -O1 (``SC_LIGHT_OPT``): SDDMM compiles faster and its count runs as fast
+as before. The closed form alone, at -O3, compiled slower (GCC vectorizes the simpler
+loop), so the two go together (docs/decisions.md, "A light count phase").
 
 A loop folds when it is serial and its body holds only comments, declarations of its own
 locals (initialised without calls), and assignments of integer literals to variables

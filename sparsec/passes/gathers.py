@@ -1,6 +1,7 @@
 """Prefetched gathers: the rows a register tile (`tile.py`) gathers, fetched ahead.
 
-Two shapes, measured on pruned-BERT SpMM (`bench bert`) and MTTKRP:
+Two shapes, measured on pruned-BERT SpMM (`bench bert`) and MTTKRP (docs/decisions.md:
+"Tiles prefetch gathered rows", "No prefetch into L1", "A row narrower than a tile"):
 
 - *Within segments* (`Gathers.within`). When a vector load's row is found through an index
   array that the region's innermost loop walks (SpMM's ``X[W_crd[p], j]``), each iteration
@@ -10,9 +11,9 @@ Two shapes, measured on pruned-BERT SpMM (`bench bert`) and MTTKRP:
   to them. The prefetch (``sc_prefetch_row``) also gets the rows' stride, and where that is
   a multiple of an L1 way's bytes (4 KB on x86), where every row's tile falls in the same
   L1 sets and the line fetched ahead is evicted before its use, none is made (SpMM with
-  512 float64 columns, 1.13-1.18x faster). (The loop used to be split in two, the last
+  512 float64 columns gains). (The loop used to be split in two, the last
   iterations without prefetches: as fast, measured on the harness's SpMM in float64 and
-  float32, but twice the code, and about 20 ms more of an -O3 compile once tiles of fewer
+  float32, but twice the code, and a longer -O3 compile once tiles of fewer
   vectors came.)
 - *Across segments* (`Gathers.across`). When the innermost loop walks segments ``pos[q] ..
   pos[q + 1]`` of the loop around it (MTTKRP's l fibers in its k fibers, about one entry
@@ -20,7 +21,7 @@ Two shapes, measured on pruned-BERT SpMM (`bench bert`) and MTTKRP:
   region make one run of positions: the innermost loop prefetches ``PREFETCH_DISTANCE``
   positions on in that run, into the next segments, and the loop around it prefetches the
   rows that its own iteration that far on gathers (MTTKRP's ``C[k, :]``), each index
-  clamped to its range's last. MTTKRP (2000³, 1M entries, rank 32) measured 1.3–1.5x faster.
+  clamped to its range's last. MTTKRP (2000³, 1M entries, rank 32) measured faster.
 
 Prefetches change no load, store or addition: results are unchanged.
 """

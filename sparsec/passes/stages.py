@@ -7,14 +7,15 @@ on the extent alone: at 512 float64 columns on 8-lane vectors only whole tiles, 
 rank 32 only the tile of 4 vectors, at both no columns left. Every stage is a copy of the
 region that the C compiler optimises on its own, and the stages that never run cost most
 of a tiled kernel's compile: the unused ones of SpMM at 512 columns and of MTTKRP at rank
-32 took 40 % of cc1's time (127 -> 75 ms and 140 -> 80 ms, docs/decisions.md).
+32 took much of cc1's time (docs/decisions.md, "A tiled kernel is built with the
+register-tile stages").
 
 So each stage is guarded by a compile-time constant. A stage is a bit: whole tiles
 `VECTORS`, a narrower tile its vectors, the columns left 1 (`REMAINDER`). The template
 defines, per extent parameter ``p`` whose regions are guarded, ``SC_STAGES_p``: the stages
-``SC_HINT_p`` needs (the extent the build was made for, `hints`), or all of them when the
-build names no extent. The compiler drops a guarded stage whose bit is off before it
-optimises anything. The template's ``SC_STAGES_NEED`` computes the bits from the vectors'
+``SC_HINT_p`` needs (the extent the build was made for, `sparsec.abi.stage_hints`), or all
+of them when the build names no extent. The compiler drops a guarded stage whose bit is
+off before it optimises anything. The template's ``SC_STAGES_NEED`` computes the bits from the vectors'
 lanes as the compiler sees them, so no fact of the host enters.
 
 Each guarded function first checks its extent: one that needs a stage not built returns
@@ -31,9 +32,9 @@ from ..ir.visit import map_blocks, map_children, statements, subexpressions
 
 #: the columns left after the narrowest tile, as a stage bit
 REMAINDER = 1
-#: the template's per-extent macros: the stages built, and the extent they were built for
+#: the template's per-extent macro of the stages built (the extent they were built for is
+#: ``SC_HINT_``'s, `sparsec.abi.stage_hints`)
 STAGES_PREFIX = "SC_STAGES_"
-HINT_PREFIX = "SC_HINT_"
 
 
 def guard(end: ir.Expr, bit: int, stmt: ir.Stmt) -> ir.Stmt:
@@ -76,12 +77,6 @@ def guarded_extents(*bodies: ir.Block) -> tuple[str, ...]:
     for body in bodies:
         found |= _guarded(body)
     return tuple(sorted(found))
-
-
-def hints(extents: tuple[str, ...], values: dict[str, int]) -> str:
-    """The lines that build a kernel for the extents ``values`` (by parameter) of its
-    guarded ``extents``, put before its source: ``#define SC_HINT_p <extent>``."""
-    return "".join(f"#define {HINT_PREFIX}{p} {int(values[p])}\n" for p in extents if p in values)
 
 
 def _guarded(body: ir.Block) -> set[str]:

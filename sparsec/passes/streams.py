@@ -25,11 +25,11 @@ changes no load, store or order of additions: results are bit-identical. It is C
 
 Measured by timing the generated SpMV with and without the pass, interleaved with scipy in
 one process (100k x 100k, 10 random entries per row, float64, 2-core Zen VM), two runs:
-1.15-1.47x faster on 1 thread and 1.25-1.40x on 2; float32 and the banded matrix gain
-5-15 %; rows of 100 entries, neutral. Distances from 64 to 320 measured alike; one line
-per stream per row was slower than two (rows of 10 doubles span two lines); a loop that
-prefetches exactly the lines of the row ``DISTANCE`` ahead was slower still (its trip
-count of 1 or 2 mispredicts).
+faster on 1 and 2 threads; float32 and the banded matrix gain less; rows of 100 entries,
+neutral (the numbers: docs/decisions.md, "Stream loops prefetch their crd and vals").
+Distances from 64 to 320 measured alike; one line per stream per row was slower than two
+(rows of 10 doubles span two lines); a loop that prefetches exactly the lines of the row
+``DISTANCE`` ahead was slower still (its trip count of 1 or 2 mispredicts).
 """
 
 from __future__ import annotations

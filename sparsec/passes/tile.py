@@ -8,7 +8,7 @@ tiles of `VECTORS` vectors of ``j``: each tile's output elements live in registe
 whole region (``sc_acc0 .. sc_acc7``) and are stored once after it. The columns left over
 (fewer than a tile) run in at most one tile of 4 vectors and one of 2 (`NARROWEST`), so a
 row narrower than a tile still accumulates in registers (MTTKRP at rank 32 in float64 on
-64-byte vectors: 14-17 ms in the plain loop, 7-8 ms in a tile of 4); the rest, fewer than
+64-byte vectors: docs/decisions.md, "A row narrower than a tile"); the rest, fewer than
 2 vectors, runs through the original nest. A build has the stages its extent needs (`stages`).
 
 Two more things make a tile cheaper, measured on pruned-BERT SpMM (`bench bert`):
@@ -437,7 +437,7 @@ class _Tiler:
             assert start is not None
             # the columns left of the tiles: iterations independent as the tiles' lanes are
             # (each writes its own output value), so `omp simd` vectorises them without the
-            # compiler's alias checks and loop versions (~10 ms of an -O3 compile)
+            # compiler's alias checks and loop versions (docs/decisions.md, "A cold compile")
             return replace(loop, start=start, parallel=loop.parallel or ir.Parallel("CPUVector"))
         stmts: list[ir.Stmt] = []
         for s in loop.body.body:

@@ -67,6 +67,8 @@ def compiler_target(cc: tuple[str, ...], flags: tuple[str, ...]) -> tuple[str, .
     return ()
 
 
+#: per 16-bit value dtype, the C compiler's type for it (its storage type on the C target)
+C_HALF_TYPES = {"float16": "_Float16", "bfloat16": "__bf16"}
 #: per 16-bit value dtype, a translation unit that compiles where the C compiler has a
 #: type for it with conversions to and from float (GCC 12 has _Float16 on x86-64 but a
 #: __bf16 without conversions, which came in GCC 13)

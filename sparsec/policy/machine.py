@@ -338,7 +338,7 @@ def c_half_types(on: Machine | None = None) -> frozenset[str]:
 # ------------------------------------------------------------------------ the load
 
 #: seconds between two readings of the cores' busy time (the kernel counts it in ticks of
-#: 10 ms per core, so a shorter window mostly measures rounding)
+#: a hundredth of a second per core, so a shorter window mostly measures rounding)
 LOAD_INTERVAL_S = 0.1
 #: weight of the newest reading in the estimate; the rest is the previous estimate, so two
 #: processes that each adapt to the other settle on a share instead of taking turns
@@ -429,8 +429,9 @@ def threads_for(configured: int, cores: int, busy: float) -> int:
     """Threads for a default call: ``configured`` on a quiet machine; with ``busy`` of the
     ``cores`` taken by other work, no more than the cores left (at least one). A thread
     more than the free cores is descheduled mid-call, and the call's other threads then
-    wait for it at the closing barrier for a whole time slice of the other work: 10-100x
-    the call's one-thread time, where the cores left finish it at about that time."""
+    wait for it at the closing barrier for a whole time slice of the other work, many times
+    the call's one-thread time, where the cores left finish it at about that time
+    (docs/decisions.md, "A default call leaves busy cores alone")."""
     free = cores - math.floor(busy + 0.5)
     if free >= cores:
         return configured

@@ -204,8 +204,8 @@ def vector_lanes(average: float) -> int:
     `VECTOR_MIN_ROW`, else the largest power of two at most half the average, up to a
     warp: each lane loads two or more of the row's nonzeros. Measured on an H200 (``python
     -m bench.gpu_lanes``, rows of 2 to 128 nonzeros): this is the fastest group size, or
-    within 5 % of it, at every length; a group as large as the average (the rule before)
-    was 8-15 % slower from 8 to 32 per row."""
+    close to it, at every length; a group as large as the average (the rule before) was
+    slower from 8 to 32 per row (docs/decisions.md, "GPU SpMV's lane groups")."""
     if not average >= VECTOR_MIN_ROW:
         return 0
     return min(32, 1 << (int(average / 2).bit_length() - 1))

@@ -9,9 +9,10 @@ processes may build the same kernel at once and every reader sees a whole file.
 
 C kernels link lean (`LEAN_LINK`): no default libraries but the OpenMP runtime ``-fopenmp``
 brings, libm and the static libgcc. Linking against the C library itself (``-lc``, a linker
-script over libc.so.6 and libc_nonshared.a) took ~10 of the ~20 ms CPU time of linking a
-kernel; the few C library functions a kernel calls (calloc, free, memcpy) are bound when it
-is loaded, from the C library the loading process and the OpenMP runtime already depend on.
+script over libc.so.6 and libc_nonshared.a) took half the CPU time of linking a kernel
+(docs/decisions.md, "A cold compile's time"); the few C library functions a kernel calls
+(calloc, free, memcpy) are bound when it is loaded, from the C library the loading process
+and the OpenMP runtime already depend on.
 A toolchain that cannot link that way (a failed link, or a library that does not load)
 gets the compiler's default link, for the rest of the process.
 
@@ -43,9 +44,9 @@ from ..resources import cache_dir
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
 #: added to the default flags by compilers that take it (GCC; Clang from 13): loops start
 #: on a 32-byte boundary, so a short inner loop (SpMV's row, 28 bytes) never spans two
-#: 64-byte fetch windows. Spanning one cost SpMV 1.2-1.4x at 1 thread whenever the core's
-#: front end was shared (the VM's other hyperthread busy), and nothing otherwise
-#: (docs/decisions.md)
+#: 64-byte fetch windows. Spanning one slowed SpMV whenever the core's front end was
+#: shared (the VM's other hyperthread busy), and nothing otherwise (docs/decisions.md,
+#: "Loops start on 32-byte boundaries")
 ALIGN_LOOPS = "-falign-loops=32"
 REQUIRED_CFLAGS = ("-shared", "-fPIC", "-std=gnu11", "-Werror=implicit-function-declaration")
 #: the CUDA emulation builds C++ (SPARSEC_CXX, SPARSEC_CXXFLAGS)

@@ -3,7 +3,8 @@
 A dense operand read through a derived copy (SDDMM's ``D`` read as ``D(j,k)``,
 `sparsec.middle.derive`) is copied at every call, so that the copy always follows the
 values passed. On one thread the copy of a large operand was serial work in every call
-(64 x 20000 float64: about 1.1 ms of a 4.5 ms SDDMM call on two threads). A 2-D copy that
+(a quarter of an SDDMM call on two threads: docs/decisions.md, "A call's derived dense
+copy"). A 2-D copy that
 reads across the source's rows (a transpose) is made by a compiled copy in bands of one
 cache line per output row, on the call's OpenMP threads (`STRIDED_COPY_BYTES`); any other
 large copy by numpy, in slabs on a pool of Python threads (`PARALLEL_COPY_BYTES`).
@@ -27,13 +28,13 @@ from .build import compile_cached
 
 #: a copy of at least this many bytes is made by several threads, in slabs of its first axis
 #: (numpy copies without holding the GIL); below it, one thread's copy is faster than handing
-#: work to others (about 30 us)
+#: work to others (docs/decisions.md, "A call's derived dense copy")
 PARALLEL_COPY_BYTES = 1 << 20
 #: a 2-D copy that reads across the source's rows (a transpose: SDDMM's ``D``) of at least
 #: this many bytes is made by the compiled band copy (``templates/copies.c``) on the call's
 #: OpenMP threads: numpy's copy of a transpose reads a source column for every output row,
-#: 1.5-2 ms for 64 x 20000 float64 on one thread, and its slabs on Python threads contended
-#: with the kernel's OpenMP team (measured: docs/decisions.md)
+#: slowly, and its slabs on Python threads contended with the kernel's OpenMP team
+#: (measured: docs/decisions.md, "A transposed copy is made by compiled code")
 STRIDED_COPY_BYTES = 64 << 10
 #: the copy threads (one pool, made on first use; a child forked after it starts anew)
 _POOLS: list[ThreadPoolExecutor] = []

@@ -25,12 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ..abi import ASSEMBLE_NAME
+from ..abi import ASSEMBLE_NAME, stage_hints
 from ..backends import Generated
 from ..frontend.semirings import semiring
 from ..middle.spec import Spec
-from ..middle.staging import ROW, needs_staging, staged
-from ..passes.stages import hints as stage_hints
 from ..policy.costs import Columns
 from ..target import Target
 from ..tensors.buffers import aligned_empty
@@ -59,6 +57,7 @@ class Executable:
         "out_identity",
         "sparse",
         "final",
+        "rows",
         "poison",
         "_raw",
         "_lock",
@@ -90,11 +89,15 @@ class Executable:
         self.out_identity = spec.output.format.ordering == tuple(range(spec.output.order))
         self.sparse = None if spec.output.is_dense else SparseOutput(spec, loaded, self.slots)
         #: a CUDA kernel computes an output the GPU cannot fill row by row into its rowwise
-        #: staging output (`sparsec.middle.staging`), compacted into this one after
+        #: staging output (`Generated.staging`), compacted into this one after
         self.final = None
-        if target.gpu and needs_staging(spec):
+        #: the staging output's own indices (a vector's row), each of extent 1
+        self.rows: dict[str, int] = {}
+        staging = loaded.generated.staging
+        if staging is not None:
             self.final = spec.output
-            self.sparse = SparseOutput(staged(spec), loaded, self.slots)
+            self.sparse = SparseOutput(staging, loaded, self.slots)
+            self.rows = {i: 1 for i in staging.indices if i not in spec.indices}
         self.poison = poison
         self._raw: Any = None  # target="cuda": CuPy's RawKernel, made at the first launch
         self._lock = threading.Lock()
@@ -110,7 +113,7 @@ class Executable:
     ) -> Executable:
         """Compile (through the on-disk cache) and load ``generated`` for ``target``: for a
         call's inputs ``prepared``, only the register-tile stages its extents need
-        (`sparsec.passes.stages`; other extents return STAGES_MISSING), else all of them,
+        (`sparsec.abi.stage_hints`; other extents return STAGES_MISSING), else all of them,
         also where the call runs in column panels (`run`: the kernel sees the panels'
         widths, not the call's)."""
         if (
@@ -304,8 +307,8 @@ class Executable:
         assert self.sparse is not None
         gen = self.loaded.generated
         emulated = self.target.emulated
-        if self.final is not None:  # a staged vector's row (a harmless extra elsewhere)
-            prepared = replace(prepared, dims={**prepared.dims, ROW: 1})
+        if self.rows:  # a staged vector's row
+            prepared = replace(prepared, dims={**prepared.dims, **self.rows})
         if emulated:
             xp: Any = np
             kernels = {"assemble": self.loaded.assemble, "fill": self.loaded.fn}

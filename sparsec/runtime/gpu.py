@@ -1,9 +1,9 @@
 """CUDA kernels run without a GPU (the CPU emulation) and with one (CuPy).
 
 * `emulation_source` is the generated ``.cu`` text behind a shim header (``cuda_shim.h``)
-  plus a launcher generated from the kernel's signature; the runtime builds it with a C++20
-  compiler (``target="cuda-emulated"``), so every CUDA kernel runs in ordinary tests;
-  `emulate` runs it.
+  plus the launchers printed with it (`Generated.launchers`); the runtime builds it with
+  a C++20 compiler (``target="cuda-emulated"``), so every CUDA kernel runs in ordinary
+  tests; `emulate` runs it.
 * `grid_size` evaluates the launch grid on the host from the kernel's own prelude.
 * `stage` puts a call's arguments in GPU memory (`sparsec.runtime.args`' slots in a device
   form) and returns a CuPy ``RawKernel`` launch over them.
@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..abi import ASSEMBLE_NAME, GPU_WORKSPACE, KERNEL_NAME, LAUNCH_ASSEMBLE_NAME, LAUNCH_NAME
-from ..backends.printer import CUDA, param
+from ..abi import GPU_WORKSPACE, KERNEL_NAME
 from ..errors import DTypeError, ShapeError, SparsecError
 from ..ir import nodes as ir
 from ..resources import data_dir
@@ -42,38 +41,16 @@ MAX_EMULATED_GRID = 4096
 
 # ---------------------------------------------------------------- emulation
 def emulation_source(generated: Any) -> str:
-    """The ``.cu`` text behind the shim, plus ``sparsec_launch(grid, block, <arguments>)``
-    (and ``sparsec_launch_assemble`` for a sparse output's count)."""
-    params = ",\n    ".join(param(CUDA, p, generated) for p in generated.signature.params)
-    names = ", ".join(p.name for p in generated.signature.params)
-    fibers = generated.launch.shuffles
-    launchers = (
-        "\n/* the emulation's launcher: every block of the grid, every thread of a block */\n"
-    )
-    launchers += shim_launcher(LAUNCH_NAME, params, f"{KERNEL_NAME}({names})", fibers)
-    if generated.launch.assemble is not None:
-        call = f"{ASSEMBLE_NAME}({names})"
-        launchers += shim_launcher(LAUNCH_ASSEMBLE_NAME, params, call, fibers)
-    return behind_shim(generated.source, launchers)
+    """The ``.cu`` text behind the shim, then its launchers (`Generated.launchers`:
+    ``sparsec_launch(grid, block, <arguments>)``, and ``sparsec_launch_assemble`` for a
+    sparse output's count)."""
+    return behind_shim(generated.source, generated.launchers)
 
 
 def behind_shim(source: str, launchers: str) -> str:
     """A ``.cu`` text compiled as C++ behind templates/cuda_shim.h, then ``launchers``."""
     shim = (data_dir("templates") / "cuda_shim.h").read_text()
     return f'{shim}\n#line 1 "sparsec_kernel.cu"\n{source}{launchers}'
-
-
-def shim_launcher(export: str, params: str, call: str, fibers: bool) -> str:
-    """``extern "C" int export(grid, block, params)``: ``call`` for every thread of every
-    block of the grid (as fibers that meet at shuffles when ``fibers``)."""
-    return (
-        f'extern "C" int {export}(long long sc_grid, int sc_block,\n'
-        f"    {params}) {{\n"
-        f"  auto sc_body = [&]() {{ {call}; }};\n"
-        f"  sc_emu::launch(sc_grid, sc_block, {'true' if fibers else 'false'}, sc_body);\n"
-        "  return 0;\n"
-        "}\n"
-    )
 
 
 def grid_size(launch: Any, params: dict[str, Any]) -> int | None:

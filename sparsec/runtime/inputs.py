@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import DTypeError, InputError, ShapeError
 from ..middle.spec import Derived, Folded, Spec, TensorVar
-from ..pipeline import check_c_dtype
+from ..policy.dtypes import check_c_dtype
 from ..target import Target
 from ..tensors.convert import derive_dense
 from ..tensors.halves import HALF, bfloat16_bits, readable, rounded, to_storage

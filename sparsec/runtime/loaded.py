@@ -52,10 +52,11 @@ class Loaded:
     """One kernel's entry points (None where the library has none).
 
     A C kernel whose sparse output has a single-pass function beside its two phases is
-    built first without the phases (``SC_APPEND_ONLY``: SpGEMM 190 -> 116 ms of cc, sparse
-    add 149 -> 69): the single pass is what its calls run, and the phases (a capacity bound
-    too small, rows that cannot be cut into chunks on threads) are built from the whole
-    source the first time an entry of theirs is asked for."""
+    built first without the phases (``SC_APPEND_ONLY``, a much shorter compile:
+    docs/decisions.md, "A cold compile's time"): the single pass is what its calls run,
+    and the phases (a capacity bound too small, rows that cannot be cut into chunks on
+    threads) are built from the whole source the first time an entry of theirs is asked
+    for."""
 
     __slots__ = ("generated", "append", "_fn", "_assemble", "_packed", "_later")
 

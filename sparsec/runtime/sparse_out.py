@@ -4,7 +4,7 @@ kernel fills them (TACO's assemble / compute split).
 Two ways (`run` picks):
 
 - one pass (`single_pass`): the kernel appends into arrays of a capacity proven from the
-  inputs (`sparsec.middle.bound.entry_bound`), then the arrays are cut to the sizes it
+  inputs (`Generated.bound`, `entry_bound`), then the arrays are cut to the sizes it
   reached. It stops with CAPACITY_EXCEEDED rather than write past a capacity, and the two
   phases run instead. Taken when the kernel appends serially anyway or runs on one thread,
   and the capacity stays under `sparsec.policy.costs.SINGLE_PASS_ENTRIES`, where the
@@ -21,15 +21,14 @@ Two ways (`run` picks):
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .. import abi
+from ..abi import BLOCK_SLACK, LAST_LEVEL_SLACK, chunk_table
 from ..errors import DTypeError, SparsecError
-from ..frontend.concrete import accesses
-from ..lower import BLOCK_SLACK, LAST_LEVEL_SLACK, chunk_table
-from ..middle.bound import entry_bound
 from ..middle.spec import Spec
 from ..policy import costs
 from ..tensors.formats import Singleton
@@ -47,8 +46,8 @@ Arrays = dict[tuple[str, int], np.ndarray]
 
 
 class SparseOutput:
-    """One sparse-output kernel for one dtype pair: its entry points and its output's
-    levels."""
+    """One sparse-output kernel for one dtype pair: its entry points, its output's levels
+    and its entry bound (`Generated.bound`)."""
 
     __slots__ = ("loaded", "slots", "output", "statement", "division", "out_indices", "layout")
 
@@ -75,6 +74,11 @@ class SparseOutput:
             return 0
         return BLOCK_SLACK * math.prod(self.extent(prepared, k) for k in blocks)
 
+    @property
+    def bound(self) -> Any:
+        """The output's entry bound (`Generated.bound`: `entry_bound` counts it)."""
+        return self.loaded.generated.bound
+
     def call(self, fn: Any, prepared: Prepared, outputs: Arrays, threads: int) -> int:
         return fn(*arguments(self.slots, prepared.values, prepared.dims, outputs, threads))
 
@@ -99,7 +103,7 @@ def run(out: SparseOutput, prepared: Prepared, threads: int | None, poison: bool
             # much again: SpGEMM's is a bincount over an operand's entries)
             done = chunked_pass(out, prepared, None, nthreads, poison)
         else:
-            bound = entry_bound(out.statement, prepared.values, prepared.dims, out.division)
+            bound = entry_bound(out.bound, prepared.values, prepared.dims, out.division)
             if bound <= costs.SINGLE_PASS_ENTRIES:
                 if chunked:
                     done = chunked_pass(out, prepared, bound, nthreads, poison)
@@ -108,6 +112,18 @@ def run(out: SparseOutput, prepared: Prepared, threads: int | None, poison: bool
         if done is not None:
             return done
     return two_phase(out, prepared, nthreads, poison)
+
+
+def entry_bound(
+    bound: Any,
+    values: Mapping[str, Any],
+    dims: Mapping[str, int],
+    division: str = "sparse",
+    rows: tuple[str, int, int] | None = None,
+) -> int:
+    """At most how many entries the output gets for these inputs (within ``rows``: an
+    output index and a range of it), by its kernel's entry bound ``bound``."""
+    return int(bound.count(values, dims, division, rows))
 
 
 def chunked_pass(
@@ -143,7 +159,7 @@ def chunked_pass(
         lo, hi = int(starts[c]), int(starts[c + 1])
         own = bound
         if own is None:
-            args = (out.statement, prepared.values, prepared.dims, out.division, (row, lo, hi))
+            args = (out.bound, prepared.values, prepared.dims, out.division, (row, lo, hi))
             own = entry_bound(*args)
         owns.append(own)
         regions[c + 1] = regions[c] + min((hi - lo) * size, own) + LAST_LEVEL_SLACK * size
@@ -192,7 +208,7 @@ def _row_starts(out: SparseOutput, prepared: Prepared, rows: int, chunks: int) -
     output's row index); equal row counts where no input is."""
     row = out.out_indices[0]
     pos = []
-    for a in accesses(out.statement.rhs):
+    for a in out.bound.operands:
         t = prepared.values.get(a.name)
         if not isinstance(t, Tensor) or len(t.levels) < 2:
             continue

@@ -14,9 +14,10 @@ _addressof = ctypes.addressof
 def address(array: Any) -> int:
     """The address of a C-contiguous ndarray's first element, for a ctypes call.
 
-    Through the buffer protocol: about 4x cheaper than ``array.ctypes.data``, which builds
-    a helper object per call (a few microseconds that small kernels notice). Read-only and
-    empty arrays export no writable buffer of a byte; they take the ``ctypes`` route.
+    Through the buffer protocol: cheaper than ``array.ctypes.data``, which builds a helper
+    object per call, time that small kernels notice (docs/decisions.md, "A repeated call").
+    Read-only and empty arrays export no writable buffer of a byte; they take the
+    ``ctypes`` route.
     """
     try:
         return _addressof(_char.from_buffer(array))
