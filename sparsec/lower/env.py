@@ -44,8 +44,8 @@ class Flags:
     #: GPU units of the loops enclosing the point, outermost first
     gpu_units: tuple[str, ...] = ()
     #: lanes per group of the enclosing "group" loop (a GPUThread loop over sub-warp
-    #: groups; 32: a whole warp)
-    group_lanes: int = 32
+    #: groups; 0: a whole warp, the target's `Target.lanes`)
+    group_lanes: int = 0
     #: the innermost plain GPUThread loop (strided by the block's threads): its schedule
     #: name, variable and trip count, which tell the lanes of a warp that run an iteration
     thread_loop: tuple[str, str, ir.Expr] | None = None

@@ -55,7 +55,8 @@ def gpu_setup(
         env.grid = trip
     units = env.flags.gpu_units
     lane = unit == Unit.GPUThread and Unit.GPUWarp in units
-    lanes = env.flags.group_lanes
+    warp = env.target.lanes
+    lanes = env.flags.group_lanes or warp
     group = lane and "group" not in units and _encloses_lanes(env, loop)
     if group:
         lanes = _group_lanes(env, cmd, loop)
@@ -65,7 +66,6 @@ def gpu_setup(
     target_acc = isinstance(sink, AccSink)
     why = race(env, loop, distinct, sink)
     schedule = "group" if group else "lane" if lane else ""
-    warp = env.target.lanes
     par = ir.Parallel(unit, schedule, lanes=lanes) if lanes != warp else ir.Parallel(unit, schedule)
     if isinstance(sink, AccSink):
         env.acc_units.setdefault(sink.name, set()).add("lane" if lane and not group else unit)
