@@ -80,21 +80,29 @@ CALLS = {
 #: builtins in C (no ``<math.h>`` needed; computed in double, as float32 sums are), the
 #: CUDA math API's overloads on CUDA (float or double by the operand's type)
 C_FUNCTIONS = {
-    f"fn_{name}": f"__builtin_{spelled}"
-    for name, spelled in (
-        ("abs", "fabs"),
-        ("sqrt", "sqrt"),
-        ("exp", "exp"),
-        ("log", "log"),
-        ("sin", "sin"),
-        ("cos", "cos"),
-        ("tanh", "tanh"),
-        ("max", "fmax"),
-        ("min", "fmin"),
-        ("pow", "pow"),
-    )
+    "fn_abs": "__builtin_fabs",
+    "fn_sqrt": "__builtin_sqrt",
+    "fn_exp": "__builtin_exp",
+    "fn_log": "__builtin_log",
+    "fn_sin": "__builtin_sin",
+    "fn_cos": "__builtin_cos",
+    "fn_tanh": "__builtin_tanh",
+    "fn_max": "__builtin_fmax",
+    "fn_min": "__builtin_fmin",
+    "fn_pow": "__builtin_pow",
 }
-CUDA_FUNCTIONS = {name: spelled.removeprefix("__builtin_") for name, spelled in C_FUNCTIONS.items()}
+CUDA_FUNCTIONS = {
+    "fn_abs": "fabs",
+    "fn_sqrt": "sqrt",
+    "fn_exp": "exp",
+    "fn_log": "log",
+    "fn_sin": "sin",
+    "fn_cos": "cos",
+    "fn_tanh": "tanh",
+    "fn_max": "fmax",
+    "fn_min": "fmin",
+    "fn_pow": "pow",
+}
 
 #: the loop IR's types that both targets spell alike (the template typedefs the value,
 #: accumulator and index types per kernel)
