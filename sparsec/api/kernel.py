@@ -258,7 +258,8 @@ class Kernel:
     def _executable_for(self, prepared: Prepared, threads: int | None) -> Executable:
         """The executable a call runs: schedule="auto" tunes it per kind of input."""
         if not self.auto:
-            vector = self._vector and by_lane_groups(self.spec, self._vector, prepared.values)
+            rows, warp = self._vector, self.platform.lanes
+            vector = rows and by_lane_groups(self.spec, rows, prepared.values, warp)
             if vector:  # rows long enough for groups of lanes: the kernel for that group size
                 try:
                     return self._candidate(vector, prepared.dtype, prepared.index_dtype)
