@@ -95,14 +95,14 @@ class Kernel:
         self._schedule_arg = schedule  # what a pickle or copy rebuilds the kernel from
         #: schedule="auto": candidates are timed on the first call of each input kind
         self.auto = schedule == "auto"
-        if self.auto and on.gpu:
+        if self.auto and not on.openmp:
             raise ScheduleError("schedule='auto' tunes CPU schedules; give a CUDA schedule")
         #: auto: the tuning result per input kind (`autotune.key`), the last one chosen, and
         #: the executables of the schedules timed or chosen
         self._tuned: dict[str, dict[str, Any]] = {}
         self._last_tuned: dict[str, Any] | None = None
         self._candidates: dict[tuple[str | None, str, str], Executable] = {}
-        if on.gpu and schedule == "serial":
+        if not on.openmp and schedule == "serial":
             raise ScheduleError(
                 "schedule 'serial' is for the C target; CUDA kernels map loops to GPU units"
             )
