@@ -34,10 +34,11 @@ from .errors import ScheduleError, SparsecError
 from .frontend.semirings import semiring
 from .ir import nodes as ir
 from .ir.visit import map_blocks, statements
-from .lower import LoweredKernel, RowsOutOfOrder, loop_nest, lower, names_for, wrap_chunks
+from .lower import LoweredKernel, lower, names_for, wrap_chunks
 from .middle.bound import plan as plan_bound
 from .middle.commands import Command
 from .middle.derive import describe as describe_derived
+from .middle.schedule import RowsOutOfOrder, Schedule, make_schedule
 from .middle.spec import Spec
 from .middle.staging import needs_staging, staged, staging_format
 from .passes.bands import BAND, DEPTH, Walks, band
@@ -214,10 +215,10 @@ def run_passes(passes: tuple[Pass, ...], body: ir.Block, unit: Unit) -> Passed:
 # ---------------------------------------------------------------------- targets
 
 
-def natural_loops(spec: Spec) -> tuple[str, ...]:
-    """The loops the lowering runs for ``spec`` with no schedule (`lower.loop_nest`); raises
-    `middle.order.OrderConflict` where no loop order fits (`middle.derive`'s question)."""
-    return loop_nest(spec, names_for(spec))
+def lower_serially(spec: Spec) -> None:
+    """``spec`` lowered serially with no schedule, for what it raises (the question
+    `middle.schedule.every_loop` asks where a nested sum fits no order)."""
+    lower(spec, names_for(spec), schedule=make_schedule(spec), parallel=False)
 
 
 def _record(
@@ -253,9 +254,12 @@ def generate(
     make_names = names_for(spec)
     # the user's commands, then the default's (none for schedule="serial")
     schedule = commands
+    # the user's commands' schedule: the default's loops, and the kernel's where it adds none
+    plain = make_schedule(spec, commands)
     if parallel and not any(c.name == "parallelize" for c in commands):
-        schedule += cpu_default(spec, loop_nest(spec, make_names, commands), commands)
-    lowered, sig = lower(spec, make_names, parallel=parallel, commands=schedule)
+        schedule += cpu_default(spec, plain.order, commands)
+    final = plain if schedule == commands else make_schedule(spec, schedule)
+    lowered, sig = lower(spec, make_names, schedule=final, parallel=parallel)
     facts = machine()  # once: the template's constants and the schedule's notes agree
     unit = Unit(spec, sig, facts.last_level_cache)
     functions = []
@@ -264,7 +268,7 @@ def generate(
     comment = append = ""
     chunked = False
     if not spec.output.format.is_dense:
-        counted, _ = lower(spec, make_names, parallel=parallel, counting=True, commands=schedule)
+        counted, _ = lower(spec, make_names, schedule=final, parallel=parallel, counting=True)
         counting = count_in_closed_form(fold_flag_loops(counted.body))
         light = light_count(counting)
         functions.append(Function(ASSEMBLE_NAME, COUNT_COMMENT, counting, light=light))
@@ -278,7 +282,11 @@ def generate(
         if not commands and (heavy or not rowwise):
             try:
                 chunks = parallel and heavy
-                single, _ = lower(spec, make_names, parallel=False, append=True, chunked=chunks)
+                # no commands: `plain`, unless the pass keeps rowwise rows in storage order
+                one = make_schedule(spec, append=True) if rowwise else plain
+                single, _ = lower(
+                    spec, make_names, schedule=one, parallel=False, append=True, chunked=chunks
+                )
             except RowsOutOfOrder:
                 pass  # rows visited out of storage order: counted and filled, two phases
         if single is not None:
@@ -288,7 +296,7 @@ def generate(
             wrapped = wrap_chunks(body, single.chunks) if single.chunks is not None else None
             if single.chunks is not None and wrapped is None:
                 # rows not in one plain loop, or carried from row to row: the serial pass
-                single, _ = lower(spec, make_names, parallel=False, append=True)
+                single, _ = lower(spec, make_names, schedule=one, parallel=False, append=True)
                 appended = run_passes(append_passes, single.body, unit)
                 append_tiled = appended.of("tile")
                 body = appended.body
@@ -330,27 +338,29 @@ def generate(
 
 def _gpu_default(
     spec: Spec, make_names: Callable[[], tuple[Signature, Namer]], target: Target
-) -> tuple[LoweredKernel, Signature, tuple[Command, ...]]:
-    """The first of the default GPU mappings that lowers, each lowered once; the mappings
-    are decided from the spec and its natural loop order, with no lowering of their own.
+) -> tuple[LoweredKernel, Signature, Schedule]:
+    """The first default GPU mapping that lowers, each scheduled and lowered once; the
+    mappings come from the spec and its natural loop order, with no lowering of their own.
 
     Only where no mapping lowers is the kernel lowered without one (serially): an
     expression that cannot be lowered at all (a nested sum's loop order, say) reports
     that, not the mapping's failure."""
-    order = loop_nest(spec, make_names)
+    natural = make_schedule(spec)
+    order = natural.order
     reasons: list[str] = []
     try:
         for candidate in gpu_candidates(spec, order):
             try:
-                lowered, sig = lower(spec, make_names, commands=candidate, target=target)
+                chosen = make_schedule(spec, candidate, target=target)
+                lowered, sig = lower(spec, make_names, schedule=chosen)
             except ScheduleError as err:
                 reasons.append(str(err))
                 continue
-            return lowered, sig, candidate
+            return lowered, sig, chosen
     except SparsecError:
-        lower(spec, make_names)
+        lower(spec, make_names, schedule=natural)
         raise
-    lower(spec, make_names)
+    lower(spec, make_names, schedule=natural)
     why = f" (tried thread-per-row over {order[0]}: {reasons[-1]})" if reasons else ""
     raise ScheduleError(
         f"no GPU mapping for {spec.assignment} with these formats{why}; give a "
@@ -378,10 +388,10 @@ def generate_cuda(
         spec = staged(spec)
     make_names = names_for(spec)
     if commands:
-        lowered, sig = lower(spec, make_names, commands=commands, target=target)
-        chosen = commands
+        scheduled = make_schedule(spec, commands, target=target)
+        lowered, sig = lower(spec, make_names, schedule=scheduled)
     else:
-        lowered, sig, chosen = _gpu_default(spec, make_names, target)
+        lowered, sig, scheduled = _gpu_default(spec, make_names, target)
         done = run_passes(CUDA_PASSES, lowered.body, Unit(spec, sig))
         if done.of("coarsen"):
             lowered = replace(
@@ -394,7 +404,8 @@ def generate_cuda(
     if not spec.output.format.is_dense:
         # rows counted (each into its pos slot) by the same mapping, prefix-summed by the
         # runtime, then filled
-        counted, _ = lower(spec, make_names, counting=True, commands=chosen, target=target)
+        counted, _ = lower(spec, make_names, schedule=scheduled, counting=True)
+    chosen = scheduled.commands
     launch = Launch(
         lowered.grid,
         lowered.block,

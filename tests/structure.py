@@ -263,6 +263,48 @@ def subpackages(mods: dict[str, Module]) -> list[str]:
     return sorted(m.name for m in mods.values() if m.path.name == "__init__.py" and "." in m.name)
 
 
+def calls(mod: Module) -> list[tuple[str, str]]:
+    """(innermost enclosing function, name called) for each call of a name or attribute in
+    ``mod``'s source; "" outside any function."""
+    found: list[tuple[str, str]] = []
+
+    def visit(node: ast.AST, where: str) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            where = node.name
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = (
+                f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            )
+            if name:
+                found.append((where, name))
+        for child in ast.iter_child_nodes(node):
+            visit(child, where)
+
+    visit(ast.parse(mod.path.read_text()), "")
+    return found
+
+
+def imported_names(mod: Module) -> set[str]:
+    """The names ``mod`` imports from the package's modules (``from .x import name``)."""
+    tree = ast.parse(mod.path.read_text())
+    return {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and (node.level or (node.module or "").startswith("sparsec"))
+        for alias in node.names
+    }
+
+
+def keyword_only(mod: Module, function: str) -> tuple[str, ...]:
+    """The keyword-only parameters of ``mod``'s top-level ``function``."""
+    for node in ast.parse(mod.path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return tuple(a.arg for a in node.args.kwonlyargs)
+    raise KeyError(function)
+
+
 #: the targets' names (`sparsec.target.TARGETS`): only the API edge reads them
 TARGET_NAMES = frozenset({"c", "cuda", "cuda-emulated"})
 #: where the user's ``target=`` string becomes a `sparsec.target.Target`

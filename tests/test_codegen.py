@@ -230,23 +230,33 @@ def test_gpu_default_lowers_each_candidate_once(expr, formats, first, chosen, mo
     nothing else (no throw-away kernel to learn the loop order)."""
     from sparsec import pipeline
     from sparsec.frontend.parser import parse_expression
-    from sparsec.lower import loop_nest, names_for
+    from sparsec.middle.schedule import loop_nest
     from sparsec.middle.spec import make_spec
     from sparsec.policy.schedules import gpu_candidates
 
     spec = make_spec(parse_expression(expr), formats)
-    candidates = gpu_candidates(spec, loop_nest(spec, names_for(spec)))
+    candidates = gpu_candidates(spec, loop_nest(spec))
     assert ", ".join(map(str, candidates[0])) == first
+    scheduled: list[tuple] = []
     lowered: list[tuple] = []
-    real = pipeline.lower
+    real, real_schedule = pipeline.lower, pipeline.make_schedule
+
+    def scheduling(spec, commands=(), **options):
+        if options.get("target") == "cuda":
+            scheduled.append(commands)
+        return real_schedule(spec, commands, **options)
 
     def counting(spec, make_names, **options):
-        lowered.append(options.get("commands"))
+        lowered.append(options["schedule"].commands)
         return real(spec, make_names, **options)
 
+    monkeypatch.setattr(pipeline, "make_schedule", scheduling)
     monkeypatch.setattr(pipeline, "lower", counting)
     gen = pipeline.generate_cuda(spec)
-    assert lowered == candidates[: chosen + 1]
+    # each candidate scheduled once, in turn; those the schedule admits lowered once
+    assert scheduled == candidates[: chosen + 1]
+    assert lowered[-1] == candidates[chosen]
+    assert all(c in scheduled and lowered.count(c) == 1 for c in lowered)
     assert gen.commands == candidates[chosen]
     assert gen.schedule.startswith("default: " + ", ".join(map(str, gen.commands)))
 
@@ -348,7 +358,7 @@ def test_cpu_default_reaches_lowering_as_commands(
 
     def recording(spec, make_names, **options):
         if not options.get("append"):
-            seen.append(", ".join(map(str, options.get("commands", ()))))
+            seen.append(", ".join(map(str, options["schedule"].commands)))
         return real(spec, make_names, **options)
 
     monkeypatch.setattr(pipeline, "lower", recording)

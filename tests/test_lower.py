@@ -11,7 +11,7 @@ from sparsec.errors import ScheduleError
 from sparsec.frontend.parser import parse_expression
 from sparsec.ir import nodes as ir
 from sparsec.ir.visit import statements
-from sparsec.lower import loop_nest, lower
+from sparsec.lower import lower
 from sparsec.lower.assemble import Assembler
 from sparsec.lower.coiterate import coiterate
 from sparsec.lower.ctx import AccSink, Ctx, OutputSink
@@ -20,6 +20,7 @@ from sparsec.lower.levels import iterator
 from sparsec.lower.races import race, race_strategies
 from sparsec.middle.commands import Command, parse_commands
 from sparsec.middle.lattice import build
+from sparsec.middle.schedule import loop_nest, make_schedule
 from sparsec.middle.spec import make_spec
 from sparsec.policy.schedules import cpu_default
 from sparsec.tensors.formats import Compressed, Dense, LevelNames, Singleton, dense_extent
@@ -243,7 +244,9 @@ def test_one_epilogue_checks_bounds_first(expr, formats, schedule, counting):
         return signature(spec, namer), namer
 
     options = {"counting": counting} if counting else {}
-    lowered, _ = lower(spec, names, commands=parse_commands(schedule), **options)
+    lowered, _ = lower(
+        spec, names, schedule=make_schedule(spec, parse_commands(schedule)), **options
+    )
     first = lowered.body.body[0]
     assert isinstance(first, ir.Return) and first.status == BOUND_VIOLATED
     assert lowered.bounds
@@ -285,7 +288,7 @@ def _names_of(spec):
 def _default_of(expr: str, formats: dict[str, str], schedule: str = "") -> list[str]:
     spec = make_spec(parse_expression(expr), formats)
     commands = parse_commands(schedule) if schedule else ()
-    made = cpu_default(spec, loop_nest(spec, _names_of(spec), commands), commands)
+    made = cpu_default(spec, loop_nest(spec, commands), commands)
     assert all(c.policy for c in made)
     return [str(c) for c in made]
 
@@ -338,7 +341,7 @@ def _parallel_loops(block: ir.Block) -> list[ir.For]:
 def test_lowering_without_commands_is_serial():
     """The lowerer decides no default: with no commands every loop is serial."""
     spec = make_spec(parse_expression("y(i) = A(i,j) * x(j)"), {"A": "csr"})
-    lowered, _ = lower(spec, _names_of(spec))
+    lowered, _ = lower(spec, _names_of(spec), schedule=make_schedule(spec))
     assert _parallel_loops(lowered.body) == [] and lowered.parallel_loops == ()
 
 
@@ -364,8 +367,12 @@ def test_a_policy_command_lowers_like_the_users_and_is_worded_as_the_default(
 ):
     spec = make_spec(parse_expression(expr), {"A": "csr"})
     args = ("i", "CPUThread", races)
-    user, _ = lower(spec, _names_of(spec), commands=(Command("parallelize", args),))
-    made, _ = lower(spec, _names_of(spec), commands=(Command("parallelize", args, True),))
+    user, _ = lower(
+        spec, _names_of(spec), schedule=make_schedule(spec, (Command("parallelize", args),))
+    )
+    made, _ = lower(
+        spec, _names_of(spec), schedule=make_schedule(spec, (Command("parallelize", args, True),))
+    )
     assert made.body == user.body and len(_parallel_loops(made.body)) == 1
     assert user.notes == (user_note,)
     assert made.notes == ((default_note,) if default_note else ())
@@ -377,8 +384,16 @@ def test_a_policy_command_inside_a_precompute_leaves_the_loop_serial():
     spec = make_spec(parse_expression("y(i) = b(i) * c(i)"), {})
     pre = parse_commands("precompute(b(i),i,w)")
     args = ("i", "CPUThread", "NoRaces")
-    made, _ = lower(spec, _names_of(spec), commands=(*pre, Command("parallelize", args, True)))
-    plain, _ = lower(spec, _names_of(spec), commands=pre)
+    made, _ = lower(
+        spec,
+        _names_of(spec),
+        schedule=make_schedule(spec, (*pre, Command("parallelize", args, True))),
+    )
+    plain, _ = lower(spec, _names_of(spec), schedule=make_schedule(spec, pre))
     assert made.body == plain.body and _parallel_loops(made.body) == []
     with pytest.raises(ScheduleError, match="inside a workspace"):
-        lower(spec, _names_of(spec), commands=(*pre, Command("parallelize", args)))
+        lower(
+            spec,
+            _names_of(spec),
+            schedule=make_schedule(spec, (*pre, Command("parallelize", args))),
+        )

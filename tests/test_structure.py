@@ -142,6 +142,33 @@ def test_every_module_is_in_the_architecture() -> None:
     assert sorted(named - paths) == []
 
 
+#: what decides a kernel's schedule (`sparsec.middle.schedule`): the makers of the plan and
+#: of the schedule, the loop orders found from it, and the loop order search itself
+MAKERS = frozenset({"make_plan", "make_schedule", "loop_nest", "natural_loops", "every_loop"})
+SCHEDULING = MAKERS | {"loop_order", "step_order"}
+#: the calls lower/ keeps, by (module, function, name): each nested sum's loops and each
+#: step of a sequence are ordered inside the loops bound where the nest reaches them, which
+#: only the nest being built knows (a precompute or a sequence moves them), so they are
+#: part of building it, not of the kernel's schedule
+NEST_ORDERS = frozenset(
+    {("sparsec.lower.lowerer", "_nested_sum", "loop_order")}
+    | {("sparsec.lower.sequence", "emit_sequence", "step_order")}
+)
+
+
+def test_the_schedule_is_decided_outside_lower() -> None:
+    """The schedule is decided once, by the middle end: no module of `sparsec.lower`
+    imports the plan's or the schedule's maker, none calls the loop order search but the
+    nest's own calls above, and `lower` takes the schedule as an input."""
+    mods = structure.modules()
+    lower = [m for name, m in mods.items() if name.startswith("sparsec.lower")]
+    made = sorted((m.name, n) for m in lower for n in structure.imported_names(m) & MAKERS)
+    assert made == []
+    called = {(m.name, fn, n) for m in lower for fn, n in structure.calls(m) if n in SCHEDULING}
+    assert called == NEST_ORDERS
+    assert "schedule" in structure.keyword_only(mods["sparsec.lower.kernel"], "lower")
+
+
 def test_only_the_api_edge_decides_by_a_target_s_name() -> None:
     """A target is a `sparsec.target.Target`, made once from the user's string at the API
     edge: everywhere else code asks its capabilities (``gpu``, ``openmp``, ``lanes``,

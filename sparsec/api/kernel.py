@@ -19,12 +19,11 @@ from ..backends import Generated
 from ..errors import InputError, NotationError, ScheduleError, SparsecError, StagesMissing
 from ..frontend.parser import parse_expression
 from ..frontend.semantics import Semantics
-from ..lower import every_loop
 from ..middle.commands import Command, parse_commands
 from ..middle.derive import contiguous, derive
 from ..middle.regroup import regroup
 from ..middle.spec import FormatsArg, Spec, make_spec
-from ..pipeline import generate, generate_cuda, natural_loops
+from ..pipeline import generate, generate_cuda, lower_serially
 from ..policy import tuning
 from ..policy.costs import Columns
 from ..policy.schedules import vector_rows
@@ -84,12 +83,12 @@ class Kernel:
         try:
             # repeated indices read derived inputs; so does, with no user schedule (its
             # refusals stand), the cheapest re-layout where no loop order fits (nested too)
-            self.spec = derive(self.spec, None if self.commands else every_loop)
+            self.spec = derive(self.spec, None if self.commands else lower_serially)
             if not self.commands:
                 # dense factors over fewer variables are combined once a call (regroup)
                 self.spec = regroup(self.spec)
                 if not on.gpu:  # a dense read the innermost loop strides: transposed
-                    self.spec = contiguous(self.spec, natural_loops)
+                    self.spec = contiguous(self.spec)
         except SparsecError as err:
             raise err.with_source(expr) from None
         self._schedule_arg = schedule  # what a pickle or copy rebuilds the kernel from

@@ -1,4 +1,5 @@
-"""Lowering: a concrete statement and a schedule plan to the loop IR of one kernel.
+"""Lowering: a concrete statement and its schedule (`middle.schedule`) to the loop IR of
+one kernel.
 
 Other stages import from this package, not from its modules. Read it module by module,
 top to bottom: `kernel` (the entry and the one epilogue), `lowerer` (the recursion),
@@ -10,13 +11,10 @@ copies), `gpu` (GPU loops), `races` (the race analysis), `output` (stores),
 """
 
 from .chunks import wrap as wrap_chunks
-from .kernel import LoweredKernel, RowsOutOfOrder, every_loop, loop_nest, lower, names_for
+from .kernel import LoweredKernel, lower, names_for
 
 __all__ = [
     "LoweredKernel",
-    "RowsOutOfOrder",
-    "every_loop",
-    "loop_nest",
     "lower",
     "names_for",
     "wrap_chunks",

@@ -301,11 +301,6 @@ class Assembler:
         return stmts
 
     # ------------------------------------------------------------ workspace
-    def can_scatter(self) -> bool:
-        """A unique compressed last level with nothing below it can go through a workspace."""
-        layout = self.layout
-        return layout.fmt.levels[layout.last].unique and not layout.block and not layout.tail
-
     def workspace_alloc(self, var: str | None, gpu: bool = False) -> None:
         """The workspace over ``var`` (see `workspace`), if any, before the loop nest is
         lowered: one per kernel, or one per thread when rows are filled in parallel (each

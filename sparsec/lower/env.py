@@ -18,10 +18,9 @@ from ..abi import Namer, Signature
 from ..frontend.concrete import Sum, exact
 from ..frontend.semirings import semiring
 from ..ir import nodes as ir
-from ..middle.commands import Command
 from ..middle.plan import Plan
+from ..middle.schedule import Schedule
 from ..middle.spec import Spec
-from ..target import C, Target
 from .assemble import Assembler
 from .ctx import Where
 
@@ -61,6 +60,10 @@ class Flags:
 
 _FLAG_NAMES = frozenset(f.name for f in fields(Flags))
 
+#: no schedule decided: no loops, no commands (an environment built to lower parts of a
+#: statement, not a whole kernel)
+UNSCHEDULED = Schedule(())
+
 
 class LowerEnv:
     """One lowering: inputs, decisions, findings, and the scoped `flags`."""
@@ -77,8 +80,7 @@ class LowerEnv:
         counting: bool = False,
         append: bool = False,
         chunked: bool = False,
-        commands: tuple[Command, ...] = (),
-        target: Target = C,
+        schedule: Schedule = UNSCHEDULED,
     ) -> None:
         # ------------------------------------------------------------ inputs
         self.spec = spec
@@ -87,12 +89,14 @@ class LowerEnv:
         #: tensor formats by name (a precompute adds its workspace's)
         self.formats = spec.formats
         self.lhs = spec.statement.lhs
+        #: what runs, decided by the middle end (`middle.schedule`) before the lowering
+        self.schedule = schedule
         #: what the kernel is lowered for: OpenMP loops, or GPU loops (the runtime zeroes
         #: the output)
-        self.target = target
-        self.gpu = target.gpu
+        self.target = schedule.target
+        self.gpu = schedule.target.gpu
         #: the schedule: the user's commands and the default policy's (`Command.policy`)
-        self.commands = commands
+        self.commands = schedule.commands
         #: threads may be used at all (``schedule="serial"`` turns them off)
         self.threads_ok = parallel
         #: dense-exact lowering (see `lattice.build`) when the expression may make inf/NaN
@@ -121,15 +125,19 @@ class LowerEnv:
             )
         )
         # ------------------------------------------- decided before the nest
-        #: the user's schedule as a plan, once applied
-        self.plan: Plan | None = None
-        #: a dense precompute's placement
+        #: the schedule's plan (None: no commands)
+        self.plan: Plan | None = schedule.plan
+        #: the plan's new loop variables (split pieces, pos, fuse) named after the output's
+        for v in self.plan.order if self.plan is not None else ():
+            if v not in self.var_names:
+                self.var_names[v] = namer.fresh(v)
+        #: a dense precompute's placement, its workspaces allocated (`where.plan_where`)
         self.where: Where | None = None
         #: the statement lowered as a sequence of steps inside its shared loops, in words
         #: (`sequence`: its sums under +/- have no fused loop order); "": one fused nest
-        self.sequence = ""
+        self.sequence = schedule.sequence
         #: index of the output's last level when it is scattered into a workspace
-        self.workspace: str | None = None
+        self.workspace: str | None = schedule.workspace
         #: zero the output slice of each outermost iteration (cache-hot) instead of up front
         self.zero_in_loop = False
         # ------------------------------------------- found while lowering

@@ -4,10 +4,11 @@ what its iterations tell apart (a non-unique level repeats a coordinate across p
 from __future__ import annotations
 
 from ..errors import ScheduleError
-from ..frontend.concrete import CExpr, Sum, accesses, children
+from ..frontend.concrete import CExpr, Sum, children
 from ..frontend.notation import Access
 from ..middle.order import level_indices
 from ..middle.plan import Space
+from ..middle.schedule import pos_access as access_of
 from .env import LowerEnv
 
 
@@ -43,6 +44,4 @@ def distinct(env: LowerEnv, space: Space) -> frozenset[str]:
 
 def pos_access(env: LowerEnv, space: Space) -> Access:
     """The access whose positions a position space iterates."""
-    found = [a for a in dict.fromkeys(accesses(env.spec.statement.rhs)) if a.name == space.tensor]
-    assert len(found) == 1, found
-    return found[0]
+    return access_of(env.spec, space)

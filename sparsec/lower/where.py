@@ -3,9 +3,10 @@
 more variables, per thread, and the rest of the expression reads it (a workspace over
 several variables is row-major in their listed order).
 
-`plan_where` places it (before the first loop that only the workspace expression uses)
-and splits the loops inside into the producer's and the consumer's; `emit_where` emits
-both loop nests through the caller's ``nest`` callback.
+`middle.placement` places it (before the first loop that only the workspace expression
+uses) and splits the loops inside into the producer's and the consumer's; `plan_where`
+allocates the threads' workspaces there, and `emit_where` emits both loop nests through
+the caller's ``nest`` callback.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..abi import OUT_OF_MEMORY
-from ..errors import LoweringError, ScheduleError
-from ..frontend.concrete import ZERO, CExpr, Sum, accesses, without
-from ..frontend.notation import Access, BinOp, Literal, Neg, factors
+from ..errors import LoweringError
+from ..frontend.concrete import ZERO, CExpr, accesses, without
+from ..frontend.notation import Access, BinOp, Literal, factors
 from ..ir import nodes as ir
-from ..middle.plan import Precompute
+from ..middle.placement import Placement
 from ..tensors.formats import Dense, LevelNames, dense, dense_extent
 from .ctx import Ctx, DenseWsSink, Sink, Where
 from .env import LowerEnv
@@ -28,117 +29,30 @@ DENSE = Dense()
 Nest = Callable[[tuple[str, ...], CExpr, Ctx, Sink], ir.Block]
 
 
-def plan_where(env: LowerEnv, pre: Precompute, order: tuple[str, ...]) -> Where:
-    """Where a dense precompute goes: before the first loop that only the workspace
-    expression uses (or the workspace's own variable); the loops inside it split into
-    the producer's and the consumer's. Allocates the threads' workspaces."""
-    plan = env.plan
-    assert plan is not None
-    rhs = env.spec.statement.rhs
-    name = f"{pre.workspace}_ws"
-    while name in env.formats:
-        name += "_"
-    workspace = Access(name, pre.vars)
-    have = factors(rhs)
-    produce: list[Access | Literal] = []
-    sub: CExpr | None = None
-    if have and factors(pre.expr):
-        for f in factors(pre.expr):
-            match = next((g for g in have if g == f), None)
-            if match is None:
-                raise ScheduleError(
-                    f"{pre.origin}: {f} is not a factor of the right-hand side {rhs}"
-                )
-            have.remove(match)
-            produce.append(match)
-        evars = {i for f in produce if isinstance(f, Access) for i in f.indices}
-        rvars = {i for f in have if isinstance(f, Access) for i in f.indices}
-        reads: CExpr | None = None
-    else:
-        sub, reads = _subexpression(pre, rhs, workspace)
-        evars = {i for a in accesses(sub) for i in a.indices}
-        rvars = {i for a in accesses(reads) if a != workspace for i in a.indices}
-    rvars |= set(env.lhs.indices)
-    for var in pre.vars:
-        if var not in evars:
-            raise ScheduleError(f"{pre.origin}: {var} is not an index of {pre.expr}")
-    own = (evars - rvars) | set(pre.vars)
-    at = next(n for n, loop in enumerate(order) if set(plan.binds(loop)) & own)
-    producer: list[str] = []
-    consumer: list[str] = []
-    for loop in order[at:]:
-        if plan.space_of(loop) is not None:
-            raise ScheduleError(
-                f"{pre.origin}: the loop {loop} ({plan.origin(loop)}) runs inside the "
-                "workspace; the loops inside a precompute cannot be split, pos-iterated "
-                "or fused"
-            )
-        if loop in pre.vars:
-            producer.append(loop)
-            consumer.append(loop)
-        elif loop in evars - rvars:
-            producer.append(loop)
-        elif loop in evars:
-            raise ScheduleError(
-                f"{pre.origin}: {loop} indexes both {pre.expr} and the rest of the "
-                f"expression but runs inside the workspace over {pre.var}; reorder so "
-                f"that {loop} encloses the loops of {', '.join(sorted(own))}"
-            )
-        else:
-            consumer.append(loop)
-    env.formats[name] = dense(len(pre.vars))
-    base = env.namer.fresh(f"{pre.workspace}_all")
-    dim = _extent(env, pre.vars)
+def plan_where(env: LowerEnv, placed: Placement) -> Where:
+    """The dense precompute the schedule placed (`middle.placement`), with the threads'
+    workspaces allocated."""
+    env.formats[placed.workspace.name] = dense(len(placed.vars))
+    base = env.namer.fresh(f"{placed.label}_all")
+    dim = _extent(env, placed.vars)
     env.top += [
-        ir.Comment(f"{pre.origin}: a dense workspace over {', '.join(pre.vars)} per thread"),
+        ir.Comment(f"{placed.origin}: a dense workspace over {', '.join(placed.vars)} per thread"),
         ir.Alloc(ir.VAL, base, ir.mul(ir.Var(env.sig.threads), dim)),
         ir.Return(OUT_OF_MEMORY, ir.Unary("!", ir.Var(base))),
     ]
     env.bottom.append(ir.Free(base))
     return Where(
-        order[at],
-        pre.vars,
-        tuple(producer),
-        tuple(consumer),
-        tuple(produce),
-        workspace,
+        placed.at,
+        placed.vars,
+        placed.producer_order,
+        placed.consumer_order,
+        placed.produce,
+        placed.workspace,
         base,
-        pre.origin,
-        sub,
-        reads,
+        placed.origin,
+        placed.sub,
+        placed.consumer,
     )
-
-
-def _subexpression(pre: Precompute, rhs: CExpr, workspace: Access) -> tuple[CExpr, CExpr]:
-    """The node of ``rhs`` that ``pre.expr`` names (a sum placed on it included), and
-    ``rhs`` reading ``workspace`` in its place. Only under ``+``, ``-`` and negation: the
-    workspace is dense, so where the subexpression is absent it reads 0 (the add's
-    identity under a semiring), which a sum of terms cannot tell from absent; a product
-    or quotient could (``0 * inf``, ``0 / 0``)."""
-
-    def swap(expr: CExpr) -> tuple[CExpr, CExpr] | None:
-        if expr == pre.expr or (isinstance(expr, Sum) and expr.body == pre.expr):
-            return expr, workspace
-        match expr:
-            case Neg(operand=x):
-                found = swap(x)
-                return found and (found[0], Neg(found[1], expr.span))  # type: ignore[arg-type]
-            case BinOp(op="+" | "-", left=left, right=right):
-                if found := swap(left):
-                    return found[0], BinOp(expr.op, found[1], right, expr.span)  # type: ignore[arg-type]
-                if found := swap(right):
-                    return found[0], BinOp(expr.op, left, found[1], expr.span)  # type: ignore[arg-type]
-        return None
-
-    found = swap(rhs)
-    if found is None:
-        raise ScheduleError(
-            f"{pre.origin}: {pre.expr} is neither some factors of the right-hand side {rhs} "
-            "nor one of its terms (a subexpression under + and - only: a workspace is "
-            "dense, and under a product or quotient its zeros would differ from an absent "
-            "value); precompute a product's factors or a term of the sum"
-        )
-    return found
 
 
 def emit_where(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink, nest: Nest) -> ir.Block:

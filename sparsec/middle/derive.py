@@ -29,9 +29,9 @@ tensor, and nnz is not known when the kernel is built; so sets are tried by incr
 number of converted reads, and among sets of one size the later reads first (the first
 operand keeps its layout, as a user writes the operand that drives the loop first). Dense
 operands never constrain the order (they are located), so they are never converted.
-Whether a set works is asked of the lowering itself (``probe``: the loop order search
-that `sparsec.lower` runs, sums as a sequence included), never predicted here; only its
-`OrderConflict` counts as "does not fit".
+Whether a set works is asked of the schedule itself (`schedule.every_loop`: the loop order
+search that the lowering runs on, sums as a sequence included), never predicted here; only
+its `OrderConflict` counts as "does not fit".
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from ..frontend.notation import Access, BinOp, Call, Expr, Literal, Neg, accesse
 from ..frontend.semirings import semiring
 from ..tensors.formats import Compressed, Dense, Format, dense
 from .order import OrderConflict, reordered
+from .schedule import every_loop, natural_loops
 from .spec import Derived, Folded, Spec, TensorVar
 
 #: the lowering's loop order search for a spec (raises `OrderConflict` when none fits)
@@ -56,12 +57,13 @@ Probe = Callable[[Spec], tuple[str, ...]]
 MAX_CANDIDATES = 8
 
 
-def derive(spec: Spec, probe: Probe | None) -> Spec:
-    """``spec`` with its repeated-index accesses made derived inputs and, when ``probe``
-    is given and refuses every loop order, the cheapest set of sparse reads re-laid out
-    so that it accepts one. Without ``probe`` (a user schedule, whose refusals stand), or
-    when no set helps, only the repeated indices change (the lowering then reports the
-    conflict as before)."""
+def derive(spec: Spec, lower_serially: Callable[[Spec], object] | None) -> Spec:
+    """``spec`` with its repeated-index accesses made derived inputs and, when
+    ``lower_serially`` is given and `schedule.every_loop` refuses every loop order, the
+    cheapest set of sparse reads re-laid out so that it accepts one (`every_loop` asks
+    ``lower_serially`` where a nested sum fits no order). Without it (a user schedule,
+    whose refusals stand), or when no set helps, only the repeated indices change (the
+    lowering then reports the conflict as before)."""
     reads = list(accesses(spec.assignment.rhs))
     feeds = {
         n: diagonal_format(spec.tensor(a.name).format, a.indices)
@@ -69,8 +71,12 @@ def derive(spec: Spec, probe: Probe | None) -> Spec:
         if len(set(a.indices)) < len(a.indices)
     }
     made = _build(spec, feeds) if feeds else spec
-    if probe is None:
+    if lower_serially is None:
         return made
+
+    def probe(trial: Spec) -> tuple[str, ...]:
+        return every_loop(trial, lower_serially)
+
     try:
         probe(made)
         return made
@@ -91,12 +97,12 @@ def derive(spec: Spec, probe: Probe | None) -> Spec:
     return made
 
 
-def contiguous(spec: Spec, probe: Probe) -> Spec:
+def contiguous(spec: Spec) -> Spec:
     """``spec`` with each dense read that its innermost loop strides, and that loops outside
     its variables read again, fed from a copy with its levels in loop order (the module's
     third kind); ``spec`` itself when none qualifies or the loop order would change."""
     try:
-        order = probe(spec)
+        order = natural_loops(spec)
     except SparsecError:
         return spec  # the lowering reports it
     if not order:
@@ -121,7 +127,7 @@ def contiguous(spec: Spec, probe: Probe) -> Spec:
         return spec
     trial = _build(spec, feeds)
     try:
-        return trial if probe(trial) == order else spec
+        return trial if natural_loops(trial) == order else spec
     except SparsecError:
         return spec
 

@@ -75,6 +75,12 @@ class OutputLayout:
         return not self.tail and not self.block
 
     @property
+    def can_scatter(self) -> bool:
+        """A unique compressed last level with nothing below it: its entries can go
+        through a dense workspace (scattered, then appended in order; Gustavson's)."""
+        return self.fmt.levels[self.last].unique and not self.block and not self.tail
+
+    @property
     def rowwise(self) -> bool:
         """Dense levels then one compressed level (CSR, CSC, 'dds'): every row's entries
         can be counted into ``pos`` independently, prefix-summed, and filled in parallel."""
