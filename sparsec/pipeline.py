@@ -394,31 +394,21 @@ def generate_cuda(
         lowered, sig, scheduled = _gpu_default(spec, make_names, target)
         done = run_passes(CUDA_PASSES, lowered.body, Unit(spec, sig))
         if done.of("coarsen"):
-            lowered = replace(
-                lowered,
-                body=done.body,
-                block=COARSE_BLOCK,
-                notes=(*lowered.notes, *done.of("coarsen")),
-            )
+            coarse = replace(lowered.gpu, block=COARSE_BLOCK) if lowered.gpu else None
+            notes = (*lowered.notes, *done.of("coarsen"))
+            lowered = replace(lowered, body=done.body, gpu=coarse, notes=notes)
     counted = None
     if not spec.output.format.is_dense:
         # rows counted (each into its pos slot) by the same mapping, prefix-summed by the
         # runtime, then filled
         counted, _ = lower(spec, make_names, schedule=scheduled, counting=True)
-    chosen = scheduled.commands
-    launch = Launch(
-        lowered.grid,
-        lowered.block,
-        lowered.zero_before,
-        lowered.body,
-        lowered.shuffles,
-        semiring(spec.semantics.semiring).identity,
-        counted.body if counted is not None else None,
-        lowered.scratch,
-        lowered.groups,
-        lowered.segments,
-    )
-    if lowered.scratch:
+    chosen, gpu = scheduled.commands, lowered.gpu
+    assert gpu is not None, "lowered for a GPU target"
+    fill = semiring(spec.semantics.semiring).identity
+    assemble = counted.body if counted is not None else None
+    head = (gpu.grid, gpu.block, gpu.zero_before, lowered.body, gpu.shuffles, fill, assemble)
+    launch = Launch(*head, gpu.scratch, gpu.groups, gpu.segments)
+    if gpu.scratch:
         # the workspace's slices, one per thread of the launch, allocated by the runtime
         out = spec.output.name
         sig = Signature(

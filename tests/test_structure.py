@@ -189,3 +189,18 @@ def test_the_frontend_spells_no_function_for_a_target() -> None:
     calls = {f"fn_{name}" for name in functions.FUNCTIONS} - {f"fn_{name}" for name in built}
     for dialect in DIALECTS.values():
         assert calls <= set(dialect.calls), dialect.name
+
+
+def test_a_lowered_kernel_s_gpu_launch_is_one_optional_field() -> None:
+    """What only a GPU kernel has (its grid, block, zeroing, warp helpers and workspace)
+    is one optional `GpuLaunch` of `LoweredKernel`, so a CPU kernel carries none of it."""
+    path = structure.modules()["sparsec.lower.kernel"].path
+    classes = {c.name: c for c in ast.parse(path.read_text()).body if isinstance(c, ast.ClassDef)}
+    fields = {
+        f.target.id: ast.unparse(f.annotation)
+        for f in classes["LoweredKernel"].body
+        if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+    }
+    launch = {"grid", "block", "zero_before", "shuffles", "groups", "segments", "scratch"}
+    assert sorted(launch & set(fields)) == []
+    assert fields["gpu"] == "GpuLaunch | None"
