@@ -52,6 +52,7 @@ from .policy.decision import Decision, Output, PassOptions, decide
 from .policy.dtypes import check_c_dtype
 from .policy.machine import machine
 from .policy.schedules import cpu_default, describe_cpu, describe_gpu, gpu_candidates
+from .target import CUDA, C, Target
 from .tensors.layout import OutputLayout
 
 # ------------------------------------------------------------------------ passes
@@ -249,7 +250,7 @@ def generate(
     which only counts the output's positions into ``sc_sizes``, and where the decision's
     output strategy takes one pass, ``sparsec_append``."""
     check_c_dtype(dtype)
-    decision = decision or decide(spec, "c", commands=commands, parallel=parallel, dtype=dtype)
+    decision = decision or decide(spec, C, commands=commands, parallel=parallel, dtype=dtype)
     commands, parallel = decision.commands, decision.parallel
     make_names = names_for(spec)
     # every lowering of the kernel: the statement, its names, the decision's chunks
@@ -338,7 +339,7 @@ def generate(
 
 
 def _gpu_default(
-    spec: Spec, make_names: Callable[[], tuple[Signature, Namer]]
+    spec: Spec, make_names: Callable[[], tuple[Signature, Namer]], target: Target
 ) -> tuple[LoweredKernel, Signature, Schedule]:
     """The first default GPU mapping that lowers, each scheduled and lowered once; the
     mappings come from the spec and its natural loop order, with no lowering of their own.
@@ -352,7 +353,7 @@ def _gpu_default(
     try:
         for candidate in gpu_candidates(spec, order):
             try:
-                chosen = make_schedule(spec, candidate, target="cuda")
+                chosen = make_schedule(spec, candidate, target=target)
                 lowered, sig = lower(spec, make_names, schedule=chosen)
             except ScheduleError as err:
                 reasons.append(str(err))
@@ -376,11 +377,12 @@ def generate_cuda(
     index_dtype: str = "int32",
     commands: tuple[Command, ...] = (),
     decision: Decision | None = None,
+    target: Target = CUDA,
 ) -> Generated:
     """The CUDA source of ``spec``'s kernel as ``decision`` (by default `decide`'s for
     ``commands``) says: its commands or the default GPU mapping, then its passes. A sparse
     output not filled row by row is computed into its rowwise staging output (`staging`)."""
-    decision = decision or decide(spec, "cuda", commands=commands)
+    decision = decision or decide(spec, target, commands=commands)
     commands = decision.commands
     stage_note = ""
     if needs_staging(spec):
@@ -391,37 +393,28 @@ def generate_cuda(
         spec = staged(spec)
     make_names = names_for(spec)
     if commands:
-        scheduled = make_schedule(spec, commands, target="cuda")
+        scheduled = make_schedule(spec, commands, target=target)
         lowered, sig = lower(spec, make_names, schedule=scheduled)
     else:
-        lowered, sig, scheduled = _gpu_default(spec, make_names)
+        lowered, sig, scheduled = _gpu_default(spec, make_names, target)
         done = run_passes(CUDA_PASSES, lowered.body, Unit(spec, sig, decision.passes))
         if done.of("coarsen"):
-            lowered = replace(
-                lowered,
-                body=done.body,
-                block=decision.passes.coarsen_block,
-                notes=(*lowered.notes, *done.of("coarsen")),
-            )
+            block = decision.passes.coarsen_block
+            coarse = replace(lowered.gpu, block=block) if lowered.gpu else None
+            notes = (*lowered.notes, *done.of("coarsen"))
+            lowered = replace(lowered, body=done.body, gpu=coarse, notes=notes)
     counted = None
     if not spec.output.format.is_dense:
         # rows counted (each into its pos slot) by the same mapping, prefix-summed by the
         # runtime, then filled
         counted, _ = lower(spec, make_names, schedule=scheduled, counting=True)
-    chosen = scheduled.commands
-    launch = Launch(
-        lowered.grid,
-        lowered.block,
-        lowered.zero_before,
-        lowered.body,
-        lowered.shuffles,
-        semiring(spec.semantics.semiring).identity,
-        counted.body if counted is not None else None,
-        lowered.scratch,
-        lowered.groups,
-        lowered.segments,
-    )
-    if lowered.scratch:
+    chosen, gpu = scheduled.commands, lowered.gpu
+    assert gpu is not None, "lowered for a GPU target"
+    fill = semiring(spec.semantics.semiring).identity
+    assemble = counted.body if counted is not None else None
+    head = (gpu.grid, gpu.block, gpu.zero_before, lowered.body, gpu.shuffles, fill, assemble)
+    launch = Launch(*head, gpu.scratch, gpu.groups, gpu.segments)
+    if gpu.scratch:
         # the workspace's slices, one per thread of the launch, allocated by the runtime
         out = spec.output.name
         sig = Signature(
@@ -447,7 +440,7 @@ def generate_cuda(
         schedule,
         dtype,
         index_dtype,
-        target="cuda",
+        target=target,
         launch=launch,
         commands=chosen,
         staging=staging,

@@ -13,6 +13,7 @@ from sparsec.api import autotune
 from sparsec.middle.commands import parse_commands
 from sparsec.policy import tuning
 from sparsec.policy.decision import Decision, decide
+from sparsec.target import C
 
 SPMV = "y(i) = A(i,j) * x(j)"
 
@@ -86,7 +87,7 @@ def test_candidates_are_decisions_built_from_the_default():
     """The tuner searches typed decisions (issue 37 item 3): the default first, the others
     it under other commands, never text parsed again; the label names each in the table."""
     k = sparsec.kernel(SPMV, {"A": "csr"}, schedule="auto")
-    default = decide(k.spec, "c")
+    default = decide(k.spec, C)
     found = tuning.candidates(k.spec, k.generated().loop_order, default)
     assert found[0] == default and default.label is None
     assert all(isinstance(d, Decision) for d in found)

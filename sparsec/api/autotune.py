@@ -157,6 +157,15 @@ def tune(
     return {"schedule": None if winner == "default" else winner, "medians_ms": timings}
 
 
+def winner(result: dict[str, Any] | None, decisions: Sequence[Decision]) -> Decision | None:
+    """The decision of ``decisions`` that ``result`` (`tune`'s, or `lookup`'s from the table)
+    chose, found by its label; None without a result, or where no candidate bears it any
+    more (the candidates changed since it was recorded)."""
+    if result is None:
+        return None
+    return next((d for d in decisions if d.label == result["schedule"]), None)
+
+
 def _time(executable: Executable, prepared: Prepared, threads: int | None) -> float:
     start = time.perf_counter()
     executable.run(prepared, threads)

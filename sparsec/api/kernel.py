@@ -13,6 +13,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from ..backends import Generated
@@ -32,14 +33,13 @@ from ..runtime.binding import INDEX_DTYPES, VALUE_DTYPES, resolve_threads
 from ..runtime.executable import Executable
 from ..runtime.fastpath import FastPath
 from ..runtime.inputs import Binder, Prepared, dtype_name
+from ..target import by_name
 from ..tensors.formats import Format
 from . import autograd, autotune, check, footprint
 from .check import CheckResult
 from .memo import _memo_key
 from .vector import VECTOR_NOTE, by_lane_groups
 
-#: "c": OpenMP C; "cuda": CUDA through CuPy; "cuda-emulated": the CUDA kernel on the CPU
-TARGETS = ("c", "cuda", "cuda-emulated")
 #: keyword options of `Kernel.__call__` and `Kernel.check`, so not usable as tensor names
 RESERVED_INPUT_NAMES = frozenset({"threads"})
 
@@ -62,12 +62,10 @@ class Kernel:
     ) -> None:
         if not isinstance(expr, str):
             raise InputError(f"expression must be a string, not {type(expr).__name__}")
-        if target not in TARGETS:
-            raise SparsecError(
-                f"unknown target {target!r}; supported targets: {', '.join(TARGETS)}"
-            )
-        self.expression = expr
-        self.target = target
+        #: the target, made once from its name ("c": OpenMP C; "cuda": CUDA through CuPy;
+        #: "cuda-emulated": CUDA on the CPU); ``target``, the name, rebuilds the kernel
+        self.platform = on = by_name(target)
+        self.expression, self.target = expr, target
         self.assignment = parse_expression(expr)
         for access in self.assignment.accesses():
             if access.name in RESERVED_INPUT_NAMES:
@@ -83,7 +81,7 @@ class Kernel:
         except SparsecError as err:
             raise err.with_source(expr) from None
         self.parallel, self.commands = _schedule(schedule)
-        prepare = decision.prepare(self.commands, target)
+        prepare = decision.prepare(self.commands, on)
         try:
             # repeated indices read derived inputs; so does, where policy says, the cheapest
             # re-layout where no loop order fits (nested too)
@@ -97,24 +95,24 @@ class Kernel:
         self._schedule_arg = schedule  # what a pickle or copy rebuilds the kernel from
         #: schedule="auto": candidates are timed on the first call of each input kind
         self.auto = schedule == "auto"
-        if self.auto and target != "c":
+        if self.auto and not on.openmp:
             raise ScheduleError("schedule='auto' tunes CPU schedules; give a CUDA schedule")
         #: auto: the tuning result per input kind (`autotune.key`), the last one chosen, and
         #: the executables of the schedules timed or chosen
         self._tuned: dict[str, dict[str, Any]] = {}
         self._last_tuned: dict[str, Any] | None = None
         self._candidates: dict[tuple[decision.Decision, str, str], Executable] = {}
-        if target != "c" and schedule == "serial":
+        if not on.openmp and schedule == "serial":
             raise ScheduleError(
                 "schedule 'serial' is for the C target; CUDA kernels map loops to GPU units"
             )
         self._generated: dict[tuple[str, str], Generated] = {}
         self.dtype = dtype_name(dtype, VALUE_DTYPES, "value dtype")
         self.index_dtype = dtype_name(index_dtype, INDEX_DTYPES, "index dtype")
-        if self.commands or target != "c":
+        if self.commands or on.gpu:
             self.generated()  # a schedule (or GPU mapping) is checked now, not at the first call
         #: the GPU default's rows that a call may give to lane groups (CSR-vector)
-        self._vector = None if self.commands or target == "c" else vector_rows(self.spec)
+        self._vector = vector_rows(self.spec) if on.gpu and not self.commands else None
         self._executables: dict[tuple[str, str], Executable] = {}
         self._lock = threading.Lock()
         #: SPARSEC_POISON=1 fills fresh outputs with NaN before each call (used by the tests)
@@ -123,9 +121,9 @@ class Kernel:
         #: whether builds take the call's extents (`executable`); off after STAGES_MISSING
         self._stage_hints = True
         #: the inputs a call passes, and how their shapes bind the index variables
-        self.binder = Binder(self.spec, target, self.dtype, self.index_dtype, str(self.assignment))
+        self.binder = Binder(self.spec, on, self.dtype, self.index_dtype, str(self.assignment))
         #: the column layouts (panels, bands, depth blocks) open to this kernel's calls
-        self.columns = Columns.of(self.spec, target)
+        self.columns = Columns.of(self.spec, on)
 
     # ------------------------------------------------------------- inspection
     @property
@@ -168,24 +166,27 @@ class Kernel:
         kernel's own by default)."""
         return decision.decide(
             self.spec,
-            self.target,
+            self.platform,
             commands=self.commands if commands is None else commands,
             parallel=self.parallel,
             dtype=dtype,
         )
 
     def _generate(self, dtype: str, index_dtype: str, decided: decision.Decision) -> Generated:
+        spec, on = self.spec, self.platform
         try:
-            if self.target == "c":
-                return generate(self.spec, dtype=dtype, index_dtype=index_dtype, decision=decided)
-            return generate_cuda(self.spec, dtype=dtype, index_dtype=index_dtype, decision=decided)
+            if on.gpu:
+                return generate_cuda(
+                    spec, dtype=dtype, index_dtype=index_dtype, decision=decided, target=on
+                )
+            return generate(spec, dtype=dtype, index_dtype=index_dtype, decision=decided)
         except SparsecError as err:
             raise err.with_source(self.expression) from None
 
     def verify(self) -> list[nvrtc.PtxasInfo]:
         """CUDA targets: compile the kernel with NVRTC (or nvcc) for sm_80 and sm_90 and
         return ptxas' report (registers, spills, occupancy); needs no GPU."""
-        if self.target == "c":
+        if not self.platform.gpu:
             raise SparsecError("verify() compiles CUDA; this kernel's target is 'c'")
         gen = self.generated()
         return nvrtc.verify(gen.source, gen.launch.block)
@@ -223,7 +224,7 @@ class Kernel:
                 found = self._executables[key] = Executable.build(
                     self.spec,
                     self.generated(dtype, index_dtype),
-                    self.target,
+                    self.platform,
                     self.columns,
                     self._poison,
                     prepared if self._stage_hints else None,
@@ -263,7 +264,8 @@ class Kernel:
     def _executable_for(self, prepared: Prepared, threads: int | None) -> Executable:
         """The executable a call runs: schedule="auto" tunes it per kind of input."""
         if not self.auto:
-            vector = self._vector and by_lane_groups(self.spec, self._vector, prepared.values)
+            rows, warp = self._vector, self.platform.lanes
+            vector = rows and by_lane_groups(self.spec, rows, prepared.values, warp)
             if vector:  # rows long enough for groups of lanes: the kernel for that group size
                 try:
                     mapped = self._decide(prepared.dtype, parse_commands(vector))
@@ -272,29 +274,18 @@ class Kernel:
                     self._vector = None  # not mappable by groups: thread-per-row stays
             return self.executable(prepared.dtype, prepared.index_dtype, prepared)
         dtype, index_dtype = prepared.dtype, prepared.index_dtype
-        entry = autotune.key(
-            self.assignment,
-            self.spec,
-            prepared.values,
-            dtype,
-            index_dtype,
-            resolve_threads(threads),
-        )
+        n = resolve_threads(threads)
+        entry = autotune.key(self.assignment, self.spec, prepared.values, dtype, index_dtype, n)
         decisions = tuning.candidates(self.spec, self.generated().loop_order, self._decide(dtype))
-        # a recorded winner is found among the candidates by its label (the stored format
-        # predates the decision); one no candidate bears any more is tuned again
+        # the recorded winner (`autotune.winner`); where there is none, or no candidate
+        # bears its label any more, the candidates are timed
         found = self._tuned.get(entry) or autotune.lookup(entry)
-        chosen = None
-        if found is not None:
-            chosen = next((d for d in decisions if d.label == found["schedule"]), None)
+        chosen = autotune.winner(found, decisions)
         if found is None or chosen is None:
-
-            def build(candidate: decision.Decision) -> Executable:
-                return self._candidate(candidate, dtype, index_dtype)
-
+            build = partial(self._candidate, dtype=dtype, index_dtype=index_dtype)
             found = autotune.tune(build, decisions, prepared, threads)
             autotune.record(entry, found)
-            chosen = next(d for d in decisions if d.label == found["schedule"])
+            chosen = autotune.winner(found, decisions) or decisions[0]
         self._tuned[entry] = self._last_tuned = found
         return self._candidate(chosen, dtype, index_dtype)
 
@@ -305,7 +296,7 @@ class Kernel:
             found = self._candidates.get(key)
             if found is None:
                 gen = self._generate(dtype, index_dtype, decided)
-                found = Executable.build(self.spec, gen, self.target, self.columns, self._poison)
+                found = Executable.build(self.spec, gen, self.platform, self.columns, self._poison)
                 self._candidates[key] = found
             return found
 
@@ -350,7 +341,7 @@ class Kernel:
         asynchronously, with no host copies, into the device array ``out`` (flat, in the
         output's level order); it zeroes ``out`` first when the kernel only adds into it
         (atomics), so every launch computes the whole result."""
-        if self.target != "cuda":
+        if not self.platform.device:
             raise SparsecError(
                 f"device_launch needs target='cuda'; this kernel's is {self.target!r}"
             )

@@ -23,6 +23,7 @@ from itertools import count
 
 from ..ir import nodes as ir
 from ..ir.visit import exprs, free_vars, map_blocks, statements, subexpressions, substitute
+from ..middle.commands import Unit
 from ..policy.decision import DEFAULTS, PassOptions
 
 _THREADS = ir.Call("block_threads", ())
@@ -57,7 +58,7 @@ def _stmt(
 ) -> ir.Stmt:
     """``outer``: the variables of the loops around ``s`` and the locals of their bodies."""
     match s:
-        case ir.For(parallel=par, end=end) if par is not None and par.unit == "GPUThread":
+        case ir.For(parallel=par, end=end) if par is not None and par.unit == Unit.GPUThread:
             # a thread loop bounded by an outer loop's variable is a split piece of a
             # row range (thread-per-row), not a range of output columns
             plain = par.schedule not in ("lane", "group") and not free_vars(end) & outer

@@ -19,6 +19,7 @@ from enum import Enum
 
 from ..middle.commands import Command
 from ..middle.spec import Spec
+from ..target import Target
 from ..tensors.halves import HALF
 
 #: a parallel CPU loop's dynamic schedule: about this many chunks per thread, so skewed
@@ -109,11 +110,11 @@ class Prepare:
     contiguous: bool
 
 
-def prepare(commands: tuple[Command, ...], target: str) -> Prepare:
+def prepare(commands: tuple[Command, ...], target: Target) -> Prepare:
     """The inputs' preparation: none under a user's schedule (its refusals stand); the
-    transposed copy on the C target only."""
+    transposed copy on a CPU target only."""
     free = not commands
-    return Prepare(relayout=free, regroup=free, contiguous=free and target == "c")
+    return Prepare(relayout=free, regroup=free, contiguous=free and not target.gpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +160,7 @@ class Decision:
 
 def decide(
     spec: Spec,
-    target: str,
+    target: Target,
     *,
     commands: tuple[Command, ...] = (),
     parallel: bool = True,
@@ -168,7 +169,7 @@ def decide(
     """The default decision for a kernel on ``target`` under the user's ``commands`` (with
     threads unless ``parallel`` is off) for ``dtype`` values. A user's schedule keeps two
     phases and, on the GPU, is printed with no pass."""
-    if target == "c":
+    if not target.gpu:
         run = frozenset() if dtype in HALF else C_PASSES
         default = parallel and not _parallelizes(commands)
     else:
@@ -176,10 +177,10 @@ def decide(
     if spec.output.is_dense:
         output = Output.DENSE
     else:
-        output = Output.TWO_PHASES if commands or target != "c" else Output.BY_COUNT
+        output = Output.TWO_PHASES if commands or target.gpu else Output.BY_COUNT
     return Decision(
         commands,
-        parallel if target == "c" else True,
+        parallel or target.gpu,
         default,
         prepare(commands, target),
         output,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..middle.commands import Command, name_supply
 from ..middle.spec import Spec
+from ..target import C
 from .decision import Decision, decide
 
 #: the position-space candidates' chunk of nonzeros per task
@@ -27,7 +28,7 @@ def candidates(
     """Decisions worth timing for ``spec``'s C kernel, whose ``default`` decision (by
     default `decide`'s) runs its loops in ``loop_order`` (outermost first); the default
     first. Each other candidate is the default under other commands (`Decision.under`)."""
-    default = default or decide(spec, "c")
+    default = default or decide(spec, C)
     found = [default]
     if not loop_order:
         return found
