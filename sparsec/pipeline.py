@@ -53,7 +53,7 @@ from .passes.tile import tile
 from .policy.dtypes import check_c_dtype
 from .policy.machine import machine
 from .policy.schedules import cpu_default, describe_cpu, describe_gpu, gpu_candidates
-from .tensors.layout import OutputLayout
+from .tensors.layout import AssemblyMode, OutputLayout
 
 # ------------------------------------------------------------------------ passes
 
@@ -267,7 +267,9 @@ def generate(
     comment = append = ""
     chunked = False
     if not spec.output.format.is_dense:
-        counted, _ = lower(spec, make_names, schedule=final, parallel=parallel, counting=True)
+        counted, _ = lower(
+            spec, make_names, schedule=final, parallel=parallel, mode=AssemblyMode.COUNT
+        )
         counting = count_in_closed_form(fold_flag_loops(counted.body))
         light = light_count(counting)
         functions.append(Function(ASSEMBLE_NAME, COUNT_COMMENT, counting, light=light))
@@ -280,12 +282,10 @@ def generate(
         rowwise = OutputLayout.of(spec.output.format, spec.output.name).rowwise
         if not commands and (heavy or not rowwise):
             try:
-                chunks = parallel and heavy
+                one_pass = AssemblyMode.APPEND_CHUNKS if parallel and heavy else AssemblyMode.APPEND
                 # no commands: `plain`, unless the pass keeps rowwise rows in storage order
                 one = make_schedule(spec, append=True) if rowwise else plain
-                single, _ = lower(
-                    spec, make_names, schedule=one, parallel=False, append=True, chunked=chunks
-                )
+                single, _ = lower(spec, make_names, schedule=one, parallel=False, mode=one_pass)
             except RowsOutOfOrder:
                 pass  # rows visited out of storage order: counted and filled, two phases
         if single is not None:
@@ -295,7 +295,9 @@ def generate(
             wrapped = wrap_chunks(body, single.chunks) if single.chunks is not None else None
             if single.chunks is not None and wrapped is None:
                 # rows not in one plain loop, or carried from row to row: the serial pass
-                single, _ = lower(spec, make_names, schedule=one, parallel=False, append=True)
+                single, _ = lower(
+                    spec, make_names, schedule=one, parallel=False, mode=AssemblyMode.APPEND
+                )
                 appended = run_passes(append_passes, single.body, unit)
                 append_tiled = appended.of("tile")
                 body = appended.body
@@ -402,7 +404,7 @@ def generate_cuda(
     if not spec.output.format.is_dense:
         # rows counted (each into its pos slot) by the same mapping, prefix-summed by the
         # runtime, then filled
-        counted, _ = lower(spec, make_names, schedule=scheduled, counting=True)
+        counted, _ = lower(spec, make_names, schedule=scheduled, mode=AssemblyMode.COUNT)
     chosen = scheduled.commands
     launch = Launch(
         lowered.grid,

@@ -305,6 +305,41 @@ def keyword_only(mod: Module, function: str) -> tuple[str, ...]:
     raise KeyError(function)
 
 
+@dataclass(frozen=True)
+class Function:
+    """One function of a module, by its qualified name (``Class.method``), as written."""
+
+    name: str
+    #: every parameter but ``*args``/``**kwargs`` (``self`` included), with its annotation
+    params: tuple[tuple[str, str], ...]
+    #: ``**kwargs``: its name and annotation, if it has one
+    kwargs: tuple[str, str] | None
+
+
+def functions(mod: Module) -> list[Function]:
+    """Every function and method defined in ``mod``, nested ones included."""
+    found: list[Function] = []
+
+    def text(a: ast.arg) -> tuple[str, str]:
+        return a.arg, ast.unparse(a.annotation) if a.annotation is not None else ""
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = child.args
+                params = tuple(text(p) for p in (*a.posonlyargs, *a.args, *a.kwonlyargs))
+                kwargs = text(a.kwarg) if a.kwarg is not None else None
+                found.append(Function(prefix + child.name, params, kwargs))
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(mod.path.read_text()), "")
+    return found
+
+
 def report() -> str:
     mods = modules()
     biggest = max(mods.values(), key=lambda m: m.lines)

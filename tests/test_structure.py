@@ -167,3 +167,28 @@ def test_the_schedule_is_decided_outside_lower() -> None:
     called = {(m.name, fn, n) for m in lower for fn, n in structure.calls(m) if n in SCHEDULING}
     assert called == NEST_ORDERS
     assert "schedule" in structure.keyword_only(mods["sparsec.lower.kernel"], "lower")
+
+
+#: the old mode switches of a sparse output's assembly (issue 37 item 5)
+MODE_SWITCHES = frozenset({"counting", "append", "chunked"})
+
+
+def test_an_assembly_has_one_mode() -> None:
+    """A sparse output's kernel is assembled in one `AssemblyMode` (`AssemblyMode.of`
+    decides rows and chunks from the layout, once): the Assembler, the environment and
+    `lower` take a ``mode``, no boolean switches that two paths could read apart."""
+    mods = structure.modules()
+    takers = {
+        ("sparsec.lower.assemble", "Assembler.__init__"),
+        ("sparsec.lower.env", "LowerEnv.__init__"),
+        ("sparsec.lower.kernel", "lower"),
+    }
+    seen = {
+        (m, f.name): {name for name, _ in f.params}
+        for m in {m for m, _ in takers}
+        for f in structure.functions(mods[m])
+        if (m, f.name) in takers
+    }
+    assert seen.keys() == takers
+    assert {k: p & MODE_SWITCHES for k, p in seen.items() if p & MODE_SWITCHES} == {}
+    assert all("mode" in p for p in seen.values())

@@ -253,7 +253,7 @@ def _case_body(
             )
             stmts.append(ir.Assign(ir.Var(s.pos), ir.Select(everyone, s.advance, jump)))
         return ir.block(*stmts)
-    counting = env.assembler is not None and env.assembler.counting
+    counting = env.assembler is not None and env.assembler.mode.counting
     for it in its:
         s = state[it]
         if counting and unique(env, it):

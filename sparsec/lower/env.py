@@ -21,6 +21,7 @@ from ..ir import nodes as ir
 from ..middle.plan import Plan
 from ..middle.schedule import Schedule
 from ..middle.spec import Spec
+from ..tensors.layout import AssemblyMode
 from .assemble import Assembler
 from .ctx import Where
 
@@ -77,9 +78,7 @@ class LowerEnv:
         parallel: bool = True,
         exclusive: bool = False,
         once: bool = False,
-        counting: bool = False,
-        append: bool = False,
-        chunked: bool = False,
+        mode: AssemblyMode = AssemblyMode.FILL,
         schedule: Schedule = UNSCHEDULED,
     ) -> None:
         # ------------------------------------------------------------ inputs
@@ -108,7 +107,7 @@ class LowerEnv:
         self.once = once
         self.out_op = "=" if exclusive or once else "+="
         self.var_names = {i: namer.fresh(i) for i in spec.indices}
-        #: sparse output: the kernel assembles pos/crd/vals (``counting``: sizes only)
+        #: sparse output: the kernel assembles pos/crd/vals, in ``mode`` (made the layout's)
         self.assembler = (
             None
             if spec.output.format.is_dense
@@ -118,9 +117,7 @@ class LowerEnv:
                 sig,
                 namer,
                 self.var_names,
-                counting=counting,
-                append=append,
-                chunked=chunked,
+                mode,
             )
         )
         # ------------------------------------------- decided before the nest

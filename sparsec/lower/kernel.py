@@ -15,6 +15,7 @@ from ..middle.order import level_indices
 from ..middle.plan import Space
 from ..middle.schedule import Schedule
 from ..middle.spec import Spec
+from ..tensors.layout import AssemblyMode
 from .chunks import ChunkFrame
 from .ctx import Ctx, OutputSink
 from .env import LowerEnv
@@ -65,7 +66,7 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
     asm = env.assembler
     order = env.schedule.order
     # the single pass's schedule keeps rowwise rows in storage order (`make_schedule`'s append)
-    assert env.schedule.rows_in_order == (asm is None or not asm.rowwise), "another row order"
+    assert env.schedule.rows_in_order == (asm is None or not asm.mode.rowwise), "another row order"
     plan = env.plan
     for space in plan.spaces.values() if plan is not None else ():
         if space.bound is not None:
@@ -151,9 +152,7 @@ def lower(
     *,
     schedule: Schedule,
     parallel: bool = True,
-    counting: bool = False,
-    append: bool = False,
-    chunked: bool = False,
+    mode: AssemblyMode = AssemblyMode.FILL,
 ) -> tuple[LoweredKernel, Signature]:
     """Lower ``spec`` under ``schedule`` (`middle.schedule.make_schedule`: its loops, its
     commands, the user's and the default policy's (`policy.schedules.cpu_default`), and its
@@ -163,17 +162,16 @@ def lower(
     (plain dense loops over them all).
 
     ``make_names()`` returns a fresh ``(Signature, Namer)``, so both passes name alike.
-    ``counting`` lowers the assemble kernel of a sparse output (sizes only); ``append``
-    its single-pass kernel (serial, appending into arrays of a proven capacity, even where
-    the two-phase kernel fills rows in parallel; ``chunked``: in chunks of rows, see
-    `chunks`), whose schedule is made with ``append`` too.
+    A sparse output is assembled in ``mode``'s phase (`AssemblyMode.of` makes it the
+    layout's): COUNT lowers its assemble kernel (sizes only), FILL its numeric kernel,
+    APPEND its single-pass kernel (serial, appending into arrays of a proven capacity,
+    even where the two-phase kernel fills rows in parallel; APPEND_CHUNKS: in chunks of
+    rows, see `chunks`), whose schedule is made with ``append`` too.
     """
     sig, namer = make_names()
     options: dict[str, Any] = {"parallel": parallel, "schedule": schedule}
     if not spec.output.format.is_dense:
-        env = LowerEnv(
-            spec, sig, namer, counting=counting, append=append, chunked=chunked, **options
-        )
+        env = LowerEnv(spec, sig, namer, mode=mode, **options)
         return lower_kernel(env), sig
     first = lower_kernel(LowerEnv(spec, sig, namer, **options))
     if not (first.exclusive or first.once):

@@ -121,7 +121,7 @@ def _reduce_into_output(
         return ir.block(ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)), inner, *store)
     # sparse output: an entry exists only if some term reached it
     reached = env.namer.fresh("reached")
-    counting = asm.counting
+    counting = asm.mode.counting
     return ir.block(
         None if counting else ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)),
         ir.Decl(ir.BOOL, reached, ir.IntLit(0)),
@@ -179,7 +179,7 @@ def compute(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
     """
     stmts: list[ir.Stmt] = []
     asm = env.assembler
-    counting = asm is not None and asm.counting
+    counting = asm is not None and asm.mode.counting
     # the flags of this statement's nested sums (their bodies store through here too)
     with env.scope(reached_of={}):
         value = None if counting else _value(env, expr, ctx, stmts)

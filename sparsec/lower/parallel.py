@@ -113,7 +113,7 @@ def _cpu_setup(
     lhs = set(env.lhs.indices)
     asm = env.assembler
     if asm is not None and not isinstance(sink, AccSink):
-        if not (req.unit == "CPUThread" and asm.rowwise and outermost and loop in lhs):
+        if not (req.unit == "CPUThread" and asm.mode.rowwise and outermost and loop in lhs):
             raise ScheduleError(
                 f"{cmd}: the sparse output {out} ({env.spec.output.format}) is appended "
                 "in one sequence; only its outermost row loop can run on CPU threads, and "

@@ -158,7 +158,7 @@ def _merge_step(env: LowerEnv, var: str, state: dict[Iterator, IterState]) -> li
 def _advance(env: LowerEnv, state: dict[Iterator, IterState]) -> list[ir.Stmt]:
     """Step the iterators that sit at this coordinate (as `coiterate` does: without a
     branch while counting a sparse output's entries)."""
-    counting = env.assembler is not None and env.assembler.counting
+    counting = env.assembler is not None and env.assembler.mode.counting
     stmts: list[ir.Stmt] = []
     for it, s in state.items():
         pos, here = ir.Var(s.pos), ir.Var(s.here)
