@@ -340,6 +340,20 @@ def functions(mod: Module) -> list[Function]:
     return found
 
 
+def annotations(mod: Module) -> list[str]:
+    """Every annotation written in ``mod`` (of a parameter, a return, a variable or a
+    field), as source text."""
+    found: list[ast.expr] = []
+    for node in ast.walk(ast.parse(mod.path.read_text())):
+        if isinstance(node, ast.AnnAssign):
+            found.append(node.annotation)
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            found.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
+            found.append(node.returns)
+    return [ast.unparse(a) for a in found]
+
+
 def report() -> str:
     mods = modules()
     biggest = max(mods.values(), key=lambda m: m.lines)

@@ -192,3 +192,20 @@ def test_an_assembly_has_one_mode() -> None:
     assert seen.keys() == takers
     assert {k: p & MODE_SWITCHES for k, p in seen.items() if p & MODE_SWITCHES} == {}
     assert all("mode" in p for p in seen.values())
+
+
+def test_lowering_flags_are_typed() -> None:
+    """The flags a loop body is lowered under change by name and type that mypy checks
+    (`FlagChanges`): no function of `sparsec.lower` takes ``**kwargs: Any``, and nothing
+    there is annotated ``dict[str, Any]`` (a setup's flags were one)."""
+    mods = structure.modules()
+    lower = [m for name, m in mods.items() if name.startswith("sparsec.lower")]
+    loose = [
+        (m.name, f.name)
+        for m in lower
+        for f in structure.functions(m)
+        if f.kwargs is not None and f.kwargs[1] in ("", "Any")
+    ]
+    assert loose == []
+    stringly = [(m.name, a) for m in lower for a in structure.annotations(m) if "Any]" in a]
+    assert stringly == []

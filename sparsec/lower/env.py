@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TypedDict, Unpack
 
 from ..abi import Namer, Signature
 from ..frontend.concrete import Sum, exact
@@ -59,7 +59,29 @@ class Flags:
     reached_of: dict[Sum, str] = field(default_factory=dict)
 
 
+class FlagChanges(TypedDict, total=False):
+    """Changes to the `Flags` in force, by field (`LowerEnv.scope`, `races.LoopSetup`):
+    mypy checks each change's name and type here, and these types against `Flags`' where
+    `scope` applies them; `Flags` says what each flag means."""
+
+    in_threads: bool
+    in_vector: bool
+    atomic_writes: bool
+    out_redirect: str | None
+    in_where: bool
+    in_sequence: bool
+    gpu_units: tuple[str, ...]
+    group_lanes: int
+    thread_loop: tuple[str, str, ir.Expr] | None
+    lane0: bool
+    partial: bool
+    checked: bool
+    reached_of: dict[Sum, str]
+
+
 _FLAG_NAMES = frozenset(f.name for f in fields(Flags))
+# one list of flags: a field of Flags no change can set, or a change of no flag, is a slip
+assert FlagChanges.__optional_keys__ == _FLAG_NAMES, "FlagChanges must name Flags' fields"
 
 #: no schedule decided: no loops, no commands (an environment built to lower parts of a
 #: statement, not a whole kernel)
@@ -173,10 +195,10 @@ class LowerEnv:
         self.flags = Flags()
 
     @contextmanager
-    def scope(self, **changes: Any) -> Iterator[Flags]:
+    def scope(self, **changes: Unpack[FlagChanges]) -> Iterator[Flags]:
         """Lower what the block builds with ``changes`` to the `Flags` in force (their
-        names are `Flags`' fields; another name is a TypeError); the enclosing flags
-        come back on the way out."""
+        names and types are `FlagChanges`'; another name is a TypeError); the enclosing
+        flags come back on the way out."""
         saved = self.flags
         # most loop bodies change nothing, and a replace costs a few microseconds; a value
         # that is not the very object in force (a fresh dict) always makes new flags

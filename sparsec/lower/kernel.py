@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..abi import BOUND_VIOLATED, Namer, Signature, signature
 from ..ir import nodes as ir
@@ -169,14 +168,15 @@ def lower(
     rows, see `chunks`), whose schedule is made with ``append`` too.
     """
     sig, namer = make_names()
-    options: dict[str, Any] = {"parallel": parallel, "schedule": schedule}
     if not spec.output.format.is_dense:
-        env = LowerEnv(spec, sig, namer, mode=mode, **options)
+        env = LowerEnv(spec, sig, namer, parallel=parallel, mode=mode, schedule=schedule)
         return lower_kernel(env), sig
-    first = lower_kernel(LowerEnv(spec, sig, namer, **options))
+    first = lower_kernel(LowerEnv(spec, sig, namer, parallel=parallel, schedule=schedule))
     if not (first.exclusive or first.once):
         return first, sig
     sig, namer = make_names()
     # every element written once: no zeroing, ``=``; at most once: zeroing, ``=``
-    again = LowerEnv(spec, sig, namer, exclusive=first.exclusive, once=True, **options)
+    again = LowerEnv(
+        spec, sig, namer, parallel=parallel, exclusive=first.exclusive, once=True, schedule=schedule
+    )
     return lower_kernel(again), sig

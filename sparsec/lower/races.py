@@ -5,11 +5,10 @@ what `parallel.loop_setup` decides for one loop."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..ir import nodes as ir
 from .ctx import AccSink, Sink
-from .env import LowerEnv
+from .env import FlagChanges, LowerEnv
 
 
 @dataclass
@@ -25,7 +24,7 @@ class LoopSetup:
     #: the changes to the `Flags` its body is lowered under (`LowerEnv.scope`): changes,
     #: not a snapshot, since the body may be lowered inside a scope opened after the
     #: setup (`coiterate.capacity_checked`)
-    flags: dict[str, Any] = field(default_factory=dict)
+    flags: FlagChanges = field(default_factory=FlagChanges)
 
 
 def race(env: LowerEnv, loop: str, distinct: frozenset[str], sink: Sink) -> str | None:
