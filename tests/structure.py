@@ -354,6 +354,17 @@ def annotations(mod: Module) -> list[str]:
     return [ast.unparse(a) for a in found]
 
 
+def attributes(mod: Module, name: str) -> set[str]:
+    """The attributes ``mod`` reaches on a variable called ``name`` (``name.attr``)."""
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(mod.path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == name
+    }
+
+
 def report() -> str:
     mods = modules()
     biggest = max(mods.values(), key=lambda m: m.lines)

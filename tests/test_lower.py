@@ -174,8 +174,8 @@ def _shape(block: ir.Block) -> list[str]:
 )
 def test_coiterate_on_a_lattice(expr, formats, want):
     env = _env(expr, formats, parallel=False)
-    rhs = env.spec.statement.rhs
-    lattice = build(rhs, lambda a: iterator(env, a, "i", Ctx()), env.exact)
+    rhs = env.inputs.spec.statement.rhs
+    lattice = build(rhs, lambda a: iterator(env, a, "i", Ctx()), env.inputs.exact)
 
     def body(case, ctx):
         assert "i" in ctx.coords  # the variable is bound inside

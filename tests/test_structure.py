@@ -209,3 +209,17 @@ def test_lowering_flags_are_typed() -> None:
     assert loose == []
     stringly = [(m.name, a) for m in lower for a in structure.annotations(m) if "Any]" in a]
     assert stringly == []
+
+
+def test_the_lowering_environment_is_split() -> None:
+    """A lowering's state is in three parts, each attribute reached through its own:
+    what it is given (`Inputs`, frozen), what is decided before the nest (`Decided`: the
+    schedule and what follows from it) and what the nest finds (`Found`); the environment
+    itself holds those and the scoped flags."""
+    mods = structure.modules()
+    lower = [m for name, m in mods.items() if name.startswith("sparsec.lower")]
+    reached = {a for m in lower for a in structure.attributes(m, "env")}
+    assert reached == {"inputs", "decided", "found", "flags", "scope"}
+    source = mods["sparsec.lower.env"].path.read_text()
+    assert '__slots__ = ("inputs", "decided", "found", "flags")' in source
+    assert "@dataclass(frozen=True, slots=True)\nclass Inputs:" in source

@@ -67,15 +67,15 @@ def iterator_state(env: LowerEnv, it: Iterator, ctx: Ctx) -> IterState:
         # the parent may be absent here (a flagged union): then no children, and its
         # position (possibly the end) is not read
         lo, hi = (ir.Select(parent.here, x, ir.IntLit(0)) for x in (lo, hi))
-    var = level_indices(it.access, env.formats[t])[k]
-    p = env.namer.fresh(f"p{t}{k + 1}")
-    nxt = env.namer.fresh(f"{p}_next") if not fmt.unique else ""
-    here = env.namer.fresh(f"{var}{t}_here")
+    var = level_indices(it.access, env.inputs.formats[t])[k]
+    p = env.inputs.namer.fresh(f"p{t}{k + 1}")
+    nxt = env.inputs.namer.fresh(f"{p}_next") if not fmt.unique else ""
+    here = env.inputs.namer.fresh(f"{var}{t}_here")
     advance = ir.Var(nxt) if nxt else ir.Bin("+", ir.Var(p), ir.IntLit(1))
     return IterState(
         pos=p,
-        end=env.namer.fresh(f"{p}_end"),
-        coord=env.namer.fresh(f"{var}{t}"),
+        end=env.inputs.namer.fresh(f"{p}_end"),
+        coord=env.inputs.namer.fresh(f"{var}{t}"),
         here=here,
         next=nxt,
         lo=lo,
@@ -100,7 +100,7 @@ def coiterate(
     `lower.window`): each iterator starts at its first position at or after ``lo``,
     found by a binary search, and a merge stops at ``hi``."""
     iterators = lattice.iterators
-    name = env.var_names[var]
+    name = env.decided.var_names[var]
     if window is not None:
         assert iterators and not lattice.position_loop
     elif lattice.range_loop:
@@ -112,7 +112,7 @@ def coiterate(
     loop_setup(
         env, var, frozenset({var}), ctx, sink, f"it co-iterates {merged}", ir.IntLit(0), False
     )
-    gallop = env.plan is not None and env.plan.mergeby.get(var) == "Gallop"
+    gallop = env.decided.plan is not None and env.decided.plan.mergeby.get(var) == "Gallop"
     if gallop and (lattice.full or len(lattice.points) != 1):
         raise ScheduleError(
             f"mergeby({var},Gallop): the loop over {var} merges {merged} as a union "
@@ -126,7 +126,7 @@ def coiterate(
     init += [ir.Decl(ir.I64, s.end, s.hi) for s in state.values()]
     if lattice.full:
         loop_body = _case_body(env, var, lattice, lattice.points, state, ctx, body)
-        first, stop = window or (ir.IntLit(0), ir.Var(env.sig.dim(var)))
+        first, stop = window or (ir.IntLit(0), ir.Var(env.inputs.sig.dim(var)))
         loop = ir.For(name, first, stop, loop_body)
         return ir.block(*init, loop)
     loops: list[ir.Stmt] = []
@@ -166,7 +166,7 @@ def _merge_loops(
     gallop: bool,
 ) -> list[ir.Stmt]:
     """One while loop per lattice point, each while all its iterators have entries."""
-    name = env.var_names[var]
+    name = env.decided.var_names[var]
     loops: list[ir.Stmt] = []
     for top in lattice.points:
         its = ordered(top.iterators)
@@ -183,7 +183,7 @@ def _merge_loops(
             top_coord: ir.Expr = ir.Var(state[its[0]].coord)
             for it in its[1:]:
                 top_coord = ir.Call("max", (top_coord, ir.Var(state[it].coord)))
-            target = env.namer.fresh(f"{name}_max")
+            target = env.inputs.namer.fresh(f"{name}_max")
             reads.append(ir.Decl(ir.I64, target, top_coord))
         step = _case_body(
             env, var, lattice, lattice.sub_points(top), state, ctx, body, its, reads, target
@@ -209,7 +209,7 @@ def _case_body(
     In a dense loop (``live`` is None) every iterator may be exhausted, so presence is
     ``p < end && crd[p] == var``; in a while loop the condition guarantees positions.
     """
-    name = env.var_names[var]
+    name = env.decided.var_names[var]
     its = live if live is not None else ordered(lattice.iterators)
     stmts: list[ir.Stmt] = list(reads or [])
     for it in its:
@@ -253,7 +253,7 @@ def _case_body(
             )
             stmts.append(ir.Assign(ir.Var(s.pos), ir.Select(everyone, s.advance, jump)))
         return ir.block(*stmts)
-    counting = env.assembler is not None and env.assembler.mode.counting
+    counting = env.decided.assembler is not None and env.decided.assembler.mode.counting
     for it in its:
         s = state[it]
         if counting and unique(env, it):
@@ -286,7 +286,7 @@ def segment(
 def capacity_checked(env: LowerEnv, var: str, room: ir.Expr) -> Iter[list[ir.Stmt]]:
     """Lower a loop body under one up-front capacity check when the loop appends the
     output's last level (`Assembler.precheck`); yields the check's statements."""
-    asm = env.assembler
+    asm = env.decided.assembler
     check = asm.precheck(var, room) if asm is not None else []
     if asm is None or not check:
         yield check
@@ -304,13 +304,13 @@ def _dense_loop(
     outermost: bool,
     body: Body,
 ) -> ir.Block:
-    name = env.var_names[var]
-    trip = ir.Var(env.sig.dim(var))
+    name = env.decided.var_names[var]
+    trip = ir.Var(env.inputs.sig.dim(var))
     setup = loop_setup(env, var, frozenset({var}), ctx, sink, "for", trip, outermost)
     inner = ctx.bind({var: ir.Var(name)}, covered=var)
     with capacity_checked(env, var, trip) as check:
         step = inside(env, setup, lambda: body(point.expr, inner))
-    if outermost and env.zero_in_loop:
+    if outermost and env.decided.zero_in_loop:
         step = ir.block(zero_slice(env, ir.Var(name)), step)
     loop = ir.For(name, ir.IntLit(0), trip, step, setup.parallel, setup.unroll)
     return ir.block(*setup.pre, *check, loop, *setup.post)
@@ -327,7 +327,7 @@ def _position_loop(
 ) -> ir.Block:
     (it,) = point.iterators
     s = iterator_state(env, it, ctx)
-    name = env.var_names[var]
+    name = env.decided.var_names[var]
     pos = ir.Var(s.pos)
     read = ir.Decl(ir.I64, name, crd(env, it, pos))
     if unique(env, it):

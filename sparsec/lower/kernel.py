@@ -60,53 +60,55 @@ class LoweredKernel:
 
 def lower_kernel(env: LowerEnv) -> LoweredKernel:
     """The kernel of ``env``'s statement."""
-    stmt = env.spec.statement
-    lhs = env.lhs
-    asm = env.assembler
-    order = env.schedule.order
+    given, decided, found = env.inputs, env.decided, env.found
+    stmt = given.spec.statement
+    lhs = given.lhs
+    asm = decided.assembler
+    order = decided.schedule.order
     # the single pass's schedule keeps rowwise rows in storage order (`make_schedule`'s append)
-    assert env.schedule.rows_in_order == (asm is None or not asm.mode.rowwise), "another row order"
-    plan = env.plan
+    in_order = decided.schedule.rows_in_order
+    assert in_order == (asm is None or not asm.mode.rowwise), "another row order"
+    plan = decided.plan
     for space in plan.spaces.values() if plan is not None else ():
         if space.bound is not None:
             _bound_check(env, space)
-    if env.schedule.placement is not None:
-        env.where = plan_where(env, env.schedule.placement)
+    if decided.schedule.placement is not None:
+        decided.where = plan_where(env, decided.schedule.placement)
     frame: OutputFrame = asm if asm is not None else DenseFrame(env)
     if asm is not None:
-        asm.workspace_alloc(env.workspace, env.gpu)
-    env.zero_in_loop = (
+        asm.workspace_alloc(decided.workspace, given.gpu)
+    decided.zero_in_loop = (
         asm is None
-        and not env.gpu
+        and not given.gpu
         and not stmt.accumulate
-        and not env.exclusive
+        and not given.exclusive
         and lhs.order > 0
         and bool(order)
-        and order[0] == level_indices(lhs, env.spec.output.format)[0]
+        and order[0] == level_indices(lhs, given.spec.output.format)[0]
     )
     located, ctx = locate(env, Ctx(), [lhs])
-    if asm is not None and env.workspace and asm.layout.last == 0:
+    if asm is not None and decided.workspace and asm.layout.last == 0:
         body = scatter_gather(env, order, stmt.rhs, ctx)
     else:
         body = loops(env, order, stmt.rhs, ctx, OutputSink(), outermost=True)
     # a semiring other than plus_times: every accumulation and its start follow its add
-    kernel = apply_semiring(env.ring, epilogue(env, frame, ir.block(located, body)))
-    sites = env.write_sites
+    kernel = apply_semiring(given.ring, epilogue(env, frame, ir.block(located, body)))
+    sites = found.write_sites
     return LoweredKernel(
         kernel,
         order,
-        tuple(env.parallel_loops),
+        tuple(found.parallel_loops),
         bool(sites) and all(sites) and not stmt.accumulate,
-        bool(sites) and not (env.repeats or stmt.accumulate or env.sequence or env.gpu),
-        tuple(env.notes),
-        tuple(env.bound_messages),
-        zero_before=env.gpu and isinstance(frame, DenseFrame) and not frame.zeroed,
-        grid=env.grid,
+        bool(sites) and not (found.repeats or stmt.accumulate or decided.sequence or given.gpu),
+        tuple(found.notes),
+        tuple(found.bound_messages),
+        zero_before=given.gpu and isinstance(frame, DenseFrame) and not frame.zeroed,
+        grid=found.grid,
         block=block_size(env),
-        shuffles=bool(env.warp_reduced) or env.segmented,
-        groups=bool(env.group_reduced),
-        segments=env.segmented,
-        sequence=env.sequence,
+        shuffles=bool(found.warp_reduced) or found.segmented,
+        groups=bool(found.group_reduced),
+        segments=found.segmented,
+        sequence=decided.sequence,
         scratch=_scratch(env),
         chunks=asm.chunk_frame() if asm is not None else None,
     )
@@ -114,7 +116,8 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
 
 def _scratch(env: LowerEnv) -> tuple[tuple[str, ir.Expr], ...]:
     """A GPU kernel's workspace slices: elements per thread, by role."""
-    ws = env.assembler.ws if env.gpu and env.assembler is not None else None
+    asm = env.decided.assembler
+    ws = asm.ws if env.inputs.gpu and asm is not None else None
     if ws is None:
         return ()
     roles = {ws.w: "vals", ws.seen: "seen", ws.reached: "list"}
@@ -136,10 +139,10 @@ def _bound_check(env: LowerEnv, space: Space) -> None:
     assert space.bound is not None
     size, kind = space.bound
     (var,) = space.vars
-    dim = ir.Var(env.sig.dim(var))
+    dim = ir.Var(env.inputs.sig.dim(var))
     bad = ir.Bin("!=" if kind == "MaxExact" else ">", dim, ir.IntLit(size))
-    env.entry_checks.append(ir.Return(BOUND_VIOLATED, bad))
-    env.bound_messages.append(
+    env.found.entry_checks.append(ir.Return(BOUND_VIOLATED, bad))
+    env.found.bound_messages.append(
         f"{space.origin}: the extent of {var} must be "
         f"{'exactly' if kind == 'MaxExact' else 'at most'} {size}"
     )

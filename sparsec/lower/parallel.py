@@ -51,7 +51,7 @@ def loop_setup(
     ``kind``: "for", or a description of why the loop is a while loop.
     """
     setup = LoopSetup()
-    plan = env.plan
+    plan = env.decided.plan
     if plan is not None and loop in plan.unroll:
         if kind != "for":
             raise ScheduleError(
@@ -65,12 +65,12 @@ def loop_setup(
             f"unroll({loop},{setup.unroll}): the loop over {loop} is also parallelized "
             f"({req.origin}); unroll a loop inside it"
         )
-    if req is None or not env.threads_ok:
+    if req is None or not env.inputs.threads_ok:
         return setup
     if req.default and not outermost:
         # the default's loop ran inside a precompute's workspace: it stays serial
         return setup
-    if env.gpu:
+    if env.inputs.gpu:
         return gpu_setup(env, loop, req, distinct, sink, kind, trip, setup)
     return _cpu_setup(env, loop, req, distinct, sink, kind, trip, outermost, setup)
 
@@ -109,13 +109,13 @@ def _cpu_setup(
             f"{cmd}: the loop runs inside a workspace (precompute) that all its iterations "
             "share; parallelize a loop outside the workspace"
         )
-    out = env.lhs.name
-    lhs = set(env.lhs.indices)
-    asm = env.assembler
+    out = env.inputs.lhs.name
+    lhs = set(env.inputs.lhs.indices)
+    asm = env.decided.assembler
     if asm is not None and not isinstance(sink, AccSink):
         if not (req.unit == "CPUThread" and asm.mode.rowwise and outermost and loop in lhs):
             raise ScheduleError(
-                f"{cmd}: the sparse output {out} ({env.spec.output.format}) is appended "
+                f"{cmd}: the sparse output {out} ({env.inputs.spec.output.format}) is appended "
                 "in one sequence; only its outermost row loop can run on CPU threads, and "
                 "only when a dense level holds the rows (e.g. csr)"
             )
@@ -124,7 +124,7 @@ def _cpu_setup(
         setup.parallel = par
         setup.flags["in_threads"] = True
         if not req.default:
-            env.notes.append(f"{loop}: CPUThread, rows of {out} assembled independently")
+            env.found.notes.append(f"{loop}: CPUThread, rows of {out} assembled independently")
         return setup
     target_acc = isinstance(sink, AccSink)
     why = race(env, loop, distinct, sink)
@@ -137,7 +137,7 @@ def _cpu_setup(
         else:
             setup.parallel = ir.Parallel("CPUVector")
         if not req.default:
-            env.notes.append(
+            env.found.notes.append(
                 f"{loop}: {req.unit}, race-free (each iteration writes its own {out} elements)"
             )
         return setup
@@ -160,7 +160,7 @@ def _cpu_setup(
             setup.pre.append(decl)
             setup.parallel = par
             target = sink.name if isinstance(sink, AccSink) else f"{out}"
-            env.notes.append(f"{loop}: CPUThread, atomic updates of {target}")
+            env.found.notes.append(f"{loop}: CPUThread, atomic updates of {target}")
         case "Temporary" | "ParallelReduction" if target_acc:
             assert isinstance(sink, AccSink)
             sums = (sink.name,) if sink.name else ()
@@ -172,10 +172,10 @@ def _cpu_setup(
             else:
                 setup.parallel = ir.Parallel("CPUVector", reduction=sums, flags=marks)
             into = out if req.default else "a private accumulator"
-            env.notes.append(f"{loop}: {req.unit}, reduction(+) into {into}")
+            env.found.notes.append(f"{loop}: {req.unit}, reduction(+) into {into}")
         case "Temporary" if req.unit == "CPUThread":
             _private_copies(env, loop, trip, setup)
-            env.notes.append(
+            env.found.notes.append(
                 f"{loop}: CPUThread, each thread adds into its own copy of {out}, summed after"
             )
         case _:
@@ -188,9 +188,9 @@ def _cpu_setup(
 
 def _parallel_for(env: LowerEnv, var: str, trip: ir.Expr) -> tuple[ir.Stmt, ir.Parallel]:
     """A dynamic schedule with about eight chunks per thread (skewed rows balance)."""
-    env.parallel_loops.append(var)
-    chunk = env.namer.fresh("chunk")
-    threads = ir.Var(env.sig.threads)
+    env.found.parallel_loops.append(var)
+    chunk = env.inputs.namer.fresh("chunk")
+    threads = ir.Var(env.inputs.sig.threads)
     per = ir.Bin("*", ir.IntLit(8), threads)
     size = ir.Bin("/", ir.Bin("+", trip, ir.Bin("-", per, ir.IntLit(1))), per)
     decl = ir.Decl(ir.I64, chunk, ir.Call("max", (ir.IntLit(1), size)))
@@ -203,13 +203,13 @@ def _private_copies(env: LowerEnv, loop: str, trip: ir.Expr, setup: LoopSetup) -
     The copies exist only with several threads and at most `MAX_COPY_ELEMENTS` in all;
     otherwise (or when calloc fails) the loop runs on one thread into the output.
     """
-    out = env.spec.output
+    out = env.inputs.spec.output
     copy = LevelNames(output_size(env))
     size = copy.dim
-    threads = ir.Var(env.sig.threads)
-    base = env.namer.fresh(f"{out.name}_copies")
-    mine = env.namer.fresh(f"{out.name}_mine")
-    vals = env.sig.array(out.name, "vals")
+    threads = ir.Var(env.inputs.sig.threads)
+    base = env.inputs.namer.fresh(f"{out.name}_copies")
+    mine = env.inputs.namer.fresh(f"{out.name}_mine")
+    vals = env.inputs.sig.array(out.name, "vals")
     total = ir.mul(threads, size)
     worth = ir.conj(
         ir.Bin(">", threads, ir.IntLit(1)),
@@ -222,7 +222,7 @@ def _private_copies(env: LowerEnv, loop: str, trip: ir.Expr, setup: LoopSetup) -
         ir.Pointer(ir.VAL, mine, base, ir.mul(ir.Call("thread_id", ()), size), vals)
     )
     setup.flags["out_redirect"] = mine
-    q, t = env.namer.fresh("q"), env.namer.fresh("t")
+    q, t = env.inputs.namer.fresh("q"), env.inputs.namer.fresh("t")
     # thread t's copy is one more dense level above the output: element q of copy t
     element = Dense().locate_position(ir.Var(t), ir.Var(q), copy)
     add = ir.Assign(ir.Load(vals, ir.Var(q)), ir.Load(base, element), "+=")

@@ -30,16 +30,16 @@ class LoopSetup:
 def race(env: LowerEnv, loop: str, distinct: frozenset[str], sink: Sink) -> str | None:
     """Why two iterations of ``loop`` can write one output element, or None if they
     cannot: its iterations differ in ``distinct``, and writes go to ``sink``."""
-    out = env.lhs.name
+    out = env.inputs.lhs.name
     if isinstance(sink, AccSink):
         return (
             f"every index of {out} is bound outside {loop}, so all its iterations add "
             "into one element"
         )
-    if distinct and distinct <= set(env.lhs.indices):
+    if distinct and distinct <= set(env.inputs.lhs.indices):
         return None
     return (
-        f"{out} is indexed by {', '.join(env.lhs.indices) or 'nothing'}, and two "
+        f"{out} is indexed by {', '.join(env.inputs.lhs.indices) or 'nothing'}, and two "
         f"iterations of {loop} can share those coordinates"
     )
 
@@ -48,7 +48,7 @@ def race_strategies(env: LowerEnv, unit: str, into_sum: bool) -> list[str]:
     """The race strategies `loop_setup` carries out for a racy CPU loop of ``unit``
     (``into_sum``: its iterations add into a scalar accumulator, not the output)."""
     table = (
-        ("Atomics", unit == "CPUThread" and env.assembler is None),
+        ("Atomics", unit == "CPUThread" and env.decided.assembler is None),
         ("Temporary", into_sum or unit == "CPUThread"),
         ("ParallelReduction", into_sum),
     )
@@ -57,7 +57,7 @@ def race_strategies(env: LowerEnv, unit: str, into_sum: bool) -> list[str]:
 
 def why_not(env: LowerEnv, races: str, unit: str) -> str:
     """Why strategy ``races`` cannot serve a racy CPU loop of ``unit`` (see `race_strategies`)."""
-    out = env.lhs.name
+    out = env.inputs.lhs.name
     if races == "Atomics" and unit != "CPUThread":
         return f"{unit} loops make no atomic updates"
     if races == "Atomics":

@@ -22,13 +22,13 @@ Inner = Callable[[Ctx, bool], ir.Block]
 
 def enter_output(env: LowerEnv, var: str, expr: CExpr, ctx: Ctx, inner: Inner) -> ir.Block:
     """Code for the body of one iteration that has just bound ``var``."""
-    asm = env.assembler
-    lhs = env.lhs
+    asm = env.decided.assembler
+    lhs = env.inputs.lhs
     k = asm.level_of(var) if asm is not None else None
     if asm is None or k is None:
         located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
         return ir.block(located, inner(ctx, False))
-    if var == env.workspace:
+    if var == env.decided.workspace:
         located, ctx = locate(env, ctx, list(accesses(expr)))
         return ir.block(located, inner(ctx, False))
     slot = asm.bind(k)
@@ -43,7 +43,7 @@ def enter_output(env: LowerEnv, var: str, expr: CExpr, ctx: Ctx, inner: Inner) -
         k = row
     bound = ctx.levels.get((lhs, k))
     before, after = asm.around(k, bound.pos if bound else None)
-    gather = bool(env.workspace) and k == asm.layout.last - 1 and bound is not None
+    gather = bool(env.decided.workspace) and k == asm.layout.last - 1 and bound is not None
     return ir.block(located, *before, inner(ctx, gather), *after)
 
 
@@ -60,7 +60,7 @@ def split_row(
     """A split piece's iteration that binds a rowwise sparse output's row variable
     ``var`` to ``value`` (a GPU thread's row): the row opened, the rest of the nest inside
     (scattered into the workspace and gathered, for SpGEMM)."""
-    name = env.var_names[var]
+    name = env.decided.var_names[var]
     inner = ctx.bind({var: ir.Var(name)}, covered=var)
     return ir.block(
         ir.Decl(ir.I64, name, value), rest_of_nest(env, var, expr, inner, rest, sink, nest)
@@ -79,7 +79,7 @@ def rest_of_nest(
     """The loops ``rest`` inside an iteration of a schedule space's piece that has just
     bound ``var`` in ``ctx``: a sparse output's level opened there (`enter_output`), and
     its row scattered into the workspace and gathered, for SpGEMM."""
-    asm = env.assembler
+    asm = env.decided.assembler
 
     def inner(c: Ctx, gather: bool) -> ir.Block:
         if gather and asm is not None:

@@ -45,7 +45,7 @@ def space_loop(
     nest: Nest,
 ) -> ir.Block:
     """One loop of a schedule space: a split piece, or the space's own loop."""
-    plan = env.plan
+    plan = env.decided.plan
     assert plan is not None
     sname = plan.space_of(loop)
     assert sname is not None
@@ -57,7 +57,7 @@ def space_loop(
         pre += stmts
         ctx = ctx.bind(spaces={sname: state})
     extent = _extent(env, loop, ctx)
-    name = env.var_names[loop]
+    name = env.decided.var_names[loop]
     completes = plan.leaves(sname)[-1] == loop
     setup = loop_setup(env, loop, distinct(env, space), ctx, sink, "for", extent, outermost)
     inner = ctx.bind(loopvars={loop: ir.Var(name)})
@@ -87,10 +87,10 @@ def space_loop(
         and not rest
         and setup.parallel is None
         and env.flags.atomic_writes
-        and env.assembler is None
+        and env.decided.assembler is None
         and isinstance(sink, OutputSink)
     ):
-        acc, at = env.namer.fresh("run"), env.namer.fresh("run_at")
+        acc, at = env.inputs.namer.fresh("run"), env.inputs.namer.fresh("run_at")
         pre += [ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)), ir.Decl(ir.I64, at, ir.IntLit(-1))]
         target = SegmentSink(acc, at)
         flush += flush_runs(env, target, loop)
@@ -115,7 +115,7 @@ def space_loop(
 
 def _extent(env: LowerEnv, node: str, ctx: Ctx) -> ir.Expr:
     """The trip count of ``node``'s loop (a space or a split piece)."""
-    plan = env.plan
+    plan = env.decided.plan
     assert plan is not None
     if node in plan.spaces:
         return ctx.spaces[node].extent
@@ -132,7 +132,7 @@ def _extent(env: LowerEnv, node: str, ctx: Ctx) -> ir.Expr:
 
 def _offset(env: LowerEnv, node: str, ctx: Ctx) -> ir.Expr:
     """``node``'s offset in its space from the bound loop variables."""
-    plan = env.plan
+    plan = env.decided.plan
     assert plan is not None
     kids = plan.children.get(node)
     if kids is None:
@@ -156,12 +156,12 @@ def _enter_space(env: LowerEnv, space: Space, ctx: Ctx) -> tuple[list[ir.Stmt], 
         (var,) = space.vars
         if space.bound is not None and space.bound[1] == "MaxExact":
             return [], SpaceState(ir.IntLit(0), ir.IntLit(space.bound[0]))
-        return [], SpaceState(ir.IntLit(0), ir.Var(env.sig.dim(var)))
+        return [], SpaceState(ir.IntLit(0), ir.Var(env.inputs.sig.dim(var)))
     if space.kind == "fused":
-        size = dense_extent(ir.Var(env.sig.dim(var)) for var in space.vars)
+        size = dense_extent(ir.Var(env.inputs.sig.dim(var)) for var in space.vars)
         return [], SpaceState(ir.IntLit(0), size)
     access = pos_access(env, space)
-    fmt = env.formats[access.name]
+    fmt = env.inputs.formats[access.name]
     levels = level_indices(access, fmt)
     first = levels.index(space.vars[0])
     if ctx.depth(access) != first:
@@ -182,8 +182,8 @@ def _enter_space(env: LowerEnv, space: Space, ctx: Ctx) -> tuple[list[ir.Stmt], 
         else:
             # the positions under the previous level's whole range
             lo, hi = level.range_bounds(*ranges[-1], names(env, access, k))
-        lo_name = env.namer.fresh(f"p{access.name}{k + 1}_lo")
-        hi_name = env.namer.fresh(f"p{access.name}{k + 1}_hi")
+        lo_name = env.inputs.namer.fresh(f"p{access.name}{k + 1}_lo")
+        hi_name = env.inputs.namer.fresh(f"p{access.name}{k + 1}_hi")
         stmts += [ir.Decl(ir.I64, lo_name, lo), ir.Decl(ir.I64, hi_name, hi)]
         ranges.append((ir.Var(lo_name), ir.Var(hi_name)))
     lo, hi = ranges[-1]
@@ -198,7 +198,7 @@ def _cursors_init(
     levels as `_bind_space` does: a child's parent position is computed where its level
     function can (singleton: shared; dense: divided), else searched in its ``pos``."""
     access = pos_access(env, space)
-    fmt = env.formats[access.name]
+    fmt = env.inputs.formats[access.name]
     top = level_indices(access, fmt).index(space.vars[0])
     last = top + len(space.vars) - 1
     searched = {k: (n, arr) for n, k, arr in _parent_searches(env, space, access)}
@@ -212,7 +212,7 @@ def _cursors_init(
             continue
         n, arr = searched[k + 1]
         lo, hi = state.levels[n]
-        cur = env.namer.fresh(f"p{access.name}{k + 1}_at")
+        cur = env.inputs.namer.fresh(f"p{access.name}{k + 1}_at")
         stmts.append(ir.Decl(ir.I64, cur, ir.Call("search", (ir.Var(arr), lo, hi, target))))
         cursors[k + 1] = cur
         target = ir.Var(cur)
@@ -222,14 +222,14 @@ def _cursors_init(
 def _parent_searches(env: LowerEnv, space: Space, access: Access) -> list[tuple[int, int, str]]:
     """(index in space, 1-based level number, child pos array) for each fused level whose
     child level is compressed: its position is found by searching the child's pos."""
-    fmt = env.formats[access.name]
+    fmt = env.inputs.formats[access.name]
     first = level_indices(access, fmt).index(space.vars[0])
     found = []
     for n in range(len(space.vars) - 1):
         k = first + n
         child = fmt.levels[k + 1]
         if child.position_iteration and not child.inherits_parent_range:
-            found.append((n, k + 1, env.sig.array(access.name, "pos", k + 1)))
+            found.append((n, k + 1, env.inputs.sig.array(access.name, "pos", k + 1)))
     return found
 
 
@@ -249,29 +249,29 @@ def _bind_space(
     ``cursors``: for a serial loop over fused positions, the variables that follow each
     searched parent level (else each parent is searched afresh)."""
     stmts: list[ir.Stmt] = []
-    lhs = env.lhs
+    lhs = env.inputs.lhs
     if space.kind in ("dense", "fused"):
         values = _dense_coords(env, space, x)
-        if env.assembler is not None:
+        if env.decided.assembler is not None:
             # a GPU split over a rowwise sparse output's rows: each row opened as usual
             ((var, value),) = values
             expr = scheduled_expr(env, space, var, expr, ctx)
             return split_row(env, var, value, expr, ctx, rest, sink, nest)
         for var, value in values:
             expr = scheduled_expr(env, space, var, expr, ctx)
-            name = env.var_names[var]
+            name = env.decided.var_names[var]
             stmts.append(ir.Decl(ir.I64, name, value))
             ctx = ctx.bind({var: ir.Var(name)}, covered=var)
             located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
             stmts.append(located)
         return ir.block(*stmts, nest(rest, expr, ctx, sink))
     access = pos_access(env, space)
-    fmt = env.formats[access.name]
+    fmt = env.inputs.formats[access.name]
     first = level_indices(access, fmt).index(space.vars[0])
     state = ctx.spaces[space.name]
     positions: dict[int, ir.Expr] = {}
     last = first + len(space.vars) - 1
-    p_last = env.namer.fresh(f"p{access.name}{last + 1}")
+    p_last = env.inputs.namer.fresh(f"p{access.name}{last + 1}")
     stmts.append(ir.Decl(ir.I64, p_last, ir.add(state.lo, x)))
     positions[last] = ir.Var(p_last)
     searched = {k: (n, arr) for n, k, arr in _parent_searches(env, space, access)}
@@ -290,7 +290,7 @@ def _bind_space(
             stmts.append(ir.While(ir.Bin("<=", ir.Load(arr, ahead), below), step))
             positions[k] = cur
         else:
-            found = env.namer.fresh(f"p{access.name}{k + 1}")
+            found = env.inputs.namer.fresh(f"p{access.name}{k + 1}")
             stmts.append(ir.Decl(ir.I64, found, ir.Call("search", (ir.Var(arr), lo, hi, below))))
             positions[k] = ir.Var(found)
     for n, var in enumerate(space.vars):
@@ -298,7 +298,7 @@ def _bind_space(
         meets = _meets_sparse(env, space, var, expr, ctx) if space.kind == "pos" else None
         if meets is None:
             expr = scheduled_expr(env, space, var, expr, ctx)
-        name = env.var_names[var]
+        name = env.decided.var_names[var]
         pos = positions[k]
         coord = fmt.levels[k].coordinate(pos, names(env, access, k), k == 0)
         stmts.append(ir.Decl(ir.I64, name, coord))
@@ -319,7 +319,7 @@ def _meets_sparse(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) 
     None. Every lattice point must hold the pos tensor where its level is sparse (the loop
     visits only its entries) and the other sparse levels must be unique: each is then located by a search of its
     segment for the coordinate (`_locate_cases`)."""
-    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.exact)
+    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact)
     if not lattice.points:
         return None
     others = [it for it in ordered(lattice.iterators) if it.access.name != space.tensor]
@@ -369,9 +369,9 @@ def _locate_cases(
         parent = ctx.levels.get((it.access, k - 1)) if k > 0 else None
         at = names(env, it.access, k)
         lo, hi = level(env, it.access, k).bounds((parent.pos, parent.next) if parent else None, at)
-        p = env.namer.fresh(f"p{it.access.name}{k + 1}")
-        end = env.namer.fresh(f"{p}_end")
-        flag = env.namer.fresh(f"{var}{it.access.name}_here")
+        p = env.inputs.namer.fresh(f"p{it.access.name}{k + 1}")
+        end = env.inputs.namer.fresh(f"{p}_end")
+        flag = env.inputs.namer.fresh(f"{var}{it.access.name}_here")
         stmts += [
             ir.Decl(ir.I64, end, hi),
             ir.Decl(ir.I64, p, ir.Call("gallop", (ir.Var(at.crd), lo, ir.Var(end), coord))),
@@ -407,7 +407,7 @@ def _dense_coords(env: LowerEnv, space: Space, x: ir.Expr) -> list[tuple[str, ir
     values: list[tuple[str, ir.Expr]] = []
     remaining = x
     for var in reversed(space.vars[1:]):
-        at = LevelNames(ir.Var(env.sig.dim(var)))
+        at = LevelNames(ir.Var(env.inputs.sig.dim(var)))
         values.append((var, DENSE.coordinate(remaining, at, top=False)))
         parent = DENSE.parent_position(remaining, at)
         assert parent is not None
@@ -419,7 +419,7 @@ def _dense_coords(env: LowerEnv, space: Space, x: ir.Expr) -> list[tuple[str, ir
 def scheduled_expr(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) -> CExpr:
     """The expression once ``var`` is bound by a schedule space: its lattice must be
     a plain range (dense spaces) or iterate only the pos tensor (position spaces)."""
-    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.exact)
+    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact)
     if not lattice.points:
         return ZERO
     its = ordered(lattice.iterators)
@@ -428,7 +428,7 @@ def scheduled_expr(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx)
             a = its[0].access
             raise ScheduleError(
                 f"{space.origin}: {var} is iterated through {a}'s "
-                f"{env.formats[a.name].levels[its[0].level].spelling!r} level, so its "
+                f"{env.inputs.formats[a.name].levels[its[0].level].spelling!r} level, so its "
                 f"loop is not a plain range; iterate its positions with "
                 f"pos({var},{var}pos,{a.name}) and transform that"
             )

@@ -59,10 +59,10 @@ def flagged_union(
     """The loop over ``var`` for ``lattice``: flagged when `_flags_fit`, else the lattice
     built point by point and co-iterated as usual."""
     if not _flags_fit(env, var, rest, lattice, expr, ctx):
-        full = build(expr, lambda a: iterator(env, a, var, ctx), env.exact, flagged=False)
+        full = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact, flagged=False)
         return coiterate(env, var, full, ctx, sink, outermost, body)
     its = lattice.iterators
-    name = env.var_names[var]
+    name = env.decided.var_names[var]
     merged = ", ".join(sorted({str(it.access) for it in its}))
     loop_setup(
         env, var, frozenset({var}), ctx, sink, f"it co-iterates {merged}", ir.IntLit(0), False
@@ -87,7 +87,9 @@ def flagged_union(
                 ir.Bin("==", crd(env, it, ir.Var(s.pos)), ir.Var(name)),
             )
             flags += [ir.Decl(ir.BOOL, s.here, at), *segment(env, it, s, ir.Var(name))]
-        loop = ir.For(name, ir.IntLit(0), ir.Var(env.sig.dim(var)), ir.block(*flags, *case()))
+        loop = ir.For(
+            name, ir.IntLit(0), ir.Var(env.inputs.sig.dim(var)), ir.block(*flags, *case())
+        )
         return ir.block(*init, loop)
     # each step advances an iterator and appends at most one entry
     room: ir.Expr = ir.IntLit(0)
@@ -116,13 +118,13 @@ def _flags_fit(
     ranges, never a located position to read, and every loop below sees its term as
     absent, not as present everywhere); and no access in ``expr`` absent from an
     enclosing union without being one of these iterators."""
-    semantics = env.spec.semantics
+    semantics = env.inputs.spec.semantics
     if semantics.mask:
         return False
-    if env.plan is not None and env.plan.mergeby.get(var) == "Gallop":
+    if env.decided.plan is not None and env.decided.plan.mergeby.get(var) == "Gallop":
         return False  # the lattice's co-iteration says why galloping cannot merge a union
     for it in lattice.iterators:
-        fmt = env.formats[it.access.name]
+        fmt = env.inputs.formats[it.access.name]
         below = range(it.level + 1, len(fmt.levels))
         if not all(fmt.levels[k].position_iteration for k in below):
             return False
@@ -138,8 +140,8 @@ def _flags_fit(
 def _merge_step(env: LowerEnv, var: str, state: dict[Iterator, IterState]) -> list[ir.Stmt]:
     """The coordinate of this step (the least live coordinate; an exhausted iterator reads
     as the extent, past every coordinate) and each iterator's flag."""
-    name = env.var_names[var]
-    extent = ir.Var(env.sig.dim(var))
+    name = env.decided.var_names[var]
+    extent = ir.Var(env.inputs.sig.dim(var))
     stmts: list[ir.Stmt] = []
     least: ir.Expr | None = None
     for it, s in state.items():
@@ -158,7 +160,7 @@ def _merge_step(env: LowerEnv, var: str, state: dict[Iterator, IterState]) -> li
 def _advance(env: LowerEnv, state: dict[Iterator, IterState]) -> list[ir.Stmt]:
     """Step the iterators that sit at this coordinate (as `coiterate` does: without a
     branch while counting a sparse output's entries)."""
-    counting = env.assembler is not None and env.assembler.mode.counting
+    counting = env.decided.assembler is not None and env.decided.assembler.mode.counting
     stmts: list[ir.Stmt] = []
     for it, s in state.items():
         pos, here = ir.Var(s.pos), ir.Var(s.here)
@@ -176,12 +178,14 @@ def _guarded(env: LowerEnv, state: dict[Iterator, IterState], block: ir.Block) -
     ``here ? value : 0``."""
     guards: Guards = {}
     for it, s in state.items():
-        if it.level == len(env.formats[it.access.name].levels) - 1:
-            vals = env.local_vals.get(it.access.name) or env.sig.array(it.access.name, "vals")
+        if it.level == len(env.inputs.formats[it.access.name].levels) - 1:
+            vals = env.found.local_vals.get(it.access.name) or env.inputs.sig.array(
+                it.access.name, "vals"
+            )
             guards[(vals, s.pos)] = s.here
     if not guards:
         return block
-    return _guard_block(block, lambda e: _settle(e, guards, env.ring))
+    return _guard_block(block, lambda e: _settle(e, guards, env.inputs.ring))
 
 
 def _guard_block(block: ir.Block, fn: Callable[[ir.Expr], ir.Expr]) -> ir.Block:

@@ -32,10 +32,10 @@ def merge_at(env: LowerEnv, space: Space, expr: CExpr, ctx: Ctx) -> Lattice | No
     """The lattice at a dense space's variable when the GPU loop that completes its split
     must co-iterate sparse operands (a merge, or a sparse operand in a sum with a dense
     one), else None (a plain range, or a single operand's positions: ``pos`` applies)."""
-    if not env.gpu or space.kind != "dense" or len(space.vars) != 1:
+    if not env.inputs.gpu or space.kind != "dense" or len(space.vars) != 1:
         return None
     (var,) = space.vars
-    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.exact)
+    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact)
     if isinstance(lattice, UnionLattice) or not lattice.points:
         return None
     if not lattice.iterators or lattice.position_loop:
