@@ -31,6 +31,7 @@ from .ctx import (
     AccSink,
     Ctx,
     DenseWsSink,
+    NestPoint,
     OutputSink,
     SegmentSink,
     Sink,
@@ -84,7 +85,7 @@ def loops(
     if env.decided.where is not None and var == env.decided.where.at and not env.flags.in_where:
         return emit_where(env, expr, ctx, sink, nest)
     if env.decided.plan is not None and env.decided.plan.space_of(var) is not None:
-        return space_loop(env, var, rest, expr, ctx, sink, outermost, nest)
+        return space_loop(env, var, NestPoint(expr, ctx, rest, sink, nest), outermost)
     lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact)
     if not lattice.points:
         nothing_written(env, sink)

@@ -25,9 +25,8 @@ from __future__ import annotations
 from ..frontend.concrete import CExpr, Sum
 from ..ir import nodes as ir
 from ..middle.steps import split_terms, step_order
-from .ctx import Ctx, Sink
+from .ctx import Ctx, Nest, Sink
 from .env import LowerEnv
-from .where import Nest
 
 
 def emit_sequence(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink, nest: Nest) -> ir.Block:

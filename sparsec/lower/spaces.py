@@ -9,7 +9,7 @@ coordinates) and hands the rest of the nest to the caller's ``nest`` callback.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import replace
 
 from ..errors import ScheduleError
 from ..frontend.concrete import ZERO, CExpr, accesses
@@ -19,7 +19,7 @@ from ..middle.lattice import Iterator, Lattice, build, ordered
 from ..middle.order import level_indices
 from ..middle.plan import Space
 from ..tensors.formats import Dense, LevelNames, dense_extent
-from .ctx import Ctx, OutputSink, SegmentSink, Sink, SpaceState, unit
+from .ctx import Ctx, NestPoint, OutputSink, SegmentSink, SpaceState, unit
 from .env import LowerEnv
 from .levels import crd, iterator, level, locate, names, unique
 from .output import flush_runs
@@ -28,23 +28,12 @@ from .positions import distinct, pos_access, whole_coordinates
 from .rows import rest_of_nest, split_row
 from .window import merge_at, window_merge
 
-#: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
-Nest = Callable[[tuple[str, ...], CExpr, Ctx, Sink], ir.Block]
-
 DENSE = Dense()
 
 
-def space_loop(
-    env: LowerEnv,
-    loop: str,
-    rest: tuple[str, ...],
-    expr: CExpr,
-    ctx: Ctx,
-    sink: Sink,
-    outermost: bool,
-    nest: Nest,
-) -> ir.Block:
-    """One loop of a schedule space: a split piece, or the space's own loop."""
+def space_loop(env: LowerEnv, loop: str, place: NestPoint, outermost: bool) -> ir.Block:
+    """One loop of a schedule space at ``place``: a split piece, or the space's own loop."""
+    expr, ctx, sink = place.expr, place.ctx, place.sink
     plan = env.decided.plan
     assert plan is not None
     sname = plan.space_of(loop)
@@ -67,7 +56,7 @@ def space_loop(
         if setup.unroll:
             raise ScheduleError(f"unroll({loop},{setup.unroll}): {loop}'s piece walks a merge")
         x0 = _offset(env, sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
-        walk = window_merge(env, space, merge, (x0, ir.add(x0, extent)), ctx, rest, sink, nest)
+        walk = window_merge(env, space, merge, (x0, ir.add(x0, extent)), replace(place, ctx=ctx))
         return ir.block(*pre, *setup.pre, walk, *setup.post)
 
     # a serial loop over fused positions advances its parents' positions as cursors; a
@@ -84,7 +73,7 @@ def space_loop(
     target = sink
     if (
         completes
-        and not rest
+        and not place.rest
         and setup.parallel is None
         and env.flags.atomic_writes
         and env.decided.assembler is None
@@ -97,13 +86,13 @@ def space_loop(
 
     def body() -> ir.Block:
         if not completes:
-            return nest(rest, expr, inner, target)
+            return place.inside(inner, target)
         x = _offset(env, sname, inner)
+        here = replace(place, ctx=inner, sink=target)
         if merge is not None:
             # a parallel piece that completes a split merge: one coordinate each
-            one = (x, ir.add(x, ir.IntLit(1)))
-            return window_merge(env, space, merge, one, inner, rest, target, nest)
-        return _bind_space(env, space, x, inner, rest, expr, target, cursors, nest)
+            return window_merge(env, space, merge, (x, ir.add(x, ir.IntLit(1))), here)
+        return _bind_space(env, space, x, here, cursors)
 
     par = setup.parallel
     if par is not None and par.unit == "GPUThread" and not par.schedule:
@@ -234,20 +223,13 @@ def _parent_searches(env: LowerEnv, space: Space, access: Access) -> list[tuple[
 
 
 def _bind_space(
-    env: LowerEnv,
-    space: Space,
-    x: ir.Expr,
-    ctx: Ctx,
-    rest: tuple[str, ...],
-    expr: CExpr,
-    sink: Sink,
-    cursors: dict[int, str] | None,
-    nest: Nest,
+    env: LowerEnv, space: Space, x: ir.Expr, place: NestPoint, cursors: dict[int, str] | None
 ) -> ir.Block:
-    """The space's offset ``x`` is known: bind its original variables and go on.
+    """The space's offset ``x`` is known at ``place``: bind its original variables and go on.
 
     ``cursors``: for a serial loop over fused positions, the variables that follow each
     searched parent level (else each parent is searched afresh)."""
+    expr, ctx = place.expr, place.ctx
     stmts: list[ir.Stmt] = []
     lhs = env.inputs.lhs
     if space.kind in ("dense", "fused"):
@@ -256,7 +238,7 @@ def _bind_space(
             # a GPU split over a rowwise sparse output's rows: each row opened as usual
             ((var, value),) = values
             expr = scheduled_expr(env, space, var, expr, ctx)
-            return split_row(env, var, value, expr, ctx, rest, sink, nest)
+            return split_row(env, var, value, replace(place, expr=expr))
         for var, value in values:
             expr = scheduled_expr(env, space, var, expr, ctx)
             name = env.decided.var_names[var]
@@ -264,7 +246,7 @@ def _bind_space(
             ctx = ctx.bind({var: ir.Var(name)}, covered=var)
             located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
             stmts.append(located)
-        return ir.block(*stmts, nest(rest, expr, ctx, sink))
+        return ir.block(*stmts, place.nest(place.rest, expr, ctx, place.sink))
     access = pos_access(env, space)
     fmt = env.inputs.formats[access.name]
     first = level_indices(access, fmt).index(space.vars[0])
@@ -304,13 +286,13 @@ def _bind_space(
         stmts.append(ir.Decl(ir.I64, name, coord))
         ctx = ctx.bind({var: ir.Var(name)}, {(access, k): unit(pos)})
         if meets is not None:
-            stmts += _locate_cases(env, space, var, meets, ctx, rest, sink, nest)
+            stmts += _locate_cases(env, space, var, meets, replace(place, ctx=ctx))
             return ir.block(*stmts)
         if n < len(space.vars) - 1:
             located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
             stmts.append(located)
     # the last variable may open a sparse output's row (a GPU position loop over its rows)
-    return ir.block(*stmts, rest_of_nest(env, space.vars[-1], expr, ctx, rest, sink, nest))
+    return ir.block(*stmts, rest_of_nest(env, space.vars[-1], replace(place, expr=expr, ctx=ctx)))
 
 
 def _meets_sparse(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) -> Lattice | None:
@@ -344,20 +326,14 @@ def _meets_sparse(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) 
 
 
 def _locate_cases(
-    env: LowerEnv,
-    space: Space,
-    var: str,
-    lattice: Lattice,
-    ctx: Ctx,
-    rest: tuple[str, ...],
-    sink: Sink,
-    nest: Nest,
+    env: LowerEnv, space: Space, var: str, lattice: Lattice, place: NestPoint
 ) -> list[ir.Stmt]:
-    """The body of a position loop at ``var`` (bound in ``ctx``): each other sparse
+    """The body of a position loop at ``var`` (bound in ``place.ctx``): each other sparse
     operand located in its segment (a galloping search for the coordinate, present when
     found), then the first lattice point whose operands are all present. A point of the
     pos tensor alone runs where the others are absent; without one, nothing is computed
     there (the intersection)."""
+    ctx = place.ctx
     stmts: list[ir.Stmt] = []
     coord = ctx.coords[var]
     here: dict[Iterator, ir.Expr] = {}
@@ -391,7 +367,7 @@ def _locate_cases(
         its = [it for it in ordered(point.iterators) if it in here]
         inner = ctx.bind(levels={(it.access, it.level): unit(found[it]) for it in its})
         # a sparse output's row is opened in each case (its count starts at zero)
-        case = rest_of_nest(env, var, point.expr, inner, rest, sink, nest)
+        case = rest_of_nest(env, var, replace(place, expr=point.expr, ctx=inner))
         if not its:
             orelse = case
             break

@@ -11,8 +11,6 @@ the caller's ``nest`` callback.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..abi import OUT_OF_MEMORY
 from ..errors import LoweringError
 from ..frontend.concrete import ZERO, CExpr, accesses, without
@@ -20,13 +18,10 @@ from ..frontend.notation import Access, BinOp, Literal, factors
 from ..ir import nodes as ir
 from ..middle.placement import Placement
 from ..tensors.formats import Dense, LevelNames, dense_extent
-from .ctx import Ctx, DenseWsSink, Sink, Where
+from .ctx import Ctx, DenseWsSink, Nest, Sink, Where
 from .env import LowerEnv
 
 DENSE = Dense()
-
-#: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
-Nest = Callable[[tuple[str, ...], CExpr, Ctx, Sink], ir.Block]
 
 
 def plan_where(env: LowerEnv, placed: Placement) -> Where:

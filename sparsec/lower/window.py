@@ -16,16 +16,17 @@ it is refused (`spaces.scheduled_expr`), as before.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..frontend.concrete import CExpr
 from ..ir import nodes as ir
 from ..middle.lattice import Lattice, UnionLattice, build
 from ..middle.plan import Space
 from .coiterate import coiterate
-from .ctx import Ctx, Sink
+from .ctx import Ctx, NestPoint
 from .env import LowerEnv
 from .levels import iterator
 from .rows import rest_of_nest
-from .where import Nest
 
 
 def merge_at(env: LowerEnv, space: Space, expr: CExpr, ctx: Ctx) -> Lattice | None:
@@ -44,20 +45,14 @@ def merge_at(env: LowerEnv, space: Space, expr: CExpr, ctx: Ctx) -> Lattice | No
 
 
 def window_merge(
-    env: LowerEnv,
-    space: Space,
-    lattice: Lattice,
-    window: tuple[ir.Expr, ir.Expr],
-    ctx: Ctx,
-    rest: tuple[str, ...],
-    sink: Sink,
-    nest: Nest,
+    env: LowerEnv, space: Space, lattice: Lattice, window: tuple[ir.Expr, ir.Expr], place: NestPoint
 ) -> ir.Block:
     """The co-iteration of ``lattice`` over the coordinates ``window`` of the space's
-    variable, the rest of the nest in each case."""
+    variable in ``place.ctx``, the rest of the nest in each case (``place.expr``: unread, each
+    case has its own)."""
     (var,) = space.vars
 
     def body(expr: CExpr, inner: Ctx) -> ir.Block:
-        return rest_of_nest(env, var, expr, inner, rest, sink, nest)
+        return rest_of_nest(env, var, replace(place, expr=expr, ctx=inner))
 
-    return coiterate(env, var, lattice, ctx, sink, False, body, window=window)
+    return coiterate(env, var, lattice, place.ctx, place.sink, False, body, window=window)
