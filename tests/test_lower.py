@@ -13,7 +13,7 @@ from sparsec.ir import nodes as ir
 from sparsec.ir.visit import statements
 from sparsec.lower import lower
 from sparsec.lower.assemble import Assembler
-from sparsec.lower.coiterate import coiterate
+from sparsec.lower.coiterate import Walk, coiterate
 from sparsec.lower.ctx import AccSink, Ctx, OutputSink
 from sparsec.lower.env import Flags, LowerEnv
 from sparsec.lower.levels import iterator
@@ -181,7 +181,7 @@ def test_coiterate_on_a_lattice(expr, formats, want):
         assert "i" in ctx.coords  # the variable is bound inside
         return ir.block(ir.Comment(str(case)))
 
-    got = coiterate(env, "i", lattice, Ctx(), OutputSink(), True, body)
+    got = coiterate(env, lattice, Walk("i", Ctx(), OutputSink(), body, outermost=True))
     assert _shape(got) == want
 
 

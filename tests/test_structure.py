@@ -223,3 +223,29 @@ def test_the_lowering_environment_is_split() -> None:
     source = mods["sparsec.lower.env"].path.read_text()
     assert '__slots__ = ("inputs", "decided", "found", "flags")' in source
     assert "@dataclass(frozen=True, slots=True)\nclass Inputs:" in source
+
+
+#: the most parameters a function of `sparsec.lower` takes (``self`` not counted): the
+#: point being lowered travels as one value (`ctx.NestPoint`, `coiterate.Walk`,
+#: `races.Loop`), not as a list of its parts
+MOST_PARAMETERS = 6
+#: the functions allowed more, each with its reason
+MANY_PARAMETERS = {
+    # the inputs of one lowering, by keyword, from which `env.Inputs` is built
+    ("sparsec.lower.env", "LowerEnv.__init__"),
+}
+
+
+def test_lowering_state_travels_as_values() -> None:
+    """No function of `sparsec.lower` takes more than `MOST_PARAMETERS` parameters but
+    those allowed above: the loop or point being lowered is one frozen value."""
+    mods = structure.modules()
+    lower = [m for name, m in mods.items() if name.startswith("sparsec.lower")]
+    long = {
+        (m.name, f.name): len([p for p, _ in f.params if p != "self"])
+        for m in lower
+        for f in structure.functions(m)
+    }
+    over = {k for k, n in long.items() if n > MOST_PARAMETERS}
+    assert sorted(over - MANY_PARAMETERS) == []
+    assert sorted(MANY_PARAMETERS - over) == []  # an allowance no longer needed goes

@@ -30,9 +30,32 @@ from .env import LowerEnv
 from .levels import crd, level, names, unique
 from .output import zero_slice
 from .parallel import inside, loop_setup
+from .races import Loop
 
 #: lowers the body of one iteration: the case's expression, the context inside
 Body = Callable[[CExpr, Ctx], ir.Block]
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """The loop over ``var`` being lowered in ``ctx``: ``body`` lowers each case of an
+    iteration, which stores into ``sink``; ``outermost``: the kernel's first loop."""
+
+    var: str
+    ctx: Ctx
+    sink: Sink
+    body: Body
+    outermost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of a merge's while loop: the iterators it runs while (``live``), the
+    coordinates it reads first, and the variable an intersection gallops to (`mergeby`)."""
+
+    live: tuple[Iterator, ...]
+    reads: tuple[ir.Stmt, ...]
+    gallop_to: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,33 +108,26 @@ def iterator_state(env: LowerEnv, it: Iterator, ctx: Ctx) -> IterState:
 
 
 def coiterate(
-    env: LowerEnv,
-    var: str,
-    lattice: Lattice,
-    ctx: Ctx,
-    sink: Sink,
-    outermost: bool,
-    body: Body,
-    window: tuple[ir.Expr, ir.Expr] | None = None,
+    env: LowerEnv, lattice: Lattice, walk: Walk, window: tuple[ir.Expr, ir.Expr] | None = None
 ) -> ir.Block:
-    """The loops over ``var`` for ``lattice``, ``body`` in each case of each iteration.
+    """The loops of ``walk`` over its variable for ``lattice``, its body in each case of
+    each iteration.
 
-    ``window``: only the coordinates ``[lo, hi)`` of ``var`` (a piece of a split merge,
-    `lower.window`): each iterator starts at its first position at or after ``lo``,
+    ``window``: only the coordinates ``[lo, hi)`` of the variable (a piece of a split
+    merge, `lower.window`): each iterator starts at its first position at or after ``lo``,
     found by a binary search, and a merge stops at ``hi``."""
+    var, ctx, sink = walk.var, walk.ctx, walk.sink
     iterators = lattice.iterators
     name = env.decided.var_names[var]
     if window is not None:
         assert iterators and not lattice.position_loop
     elif lattice.range_loop:
-        return _dense_loop(env, var, lattice.points[0], ctx, sink, outermost, body)
+        return _dense_loop(env, lattice.points[0], walk)
     if lattice.position_loop:
-        return _position_loop(env, var, lattice.points[0], ctx, sink, outermost, body)
+        return _position_loop(env, lattice.points[0], walk)
 
     merged = ", ".join(sorted({str(it.access) for it in iterators}))
-    loop_setup(
-        env, var, frozenset({var}), ctx, sink, f"it co-iterates {merged}", ir.IntLit(0), False
-    )
+    loop_setup(env, Loop(var, frozenset({var}), sink, f"it co-iterates {merged}", ir.IntLit(0)))
     gallop = env.decided.plan is not None and env.decided.plan.mergeby.get(var) == "Gallop"
     if gallop and (lattice.full or len(lattice.points) != 1):
         raise ScheduleError(
@@ -125,7 +141,7 @@ def coiterate(
     init = [ir.Decl(ir.I64, s.pos, s.lo) for s in state.values()]
     init += [ir.Decl(ir.I64, s.end, s.hi) for s in state.values()]
     if lattice.full:
-        loop_body = _case_body(env, var, lattice, lattice.points, state, ctx, body)
+        loop_body = _case_body(env, lattice, lattice.points, state, walk)
         first, stop = window or (ir.IntLit(0), ir.Var(env.inputs.sig.dim(var)))
         loop = ir.For(name, first, stop, loop_body)
         return ir.block(*init, loop)
@@ -135,7 +151,7 @@ def coiterate(
     for st in state.values():
         room = ir.add(room, ir.Bin("-", ir.Var(st.end), ir.Var(st.pos)))
     with capacity_checked(env, var, room) as check:
-        loops += _merge_loops(env, var, lattice, state, ctx, body, gallop)
+        loops += _merge_loops(env, lattice, state, walk, gallop)
     return ir.block(*init, *check, *loops)
 
 
@@ -157,16 +173,10 @@ def _windowed(
 
 
 def _merge_loops(
-    env: LowerEnv,
-    var: str,
-    lattice: Lattice,
-    state: dict[Iterator, IterState],
-    ctx: Ctx,
-    body: Body,
-    gallop: bool,
+    env: LowerEnv, lattice: Lattice, state: dict[Iterator, IterState], walk: Walk, gallop: bool
 ) -> list[ir.Stmt]:
     """One while loop per lattice point, each while all its iterators have entries."""
-    name = env.decided.var_names[var]
+    name = env.decided.var_names[walk.var]
     loops: list[ir.Stmt] = []
     for top in lattice.points:
         its = ordered(top.iterators)
@@ -185,36 +195,35 @@ def _merge_loops(
                 top_coord = ir.Call("max", (top_coord, ir.Var(state[it].coord)))
             target = env.inputs.namer.fresh(f"{name}_max")
             reads.append(ir.Decl(ir.I64, target, top_coord))
-        step = _case_body(
-            env, var, lattice, lattice.sub_points(top), state, ctx, body, its, reads, target
+        step = Step(tuple(its), tuple(reads), target)
+        loops.append(
+            ir.While(cond, _case_body(env, lattice, lattice.sub_points(top), state, walk, step))
         )
-        loops.append(ir.While(cond, step))
     return loops
 
 
 def _case_body(
     env: LowerEnv,
-    var: str,
     lattice: Lattice,
     cases: tuple[LatticePoint, ...],
     state: dict[Iterator, IterState],
-    ctx: Ctx,
-    body: Body,
-    live: list[Iterator] | None = None,
-    reads: list[ir.Stmt] | None = None,
-    gallop_to: str | None = None,
+    walk: Walk,
+    step: Step | None = None,
 ) -> ir.Block:
-    """One step of co-iteration: which iterators sit at ``var``, the cases, advancing.
+    """One step of co-iteration: which iterators sit at the walk's variable, the cases,
+    advancing.
 
-    In a dense loop (``live`` is None) every iterator may be exhausted, so presence is
+    In a dense loop (no ``step``) every iterator may be exhausted, so presence is
     ``p < end && crd[p] == var``; in a while loop the condition guarantees positions.
     """
+    var = walk.var
     name = env.decided.var_names[var]
-    its = live if live is not None else ordered(lattice.iterators)
-    stmts: list[ir.Stmt] = list(reads or [])
+    its = step.live if step is not None else ordered(lattice.iterators)
+    gallop_to = step.gallop_to if step is not None else None
+    stmts: list[ir.Stmt] = list(step.reads if step is not None else ())
     for it in its:
         s = state[it]
-        if live is None:
+        if step is None:
             here = ir.conj(
                 ir.Bin("<", ir.Var(s.pos), ir.Var(s.end)),
                 ir.Bin("==", crd(env, it, ir.Var(s.pos)), ir.Var(name)),
@@ -230,7 +239,7 @@ def _case_body(
             (it.access, it.level): Bound(ir.Var(state[it].pos), state[it].advance)
             for it in point.iterators
         }
-        case = body(point.expr, ctx.bind({var: ir.Var(name)}, levels))
+        case = walk.body(point.expr, walk.ctx.bind({var: ir.Var(name)}, levels))
         if point.iterators:
             cond = ir.conj(*(ir.Var(state[it].here) for it in ordered(point.iterators)))
             branches.append((cond, case))
@@ -259,10 +268,10 @@ def _case_body(
         if counting and unique(env, it):
             # no values are read while counting: advance without a branch (a merge's
             # branches are unpredictable; GCC keeps them for the select otherwise)
-            step: ir.Expr = ir.Bin("+", ir.Var(s.pos), ir.Var(s.here))
+            ahead: ir.Expr = ir.Bin("+", ir.Var(s.pos), ir.Var(s.here))
         else:
-            step = ir.Select(ir.Var(s.here), s.advance, ir.Var(s.pos))
-        stmts.append(ir.Assign(ir.Var(s.pos), step))
+            ahead = ir.Select(ir.Var(s.here), s.advance, ir.Var(s.pos))
+        stmts.append(ir.Assign(ir.Var(s.pos), ahead))
     return ir.block(*stmts)
 
 
@@ -295,18 +304,11 @@ def capacity_checked(env: LowerEnv, var: str, room: ir.Expr) -> Iter[list[ir.Stm
         yield check
 
 
-def _dense_loop(
-    env: LowerEnv,
-    var: str,
-    point: LatticePoint,
-    ctx: Ctx,
-    sink: Sink,
-    outermost: bool,
-    body: Body,
-) -> ir.Block:
+def _dense_loop(env: LowerEnv, point: LatticePoint, walk: Walk) -> ir.Block:
+    var, ctx, sink, outermost, body = walk.var, walk.ctx, walk.sink, walk.outermost, walk.body
     name = env.decided.var_names[var]
     trip = ir.Var(env.inputs.sig.dim(var))
-    setup = loop_setup(env, var, frozenset({var}), ctx, sink, "for", trip, outermost)
+    setup = loop_setup(env, Loop(var, frozenset({var}), sink, "for", trip, outermost))
     inner = ctx.bind({var: ir.Var(name)}, covered=var)
     with capacity_checked(env, var, trip) as check:
         step = inside(env, setup, lambda: body(point.expr, inner))
@@ -316,15 +318,8 @@ def _dense_loop(
     return ir.block(*setup.pre, *check, loop, *setup.post)
 
 
-def _position_loop(
-    env: LowerEnv,
-    var: str,
-    point: LatticePoint,
-    ctx: Ctx,
-    sink: Sink,
-    outermost: bool,
-    body: Body,
-) -> ir.Block:
+def _position_loop(env: LowerEnv, point: LatticePoint, walk: Walk) -> ir.Block:
+    var, ctx, sink, outermost, body = walk.var, walk.ctx, walk.sink, walk.outermost, walk.body
     (it,) = point.iterators
     s = iterator_state(env, it, ctx)
     name = env.decided.var_names[var]
@@ -334,22 +329,14 @@ def _position_loop(
         inner = ctx.bind({var: ir.Var(name)}, {(it.access, it.level): unit(pos)})
         end = ir.Decl(ir.I64, s.end, s.hi)
         trip = ir.Bin("-", ir.Var(s.end), s.lo)
-        setup = loop_setup(env, var, frozenset({var}), ctx, sink, "for", trip, outermost)
+        setup = loop_setup(env, Loop(var, frozenset({var}), sink, "for", trip, outermost))
         with capacity_checked(env, var, trip) as check:
             step = inside(env, setup, lambda: ir.block(read, body(point.expr, inner)))
         loop = ir.For(s.pos, s.lo, ir.Var(s.end), step, setup.parallel, setup.unroll)
         return ir.block(end, *setup.pre, *check, loop, *setup.post)
     # Non-unique level: walk runs of equal coordinates; children see [p, next).
-    loop_setup(
-        env,
-        var,
-        frozenset({var}),
-        ctx,
-        sink,
-        f"it walks runs of equal coordinates of {it.access}'s non-unique level",
-        ir.IntLit(0),
-        False,
-    )
+    walks = f"it walks runs of equal coordinates of {it.access}'s non-unique level"
+    loop_setup(env, Loop(var, frozenset({var}), sink, walks, ir.IntLit(0)))
     inner = ctx.bind({var: ir.Var(name)}, {(it.access, it.level): Bound(pos, ir.Var(s.next))})
     step = ir.block(
         read,

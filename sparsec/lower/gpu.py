@@ -14,23 +14,15 @@ from ..errors import ScheduleError
 from ..ir import nodes as ir
 from ..middle.commands import GPU_UNITS
 from ..middle.plan import Parallelize
-from .ctx import AccSink, Sink
+from .ctx import AccSink
 from .env import LowerEnv
-from .races import LoopSetup, race
+from .races import Loop, LoopSetup, race
 
 
-def gpu_setup(
-    env: LowerEnv,
-    loop: str,
-    req: Parallelize,
-    distinct: frozenset[str],
-    sink: Sink,
-    kind: str,
-    trip: ir.Expr,
-    setup: LoopSetup,
-) -> LoopSetup:
+def gpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) -> LoopSetup:
     """A loop mapped to the GPU: nesting rules, then the same race analysis as on the
     CPU (a thread's locals are private, so a shared accumulator is a warp reduction)."""
+    loop, distinct, sink, kind, trip = asked.var, asked.distinct, asked.sink, asked.kind, asked.trip
     cmd = req.origin
     unit = req.unit
     if unit not in GPU_UNITS:

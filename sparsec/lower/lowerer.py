@@ -26,7 +26,7 @@ from ..frontend.notation import Access, BinOp, Call, Literal, Neg
 from ..ir import nodes as ir
 from ..middle.lattice import UnionLattice, build
 from ..middle.order import loop_order
-from .coiterate import coiterate
+from .coiterate import Walk, coiterate
 from .ctx import (
     AccSink,
     Ctx,
@@ -94,9 +94,10 @@ def loops(
     def body(expr: CExpr, ctx: Ctx) -> ir.Block:
         return enter(env, var, rest, expr, ctx, sink)
 
+    walk = Walk(var, ctx, sink, body, outermost)
     if isinstance(lattice, UnionLattice):
-        return flagged_union(env, var, rest, lattice, expr, ctx, sink, outermost, body)
-    return coiterate(env, var, lattice, ctx, sink, outermost, body)
+        return flagged_union(env, lattice, walk, rest, expr)
+    return coiterate(env, lattice, walk)
 
 
 def _masked_here(expr: CExpr, ctx: Ctx) -> frozenset[Access]:

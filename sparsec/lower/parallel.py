@@ -18,11 +18,11 @@ from ..ir import nodes as ir
 from ..middle.commands import GPU_UNITS
 from ..middle.plan import Parallelize
 from ..tensors.formats import Dense, LevelNames
-from .ctx import AccSink, Ctx, DenseWsSink, OutputSink, Sink, WorkspaceSink
+from .ctx import AccSink, DenseWsSink, OutputSink, WorkspaceSink
 from .env import LowerEnv
 from .gpu import gpu_setup
 from .output import output_size
-from .races import LoopSetup, race, race_strategies, why_not
+from .races import Loop, LoopSetup, race, race_strategies, why_not
 
 #: the most output elements `Temporary` copies in all (threads x output size)
 MAX_COPY_ELEMENTS = 1 << 26
@@ -34,22 +34,10 @@ def inside(env: LowerEnv, setup: LoopSetup, build: Callable[[], ir.Block]) -> ir
         return ir.block(*setup.body_pre, build())
 
 
-def loop_setup(
-    env: LowerEnv,
-    loop: str,
-    distinct: frozenset[str],
-    ctx: Ctx,
-    sink: Sink,
-    kind: str,
-    trip: ir.Expr,
-    outermost: bool,
-) -> LoopSetup:
-    """How the loop over ``loop`` runs: its `parallelize` (race analysis and strategy),
-    the user's or the default policy's (`Parallelize.default`), and `unroll`.
-
-    ``distinct``: original variables in which any two iterations are sure to differ;
-    ``kind``: "for", or a description of why the loop is a while loop.
-    """
+def loop_setup(env: LowerEnv, asked: Loop) -> LoopSetup:
+    """How the loop ``asked`` runs: its `parallelize` (race analysis and strategy), the
+    user's or the default policy's (`Parallelize.default`), and `unroll`."""
+    loop, kind, outermost = asked.var, asked.kind, asked.outermost
     setup = LoopSetup()
     plan = env.decided.plan
     if plan is not None and loop in plan.unroll:
@@ -71,22 +59,14 @@ def loop_setup(
         # the default's loop ran inside a precompute's workspace: it stays serial
         return setup
     if env.inputs.gpu:
-        return gpu_setup(env, loop, req, distinct, sink, kind, trip, setup)
-    return _cpu_setup(env, loop, req, distinct, sink, kind, trip, outermost, setup)
+        return gpu_setup(env, asked, req, setup)
+    return _cpu_setup(env, asked, req, setup)
 
 
-def _cpu_setup(
-    env: LowerEnv,
-    loop: str,
-    req: Parallelize,
-    distinct: frozenset[str],
-    sink: Sink,
-    kind: str,
-    trip: ir.Expr,
-    outermost: bool,
-    setup: LoopSetup,
-) -> LoopSetup:
+def _cpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) -> LoopSetup:
     """A loop that a `parallelize` runs on CPU threads or vector lanes."""
+    loop, distinct, sink, kind, trip = asked.var, asked.distinct, asked.sink, asked.kind, asked.trip
+    outermost = asked.outermost
     cmd = req.origin
     flags = env.flags
     if req.unit in GPU_UNITS:

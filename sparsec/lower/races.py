@@ -11,6 +11,20 @@ from .ctx import AccSink, Sink
 from .env import FlagChanges, LowerEnv
 
 
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """A loop being set up (`parallel.loop_setup`): its variable, the original variables
+    in which any two of its iterations are sure to differ, where its stores go, "for" or
+    why it is a while loop, its trip count, and whether it is the kernel's first."""
+
+    var: str
+    distinct: frozenset[str]
+    sink: Sink
+    kind: str
+    trip: ir.Expr
+    outermost: bool = False
+
+
 @dataclass
 class LoopSetup:
     """How one loop runs (see `parallel.loop_setup`)."""

@@ -25,6 +25,7 @@ from .levels import crd, iterator, level, locate, names, unique
 from .output import flush_runs
 from .parallel import inside, loop_setup
 from .positions import distinct, pos_access, whole_coordinates
+from .races import Loop
 from .rows import rest_of_nest, split_row
 from .window import merge_at, window_merge
 
@@ -48,7 +49,7 @@ def space_loop(env: LowerEnv, loop: str, place: NestPoint, outermost: bool) -> i
     extent = _extent(env, loop, ctx)
     name = env.decided.var_names[loop]
     completes = plan.leaves(sname)[-1] == loop
-    setup = loop_setup(env, loop, distinct(env, space), ctx, sink, "for", extent, outermost)
+    setup = loop_setup(env, Loop(loop, distinct(env, space), sink, "for", extent, outermost))
     inner = ctx.bind(loopvars={loop: ir.Var(name)})
     merge = merge_at(env, space, expr, ctx) if completes else None
     if merge is not None and setup.parallel is None:

@@ -34,39 +34,32 @@ from ..ir import nodes as ir
 from ..ir.visit import blocks, map_blocks, map_children
 from ..middle.lattice import Iterator, UnionLattice, build
 from ..middle.order import level_indices
-from .coiterate import Body, IterState, Present, capacity_checked, coiterate, segment
+from .coiterate import IterState, Present, Walk, capacity_checked, coiterate, segment
 from .coiterate import iterator_state as state_of
-from .ctx import Bound, Ctx, Sink
+from .ctx import Bound, Ctx
 from .env import LowerEnv
 from .levels import crd, iterator, unique
 from .parallel import loop_setup
+from .races import Loop
 
 #: (vals array, position variable) -> the flag under which that load is present
 Guards = dict[tuple[str, str], str]
 
 
 def flagged_union(
-    env: LowerEnv,
-    var: str,
-    rest: tuple[str, ...],
-    lattice: UnionLattice,
-    expr: CExpr,
-    ctx: Ctx,
-    sink: Sink,
-    outermost: bool,
-    body: Body,
+    env: LowerEnv, lattice: UnionLattice, walk: Walk, rest: tuple[str, ...], expr: CExpr
 ) -> ir.Block:
-    """The loop over ``var`` for ``lattice``: flagged when `_flags_fit`, else the lattice
-    built point by point and co-iterated as usual."""
+    """The loop of ``walk`` for ``lattice`` (of ``expr``, the loops ``rest`` inside):
+    flagged when `_flags_fit`, else the lattice built point by point and co-iterated as
+    usual."""
+    var, ctx, sink = walk.var, walk.ctx, walk.sink
     if not _flags_fit(env, var, rest, lattice, expr, ctx):
         full = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact, flagged=False)
-        return coiterate(env, var, full, ctx, sink, outermost, body)
+        return coiterate(env, full, walk)
     its = lattice.iterators
     name = env.decided.var_names[var]
     merged = ", ".join(sorted({str(it.access) for it in its}))
-    loop_setup(
-        env, var, frozenset({var}), ctx, sink, f"it co-iterates {merged}", ir.IntLit(0), False
-    )
+    loop_setup(env, Loop(var, frozenset({var}), sink, f"it co-iterates {merged}", ir.IntLit(0)))
     state = {it: state_of(env, it, ctx) for it in its}
     init = [ir.Decl(ir.I64, s.pos, s.lo) for s in state.values()]
     init += [ir.Decl(ir.I64, s.end, s.hi) for s in state.values()]
@@ -77,7 +70,7 @@ def flagged_union(
     inner = ctx.bind({var: ir.Var(name)}, levels)
 
     def case() -> list[ir.Stmt]:
-        return [*_guarded(env, state, body(expr, inner)).body, *_advance(env, state)]
+        return [*_guarded(env, state, walk.body(expr, inner)).body, *_advance(env, state)]
 
     if lattice.full:
         flags: list[ir.Stmt] = []

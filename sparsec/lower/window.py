@@ -22,7 +22,7 @@ from ..frontend.concrete import CExpr
 from ..ir import nodes as ir
 from ..middle.lattice import Lattice, UnionLattice, build
 from ..middle.plan import Space
-from .coiterate import coiterate
+from .coiterate import Walk, coiterate
 from .ctx import Ctx, NestPoint
 from .env import LowerEnv
 from .levels import iterator
@@ -55,4 +55,4 @@ def window_merge(
     def body(expr: CExpr, inner: Ctx) -> ir.Block:
         return rest_of_nest(env, var, replace(place, expr=expr, ctx=inner))
 
-    return coiterate(env, var, lattice, place.ctx, place.sink, False, body, window=window)
+    return coiterate(env, lattice, Walk(var, place.ctx, place.sink, body), window=window)
