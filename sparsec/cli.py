@@ -19,6 +19,7 @@ from typing import NoReturn
 from . import __version__
 from .errors import SparsecError
 from .frontend.semantics import DIVISIONS, SEMIRINGS
+from .target import TARGETS
 from .tensors.formats import FORMAT_HELP
 
 FORMATS_EPILOG = f"""\
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--target",
         default="c",
-        choices=["c", "cuda", "cuda-emulated"],
+        choices=list(TARGETS),
         help="c (OpenMP), cuda (a .cu kernel), or cuda-emulated (the same, run on the CPU)",
     )
     c.add_argument(
@@ -240,7 +241,7 @@ def _compile(args: argparse.Namespace) -> int:
         result = k.check(**inputs)
         print(
             f"check: ok: {k.assignment} matches {result.reference} on random inputs ({shown}; "
-            + ("run by the CUDA emulation on the CPU; " if k.target != "c" else "")
+            + ("run by the CUDA emulation on the CPU; " if k.platform.emulated else "")
             + f"max abs error {result.max_abs_error:.3g}, {result.dtype})"
         )
     return 0

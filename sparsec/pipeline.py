@@ -53,6 +53,7 @@ from .passes.tile import tile
 from .policy.dtypes import check_c_dtype
 from .policy.machine import machine
 from .policy.schedules import cpu_default, describe_cpu, describe_gpu, gpu_candidates
+from .target import CUDA, Target
 from .tensors.layout import AssemblyMode, OutputLayout
 
 # ------------------------------------------------------------------------ passes
@@ -338,7 +339,7 @@ def generate(
 
 
 def _gpu_default(
-    spec: Spec, make_names: Callable[[], tuple[Signature, Namer]]
+    spec: Spec, make_names: Callable[[], tuple[Signature, Namer]], target: Target
 ) -> tuple[LoweredKernel, Signature, Schedule]:
     """The first default GPU mapping that lowers, each scheduled and lowered once; the
     mappings come from the spec and its natural loop order, with no lowering of their own.
@@ -352,7 +353,7 @@ def _gpu_default(
     try:
         for candidate in gpu_candidates(spec, order):
             try:
-                chosen = make_schedule(spec, candidate, target="cuda")
+                chosen = make_schedule(spec, candidate, target=target)
                 lowered, sig = lower(spec, make_names, schedule=chosen)
             except ScheduleError as err:
                 reasons.append(str(err))
@@ -375,6 +376,7 @@ def generate_cuda(
     dtype: str = "float64",
     index_dtype: str = "int32",
     commands: tuple[Command, ...] = (),
+    target: Target = CUDA,
 ) -> Generated:
     """The CUDA source of ``spec``'s kernel under ``commands`` (or the default GPU mapping,
     then `CUDA_PASSES`). A sparse output that is not filled row by row is computed into
@@ -388,37 +390,27 @@ def generate_cuda(
         spec = staged(spec)
     make_names = names_for(spec)
     if commands:
-        scheduled = make_schedule(spec, commands, target="cuda")
+        scheduled = make_schedule(spec, commands, target=target)
         lowered, sig = lower(spec, make_names, schedule=scheduled)
     else:
-        lowered, sig, scheduled = _gpu_default(spec, make_names)
+        lowered, sig, scheduled = _gpu_default(spec, make_names, target)
         done = run_passes(CUDA_PASSES, lowered.body, Unit(spec, sig))
         if done.of("coarsen"):
-            lowered = replace(
-                lowered,
-                body=done.body,
-                block=COARSE_BLOCK,
-                notes=(*lowered.notes, *done.of("coarsen")),
-            )
+            coarse = replace(lowered.gpu, block=COARSE_BLOCK) if lowered.gpu else None
+            notes = (*lowered.notes, *done.of("coarsen"))
+            lowered = replace(lowered, body=done.body, gpu=coarse, notes=notes)
     counted = None
     if not spec.output.format.is_dense:
         # rows counted (each into its pos slot) by the same mapping, prefix-summed by the
         # runtime, then filled
         counted, _ = lower(spec, make_names, schedule=scheduled, mode=AssemblyMode.COUNT)
-    chosen = scheduled.commands
-    launch = Launch(
-        lowered.grid,
-        lowered.block,
-        lowered.zero_before,
-        lowered.body,
-        lowered.shuffles,
-        semiring(spec.semantics.semiring).identity,
-        counted.body if counted is not None else None,
-        lowered.scratch,
-        lowered.groups,
-        lowered.segments,
-    )
-    if lowered.scratch:
+    chosen, gpu = scheduled.commands, lowered.gpu
+    assert gpu is not None, "lowered for a GPU target"
+    fill = semiring(spec.semantics.semiring).identity
+    assemble = counted.body if counted is not None else None
+    head = (gpu.grid, gpu.block, gpu.zero_before, lowered.body, gpu.shuffles, fill, assemble)
+    launch = Launch(*head, gpu.scratch, gpu.groups, gpu.segments)
+    if gpu.scratch:
         # the workspace's slices, one per thread of the launch, allocated by the runtime
         out = spec.output.name
         sig = Signature(
@@ -444,7 +436,7 @@ def generate_cuda(
         schedule,
         dtype,
         index_dtype,
-        target="cuda",
+        target=target,
         launch=launch,
         commands=chosen,
         staging=staging,

@@ -38,7 +38,7 @@ STAGES = (
     ("sparsec.tensors",),
     ("sparsec.frontend",),
     ("sparsec.ir",),
-    ("sparsec.errors", "sparsec.resources"),
+    ("sparsec.errors", "sparsec.resources", "sparsec.target"),
 )
 
 
@@ -363,6 +363,54 @@ def attributes(mod: Module, name: str) -> set[str]:
         and isinstance(node.value, ast.Name)
         and node.value.id == name
     }
+
+
+#: the targets' names (`sparsec.target.TARGETS`): only the API edge reads them
+TARGET_NAMES = frozenset({"c", "cuda", "cuda-emulated"})
+#: where the user's ``target=`` string becomes a `sparsec.target.Target`
+TARGET_EDGE = frozenset({"sparsec.api.kernel", "sparsec.cli"})
+
+
+def _says_target(node: ast.AST) -> bool:
+    """A name or attribute that holds a target (``target``, ``args.target``)."""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return isinstance(node, ast.Name | ast.Attribute) and name.endswith("target")
+
+
+def _strings(node: ast.AST) -> set[str]:
+    """The string constants ``node`` is, or holds as a tuple, list or set literal."""
+    items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return {n.value for n in items if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def target_decisions(mods: dict[str, Module]) -> list[tuple[str, int, str]]:
+    """(module, line, what) for each place outside `TARGET_EDGE` that decides by a
+    target's name: a comparison (or ``match``) of something named ``*target`` with a
+    string, a comparison with ``"cuda"`` or ``"cuda-emulated"``, a literal collection
+    holding one (a list of targets to compare with), and a parameter ``target`` annotated
+    ``str`` (a target travels as its `Target`)."""
+    found: list[tuple[str, int, str]] = []
+    gpu_names = TARGET_NAMES - {"c"}
+    for m in mods.values():
+        if m.name in TARGET_EDGE:
+            continue
+        for node in ast.walk(ast.parse(m.path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                strings = set().union(*map(_strings, sides))
+                if strings & gpu_names or (strings and any(map(_says_target, sides))):
+                    found.append((m.name, node.lineno, ast.unparse(node)))
+            elif isinstance(node, ast.Match) and _says_target(node.subject):
+                found.append((m.name, node.lineno, f"match {ast.unparse(node.subject)}"))
+            elif isinstance(node, ast.MatchValue) and _strings(node.value) & gpu_names:
+                found.append((m.name, node.lineno, f"case {ast.unparse(node.value)}"))
+            elif isinstance(node, ast.Tuple | ast.List | ast.Set) and _strings(node) & gpu_names:
+                if m.name != "sparsec.target":  # where the names are defined
+                    found.append((m.name, node.lineno, ast.unparse(node)))
+            elif isinstance(node, ast.arg) and node.arg == "target" and node.annotation:
+                if ast.unparse(node.annotation) == "str":
+                    found.append((m.name, node.lineno, "target: str"))
+    return sorted(found)
 
 
 def report() -> str:

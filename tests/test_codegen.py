@@ -233,6 +233,7 @@ def test_gpu_default_lowers_each_candidate_once(expr, formats, first, chosen, mo
     from sparsec.middle.schedule import loop_nest
     from sparsec.middle.spec import make_spec
     from sparsec.policy.schedules import gpu_candidates
+    from sparsec.target import CUDA
 
     spec = make_spec(parse_expression(expr), formats)
     candidates = gpu_candidates(spec, loop_nest(spec))
@@ -242,7 +243,7 @@ def test_gpu_default_lowers_each_candidate_once(expr, formats, first, chosen, mo
     real, real_schedule = pipeline.lower, pipeline.make_schedule
 
     def scheduling(spec, commands=(), **options):
-        if options.get("target") == "cuda":
+        if options.get("target") == CUDA:
             scheduled.append(commands)
         return real_schedule(spec, commands, **options)
 

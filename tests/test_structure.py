@@ -249,3 +249,40 @@ def test_lowering_state_travels_as_values() -> None:
     over = {k for k, n in long.items() if n > MOST_PARAMETERS}
     assert sorted(over - MANY_PARAMETERS) == []
     assert sorted(MANY_PARAMETERS - over) == []  # an allowance no longer needed goes
+
+
+def test_only_the_api_edge_decides_by_a_target_s_name() -> None:
+    """A target is a `sparsec.target.Target`, made once from the user's string at the API
+    edge: everywhere else code asks its capabilities (``gpu``, ``openmp``, ``lanes``,
+    ``emulated``), never compares its name, so a new target is a new row."""
+    assert structure.target_decisions(structure.modules()) == []
+
+
+def test_the_frontend_spells_no_function_for_a_target() -> None:
+    """A function of the language means one thing (`frontend.functions`); each dialect of
+    the printer spells every one the lowerer emits as a call, and only there."""
+    from sparsec.frontend import functions
+
+    text = Path(functions.__file__).read_text()
+    assert "__builtin_" not in text and "cuda" not in text.lower()
+    from sparsec.backends.targets import DIALECTS
+
+    built = {"relu", "sign", "sigmoid"}  # expressions of others (`lower.lowerer._function`)
+    calls = {f"fn_{name}" for name in functions.FUNCTIONS} - {f"fn_{name}" for name in built}
+    for dialect in DIALECTS.values():
+        assert calls <= set(dialect.calls), dialect.name
+
+
+def test_a_lowered_kernel_s_gpu_launch_is_one_optional_field() -> None:
+    """What only a GPU kernel has (its grid, block, zeroing, warp helpers and workspace)
+    is one optional `GpuLaunch` of `LoweredKernel`, so a CPU kernel carries none of it."""
+    path = structure.modules()["sparsec.lower.kernel"].path
+    classes = {c.name: c for c in ast.parse(path.read_text()).body if isinstance(c, ast.ClassDef)}
+    fields = {
+        f.target.id: ast.unparse(f.annotation)
+        for f in classes["LoweredKernel"].body
+        if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+    }
+    launch = {"grid", "block", "zero_before", "shuffles", "groups", "segments", "scratch"}
+    assert sorted(launch & set(fields)) == []
+    assert fields["gpu"] == "GpuLaunch | None"

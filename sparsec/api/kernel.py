@@ -32,14 +32,13 @@ from ..runtime.binding import INDEX_DTYPES, VALUE_DTYPES, resolve_threads
 from ..runtime.executable import Executable
 from ..runtime.fastpath import FastPath
 from ..runtime.inputs import Binder, Prepared, dtype_name
+from ..target import by_name
 from ..tensors.formats import Format
 from . import autograd, autotune, check, footprint
 from .check import CheckResult
 from .memo import _memo_key
 from .vector import VECTOR_NOTE, by_lane_groups
 
-#: "c": OpenMP C; "cuda": CUDA through CuPy; "cuda-emulated": the CUDA kernel on the CPU
-TARGETS = ("c", "cuda", "cuda-emulated")
 #: keyword options of `Kernel.__call__` and `Kernel.check`, so not usable as tensor names
 RESERVED_INPUT_NAMES = frozenset({"threads"})
 
@@ -62,12 +61,10 @@ class Kernel:
     ) -> None:
         if not isinstance(expr, str):
             raise InputError(f"expression must be a string, not {type(expr).__name__}")
-        if target not in TARGETS:
-            raise SparsecError(
-                f"unknown target {target!r}; supported targets: {', '.join(TARGETS)}"
-            )
-        self.expression = expr
-        self.target = target
+        #: the target, made once from its name ("c": OpenMP C; "cuda": CUDA through CuPy;
+        #: "cuda-emulated": CUDA on the CPU); ``target``, the name, rebuilds the kernel
+        self.platform = on = by_name(target)
+        self.expression, self.target = expr, target
         self.assignment = parse_expression(expr)
         for access in self.assignment.accesses():
             if access.name in RESERVED_INPUT_NAMES:
@@ -90,31 +87,31 @@ class Kernel:
             if not self.commands:
                 # dense factors over fewer variables are combined once a call (regroup)
                 self.spec = regroup(self.spec)
-                if target == "c":  # a dense read the innermost loop strides: transposed
+                if not on.gpu:  # a dense read the innermost loop strides: transposed
                     self.spec = contiguous(self.spec)
         except SparsecError as err:
             raise err.with_source(expr) from None
         self._schedule_arg = schedule  # what a pickle or copy rebuilds the kernel from
         #: schedule="auto": candidates are timed on the first call of each input kind
         self.auto = schedule == "auto"
-        if self.auto and target != "c":
+        if self.auto and not on.openmp:
             raise ScheduleError("schedule='auto' tunes CPU schedules; give a CUDA schedule")
         #: auto: the tuning result per input kind (`autotune.key`), the last one chosen, and
         #: the executables of the schedules timed or chosen
         self._tuned: dict[str, dict[str, Any]] = {}
         self._last_tuned: dict[str, Any] | None = None
         self._candidates: dict[tuple[str | None, str, str], Executable] = {}
-        if target != "c" and schedule == "serial":
+        if not on.openmp and schedule == "serial":
             raise ScheduleError(
                 "schedule 'serial' is for the C target; CUDA kernels map loops to GPU units"
             )
         self._generated: dict[tuple[str, str], Generated] = {}
         self.dtype = dtype_name(dtype, VALUE_DTYPES, "value dtype")
         self.index_dtype = dtype_name(index_dtype, INDEX_DTYPES, "index dtype")
-        if self.commands or target != "c":
+        if self.commands or on.gpu:
             self.generated()  # a schedule (or GPU mapping) is checked now, not at the first call
         #: the GPU default's rows that a call may give to lane groups (CSR-vector)
-        self._vector = None if self.commands or target == "c" else vector_rows(self.spec)
+        self._vector = vector_rows(self.spec) if on.gpu and not self.commands else None
         self._executables: dict[tuple[str, str], Executable] = {}
         self._lock = threading.Lock()
         #: SPARSEC_POISON=1 fills fresh outputs with NaN before each call (used by the tests)
@@ -123,9 +120,9 @@ class Kernel:
         #: whether builds take the call's extents (`executable`); off after STAGES_MISSING
         self._stage_hints = True
         #: the inputs a call passes, and how their shapes bind the index variables
-        self.binder = Binder(self.spec, target, self.dtype, self.index_dtype, str(self.assignment))
+        self.binder = Binder(self.spec, on, self.dtype, self.index_dtype, str(self.assignment))
         #: the column layouts (panels, bands, depth blocks) open to this kernel's calls
-        self.columns = Columns.of(self.spec, target)
+        self.columns = Columns.of(self.spec, on)
 
     # ------------------------------------------------------------- inspection
     @property
@@ -166,23 +163,23 @@ class Kernel:
     def _generate(
         self, dtype: str, index_dtype: str, commands: tuple[Command, ...], parallel: bool = True
     ) -> Generated:
+        spec, on = self.spec, self.platform
         try:
-            if self.target == "c":
-                return generate(
-                    self.spec,
-                    dtype=dtype,
-                    index_dtype=index_dtype,
-                    parallel=parallel and self.parallel,
-                    commands=commands,
+            if on.gpu:
+                return generate_cuda(
+                    spec, dtype=dtype, index_dtype=index_dtype, commands=commands, target=on
                 )
-            return generate_cuda(self.spec, dtype=dtype, index_dtype=index_dtype, commands=commands)
+            parallel = parallel and self.parallel
+            return generate(
+                spec, dtype=dtype, index_dtype=index_dtype, parallel=parallel, commands=commands
+            )
         except SparsecError as err:
             raise err.with_source(self.expression) from None
 
     def verify(self) -> list[nvrtc.PtxasInfo]:
         """CUDA targets: compile the kernel with NVRTC (or nvcc) for sm_80 and sm_90 and
         return ptxas' report (registers, spills, occupancy); needs no GPU."""
-        if self.target == "c":
+        if not self.platform.gpu:
             raise SparsecError("verify() compiles CUDA; this kernel's target is 'c'")
         gen = self.generated()
         return nvrtc.verify(gen.source, gen.launch.block)
@@ -220,7 +217,7 @@ class Kernel:
                 found = self._executables[key] = Executable.build(
                     self.spec,
                     self.generated(dtype, index_dtype),
-                    self.target,
+                    self.platform,
                     self.columns,
                     self._poison,
                     prepared if self._stage_hints else None,
@@ -260,7 +257,8 @@ class Kernel:
     def _executable_for(self, prepared: Prepared, threads: int | None) -> Executable:
         """The executable a call runs: schedule="auto" tunes it per kind of input."""
         if not self.auto:
-            vector = self._vector and by_lane_groups(self.spec, self._vector, prepared.values)
+            rows, warp = self._vector, self.platform.lanes
+            vector = rows and by_lane_groups(self.spec, rows, prepared.values, warp)
             if vector:  # rows long enough for groups of lanes: the kernel for that group size
                 try:
                     return self._candidate(vector, prepared.dtype, prepared.index_dtype)
@@ -296,7 +294,7 @@ class Kernel:
             if found is None:
                 parallel, commands = _schedule(schedule)
                 gen = self._generate(dtype, index_dtype, commands, parallel)
-                found = Executable.build(self.spec, gen, self.target, self.columns, self._poison)
+                found = Executable.build(self.spec, gen, self.platform, self.columns, self._poison)
                 self._candidates[key] = found
             return found
 
@@ -341,7 +339,7 @@ class Kernel:
         asynchronously, with no host copies, into the device array ``out`` (flat, in the
         output's level order); it zeroes ``out`` first when the kernel only adds into it
         (atomics), so every launch computes the whole result."""
-        if self.target != "cuda":
+        if not self.platform.device:
             raise SparsecError(
                 f"device_launch needs target='cuda'; this kernel's is {self.target!r}"
             )

@@ -36,9 +36,6 @@ from ..tensors.stored import stored
 from ..tensors.tensor import Tensor
 from .kernel import Kernel
 
-#: targets whose kernels run on torch's CPU tensors
-_HOST_TARGETS = ("c", "cuda-emulated")
-
 
 @dataclass(frozen=True, slots=True)
 class Components:
@@ -251,7 +248,7 @@ def identity(kernel: Kernel) -> str:
 
 def torch_op(kernel: Kernel) -> TorchOp:
     """The torch op for ``kernel``, registered on the first request for its identity."""
-    if kernel.target not in _HOST_TARGETS:
+    if kernel.platform.device:  # kernels on the host run on torch's CPU tensors
         raise SparsecError(
             f"torch ops run on CPU tensors; this kernel's target is {kernel.target!r} "
             "(build it with target='c')"

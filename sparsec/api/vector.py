@@ -21,16 +21,18 @@ VECTOR_NOTE = (
 )
 
 
-def by_lane_groups(spec: Spec, rows: tuple[str, str, str], values: Mapping[str, Any]) -> str | None:
-    """The schedule giving each row of ``rows`` = (row, col, tensor) a group of lanes, as
-    text, for a call on ``values``; None where its rows are too short on average (or the
-    operand is not a host `Tensor`)."""
+def by_lane_groups(
+    spec: Spec, rows: tuple[str, str, str], values: Mapping[str, Any], warp: int
+) -> str | None:
+    """The schedule giving each row of ``rows`` = (row, col, tensor) a group of lanes of a
+    warp of ``warp`` (`Target.lanes`), as text, for a call on ``values``; None where its
+    rows are too short on average (or the operand is not a host `Tensor`)."""
     row, col, name = rows
     tensor = values.get(name)
     if not isinstance(tensor, Tensor) or not tensor.level_shape[0]:
         return None
-    lanes = vector_lanes(tensor.nnz / tensor.level_shape[0])
+    lanes = vector_lanes(tensor.nnz / tensor.level_shape[0], warp)
     if not lanes:
         return None
     fresh = name_supply(set(spec.indices) | {t.name for t in spec.tensors})
-    return ", ".join(str(c) for c in vector_schedule(row, col, name, lanes, fresh))
+    return ", ".join(str(c) for c in vector_schedule(row, col, name, lanes, fresh, warp))

@@ -12,7 +12,16 @@ from dataclasses import replace
 from ..abi import ASSEMBLE_NAME, KERNEL_NAME, LAUNCH_ASSEMBLE_NAME, LAUNCH_NAME
 from ..middle.spec import Spec
 from .generated import Generated, Launch
-from .printer import CUDA, Printer, adds_into_output, header, param, render, storage_arrays
+from .printer import (
+    CUDA,
+    DIALECTS,
+    Printer,
+    adds_into_output,
+    header,
+    param,
+    render,
+    storage_arrays,
+)
 
 
 def print_cuda(spec: Spec, gen: Generated) -> Generated:
@@ -24,9 +33,10 @@ def print_cuda(spec: Spec, gen: Generated) -> Generated:
     wide = adds_into_output(gen.dtype, gen.signature, *bodies)
     gen = replace(gen, wide_output=wide)
     storage = storage_arrays(gen.dtype, gen.signature, *bodies, wide=wide)
-    printer = Printer(CUDA, threads=gen.signature.threads, storage=storage)
+    dialect = DIALECTS[gen.target.language]  # CUDA's (another GPU API's: its own)
+    printer = Printer(dialect, threads=gen.signature.threads, storage=storage)
     grid = printer.expr(launch.grid) if launch.grid is not None else "(set by the runtime)"
-    lines = header(spec, gen, CUDA)
+    lines = header(spec, gen, dialect)
     lines.insert(
         -1,
         f"launch: grid = {grid} blocks (grid-stride loops), block = {launch.block} threads, "
@@ -41,7 +51,7 @@ def print_cuda(spec: Spec, gen: Generated) -> Generated:
     fields["segments"] = launch.segments
     if launch.assemble is not None:
         fields["assemble"] = "\n".join(printer.stmts(launch.assemble))
-    source = render(CUDA, lines, gen, name=KERNEL_NAME, body=body, semiring=semiring, **fields)
+    source = render(dialect, lines, gen, name=KERNEL_NAME, body=body, semiring=semiring, **fields)
     return replace(gen, source=source, launchers=launchers(gen))
 
 

@@ -10,6 +10,7 @@ from ..ir import nodes as ir
 from ..middle.bound import EntryBound
 from ..middle.commands import Command
 from ..middle.spec import Spec
+from ..target import C, Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +59,8 @@ class Generated:
     index_dtype: str
     #: what each `bound` of the schedule promises (kernel status BOUND_VIOLATED)
     bounds: tuple[str, ...] = ()
-    #: "c" or "cuda"
-    target: str = "c"
+    #: what it was generated for (`sparsec.target`)
+    target: Target = C
     #: CUDA: grid, block and zeroing (a `Launch`)
     launch: Any = None
     #: the schedule's commands that were applied (CUDA: the default's, when chosen)

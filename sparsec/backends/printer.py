@@ -1,7 +1,7 @@
-"""Printer of the loop IR, parameterised by a target table (`C`, `CUDA`).
+"""Printer of the loop IR, parameterised by a language table (`C`, `CUDA`).
 
-One ``visit`` per node kind, a precedence table for parentheses, and a `Target` that
-holds everything that differs between targets: type spellings, the restrict keyword,
+One ``visit`` per node kind, a precedence table for parentheses, and a `Dialect` that
+holds everything that differs between languages: type spellings, the restrict keyword,
 operator and intrinsic spellings, how parallel loops and atomics are written, and the
 translation unit's template with its value, accumulator and index types. `render` fills
 a target's template (a dumb skeleton: includes, typedefs, signature, bodies).
@@ -24,13 +24,14 @@ from .generated import Generated
 from .targets import (  # noqa: F401 - the targets, re-exported for the backends and tests
     CALLS,
     CUDA,
+    DIALECTS,
     GPU_STRIDES,
     HALF_DTYPES,
     SEMIRING_UPDATES,
     SEMIRING_VALUES,
     VALUE_TYPES,
     C,
-    Target,
+    Dialect,
     adds_into_output,
     param,
     storage_arrays,
@@ -63,7 +64,7 @@ class Printer:
     convert; with any, every other value (locals, literals, workspaces) is a float."""
 
     def __init__(
-        self, target: Target, threads: str = "sc_threads", storage: frozenset[str] = frozenset()
+        self, target: Dialect, threads: str = "sc_threads", storage: frozenset[str] = frozenset()
     ) -> None:
         self.t = target
         self.threads = threads
@@ -261,7 +262,7 @@ def _comment_safe(text: str) -> str:
     return text.replace("*/", "* /").replace("/*", "/ *")
 
 
-def header(spec: Spec, gen: Generated, target: Target) -> list[str]:
+def header(spec: Spec, gen: Generated, target: Dialect) -> list[str]:
     """The lines of the kernel's header comment: the statement, its formats, the loop
     order, the schedule that ran, the types and the ABI's arguments."""
     formats = ", ".join(
@@ -293,7 +294,7 @@ def _semiring_line(spec: Spec) -> list[str]:
     return [f"semiring: {name} (absent entries are its add's identity)"]
 
 
-def render(target: Target, lines: list[str], gen: Generated, **fields: object) -> str:
+def render(target: Dialect, lines: list[str], gen: Generated, **fields: object) -> str:
     """``target``'s translation unit for ``gen`` (its types and parameters): the template
     filled with the header comment ``lines`` and ``fields`` (printed bodies and the
     template's switches)."""

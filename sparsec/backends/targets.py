@@ -1,16 +1,18 @@
-"""The targets the printer prints for (`C`, `CUDA`), as data: type spellings, the restrict
-keyword, operator and intrinsic spellings, how parallel loops and atomics are written, the
-translation unit's template with its value, accumulator and index types; and how a 16-bit
-kernel's values are typed (`storage_arrays`, `adds_into_output`, `param`)."""
+"""The languages the printer prints (`C`, `CUDA`: one `Dialect` each, chosen by
+`sparsec.target.Target.language`), as data: type spellings, the restrict keyword,
+operator, intrinsic and function spellings, how parallel loops and atomics are written,
+the translation unit's template with its value, accumulator and index types; and how a
+16-bit kernel's values are typed (`storage_arrays`, `adds_into_output`, `param`). What a
+target can do is `sparsec.target`'s; how it is spelled is here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..abi import INT, Param, Signature
-from ..frontend.functions import FUNCTIONS
 from ..ir import nodes as ir
+from ..middle.commands import Unit
 from ..policy.compiler import C_HALF_TYPES
 from .generated import Generated
 
@@ -73,10 +75,34 @@ CALLS = {
     )
 }
 
-#: the language's functions (``fn_sqrt``, as the lowerer emits them) per target: GCC/Clang
-#: builtins in C (no ``<math.h>`` needed), the CUDA math API's overloads on CUDA
-C_FUNCTIONS = {f"fn_{f.name}": f.c for f in FUNCTIONS.values() if f.c}
-CUDA_FUNCTIONS = {f"fn_{f.name}": f.cuda for f in FUNCTIONS.values() if f.cuda}
+#: the functions of the language that are calls (``fn_sqrt``, as the lowerer emits them;
+#: it builds ``relu``, ``sign`` and ``sigmoid`` from others), spelled per dialect: GCC/Clang
+#: builtins in C (no ``<math.h>`` needed; computed in double, as float32 sums are), the
+#: CUDA math API's overloads on CUDA (float or double by the operand's type)
+C_FUNCTIONS = {
+    "fn_abs": "__builtin_fabs",
+    "fn_sqrt": "__builtin_sqrt",
+    "fn_exp": "__builtin_exp",
+    "fn_log": "__builtin_log",
+    "fn_sin": "__builtin_sin",
+    "fn_cos": "__builtin_cos",
+    "fn_tanh": "__builtin_tanh",
+    "fn_max": "__builtin_fmax",
+    "fn_min": "__builtin_fmin",
+    "fn_pow": "__builtin_pow",
+}
+CUDA_FUNCTIONS = {
+    "fn_abs": "fabs",
+    "fn_sqrt": "sqrt",
+    "fn_exp": "exp",
+    "fn_log": "log",
+    "fn_sin": "sin",
+    "fn_cos": "cos",
+    "fn_tanh": "tanh",
+    "fn_max": "fmax",
+    "fn_min": "fmin",
+    "fn_pow": "pow",
+}
 
 #: the loop IR's types that both targets spell alike (the template typedefs the value,
 #: accumulator and index types per kernel)
@@ -89,7 +115,7 @@ _SHARED_TYPES = {
 }
 
 #: dtype -> the value type (``ir.VAL``), on every target; a 16-bit dtype's is its target's
-#: storage type (`Target.half_types`)
+#: storage type (`Dialect.half_types`)
 VALUE_TYPES = {"float32": "float", "float64": "double"}
 #: the 16-bit value dtypes: stored in 16 bits, loaded with ``sc_ld`` into the accumulator
 #: type (float), which every local, literal and sum uses, and stored back with ``sc_st``
@@ -97,20 +123,36 @@ VALUE_TYPES = {"float32": "float", "float64": "double"}
 HALF_DTYPES = ("float16", "bfloat16")
 
 #: (first index, stride) of each GPU unit's grid/block/warp-strided loop; "lane" is a
-#: GPUThread loop inside a warp
+#: GPUThread loop inside a warp (of 32 lanes)
 GPU_STRIDES = {
-    "GPUBlock": ("(long long)blockIdx.x", "(long long)gridDim.x"),
-    "GPUWarp": ("(long long)(threadIdx.x >> 5)", "(long long)(blockDim.x >> 5)"),
-    "GPUThread": ("(long long)threadIdx.x", "(long long)blockDim.x"),
+    Unit.GPUBlock: ("(long long)blockIdx.x", "(long long)gridDim.x"),
+    Unit.GPUWarp: ("(long long)(threadIdx.x >> 5)", "(long long)(blockDim.x >> 5)"),
+    Unit.GPUThread: ("(long long)threadIdx.x", "(long long)blockDim.x"),
     "lane": ("(long long)(threadIdx.x & 31)", "32"),
 }
 
 
+def cuda_strides(par: ir.Parallel) -> tuple[str, str] | None:
+    """(first index, stride) of a CUDA loop on a GPU unit (None: no such unit): strided
+    over the grid, the warps of a block, its threads, a warp's 32 lanes, the warp's groups
+    of ``par.lanes`` lanes, or one group's lanes."""
+    key = "lane" if par.schedule in ("lane", "group") else par.unit
+    if key not in GPU_STRIDES:
+        return None
+    if par.schedule == "group":  # the warp's groups of par.lanes lanes
+        shift = par.lanes.bit_length() - 1
+        return f"(long long)((threadIdx.x & 31) >> {shift})", str(32 // par.lanes)
+    if par.lanes != 32:  # a group's lanes
+        return f"(long long)(threadIdx.x & {par.lanes - 1})", str(par.lanes)
+    return GPU_STRIDES[key]
+
+
 @dataclass(frozen=True)
-class Target:
-    """Everything the printer does differently per target, as data: type spellings, the
-    restrict keyword, how a loop is unrolled, how a parallel loop runs (OpenMP pragmas on
-    CPU units, grid-strided loops on GPU units) and how an atomic update is written."""
+class Dialect:
+    """Everything the printer does differently per language, as data: type spellings,
+    the restrict keyword, how a loop is unrolled, how a parallel loop runs (OpenMP pragmas
+    on CPU units, loops strided over the launch on GPU units) and how an atomic update is
+    written."""
 
     name: str
     types: Mapping[str, str]
@@ -129,8 +171,9 @@ class Target:
     atomic_locals: bool = True
     #: parallel loops on CPU units become OpenMP pragmas
     openmp: bool = False
-    #: GPU units whose loops are strided over the launch (see `GPU_STRIDES`)
-    strides: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    #: a GPU unit's loop strided over the launch: (first index, stride) for its
+    #: `ir.Parallel`, None where the dialect has no such unit (`cuda_strides`)
+    strides: Callable[[ir.Parallel], tuple[str, str] | None] | None = None
     calls: Mapping[str, str] = field(default_factory=lambda: CALLS)
     indent: str = "  "
     #: the translation unit's skeleton (in ``templates/``)
@@ -157,7 +200,7 @@ class Target:
         if par.flags:
             reduce += f" reduction(max:{', '.join(par.flags)})"
         match par.unit:
-            case "CPUThread":
+            case Unit.CPUThread:
                 sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
                 collapse = f" collapse({par.collapse})" if par.collapse > 1 else ""
                 cond = f"{threads} > 1" + (f" && {par.only_if}" if par.only_if else "")
@@ -165,15 +208,16 @@ class Target:
                     f"#pragma omp parallel for schedule({sched}){collapse} num_threads({threads}) "
                     f"if({cond}){reduce}"
                 )
-            case "CPUVector":
+            case Unit.CPUVector:
                 return f"#pragma omp simd{reduce}"
             case _:
                 raise ValueError(f"target {self.name} cannot run {par.unit} loops")
 
-    def atomic(self, target: str, op: str, value: str) -> list[str]:
+    def atomic(self, lhs: str, op: str, value: str) -> list[str]:
+        """The lines of the atomic update ``lhs op value`` (``lhs``: a C lvalue)."""
         if self.atomic_ops and op not in self.atomic_ops:
             raise ValueError(f"no atomic {op!r} on {self.name}")
-        return [line.format(target=target, op=op, value=value) for line in self.atomic_lines]
+        return [line.format(target=lhs, op=op, value=value) for line in self.atomic_lines]
 
     def loop_head(
         self, var: str, start: str, end: str, par: ir.Parallel | None, unroll: int, threads: str
@@ -187,21 +231,16 @@ class Target:
         if par is None or self.openmp:
             head.append(f"for ({i64} {var} = {start}; {var} < {end}; {var}++) {{")
             return head
-        key = "lane" if par.schedule in ("lane", "group") else par.unit
-        if key not in self.strides:
+        strided = self.strides(par) if self.strides is not None else None
+        if strided is None:
             raise ValueError(f"target {self.name} cannot run {par.unit} loops")
-        first, stride = self.strides[key]
-        if par.schedule == "group":  # the warp's groups of par.lanes lanes
-            shift = par.lanes.bit_length() - 1
-            first, stride = f"(long long)((threadIdx.x & 31) >> {shift})", str(32 // par.lanes)
-        elif par.lanes != 32:  # a group's lanes
-            first, stride = f"(long long)(threadIdx.x & {par.lanes - 1})", str(par.lanes)
+        first, stride = strided
         init = first if start == "0" else f"{start} + {first}"
         head.append(f"for ({i64} {var} = {init}; {var} < {end}; {var} += {stride}) {{")
         return head
 
 
-C = Target(
+C = Dialect(
     name="c",
     types={**_SHARED_TYPES, ir.I64: "int64_t", ir.U64: "uint64_t", ir.VEC: "sc_vec_t"},
     restrict="restrict",
@@ -224,7 +263,7 @@ C = Target(
 
 #: CUDA: GPU loops are strided over the grid, the warps of a block, its threads or a
 #: warp's lanes (correct for any launch size); stores shared by threads use atomicAdd
-CUDA = Target(
+CUDA = Dialect(
     name="cuda",
     types={**_SHARED_TYPES, ir.I64: "long long", ir.U64: "unsigned long long"},
     restrict="__restrict__",
@@ -238,7 +277,7 @@ CUDA = Target(
         "or=": ("sc_atomic_or(&{target}, {value});",),
     },
     atomic_locals=False,
-    strides=GPU_STRIDES,
+    strides=cuda_strides,
     calls={**CALLS, **CUDA_FUNCTIONS},
     template="kernel.cu.j2",
     # the value type: unlike the C target's, since most GPUs run double arithmetic at 1/32
@@ -251,7 +290,11 @@ CUDA = Target(
 )
 
 
-def param(target: Target, p: Param, gen: Generated) -> str:
+#: the dialects by language (`sparsec.target.Target.language`)
+DIALECTS = {d.name: d for d in (C, CUDA)}
+
+
+def param(target: Dialect, p: Param, gen: Generated) -> str:
     """``p``'s declaration in ``gen``'s kernel on ``target``: under a 16-bit dtype, a GPU
     workspace's values (SpGEMM's rows, `abi.GPU_WORKSPACE`) and an output added into are
     float, as `storage_arrays` leaves them out."""

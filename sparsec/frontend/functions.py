@@ -15,10 +15,10 @@ Per function: its arity; its value at 0, which decides sparsity (docs/semantics.
 product with a factor that may be infinite or NaN (``(Σk X) * Y`` against ``Σk X * Y``
 when ``Y`` is ``inf`` and some ``X`` is 0), as for a division.
 
-Spellings: ``c`` (GCC/Clang builtins, so the C kernel needs no ``<math.h>``; computed in
-double, as float32 sums are), ``cuda`` (the CUDA math API's overloads, which pick the
-float or double version by the operand's type), ``torch`` (the dense reference's torch function). ``relu``,
-``sigmoid``, ``max`` and ``min`` are expressions the lowerer builds (`lowering`).
+``torch``: the dense reference's torch function. ``relu``, ``sign`` and ``sigmoid`` are
+expressions the lowerer builds from others (`sparsec.lower.lowerer`); the others are calls
+each language spells in its printer's table (`sparsec.backends.targets`), so this table
+says what a function means and no target's spelling.
 """
 
 from __future__ import annotations
@@ -37,10 +37,6 @@ class Function:
     zero_preserving: bool
     #: finite for finite operands
     finite: bool
-    #: the C spelling (a builtin), or "" for a function the lowerer builds from others
-    c: str
-    #: the CUDA spelling (overloaded on float and double), or ""
-    cuda: str
     #: the dense reference: the name of the torch function (torch is optional, so only
     #: its name is here)
     torch: str
@@ -57,22 +53,22 @@ class Function:
 FUNCTIONS: dict[str, Function] = {
     f.name: f
     for f in (
-        Function("abs", 1, True, True, "__builtin_fabs", "fabs", "abs"),
-        Function("sqrt", 1, True, False, "__builtin_sqrt", "sqrt", "sqrt"),
-        Function("exp", 1, False, False, "__builtin_exp", "exp", "exp"),
-        Function("log", 1, False, False, "__builtin_log", "log", "log"),
-        Function("sin", 1, True, True, "__builtin_sin", "sin", "sin"),
-        Function("cos", 1, False, True, "__builtin_cos", "cos", "cos"),
-        Function("tanh", 1, True, True, "__builtin_tanh", "tanh", "tanh"),
+        Function("abs", 1, True, True, "abs"),
+        Function("sqrt", 1, True, False, "sqrt"),
+        Function("exp", 1, False, False, "exp"),
+        Function("log", 1, False, False, "log"),
+        Function("sin", 1, True, True, "sin"),
+        Function("cos", 1, False, True, "cos"),
+        Function("tanh", 1, True, True, "tanh"),
         # 1 / (1 + exp(-x)), built by the lowerer from exp
-        Function("sigmoid", 1, False, True, "", "", "sigmoid"),
+        Function("sigmoid", 1, False, True, "sigmoid"),
         # x < 0 ? 0 : x (NaN stays NaN, as torch.relu)
-        Function("relu", 1, True, True, "", "", "relu"),
+        Function("relu", 1, True, True, "relu"),
         # x > 0 ? 1 : x < 0 ? -1 : 0 (the derivative of abs; sparsec.frontend.derivative)
-        Function("sign", 1, True, True, "", "", "sign"),
-        Function("max", 2, True, True, "__builtin_fmax", "fmax", "maximum"),
-        Function("min", 2, True, True, "__builtin_fmin", "fmin", "minimum"),
-        Function("pow", 2, False, False, "__builtin_pow", "pow", "pow"),
+        Function("sign", 1, True, True, "sign"),
+        Function("max", 2, True, True, "maximum"),
+        Function("min", 2, True, True, "minimum"),
+        Function("pow", 2, False, False, "pow"),
     )
 }
 

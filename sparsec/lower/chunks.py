@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from ..abi import APPEND_ROWS_NAME, CHUNK_PARAM, CHUNK_TABLE, Namer
 from ..ir import nodes as ir
 from ..ir.visit import statements
+from ..middle.commands import Unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,7 @@ def wrap(body: ir.Block, frame: ChunkFrame) -> tuple[ir.Block, ir.Block] | None:
             ir.Decl(ir.I64, status.name, call),
             ir.If(((status, ir.block(ir.Assign(at_.end(c), ir.IntLit(-1)))),)),
         ),
-        parallel=ir.Parallel("CPUThread", "static"),
+        parallel=ir.Parallel(Unit.CPUThread, "static"),
     )
     append_body = ir.block(
         ir.Decl(ir.I64, chunks.name, ir.Load(frame.sizes, ir.IntLit(frame.levels))), run

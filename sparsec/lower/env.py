@@ -23,6 +23,7 @@ from ..ir import nodes as ir
 from ..middle.plan import Plan
 from ..middle.schedule import Schedule
 from ..middle.spec import Spec
+from ..target import Target
 from ..tensors.formats import Format, dense
 from ..tensors.layout import AssemblyMode
 from .assemble import Assembler
@@ -47,8 +48,8 @@ class Flags:
     #: GPU units of the loops enclosing the point, outermost first
     gpu_units: tuple[str, ...] = ()
     #: lanes per group of the enclosing "group" loop (a GPUThread loop over sub-warp
-    #: groups; 32: a whole warp)
-    group_lanes: int = 32
+    #: groups; 0: a whole warp, the target's `Target.lanes`)
+    group_lanes: int = 0
     #: the innermost plain GPUThread loop (strided by the block's threads): its schedule
     #: name, variable and trip count, which tell the lanes of a warp that run an iteration
     thread_loop: tuple[str, str, ir.Expr] | None = None
@@ -102,8 +103,9 @@ class Inputs:
     #: from the start: nothing adds to it)
     formats: dict[str, Format]
     lhs: Access
-    #: "c" (OpenMP loops) or "cuda" (GPU loops; the runtime zeroes the output)
-    target: str
+    #: what the kernel is lowered for: OpenMP loops, or GPU loops (the runtime zeroes
+    #: the output)
+    target: Target
     gpu: bool
     #: threads may be used at all (``schedule="serial"`` turns them off)
     threads_ok: bool
@@ -218,7 +220,7 @@ class LowerEnv:
             formats,
             spec.statement.lhs,
             schedule.target,
-            schedule.target == "cuda",
+            schedule.target.gpu,
             parallel,
             exact(spec.statement.rhs, spec.semantics.division),
             semiring(spec.semantics.semiring),

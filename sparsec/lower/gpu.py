@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..ir import nodes as ir
-from ..middle.commands import GPU_UNITS
+from ..middle.commands import Races, Unit
 from ..middle.plan import Parallelize
 from .ctx import AccSink
 from .env import LowerEnv
@@ -25,7 +25,7 @@ def gpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) ->
     loop, distinct, sink, kind, trip = asked.var, asked.distinct, asked.sink, asked.kind, asked.trip
     cmd = req.origin
     unit = req.unit
-    if unit not in GPU_UNITS:
+    if not unit.gpu:
         raise ScheduleError(
             f"{cmd}: {unit} is a CPU unit; the CUDA target maps loops to GPUBlock, "
             "GPUWarp and GPUThread"
@@ -38,7 +38,7 @@ def gpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) ->
         )
     _gpu_nesting(env, cmd, unit)
     _gpu_rows(env, cmd, loop)
-    if unit == "GPUBlock":
+    if unit == Unit.GPUBlock:
         if env.found.grid is not None:
             raise ScheduleError(
                 f"{cmd}: the GPUBlock loop is reached on more than one path of the loop "
@@ -46,8 +46,9 @@ def gpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) ->
             )
         env.found.grid = trip
     units = env.flags.gpu_units
-    lane = unit == "GPUThread" and "GPUWarp" in units
-    lanes = env.flags.group_lanes
+    lane = unit == Unit.GPUThread and Unit.GPUWarp in units
+    warp = env.inputs.target.lanes
+    lanes = env.flags.group_lanes or warp
     group = lane and "group" not in units and _encloses_lanes(env, loop)
     if group:
         lanes = _group_lanes(env, cmd, loop)
@@ -57,7 +58,7 @@ def gpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) ->
     target_acc = isinstance(sink, AccSink)
     why = race(env, loop, distinct, sink)
     schedule = "group" if group else "lane" if lane else ""
-    par = ir.Parallel(unit, schedule, lanes=lanes) if lanes != 32 else ir.Parallel(unit, schedule)
+    par = ir.Parallel(unit, schedule, lanes=lanes) if lanes != warp else ir.Parallel(unit, schedule)
     if isinstance(sink, AccSink):
         env.found.acc_units.setdefault(sink.name, set()).add("lane" if lane and not group else unit)
     if why is None:
@@ -65,27 +66,27 @@ def gpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) ->
         env.found.notes.append(f"{loop}: {unit}, race-free")
         return setup
     match req.races:
-        case "NoRaces" | "IgnoreRaces":
+        case Races.NoRaces | Races.IgnoreRaces:
             raise ScheduleError(
                 f"{cmd}: iterations of {loop} write the same element of {out} ({why}); "
                 f"with {req.races} that would give a wrong sum. Use Atomics"
                 + (" or ParallelReduction" if lane and target_acc else "")
             )
-        case "Atomics" if not target_acc:
+        case Races.Atomics if not target_acc:
             setup.flags["atomic_writes"] = True
             setup.parallel = par
             env.found.notes.append(f"{loop}: {unit}, atomicAdd into {out}")
-        case "Atomics":
+        case Races.Atomics:
             # each thread sums its iterations privately, then adds its part atomically
             assert isinstance(sink, AccSink)
             env.found.partial_accs.add(sink.name)
             setup.parallel = par
             env.found.notes.append(f"{loop}: {unit}, per-thread partial sums, atomicAdd into {out}")
-        case "ParallelReduction" if target_acc and lane and not group:
+        case Races.ParallelReduction if target_acc and lane and not group:
             assert isinstance(sink, AccSink)
             env.found.warp_reduced.add(sink.name)
             setup.parallel = par
-            if lanes == 32:
+            if lanes == warp:
                 env.found.notes.append(
                     f"{loop}: {unit} lanes, warp shuffle reduction, lane 0 stores"
                 )
@@ -104,27 +105,27 @@ def gpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) ->
     return setup
 
 
-def _gpu_nesting(env: LowerEnv, cmd: str, unit: str) -> None:
+def _gpu_nesting(env: LowerEnv, cmd: str, unit: Unit) -> None:
     """GPU loops nest as the launch does: block, then warp, then thread."""
     units = env.flags.gpu_units
-    if unit == "GPUBlock" and units:
+    if unit == Unit.GPUBlock and units:
         raise ScheduleError(
             f"{cmd}: a GPUBlock loop inside a {units[-1]} loop; the grid has one level, "
             "so GPUBlock goes on the outermost GPU loop"
         )
-    if unit == "GPUWarp" and units != ("GPUBlock",):
+    if unit == Unit.GPUWarp and units != (Unit.GPUBlock,):
         raise ScheduleError(
             f"{cmd}: GPUWarp needs an enclosing GPUBlock loop, with no other GPU loop between them"
         )
-    if unit == "GPUThread" and "GPUBlock" not in units:
+    if unit == Unit.GPUThread and Unit.GPUBlock not in units:
         raise ScheduleError(
             f"{cmd}: GPUThread without an enclosing GPUBlock loop; parallelize an outer "
             "loop with GPUBlock (e.g. split(i,i0,i1,256), parallelize(i0,GPUBlock,"
             "NoRaces), parallelize(i1,GPUThread,NoRaces))"
         )
-    if unit == "GPUThread" and "GPUThread" in units:
+    if unit == Unit.GPUThread and Unit.GPUThread in units:
         raise ScheduleError(f"{cmd}: a GPUThread loop inside another GPUThread loop")
-    if unit == "GPUThread" and "lane" in units:
+    if unit == Unit.GPUThread and "lane" in units:
         raise ScheduleError(
             f"{cmd}: a GPUThread loop inside a warp's lane loop; lanes split into groups "
             "once (a GPUThread loop over groups, then one over a group's lanes)"
@@ -141,11 +142,12 @@ def _encloses_lanes(env: LowerEnv, loop: str) -> bool:
     if loop not in order:
         return False
     inner = order[order.index(loop) + 1 :]
-    return any(plan.parallel[v].unit == "GPUThread" for v in inner if v in plan.parallel)
+    return any(plan.parallel[v].unit == Unit.GPUThread for v in inner if v in plan.parallel)
 
 
 def _group_lanes(env: LowerEnv, cmd: str, loop: str) -> int:
-    """The lanes of each group of a GPUThread loop over groups: 32 / its split factor."""
+    """The lanes of each group of a GPUThread loop over groups: a warp's lanes / its split
+    factor."""
     piece = env.decided.plan.pieces.get(loop) if env.decided.plan is not None else None
     factor = piece.factor if piece is not None and not piece.outer and not piece.divide else 0
     if factor not in (2, 4, 8, 16):
@@ -155,7 +157,7 @@ def _group_lanes(env: LowerEnv, cmd: str, loop: str) -> int:
             f"groups per warp: 16, 8, 4 or 2 lanes each); {loop} is not (e.g. split(i,iw,"
             f"{loop},4) for groups of 8 lanes)"
         )
-    return 32 // factor
+    return env.inputs.target.lanes // factor
 
 
 def _gpu_rows(env: LowerEnv, cmd: str, loop: str) -> None:

@@ -26,6 +26,27 @@ from .where import plan_where
 
 
 @dataclass(frozen=True, slots=True)
+class GpuLaunch:
+    """How a GPU kernel is launched, as its lowering found it (the pipeline hands it on
+    in `backends.Launch`)."""
+
+    #: the grid (trip count of the GPUBlock loop; None: known at the launch) and the
+    #: threads per block
+    grid: ir.Expr | None
+    block: int
+    #: the output must be zeroed before the launch (the kernel only adds into it)
+    zero_before: bool = False
+    #: the kernel reduces across a warp's lanes with shuffles
+    shuffles: bool = False
+    #: lanes reduce in groups smaller than a warp (the template's group shuffles)
+    groups: bool = False
+    #: a warp's lanes combine their runs of atomic stores (`output.flush_runs`)
+    segments: bool = False
+    #: the workspace's elements per thread, by role (`abi.GPU_WORKSPACE`)
+    scratch: tuple[tuple[str, ir.Expr], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class LoweredKernel:
     body: ir.Block
     loop_order: tuple[str, ...]
@@ -39,23 +60,12 @@ class LoweredKernel:
     notes: tuple[str, ...] = ()
     #: what each `bound` promises (the kernel returns BOUND_VIOLATED when one fails)
     bounds: tuple[str, ...] = ()
-    #: CUDA: the output must be zeroed before the launch (the kernel only adds into it)
-    zero_before: bool = False
-    #: CUDA: the grid (trip count of the GPUBlock loop) and the threads per block
-    grid: ir.Expr | None = None
-    block: int = 1
-    #: CUDA: the kernel reduces across a warp's lanes with shuffles
-    shuffles: bool = False
-    #: CUDA: lanes reduce in groups smaller than a warp (the template's group shuffles)
-    groups: bool = False
-    #: CUDA: a warp's lanes combine their runs of atomic stores (`output.flush_runs`)
-    segments: bool = False
+    #: a GPU target's launch (None on a CPU target)
+    gpu: GpuLaunch | None = None
     #: the statement lowered as a sequence of loop nests, in words ("": one fused nest)
     sequence: str = ""
     #: a single pass lowered to run in chunks of rows: what `chunks.wrap` needs
     chunks: ChunkFrame | None = None
-    #: CUDA: the workspace's elements per thread, by role (`abi.GPU_WORKSPACE`)
-    scratch: tuple[tuple[str, ir.Expr], ...] = ()
 
 
 def lower_kernel(env: LowerEnv) -> LoweredKernel:
@@ -102,26 +112,29 @@ def lower_kernel(env: LowerEnv) -> LoweredKernel:
         bool(sites) and not (found.repeats or stmt.accumulate or decided.sequence or given.gpu),
         tuple(found.notes),
         tuple(found.bound_messages),
-        zero_before=given.gpu and isinstance(frame, DenseFrame) and not frame.zeroed,
-        grid=found.grid,
-        block=block_size(env),
-        shuffles=bool(found.warp_reduced) or found.segmented,
-        groups=bool(found.group_reduced),
-        segments=found.segmented,
+        gpu=_launch(env, frame) if given.gpu else None,
         sequence=decided.sequence,
-        scratch=_scratch(env),
         chunks=asm.chunk_frame() if asm is not None else None,
     )
 
 
-def _scratch(env: LowerEnv) -> tuple[tuple[str, ir.Expr], ...]:
-    """A GPU kernel's workspace slices: elements per thread, by role."""
-    asm = env.decided.assembler
-    ws = asm.ws if env.inputs.gpu and asm is not None else None
-    if ws is None:
-        return ()
-    roles = {ws.w: "vals", ws.seen: "seen", ws.reached: "list"}
-    return tuple((roles[name], count) for name, count in ws.strides)
+def _launch(env: LowerEnv, frame: OutputFrame) -> GpuLaunch:
+    """What a GPU kernel's launch needs: its grid and block, the output zeroed first, the
+    template's warp helpers, and the workspace's slices (elements per thread, by role)."""
+    scratch: tuple[tuple[str, ir.Expr], ...] = ()
+    ws = env.decided.assembler.ws if env.decided.assembler is not None else None
+    if ws is not None:
+        roles = {ws.w: "vals", ws.seen: "seen", ws.reached: "list"}
+        scratch = tuple((roles[name], count) for name, count in ws.strides)
+    return GpuLaunch(
+        env.found.grid,
+        block_size(env),
+        zero_before=isinstance(frame, DenseFrame) and not frame.zeroed,
+        shuffles=bool(env.found.warp_reduced) or env.found.segmented,
+        groups=bool(env.found.group_reduced),
+        segments=env.found.segmented,
+        scratch=scratch,
+    )
 
 
 def names_for(spec: Spec) -> Callable[[], tuple[Signature, Namer]]:

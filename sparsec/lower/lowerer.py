@@ -361,7 +361,7 @@ def _guarded(expr: CExpr) -> bool:
 
 def _function(env: LowerEnv, fn: str, args: tuple[ir.Expr, ...], stmts: list[ir.Stmt]) -> ir.Expr:
     """A function of the language on lowered operands: a call the printer spells per
-    target (``fn_sqrt``: `sparsec.frontend.functions`), or an expression of others."""
+    language (``fn_sqrt``: `sparsec.backends.targets`), or an expression of others."""
     match fn:
         case "relu":
             # x < 0 ? 0 : x, the operand computed once (NaN stays NaN, as torch.relu)

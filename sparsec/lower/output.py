@@ -8,6 +8,7 @@ from typing import Protocol
 
 from ..errors import ScheduleError
 from ..ir import nodes as ir
+from ..middle.commands import Unit
 from ..middle.order import level_indices
 from ..middle.plan import Plan
 from ..tensors.formats import Dense, LevelNames, dense_extent
@@ -98,8 +99,8 @@ def one_store_per_part(
     if not env.inputs.gpu or block_size(env) <= 1:
         return
     units = set(env.flags.gpu_units) | (shared or set())
-    lanes_apart = reduced or bool({"GPUThread", "lane"} & units)
-    warps_apart = bool({"GPUThread", "GPUWarp", "lane"} & units)
+    lanes_apart = reduced or bool({Unit.GPUThread, "lane"} & units)
+    warps_apart = bool({Unit.GPUThread, Unit.GPUWarp, "lane"} & units)
     if lanes_apart and warps_apart:
         return
     who = "every lane of a warp" if warps_apart else "every thread of a block"
@@ -113,16 +114,18 @@ def one_store_per_part(
 
 
 def block_size(env: LowerEnv) -> int:
-    """Threads per block: the GPUThread loop's split factor (a warp loop's times 32)."""
+    """Threads per block: the GPUThread loop's split factor (a warp loop's times the lanes
+    of a warp), at most the target's largest block."""
     if not env.inputs.gpu or env.decided.plan is None:
         return 1
     plan = env.decided.plan
-    warps = [v for v, p in plan.parallel.items() if p.unit == "GPUWarp"]
-    threads = [v for v, p in plan.parallel.items() if p.unit == "GPUThread"]
+    warps = [v for v, p in plan.parallel.items() if p.unit == Unit.GPUWarp]
+    threads = [v for v, p in plan.parallel.items() if p.unit == Unit.GPUThread]
+    most, lanes = env.inputs.target.max_block, env.inputs.target.lanes
     if warps:
-        return min(1024, 32 * _factor_of(plan, warps[0], 8))
+        return min(most, lanes * _factor_of(plan, warps[0], 8))
     if threads:
-        return min(1024, max(32, _factor_of(plan, threads[0], 256)))
+        return min(most, max(lanes, _factor_of(plan, threads[0], 256)))
     return 1
 
 
@@ -159,7 +162,7 @@ def flush_runs(env: LowerEnv, run: SegmentSink, loop: str) -> list[ir.Stmt]:
         or piece is None
         or piece.sibling != where[0]
         or plan.order.index(loop) != plan.order.index(where[0]) + 1
-        or "GPUWarp" in env.flags.gpu_units
+        or Unit.GPUWarp in env.flags.gpu_units
         or env.inputs.spec.semantics.semiring != "plus_times"
     ):
         return [flush]
@@ -225,7 +228,7 @@ class DenseFrame:
         p = env.inputs.namer.fresh("p")
         store = ir.Assign(ir.Load(vals, ir.Var(p)), ir.FloatLit(0.0))
         par = (
-            ir.Parallel("CPUThread", "static")
+            ir.Parallel(Unit.CPUThread, "static")
             if env.inputs.threads_ok and env.inputs.lhs.order
             else None
         )

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from ..errors import ScheduleError
 from ..ir import nodes as ir
-from ..middle.commands import GPU_UNITS
+from ..middle.commands import Races, Unit
 from ..middle.plan import Parallelize
 from ..tensors.formats import Dense, LevelNames
 from .ctx import AccSink, DenseWsSink, OutputSink, WorkspaceSink
@@ -69,7 +69,7 @@ def _cpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) -
     outermost = asked.outermost
     cmd = req.origin
     flags = env.flags
-    if req.unit in GPU_UNITS:
+    if req.unit.gpu:
         raise ScheduleError(
             f"{cmd}: {req.unit} is a CUDA unit; the C target runs CPUThread and CPUVector loops"
         )
@@ -79,7 +79,7 @@ def _cpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) -
             "on each other. Parallelize an enclosing loop, or iterate one operand's "
             f"positions with pos({loop},...)"
         )
-    if flags.in_vector or (flags.in_threads and req.unit == "CPUThread"):
+    if flags.in_vector or (flags.in_threads and req.unit == Unit.CPUThread):
         raise ScheduleError(
             f"{cmd}: it is nested inside another parallel loop; only one CPUThread loop, "
             "with CPUVector loops inside it, is supported"
@@ -93,7 +93,7 @@ def _cpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) -
     lhs = set(env.inputs.lhs.indices)
     asm = env.decided.assembler
     if asm is not None and not isinstance(sink, AccSink):
-        if not (req.unit == "CPUThread" and asm.mode.rowwise and outermost and loop in lhs):
+        if not (req.unit == Unit.CPUThread and asm.mode.rowwise and outermost and loop in lhs):
             raise ScheduleError(
                 f"{cmd}: the sparse output {out} ({env.inputs.spec.output.format}) is appended "
                 "in one sequence; only its outermost row loop can run on CPU threads, and "
@@ -108,14 +108,14 @@ def _cpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) -
         return setup
     target_acc = isinstance(sink, AccSink)
     why = race(env, loop, distinct, sink)
-    setup.flags["in_threads" if req.unit == "CPUThread" else "in_vector"] = True
+    setup.flags["in_threads" if req.unit == Unit.CPUThread else "in_vector"] = True
     if why is None:
-        if req.unit == "CPUThread":
+        if req.unit == Unit.CPUThread:
             decl, par = _parallel_for(env, loop, trip)
             setup.pre.append(decl)
             setup.parallel = par
         else:
-            setup.parallel = ir.Parallel("CPUVector")
+            setup.parallel = ir.Parallel(Unit.CPUVector)
         if not req.default:
             env.found.notes.append(
                 f"{loop}: {req.unit}, race-free (each iteration writes its own {out} elements)"
@@ -128,12 +128,12 @@ def _cpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) -
         else f"Parallelize a loop whose iterations write distinct elements of {out}"
     )
     match req.races:
-        case "NoRaces" | "IgnoreRaces":
+        case Races.NoRaces | Races.IgnoreRaces:
             raise ScheduleError(
                 f"{cmd}: iterations of {loop} write the same element of {out} ({why}); "
                 f"with {req.races} that would give a wrong sum. {advice}"
             )
-        case "Atomics" if req.unit == "CPUThread" and asm is None:
+        case Races.Atomics if req.unit == Unit.CPUThread and asm is None:
             assert isinstance(sink, (AccSink, OutputSink))
             setup.flags["atomic_writes"] = True
             decl, par = _parallel_for(env, loop, trip)
@@ -141,19 +141,19 @@ def _cpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) -
             setup.parallel = par
             target = sink.name if isinstance(sink, AccSink) else f"{out}"
             env.found.notes.append(f"{loop}: CPUThread, atomic updates of {target}")
-        case "Temporary" | "ParallelReduction" if target_acc:
+        case Races.Temporary | Races.ParallelReduction if target_acc:
             assert isinstance(sink, AccSink)
             sums = (sink.name,) if sink.name else ()
             marks = (sink.flag,) if sink.flag else ()
-            if req.unit == "CPUThread":
+            if req.unit == Unit.CPUThread:
                 decl, par = _parallel_for(env, loop, trip)
                 setup.pre.append(decl)
                 setup.parallel = replace(par, reduction=sums, flags=marks)
             else:
-                setup.parallel = ir.Parallel("CPUVector", reduction=sums, flags=marks)
+                setup.parallel = ir.Parallel(Unit.CPUVector, reduction=sums, flags=marks)
             into = out if req.default else "a private accumulator"
             env.found.notes.append(f"{loop}: {req.unit}, reduction(+) into {into}")
-        case "Temporary" if req.unit == "CPUThread":
+        case Races.Temporary if req.unit == Unit.CPUThread:
             _private_copies(env, loop, trip, setup)
             env.found.notes.append(
                 f"{loop}: CPUThread, each thread adds into its own copy of {out}, summed after"
@@ -174,7 +174,7 @@ def _parallel_for(env: LowerEnv, var: str, trip: ir.Expr) -> tuple[ir.Stmt, ir.P
     per = ir.Bin("*", ir.IntLit(8), threads)
     size = ir.Bin("/", ir.Bin("+", trip, ir.Bin("-", per, ir.IntLit(1))), per)
     decl = ir.Decl(ir.I64, chunk, ir.Call("max", (ir.IntLit(1), size)))
-    return decl, ir.Parallel("CPUThread", "dynamic", chunk)
+    return decl, ir.Parallel(Unit.CPUThread, "dynamic", chunk)
 
 
 def _private_copies(env: LowerEnv, loop: str, trip: ir.Expr, setup: LoopSetup) -> None:
@@ -211,7 +211,7 @@ def _private_copies(env: LowerEnv, loop: str, trip: ir.Expr, setup: LoopSetup) -
         ir.IntLit(0),
         size,
         ir.block(ir.For(t, ir.IntLit(0), threads, ir.block(add))),
-        ir.Parallel("CPUThread", "static"),
+        ir.Parallel(Unit.CPUThread, "static"),
     )
     setup.post += [
         ir.Comment(f"sum the threads' copies of {out.name}"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import nodes as ir
+from ..middle.commands import Races, Unit
 from .ctx import AccSink, Sink
 from .env import FlagChanges, LowerEnv
 
@@ -58,22 +59,22 @@ def race(env: LowerEnv, loop: str, distinct: frozenset[str], sink: Sink) -> str 
     )
 
 
-def race_strategies(env: LowerEnv, unit: str, into_sum: bool) -> list[str]:
+def race_strategies(env: LowerEnv, unit: Unit, into_sum: bool) -> list[Races]:
     """The race strategies `loop_setup` carries out for a racy CPU loop of ``unit``
     (``into_sum``: its iterations add into a scalar accumulator, not the output)."""
     table = (
-        ("Atomics", unit == "CPUThread" and env.decided.assembler is None),
-        ("Temporary", into_sum or unit == "CPUThread"),
-        ("ParallelReduction", into_sum),
+        (Races.Atomics, unit == Unit.CPUThread and env.decided.assembler is None),
+        (Races.Temporary, into_sum or unit == Unit.CPUThread),
+        (Races.ParallelReduction, into_sum),
     )
     return [name for name, applies in table if applies]
 
 
-def why_not(env: LowerEnv, races: str, unit: str) -> str:
+def why_not(env: LowerEnv, races: Races, unit: Unit) -> str:
     """Why strategy ``races`` cannot serve a racy CPU loop of ``unit`` (see `race_strategies`)."""
     out = env.inputs.lhs.name
-    if races == "Atomics" and unit != "CPUThread":
+    if races == Races.Atomics and unit != Unit.CPUThread:
         return f"{unit} loops make no atomic updates"
-    if races == "Atomics":
+    if races == Races.Atomics:
         return f"the sparse output {out} is appended entry by entry, never updated in place"
     return f"the loop adds straight into {out}, not into a sum of its own"

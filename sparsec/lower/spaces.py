@@ -15,6 +15,7 @@ from ..errors import ScheduleError
 from ..frontend.concrete import ZERO, CExpr, accesses
 from ..frontend.notation import Access
 from ..ir import nodes as ir
+from ..middle.commands import Unit
 from ..middle.lattice import Iterator, Lattice, build, ordered
 from ..middle.order import level_indices
 from ..middle.plan import Space
@@ -96,7 +97,7 @@ def space_loop(env: LowerEnv, loop: str, place: NestPoint, outermost: bool) -> i
         return _bind_space(env, space, x, here, cursors)
 
     par = setup.parallel
-    if par is not None and par.unit == "GPUThread" and not par.schedule:
+    if par is not None and par.unit == Unit.GPUThread and not par.schedule:
         setup.flags["thread_loop"] = (loop, name, extent)
     loop_body = inside(env, setup, body)
     for_loop = ir.For(name, ir.IntLit(0), extent, loop_body, setup.parallel, setup.unroll)

@@ -35,15 +35,44 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from ..errors import ScheduleError, SparsecError
 from ..frontend.parser import parse
 
-CPU_UNITS = ("CPUThread", "CPUVector")
-GPU_UNITS = ("GPUBlock", "GPUWarp", "GPUThread")
+
+class Unit(StrEnum):
+    """What a ``parallelize``d loop runs on. A member is its spelling in the commands, and
+    prints as it (messages and schedule notes read the text)."""
+
+    CPUThread = "CPUThread"
+    CPUVector = "CPUVector"
+    GPUBlock = "GPUBlock"
+    GPUWarp = "GPUWarp"
+    GPUThread = "GPUThread"
+
+    @property
+    def gpu(self) -> bool:
+        """A unit of a GPU launch (grid, warps, threads), not of a CPU."""
+        return self in GPU_UNITS
+
+
+class Races(StrEnum):
+    """How a ``parallelize``d loop's iterations that write one element are reconciled;
+    a member is its spelling in the commands (and prints as it)."""
+
+    NoRaces = "NoRaces"
+    IgnoreRaces = "IgnoreRaces"
+    Atomics = "Atomics"
+    Temporary = "Temporary"
+    ParallelReduction = "ParallelReduction"
+
+
+CPU_UNITS = (Unit.CPUThread, Unit.CPUVector)
+GPU_UNITS = (Unit.GPUBlock, Unit.GPUWarp, Unit.GPUThread)
 UNITS = CPU_UNITS + GPU_UNITS
-RACES = ("NoRaces", "IgnoreRaces", "Atomics", "Temporary", "ParallelReduction")
+RACES = tuple(Races)
 BOUND_KINDS = ("MaxExact", "MaxConstraint")
 MERGES = ("TwoFinger", "Gallop")
 ASSEMBLIES = ("Append", "Insert")

@@ -27,6 +27,8 @@ from .commands import (
     RACES,
     UNITS,
     Command,
+    Races,
+    Unit,
     parse_factor,
     pos_tensor,
 )
@@ -69,8 +71,8 @@ class Piece:
 @dataclass(frozen=True, slots=True)
 class Parallelize:
     var: str
-    unit: str
-    races: str
+    unit: Unit
+    races: Races
     origin: str
     #: the command came from the default policy (`Command.policy`)
     default: bool = False
@@ -339,7 +341,10 @@ def make_plan(
                     )
                 if var in plan.parallel:
                     raise ScheduleError(f"{command}: {var} is already parallelized")
-                plan.parallel[var] = Parallelize(var, unit, races, str(command), command.policy)
+                origin = str(command)
+                plan.parallel[var] = Parallelize(
+                    var, Unit(unit), Races(races), origin, command.policy
+                )
             case "assemble":
                 tensor, how = a[0], a[1]
                 if tensor != output:

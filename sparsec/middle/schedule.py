@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from ..errors import LoweringError, ScheduleError
 from ..frontend.concrete import CExpr, Sum, accesses, children
 from ..frontend.notation import Access, factors
+from ..target import C, Target
 from ..tensors.layout import OutputLayout
-from .commands import GPU_UNITS, Command
+from .commands import Command
 from .order import Edge, OrderConflict, check_order, edges, level_indices, loop_order, output_edges
 from .placement import Placement, place
 from .plan import Plan, Space, make_plan
@@ -41,8 +42,8 @@ class Schedule:
     order: tuple[str, ...]
     #: the whole schedule: the user's commands and the default policy's
     commands: tuple[Command, ...] = ()
-    #: "c" (OpenMP loops) or "cuda" (GPU loops)
-    target: str = "c"
+    #: what it is scheduled for (`sparsec.target`: OpenMP loops, or GPU loops)
+    target: Target = C
     #: the commands as a plan over the loop order (None: no commands)
     plan: Plan | None = None
     #: the output's last-level variable, scattered into a dense workspace (Gustavson)
@@ -58,7 +59,7 @@ class Schedule:
 
 
 def make_schedule(
-    spec: Spec, commands: tuple[Command, ...] = (), *, append: bool = False, target: str = "c"
+    spec: Spec, commands: tuple[Command, ...] = (), *, append: bool = False, target: Target = C
 ) -> Schedule:
     """The schedule of ``spec`` under ``commands`` on ``target``; ``append``: for a sparse
     output's single-pass kernel, which appends its rows in storage order (raises
@@ -70,7 +71,7 @@ def make_schedule(
     in_order = layout is None or not layout.rowwise or append
     facts = _Facts(spec, commands, target, layout, in_order)
     found = _scheduled(facts)
-    if target == "cuda":
+    if target.gpu:
         _gpu_support(facts, found.plan)
     return found
 
@@ -81,14 +82,14 @@ class _Facts:
 
     spec: Spec
     commands: tuple[Command, ...]
-    target: str
+    target: Target
     #: a sparse output's layout (None: a dense output)
     layout: OutputLayout | None
     rows_in_order: bool
 
     @property
     def gpu(self) -> bool:
-        return self.target == "cuda"
+        return self.target.gpu
 
     def schedule(
         self,
@@ -290,7 +291,7 @@ def _check_sparse_schedule(f: _Facts, plan: Plan, workspace: str | None) -> None
 def _gpu_support(f: _Facts, plan: Plan | None) -> None:
     """What the CUDA target cannot map (yet), refused before any code exists."""
     _gpu_sparse_output(f)
-    if plan is None or not any(p.unit in GPU_UNITS for p in plan.parallel.values()):
+    if plan is None or not any(p.unit.gpu for p in plan.parallel.values()):
         raise ScheduleError(
             "the CUDA target needs a GPU mapping: parallelize a loop with GPUBlock "
             "(and GPUThread inside it)"

@@ -52,6 +52,7 @@ from ..ir.visit import (
     subexpressions,
     substitute,
 )
+from ..middle.commands import Unit
 from .tile import zero_store
 
 #: the kernel parameter that holds the tiles per band for a call (0: whole rows)
@@ -123,7 +124,7 @@ def _banded(loop: ir.For, walks: Walks) -> tuple[ir.Block, bool] | None:
     """The loop in bands (and depth blocks when its region allows), and whether in depth
     blocks; None when the loop is not in the form the pass understands."""
     par = loop.parallel
-    if par is None or par.unit != "CPUThread" or par.reduction or par.flags or par.collapse != 1:
+    if par is None or par.unit != Unit.CPUThread or par.reduction or par.flags or par.collapse != 1:
         return None
     work = [s for s in loop.body.body if not isinstance(s, ir.Decl | ir.Comment)]
     if len(work) != 1:

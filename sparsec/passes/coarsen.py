@@ -23,6 +23,7 @@ from itertools import count
 
 from ..ir import nodes as ir
 from ..ir.visit import exprs, free_vars, map_blocks, statements, subexpressions, substitute
+from ..middle.commands import Unit
 
 #: columns per thread in the first sweeps (measured on an H100: 4 beat 1, 2 and 8 on
 #: pruned-BERT SpMM), then 2 for what is left (768 = 512 + 256 columns), then 1
@@ -55,7 +56,7 @@ def _block(b: ir.Block, notes: list[str], ids: count[int], outer: frozenset[str]
 def _stmt(s: ir.Stmt, notes: list[str], ids: count[int], outer: frozenset[str]) -> ir.Stmt:
     """``outer``: the variables of the loops around ``s`` and the locals of their bodies."""
     match s:
-        case ir.For(parallel=par, end=end) if par is not None and par.unit == "GPUThread":
+        case ir.For(parallel=par, end=end) if par is not None and par.unit == Unit.GPUThread:
             # a thread loop bounded by an outer loop's variable is a split piece of a
             # row range (thread-per-row), not a range of output columns
             plain = par.schedule not in ("lane", "group") and not free_vars(end) & outer

@@ -47,6 +47,7 @@ from ..ir.visit import (
     subexpressions,
     substitute,
 )
+from ..middle.commands import Unit
 
 #: iterations summed into one value-typed partial before it is added into the accumulator
 BLOCK = 256
@@ -80,7 +81,7 @@ def _block(b: ir.Block, count: list[int], names: Names, in_vector: bool) -> ir.B
                 out.extend(_blocked(s, *sums, uid=count[0]))
                 continue
         vector = in_vector or (
-            isinstance(s, ir.For) and s.parallel is not None and s.parallel.unit == "CPUVector"
+            isinstance(s, ir.For) and s.parallel is not None and s.parallel.unit == Unit.CPUVector
         )
         out.append(map_blocks(s, _inside(count, names, vector)))
     return ir.Block(tuple(out))
@@ -192,7 +193,7 @@ def _blocked(
         ir.Var(lo),
         ir.Var(hi),
         ir.Block(inner_body),
-        parallel=ir.Parallel("CPUVector", reduction=tuple(parts.values())),
+        parallel=ir.Parallel(Unit.CPUVector, reduction=tuple(parts.values())),
     )
     block = ir.block(
         ir.Decl(ir.I64, lo, ir.add(start, ir.Bin("*", ir.Var(blk), ir.IntLit(BLOCK)))),

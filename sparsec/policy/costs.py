@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..middle.spec import Spec
+from ..target import Target
 from ..tensors.tensor import Tensor
 from .machine import Machine, machine
 
@@ -180,7 +181,7 @@ class Columns:
     out_indices: tuple[str, ...]
 
     @staticmethod
-    def of(spec: Spec, target: str) -> Columns:
+    def of(spec: Spec, target: Target) -> Columns:
         """(j, the dense inputs indexed by j) when the output's columns can be computed in
         independent panels: j is the dense output's last index, not summed, and the last
         mode of every (dense, identity-ordered) operand it indexes; no sparse operand uses
@@ -189,7 +190,7 @@ class Columns:
         out, lhs = spec.output, spec.statement.lhs
         out_indices = tuple(lhs.indices[m] for m in out.format.ordering)
         none = Columns(None, (), out_indices)
-        if target != "c" or not out.is_dense or spec.statement.accumulate:
+        if target.gpu or not out.is_dense or spec.statement.accumulate:
             return none
         if out.order < 2 or out.format.ordering != tuple(range(out.order)):
             return none

@@ -138,18 +138,20 @@ def vector_schedule(
     tensor: str,
     lanes: int,
     fresh: Callable[[str], str] | None = None,
+    width: int = 32,
 ) -> tuple[Command, ...]:
     """CSR-vector: each row of loop ``row`` taken by a group of ``lanes`` lanes of a warp
-    (2, 4, 8, 16 or 32), whose lanes stride over ``tensor``'s positions of ``col`` and add
-    their parts by shuffles within the group; 256 threads per block. Under 32 lanes the
-    rows are split into the warp's groups (`lower.gpu`): ``split(row, b, rows, 8 * R),
-    split(rows, warp, group, R)`` with R = 32 / lanes, ``group`` a GPUThread loop over the
-    warp's groups and the positions a GPUThread loop over a group's lanes."""
+    of ``width`` lanes (`Target.lanes`: 2, 4, 8, 16 or 32 on CUDA), whose lanes stride over
+    ``tensor``'s positions of ``col`` and add their parts by shuffles within the group; 256
+    threads per block. Under a whole warp the rows are split into the warp's groups
+    (`lower.gpu`): ``split(row, b, rows, 8 * R), split(rows, warp, group, R)`` with
+    R = width / lanes, ``group`` a GPUThread loop over the warp's groups and the positions
+    a GPUThread loop over a group's lanes."""
     name = fresh or (lambda base: base)
     b, rows, warp, group = (name(f"{row}_{part}") for part in ("block", "rows", "warp", "group"))
     p = name(f"{col}_pos")
-    warps = THREADS_PER_BLOCK // 32
-    per_warp = 32 // lanes
+    warps = THREADS_PER_BLOCK // width
+    per_warp = width // lanes
     head = [_cmd("pos", col, p, tensor)]
     tail = [
         _cmd("parallelize", b, "GPUBlock", "NoRaces"),
@@ -199,16 +201,16 @@ def vector_rows(spec: Spec) -> tuple[str, str, str] | None:
     return row, col, access.name
 
 
-def vector_lanes(average: float) -> int:
+def vector_lanes(average: float, width: int = 32) -> int:
     """Lanes per row for rows of ``average`` nonzeros: 0 (thread-per-row) under
     `VECTOR_MIN_ROW`, else the largest power of two at most half the average, up to a
-    warp: each lane loads two or more of the row's nonzeros. Measured on an H200 (``python
+    warp of ``width`` lanes: each lane loads two or more of the row's nonzeros. Measured on an H200 (``python
     -m bench.gpu_lanes``, rows of 2 to 128 nonzeros): this is the fastest group size, or
     close to it, at every length; a group as large as the average (the rule before) was
     slower from 8 to 32 per row (docs/decisions.md, "GPU SpMV's lane groups")."""
     if not average >= VECTOR_MIN_ROW:
         return 0
-    return min(32, 1 << (int(average / 2).bit_length() - 1))
+    return min(width, 1 << (int(average / 2).bit_length() - 1))
 
 
 def cpu_default(

@@ -30,6 +30,7 @@ from ..backends import Generated
 from ..frontend.semirings import semiring
 from ..middle.spec import Spec
 from ..policy.costs import Columns
+from ..target import Target
 from ..tensors.buffers import aligned_empty
 from ..tensors.halves import readable, result_dtype, rounded, storage_fill
 from ..tensors.tensor import Tensor
@@ -62,11 +63,13 @@ class Executable:
         "_lock",
     )
 
-    def __init__(self, spec: Spec, loaded: Loaded, target: str, columns: Columns, poison: bool):
+    def __init__(
+        self, spec: Spec, loaded: Loaded, target: Target, columns: Columns, poison: bool
+    ) -> None:
         self.loaded = loaded
         #: the ABI's parameters and where each one's value comes from
         self.slots = slots(loaded.generated.signature)
-        #: "c", "cuda" or "cuda-emulated"
+        #: what the kernel runs on (`sparsec.target`)
         self.target = target
         self.output = spec.output
         #: '+=' into a dense output: the kernel adds into a copy of its current value
@@ -103,7 +106,7 @@ class Executable:
     def build(
         spec: Spec,
         generated: Generated,
-        target: str,
+        target: Target,
         columns: Columns,
         poison: bool,
         prepared: Prepared | None = None,
@@ -134,7 +137,7 @@ class Executable:
         """The kernel's result for bound inputs: a `Tensor` (sparse output), an array in
         the output's mode order, or a scalar."""
         if self.sparse is not None:
-            if self.target != "c":
+            if self.target.gpu:
                 result = self._run_sparse_gpu(prepared)
             else:
                 result = sparse_out.run(self.sparse, prepared, threads, self.poison)
@@ -260,7 +263,7 @@ class Executable:
             if self.poison:
                 # test mode: an element the kernel fails to write shows
                 out.fill(np.nan if wide else storage_fill(np.nan, dtype))
-        if gen.target == "cuda":
+        if self.target.gpu:
             out = self._launch_gpu(prepared, out)
         else:
             values, dims = prepared.values, prepared.dims
@@ -290,7 +293,7 @@ class Executable:
     def _launch_gpu(self, prepared: Prepared, out: Any) -> Any:
         """A CUDA kernel into ``out``: on the CPU through the emulation, or on the device
         through CuPy (a host ``out`` comes back as a copy; a device one is filled)."""
-        if self.target == "cuda":
+        if self.target.device:
             launch, out_dev = self._stage(prepared, out)
             launch()
             return out_dev if prepared.device else gpu.cupy_device().asnumpy(out_dev)
@@ -303,7 +306,7 @@ class Executable:
         (CuPy) or through the emulation (numpy)."""
         assert self.sparse is not None
         gen = self.loaded.generated
-        emulated = self.target == "cuda-emulated"
+        emulated = self.target.emulated
         if self.rows:  # a staged vector's row
             prepared = replace(prepared, dims={**prepared.dims, **self.rows})
         if emulated:

@@ -58,7 +58,7 @@ def build(
         return None  # outputs in 16-bit storage are converted and padded (`Executable`)
     if binder.derived:
         return None  # derived inputs are computed from the passed ones on every call
-    if executable.target != "c" or not executable.out_identity:
+    if executable.target.gpu or not executable.out_identity:
         return None
     for t in binder.wanted:
         v = inputs[t.name]

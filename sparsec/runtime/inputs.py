@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import DTypeError, InputError, ShapeError
 from ..middle.spec import Derived, Folded, Spec, TensorVar
 from ..policy.dtypes import check_c_dtype
+from ..target import Target
 from ..tensors.convert import derive_dense
 from ..tensors.halves import HALF, bfloat16_bits, readable, rounded, to_storage
 from ..tensors.stored import Stored, half_tensor, stored
@@ -115,7 +116,7 @@ class Binder:
     def __init__(
         self,
         spec: Spec,
-        target: str,
+        target: Target,
         dtype: str | None,
         index_dtype: str | None,
         statement: str,
@@ -192,7 +193,7 @@ class Binder:
         if self._renamed:
             inputs = {t.name: inputs[t.argument] for t in self.wanted}
         dtype = self.dtype or common_dtype(self.wanted, inputs)
-        if self.target == "c" and dtype in HALF:
+        if not self.target.gpu and dtype in HALF:
             check_c_dtype(dtype)
         index_dtype = self.index_dtype or common_index_dtype(self.wanted, inputs)
         values = {}
@@ -223,9 +224,9 @@ class Binder:
         """An input in GPU memory: dense operands stay there (a CuPy array in level order),
         sparse ones become `Tensor`s (whose arrays the runtime then keeps on the device)."""
         where = f"input {t.name!r}"
-        if self.target != "cuda":
+        if not self.target.device:
             raise InputError(
-                f"{where} is in GPU memory, but this kernel's target is {self.target!r}: pass "
+                f"{where} is in GPU memory, but this kernel's target is {self.target.name!r}: pass "
                 "a host array (CuPy: .get(), torch: .cpu()) or build it with target='cuda'"
             )
         if t.order == 0:

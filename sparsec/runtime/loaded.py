@@ -33,6 +33,7 @@ from ..abi import (
 )
 from ..backends import Generated
 from ..errors import ShapeError, SparsecError, StagesMissing
+from ..target import Target
 from . import build, gpu
 
 #: the line before a kernel's source that builds only its single pass (`Loaded`)
@@ -105,14 +106,15 @@ class Loaded:
         return self._packed
 
 
-def load(generated: Generated, target: str, sparse_output: bool) -> Loaded:
+def load(generated: Generated, target: Target, sparse_output: bool) -> Loaded:
     """Build ``generated`` through the on-disk cache (`build.compile_cached`) and load its
-    entry points for ``target`` ("c", "cuda" or "cuda-emulated")."""
+    entry points for ``target``: a device's kernel is compiled at its first launch, an
+    emulated GPU kernel is built with the emulation's shim, a C kernel as it is."""
     types = [ctype(p, generated.dtype) for p in generated.signature.params]
-    if target == "cuda":
+    if target.device:
         gpu.cupy_device()  # "no CUDA device" before anything else
         return Loaded(generated, None)
-    if target == "cuda-emulated":
+    if target.emulated:
         lib = build.compile_cached(gpu.emulation_source(generated), "c++")
         launcher = [ctypes.c_int64, ctypes.c_int, *types]
         fn = _entry(lib, LAUNCH_NAME, launcher)
