@@ -53,7 +53,7 @@ from .policy.dtypes import check_c_dtype
 from .policy.machine import machine
 from .policy.schedules import cpu_default, describe_cpu, describe_gpu, gpu_candidates
 from .target import CUDA, C, Target
-from .tensors.layout import OutputLayout
+from .tensors.layout import AssemblyMode, OutputLayout
 
 # ------------------------------------------------------------------------ passes
 
@@ -271,7 +271,7 @@ def generate(
     comment = append = ""
     chunked = False
     if not spec.output.format.is_dense:
-        counted, _ = lowers(schedule=final, parallel=parallel, counting=True)
+        counted, _ = lowers(schedule=final, parallel=parallel, mode=AssemblyMode.COUNT)
         counting = count_in_closed_form(fold_flag_loops(counted.body))
         light = light_count(counting)
         functions.append(Function(ASSEMBLE_NAME, COUNT_COMMENT, counting, light=light))
@@ -285,9 +285,10 @@ def generate(
         if output in (Output.SINGLE_PASS, Output.SINGLE_PASS_CHUNKS):
             try:
                 chunks = output is Output.SINGLE_PASS_CHUNKS
+                mode = AssemblyMode.APPEND_CHUNKS if chunks else AssemblyMode.APPEND
                 # no commands: `plain`, unless the pass keeps rowwise rows in storage order
                 one = make_schedule(spec, append=True) if rowwise else plain
-                single, _ = lowers(schedule=one, parallel=False, append=True, chunked=chunks)
+                single, _ = lowers(schedule=one, parallel=False, mode=mode)
             except RowsOutOfOrder:
                 pass  # rows visited out of storage order: counted and filled, two phases
         if single is not None:
@@ -297,7 +298,7 @@ def generate(
             )
             if single.chunks is not None and wrapped is None:
                 # rows not in one plain loop, or carried from row to row: the serial pass
-                single, _ = lowers(schedule=one, parallel=False, append=True)
+                single, _ = lowers(schedule=one, parallel=False, mode=AssemblyMode.APPEND)
                 appended = run_passes(C_APPEND_PASSES, single.body, unit)
             append_tiled, body = appended.of("tile"), appended.body
             if wrapped is not None:
@@ -407,7 +408,7 @@ def generate_cuda(
     if not spec.output.format.is_dense:
         # rows counted (each into its pos slot) by the same mapping, prefix-summed by the
         # runtime, then filled
-        counted, _ = lower(spec, make_names, schedule=scheduled, counting=True)
+        counted, _ = lower(spec, make_names, schedule=scheduled, mode=AssemblyMode.COUNT)
     chosen, gpu = scheduled.commands, lowered.gpu
     assert gpu is not None, "lowered for a GPU target"
     fill = semiring(spec.semantics.semiring).identity

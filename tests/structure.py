@@ -351,6 +351,66 @@ def names_from(mod: Module, prefix: str) -> set[tuple[str, str]]:
     return found
 
 
+@dataclass(frozen=True)
+class Function:
+    """One function of a module, by its qualified name (``Class.method``), as written."""
+
+    name: str
+    #: every parameter but ``*args``/``**kwargs`` (``self`` included), with its annotation
+    params: tuple[tuple[str, str], ...]
+    #: ``**kwargs``: its name and annotation, if it has one
+    kwargs: tuple[str, str] | None
+
+
+def functions(mod: Module) -> list[Function]:
+    """Every function and method defined in ``mod``, nested ones included."""
+    found: list[Function] = []
+
+    def text(a: ast.arg) -> tuple[str, str]:
+        return a.arg, ast.unparse(a.annotation) if a.annotation is not None else ""
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = child.args
+                params = tuple(text(p) for p in (*a.posonlyargs, *a.args, *a.kwonlyargs))
+                kwargs = text(a.kwarg) if a.kwarg is not None else None
+                found.append(Function(prefix + child.name, params, kwargs))
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(mod.path.read_text()), "")
+    return found
+
+
+def annotations(mod: Module) -> list[str]:
+    """Every annotation written in ``mod`` (of a parameter, a return, a variable or a
+    field), as source text."""
+    found: list[ast.expr] = []
+    for node in ast.walk(ast.parse(mod.path.read_text())):
+        if isinstance(node, ast.AnnAssign):
+            found.append(node.annotation)
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            found.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns:
+            found.append(node.returns)
+    return [ast.unparse(a) for a in found]
+
+
+def attributes(mod: Module, name: str) -> set[str]:
+    """The attributes ``mod`` reaches on a variable called ``name`` (``name.attr``)."""
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(mod.path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == name
+    }
+
+
 #: the targets' names (`sparsec.target.TARGETS`): only the API edge reads them
 TARGET_NAMES = frozenset({"c", "cuda", "cuda-emulated"})
 #: where the user's ``target=`` string becomes a `sparsec.target.Target`

@@ -13,7 +13,7 @@ from sparsec.ir import nodes as ir
 from sparsec.ir.visit import statements
 from sparsec.lower import lower
 from sparsec.lower.assemble import Assembler
-from sparsec.lower.coiterate import coiterate
+from sparsec.lower.coiterate import Walk, coiterate
 from sparsec.lower.ctx import AccSink, Ctx, OutputSink
 from sparsec.lower.env import Flags, LowerEnv
 from sparsec.lower.levels import iterator
@@ -24,6 +24,7 @@ from sparsec.middle.schedule import loop_nest, make_schedule
 from sparsec.middle.spec import make_spec
 from sparsec.policy.schedules import cpu_default
 from sparsec.tensors.formats import Compressed, Dense, LevelNames, Singleton, dense_extent
+from sparsec.tensors.layout import AssemblyMode
 
 P, Q, I, N = ir.Var("p"), ir.Var("q"), ir.Var("i"), ir.Var("N")
 AT = LevelNames(N, "B2_pos", "B2_crd")
@@ -173,14 +174,14 @@ def _shape(block: ir.Block) -> list[str]:
 )
 def test_coiterate_on_a_lattice(expr, formats, want):
     env = _env(expr, formats, parallel=False)
-    rhs = env.spec.statement.rhs
-    lattice = build(rhs, lambda a: iterator(env, a, "i", Ctx()), env.exact)
+    rhs = env.inputs.spec.statement.rhs
+    lattice = build(rhs, lambda a: iterator(env, a, "i", Ctx()), env.inputs.exact)
 
     def body(case, ctx):
         assert "i" in ctx.coords  # the variable is bound inside
         return ir.block(ir.Comment(str(case)))
 
-    got = coiterate(env, "i", lattice, Ctx(), OutputSink(), True, body)
+    got = coiterate(env, lattice, Walk("i", Ctx(), OutputSink(), body, outermost=True))
     assert _shape(got) == want
 
 
@@ -243,7 +244,7 @@ def test_one_epilogue_checks_bounds_first(expr, formats, schedule, counting):
         namer = Namer()
         return signature(spec, namer), namer
 
-    options = {"counting": counting} if counting else {}
+    options = {"mode": AssemblyMode.COUNT} if counting else {}
     lowered, _ = lower(
         spec, names, schedule=make_schedule(spec, parse_commands(schedule)), **options
     )
@@ -262,7 +263,7 @@ def test_assembler_stands_alone():
     namer = Namer()
     sig = signature(spec, namer)
     var_names = {i: namer.fresh(i) for i in spec.indices}
-    asm = Assembler(spec.output, spec.statement.lhs, sig, namer, var_names, counting=False)
+    asm = Assembler(spec.output, spec.statement.lhs, sig, namer, var_names, AssemblyMode.FILL)
     count = ir.Var(asm.count[1])
     crd, vals, pos = sig.array("C", "crd", 1), sig.array("C", "vals"), sig.array("C", "pos", 1)
     stored = asm.store(ir.Load(vals, count), ir.FloatLit(2.0), checked=True)

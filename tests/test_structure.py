@@ -201,6 +201,88 @@ def test_the_passes_take_their_options_from_the_decision() -> None:
     assert structure.int_constants(mods["sparsec.passes.stages"]) == ["REMAINDER"]
 
 
+#: the old mode switches of a sparse output's assembly (issue 37 item 5)
+MODE_SWITCHES = frozenset({"counting", "append", "chunked"})
+
+
+def test_an_assembly_has_one_mode() -> None:
+    """A sparse output's kernel is assembled in one `AssemblyMode` (`AssemblyMode.of`
+    decides rows and chunks from the layout, once): the Assembler, the environment and
+    `lower` take a ``mode``, no boolean switches that two paths could read apart."""
+    mods = structure.modules()
+    takers = {
+        ("sparsec.lower.assemble", "Assembler.__init__"),
+        ("sparsec.lower.env", "LowerEnv.__init__"),
+        ("sparsec.lower.kernel", "lower"),
+    }
+    seen = {
+        (m, f.name): {name for name, _ in f.params}
+        for m in {m for m, _ in takers}
+        for f in structure.functions(mods[m])
+        if (m, f.name) in takers
+    }
+    assert seen.keys() == takers
+    assert {k: p & MODE_SWITCHES for k, p in seen.items() if p & MODE_SWITCHES} == {}
+    assert all("mode" in p for p in seen.values())
+
+
+def test_lowering_flags_are_typed() -> None:
+    """The flags a loop body is lowered under change by name and type that mypy checks
+    (`FlagChanges`): no function of `sparsec.lower` takes ``**kwargs: Any``, and nothing
+    there is annotated ``dict[str, Any]`` (a setup's flags were one)."""
+    mods = structure.modules()
+    lower = [m for name, m in mods.items() if name.startswith("sparsec.lower")]
+    loose = [
+        (m.name, f.name)
+        for m in lower
+        for f in structure.functions(m)
+        if f.kwargs is not None and f.kwargs[1] in ("", "Any")
+    ]
+    assert loose == []
+    stringly = [(m.name, a) for m in lower for a in structure.annotations(m) if "Any]" in a]
+    assert stringly == []
+
+
+def test_the_lowering_environment_is_split() -> None:
+    """A lowering's state is in three parts, each attribute reached through its own:
+    what it is given (`Inputs`, frozen), what is decided before the nest (`Decided`: the
+    schedule and what follows from it) and what the nest finds (`Found`); the environment
+    itself holds those and the scoped flags."""
+    mods = structure.modules()
+    lower = [m for name, m in mods.items() if name.startswith("sparsec.lower")]
+    reached = {a for m in lower for a in structure.attributes(m, "env")}
+    assert reached == {"inputs", "decided", "found", "flags", "scope"}
+    source = mods["sparsec.lower.env"].path.read_text()
+    assert '__slots__ = ("inputs", "decided", "found", "flags")' in source
+    assert "@dataclass(frozen=True, slots=True)\nclass Inputs:" in source
+
+
+#: the most parameters a function of `sparsec.lower` takes (``self`` not counted): the
+#: point being lowered travels as one value (`ctx.NestPoint`, `coiterate.Walk`,
+#: `races.Loop`), not as a list of its parts
+MOST_PARAMETERS = 6
+#: the functions allowed more, each with its reason
+MANY_PARAMETERS = {
+    # the inputs of one lowering, by keyword, from which `env.Inputs` is built
+    ("sparsec.lower.env", "LowerEnv.__init__"),
+}
+
+
+def test_lowering_state_travels_as_values() -> None:
+    """No function of `sparsec.lower` takes more than `MOST_PARAMETERS` parameters but
+    those allowed above: the loop or point being lowered is one frozen value."""
+    mods = structure.modules()
+    lower = [m for name, m in mods.items() if name.startswith("sparsec.lower")]
+    long = {
+        (m.name, f.name): len([p for p, _ in f.params if p != "self"])
+        for m in lower
+        for f in structure.functions(m)
+    }
+    over = {k for k, n in long.items() if n > MOST_PARAMETERS}
+    assert sorted(over - MANY_PARAMETERS) == []
+    assert sorted(MANY_PARAMETERS - over) == []  # an allowance no longer needed goes
+
+
 def test_only_the_api_edge_decides_by_a_target_s_name() -> None:
     """A target is a `sparsec.target.Target`, made once from the user's string at the API
     edge: everywhere else code asks its capabilities (``gpu``, ``openmp``, ``lanes``,

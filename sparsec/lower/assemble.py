@@ -29,13 +29,13 @@ from ..ir import nodes as ir
 from ..middle.order import level_indices
 from ..middle.spec import TensorVar
 from ..tensors.formats import Dense, LevelFormat, LevelNames, dense_extent
-from ..tensors.layout import OutputLayout
+from ..tensors.layout import AssemblyMode, OutputLayout
 from .chunks import ChunkFrame, Table
 from .workspace import Workspace, allocate
 
 
 class Assembler:
-    """Generates the output-assembly statements for one kernel (count or compute mode).
+    """Generates the output-assembly statements for one kernel, in one `AssemblyMode`.
 
     It knows the output, the kernel's names (``sig``, ``namer``) and the C name of each
     index variable (``var_names``), and nothing of the lowering that calls it."""
@@ -47,17 +47,16 @@ class Assembler:
         sig: Signature,
         namer: Namer,
         var_names: dict[str, str],
-        counting: bool,
-        append: bool = False,
-        chunked: bool = False,
+        mode: AssemblyMode,
     ) -> None:
         self.sig = sig
         self.namer = namer
         self.var_names = var_names
-        self.counting = counting
         self.lhs = lhs
         self.name = out.name
         self.layout = OutputLayout.of(out.format, out.name)
+        #: the phase asked for, made this layout's (`AssemblyMode.of`)
+        self.mode = AssemblyMode.of(self.layout, mode)
         self.levels: tuple[LevelFormat, ...] = out.format.levels
         self.vars = level_indices(self.lhs, out.format)
         appended = (*self.layout.inner, self.layout.last)
@@ -68,21 +67,15 @@ class Assembler:
         self.vals = sig.array(self.name, "vals")
         self.sizes = sig.sizes
         self.touched = namer.fresh("stored") if self.layout.block else ""
-        #: the single-pass kernel: its last level has slack, so loops check up front
-        self.append = append
-        #: the single pass in chunks of rows (`chunks`): this function appends one chunk's
-        #: rows (``sc_chunk``) into its region, from its counter's start to its end
-        self.chunked = chunked and append and self.layout.rowwise and self.layout.dense_prefix == 1
-        self.chunks = namer.fresh("chunks") if self.chunked else ""
-        #: appending kernels: each appended level's capacity, read from ``sc_sizes``
+        #: a chunk's table index (`chunks`): this function appends one chunk's rows
+        #: (``sc_chunk``) into its region, from its counter's start to its end
+        self.chunks = namer.fresh("chunks") if self.mode.chunked else ""
+        #: each appended level's capacity, read from ``sc_sizes`` (where the mode checks it)
         self.capacity = (
-            {}
-            if counting or (self.layout.rowwise and not append)
-            else {k: namer.fresh(f"cap{self.name}{k + 1}") for k in appended}
+            {k: namer.fresh(f"cap{self.name}{k + 1}") for k in appended}
+            if self.mode.checks_capacity
+            else {}
         )
-        #: rows are independent: per-row counters, ``pos`` prefix-summed by the runtime
-        #: (``append``: one counter across rows instead, for the single-pass kernel)
-        self.rowwise = self.layout.rowwise and not append
         #: the Gustavson workspace, once `workspace_alloc` made one, and its allocation
         self.ws: Workspace | None = None
         self.ws_alloc: list[ir.Stmt] = []
@@ -93,11 +86,15 @@ class Assembler:
         return LevelNames(self._dim(k), self.pos.get(k, ""), self.crd.get(k, ""))
 
     def _store(self, array: str, index: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
-        return [] if self.counting else [ir.Assign(ir.Load(array, index), value)]
+        return [] if self.mode.counting else [ir.Assign(ir.Load(array, index), value)]
 
     def _append_coord(self, k: int, at: ir.Expr) -> list[ir.Stmt]:
         """Level ``k``'s coordinate at its appended position ``at`` (not when counting)."""
-        return [] if self.counting else self.levels[k].append_coord(at, self._coord(k), self._at(k))
+        return (
+            []
+            if self.mode.counting
+            else self.levels[k].append_coord(at, self._coord(k), self._at(k))
+        )
 
     def _room(self, k: int, slack: bool = False) -> list[ir.Stmt]:
         """Leave the kernel before appending past level ``k``'s capacity (``slack``: the
@@ -119,7 +116,7 @@ class Assembler:
         bound never fails this check, however loosely ``room`` counts."""
         layout = self.layout
         if (
-            not self.append
+            not self.mode.single_pass
             or self.level_of(var) != layout.last
             or layout.last not in self.capacity
             or not layout.one_entry_per_step
@@ -161,9 +158,9 @@ class Assembler:
         return [*self.workspace_free(), *self.epilogue()]
 
     def prologue(self) -> list[ir.Stmt]:
-        if self.rowwise:
+        if self.mode.rowwise:
             return []
-        if self.chunked:  # the chunk's region, from the table after the sizes
+        if self.mode.chunked:  # the chunk's region, from the table after the sizes
             last, chunks, c = self.layout.last, ir.Var(self.chunks), ir.Var(CHUNK_PARAM)
             at = Table(self.sizes, len(self.levels), chunks)
             return [
@@ -173,7 +170,7 @@ class Assembler:
             ]
         stmts: list[ir.Stmt] = [ir.Decl(ir.I64, c, ir.IntLit(0)) for c in self.count.values()]
         first = min(self.count)
-        if self.counting:
+        if self.mode.counting:
             return stmts
         for k, cap in self.capacity.items():
             stmts.append(ir.Decl(ir.I64, cap, ir.Load(self.sizes, ir.IntLit(k))))
@@ -190,13 +187,13 @@ class Assembler:
         return stmts
 
     def epilogue(self) -> list[ir.Stmt]:
-        if self.rowwise:
+        if self.mode.rowwise:
             return []
-        if self.chunked:  # every row recorded its end; the chunk's end for the moves
+        if self.mode.chunked:  # every row recorded its end; the chunk's end for the moves
             at = Table(self.sizes, len(self.levels), ir.Var(self.chunks))
             return [ir.Assign(at.end(ir.Var(CHUNK_PARAM)), ir.Var(self.count[self.layout.last]))]
         first = min(self.count)
-        if self.counting:
+        if self.mode.counting:
             stmts: list[ir.Stmt] = []
             for k, c in self.count.items():
                 stmts.append(ir.Assign(ir.Load(self.sizes, ir.IntLit(k)), ir.Var(c)))
@@ -236,20 +233,22 @@ class Assembler:
         layout = self.layout
         before: list[ir.Stmt] = []
         after: list[ir.Stmt] = []
-        if k == layout.dense_prefix - 1 and ctx_pos is not None and self.rowwise:
+        if k == layout.dense_prefix - 1 and ctx_pos is not None and self.mode.rowwise:
             # one row: count its entries into pos[p + 1], or fill them from pos[p]
             last = layout.last
             row_count = self.count[last]
             row = self.levels[last]
             row_start, _ = row.bounds((ctx_pos, ctx_pos), self._at(last))
-            before.append(ir.Decl(ir.I64, row_count, ir.IntLit(0) if self.counting else row_start))
+            before.append(
+                ir.Decl(ir.I64, row_count, ir.IntLit(0) if self.mode.counting else row_start)
+            )
             before += self.ws.row_slices(ctx_pos) if self.ws is not None else []
-            if self.counting:
+            if self.mode.counting:
                 after.append(row.append_edges(ctx_pos, ir.Var(row_count), self._at(last)))
         elif k == layout.dense_prefix - 1 and ctx_pos is not None:
             # the dense parent of the first sparse level: record where its children end
             child = min(self.count)
-            if not self.counting:
+            if not self.mode.counting:
                 edges = self.levels[child].append_edges(
                     ctx_pos, ir.Var(self.count[child]), self._at(child)
                 )
@@ -267,7 +266,7 @@ class Assembler:
         elif k == layout.last and layout.block:
             c = ir.Var(self.count[k])
             before.append(ir.Decl(ir.BOOL, self.touched, ir.IntLit(0)))
-            if not self.counting:
+            if not self.mode.counting:
                 # the block at the next free position is zeroed before anything is known to
                 # be stored in it, so vals has one spare block past the last kept entry
                 before += self._room(k, slack=True)
@@ -288,11 +287,11 @@ class Assembler:
         layout = self.layout
         if layout.block:
             stmts: list[ir.Stmt] = [ir.Assign(ir.Var(self.touched), ir.IntLit(1))]
-            if value is not None and not self.counting:
+            if value is not None and not self.mode.counting:
                 stmts.append(ir.Assign(slot, value, "+="))
             return stmts
         c = ir.Var(self.count[layout.last])
-        stmts = [] if self.counting or checked else self._room(layout.last)
+        stmts = [] if self.mode.counting or checked else self._room(layout.last)
         for k in (layout.last, *layout.tail):
             stmts += self._append_coord(k, c)
         if value is not None:
@@ -307,11 +306,11 @@ class Assembler:
         row takes its thread's slice). `opening` allocates it."""
         if var is None:
             return
-        copies = ir.Var(self.sig.threads) if self.rowwise else None
+        copies = ir.Var(self.sig.threads) if self.mode.rowwise else None
         size = ir.Var(self.sig.dim(var))
         roles = {**GPU_WORKSPACE, **GPU_HASH}
         given = {role: name for role, (name, _) in roles.items()} if gpu else None
-        self.ws, self.ws_alloc = allocate(var, size, self.namer, self.counting, copies, given)
+        self.ws, self.ws_alloc = allocate(var, size, self.namer, self.mode.counting, copies, given)
 
     def workspace_free(self) -> list[ir.Stmt]:
         return self.ws.free() if self.ws is not None else []
@@ -326,7 +325,7 @@ class Assembler:
         assert ws is not None
         last = self.layout.last
         c = ir.Var(self.count[last])
-        if self.counting:
+        if self.mode.counting:
             return ws.count_reached(c)
 
         def append(coord: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
@@ -345,7 +344,7 @@ class Assembler:
 
     def chunk_frame(self) -> ChunkFrame | None:
         """What `chunks.wrap` needs to run the single pass in chunks of rows."""
-        if not self.chunked:
+        if not self.mode.chunked:
             return None
         last = self.layout.last
         return ChunkFrame(

@@ -30,9 +30,32 @@ from .env import LowerEnv
 from .levels import crd, level, names, unique
 from .output import zero_slice
 from .parallel import inside, loop_setup
+from .races import Loop
 
 #: lowers the body of one iteration: the case's expression, the context inside
 Body = Callable[[CExpr, Ctx], ir.Block]
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """The loop over ``var`` being lowered in ``ctx``: ``body`` lowers each case of an
+    iteration, which stores into ``sink``; ``outermost``: the kernel's first loop."""
+
+    var: str
+    ctx: Ctx
+    sink: Sink
+    body: Body
+    outermost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of a merge's while loop: the iterators it runs while (``live``), the
+    coordinates it reads first, and the variable an intersection gallops to (`mergeby`)."""
+
+    live: tuple[Iterator, ...]
+    reads: tuple[ir.Stmt, ...]
+    gallop_to: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +90,15 @@ def iterator_state(env: LowerEnv, it: Iterator, ctx: Ctx) -> IterState:
         # the parent may be absent here (a flagged union): then no children, and its
         # position (possibly the end) is not read
         lo, hi = (ir.Select(parent.here, x, ir.IntLit(0)) for x in (lo, hi))
-    var = level_indices(it.access, env.formats[t])[k]
-    p = env.namer.fresh(f"p{t}{k + 1}")
-    nxt = env.namer.fresh(f"{p}_next") if not fmt.unique else ""
-    here = env.namer.fresh(f"{var}{t}_here")
+    var = level_indices(it.access, env.inputs.formats[t])[k]
+    p = env.inputs.namer.fresh(f"p{t}{k + 1}")
+    nxt = env.inputs.namer.fresh(f"{p}_next") if not fmt.unique else ""
+    here = env.inputs.namer.fresh(f"{var}{t}_here")
     advance = ir.Var(nxt) if nxt else ir.Bin("+", ir.Var(p), ir.IntLit(1))
     return IterState(
         pos=p,
-        end=env.namer.fresh(f"{p}_end"),
-        coord=env.namer.fresh(f"{var}{t}"),
+        end=env.inputs.namer.fresh(f"{p}_end"),
+        coord=env.inputs.namer.fresh(f"{var}{t}"),
         here=here,
         next=nxt,
         lo=lo,
@@ -85,34 +108,27 @@ def iterator_state(env: LowerEnv, it: Iterator, ctx: Ctx) -> IterState:
 
 
 def coiterate(
-    env: LowerEnv,
-    var: str,
-    lattice: Lattice,
-    ctx: Ctx,
-    sink: Sink,
-    outermost: bool,
-    body: Body,
-    window: tuple[ir.Expr, ir.Expr] | None = None,
+    env: LowerEnv, lattice: Lattice, walk: Walk, window: tuple[ir.Expr, ir.Expr] | None = None
 ) -> ir.Block:
-    """The loops over ``var`` for ``lattice``, ``body`` in each case of each iteration.
+    """The loops of ``walk`` over its variable for ``lattice``, its body in each case of
+    each iteration.
 
-    ``window``: only the coordinates ``[lo, hi)`` of ``var`` (a piece of a split merge,
-    `lower.window`): each iterator starts at its first position at or after ``lo``,
+    ``window``: only the coordinates ``[lo, hi)`` of the variable (a piece of a split
+    merge, `lower.window`): each iterator starts at its first position at or after ``lo``,
     found by a binary search, and a merge stops at ``hi``."""
+    var, ctx, sink = walk.var, walk.ctx, walk.sink
     iterators = lattice.iterators
-    name = env.var_names[var]
+    name = env.decided.var_names[var]
     if window is not None:
         assert iterators and not lattice.position_loop
     elif lattice.range_loop:
-        return _dense_loop(env, var, lattice.points[0], ctx, sink, outermost, body)
+        return _dense_loop(env, lattice.points[0], walk)
     if lattice.position_loop:
-        return _position_loop(env, var, lattice.points[0], ctx, sink, outermost, body)
+        return _position_loop(env, lattice.points[0], walk)
 
     merged = ", ".join(sorted({str(it.access) for it in iterators}))
-    loop_setup(
-        env, var, frozenset({var}), ctx, sink, f"it co-iterates {merged}", ir.IntLit(0), False
-    )
-    gallop = env.plan is not None and env.plan.mergeby.get(var) == "Gallop"
+    loop_setup(env, Loop(var, frozenset({var}), sink, f"it co-iterates {merged}", ir.IntLit(0)))
+    gallop = env.decided.plan is not None and env.decided.plan.mergeby.get(var) == "Gallop"
     if gallop and (lattice.full or len(lattice.points) != 1):
         raise ScheduleError(
             f"mergeby({var},Gallop): the loop over {var} merges {merged} as a union "
@@ -125,8 +141,8 @@ def coiterate(
     init = [ir.Decl(ir.I64, s.pos, s.lo) for s in state.values()]
     init += [ir.Decl(ir.I64, s.end, s.hi) for s in state.values()]
     if lattice.full:
-        loop_body = _case_body(env, var, lattice, lattice.points, state, ctx, body)
-        first, stop = window or (ir.IntLit(0), ir.Var(env.sig.dim(var)))
+        loop_body = _case_body(env, lattice, lattice.points, state, walk)
+        first, stop = window or (ir.IntLit(0), ir.Var(env.inputs.sig.dim(var)))
         loop = ir.For(name, first, stop, loop_body)
         return ir.block(*init, loop)
     loops: list[ir.Stmt] = []
@@ -135,7 +151,7 @@ def coiterate(
     for st in state.values():
         room = ir.add(room, ir.Bin("-", ir.Var(st.end), ir.Var(st.pos)))
     with capacity_checked(env, var, room) as check:
-        loops += _merge_loops(env, var, lattice, state, ctx, body, gallop)
+        loops += _merge_loops(env, lattice, state, walk, gallop)
     return ir.block(*init, *check, *loops)
 
 
@@ -157,16 +173,10 @@ def _windowed(
 
 
 def _merge_loops(
-    env: LowerEnv,
-    var: str,
-    lattice: Lattice,
-    state: dict[Iterator, IterState],
-    ctx: Ctx,
-    body: Body,
-    gallop: bool,
+    env: LowerEnv, lattice: Lattice, state: dict[Iterator, IterState], walk: Walk, gallop: bool
 ) -> list[ir.Stmt]:
     """One while loop per lattice point, each while all its iterators have entries."""
-    name = env.var_names[var]
+    name = env.decided.var_names[walk.var]
     loops: list[ir.Stmt] = []
     for top in lattice.points:
         its = ordered(top.iterators)
@@ -183,38 +193,37 @@ def _merge_loops(
             top_coord: ir.Expr = ir.Var(state[its[0]].coord)
             for it in its[1:]:
                 top_coord = ir.Call("max", (top_coord, ir.Var(state[it].coord)))
-            target = env.namer.fresh(f"{name}_max")
+            target = env.inputs.namer.fresh(f"{name}_max")
             reads.append(ir.Decl(ir.I64, target, top_coord))
-        step = _case_body(
-            env, var, lattice, lattice.sub_points(top), state, ctx, body, its, reads, target
+        step = Step(tuple(its), tuple(reads), target)
+        loops.append(
+            ir.While(cond, _case_body(env, lattice, lattice.sub_points(top), state, walk, step))
         )
-        loops.append(ir.While(cond, step))
     return loops
 
 
 def _case_body(
     env: LowerEnv,
-    var: str,
     lattice: Lattice,
     cases: tuple[LatticePoint, ...],
     state: dict[Iterator, IterState],
-    ctx: Ctx,
-    body: Body,
-    live: list[Iterator] | None = None,
-    reads: list[ir.Stmt] | None = None,
-    gallop_to: str | None = None,
+    walk: Walk,
+    step: Step | None = None,
 ) -> ir.Block:
-    """One step of co-iteration: which iterators sit at ``var``, the cases, advancing.
+    """One step of co-iteration: which iterators sit at the walk's variable, the cases,
+    advancing.
 
-    In a dense loop (``live`` is None) every iterator may be exhausted, so presence is
+    In a dense loop (no ``step``) every iterator may be exhausted, so presence is
     ``p < end && crd[p] == var``; in a while loop the condition guarantees positions.
     """
-    name = env.var_names[var]
-    its = live if live is not None else ordered(lattice.iterators)
-    stmts: list[ir.Stmt] = list(reads or [])
+    var = walk.var
+    name = env.decided.var_names[var]
+    its = step.live if step is not None else ordered(lattice.iterators)
+    gallop_to = step.gallop_to if step is not None else None
+    stmts: list[ir.Stmt] = list(step.reads if step is not None else ())
     for it in its:
         s = state[it]
-        if live is None:
+        if step is None:
             here = ir.conj(
                 ir.Bin("<", ir.Var(s.pos), ir.Var(s.end)),
                 ir.Bin("==", crd(env, it, ir.Var(s.pos)), ir.Var(name)),
@@ -230,7 +239,7 @@ def _case_body(
             (it.access, it.level): Bound(ir.Var(state[it].pos), state[it].advance)
             for it in point.iterators
         }
-        case = body(point.expr, ctx.bind({var: ir.Var(name)}, levels))
+        case = walk.body(point.expr, walk.ctx.bind({var: ir.Var(name)}, levels))
         if point.iterators:
             cond = ir.conj(*(ir.Var(state[it].here) for it in ordered(point.iterators)))
             branches.append((cond, case))
@@ -253,16 +262,16 @@ def _case_body(
             )
             stmts.append(ir.Assign(ir.Var(s.pos), ir.Select(everyone, s.advance, jump)))
         return ir.block(*stmts)
-    counting = env.assembler is not None and env.assembler.counting
+    counting = env.decided.assembler is not None and env.decided.assembler.mode.counting
     for it in its:
         s = state[it]
         if counting and unique(env, it):
             # no values are read while counting: advance without a branch (a merge's
             # branches are unpredictable; GCC keeps them for the select otherwise)
-            step: ir.Expr = ir.Bin("+", ir.Var(s.pos), ir.Var(s.here))
+            ahead: ir.Expr = ir.Bin("+", ir.Var(s.pos), ir.Var(s.here))
         else:
-            step = ir.Select(ir.Var(s.here), s.advance, ir.Var(s.pos))
-        stmts.append(ir.Assign(ir.Var(s.pos), step))
+            ahead = ir.Select(ir.Var(s.here), s.advance, ir.Var(s.pos))
+        stmts.append(ir.Assign(ir.Var(s.pos), ahead))
     return ir.block(*stmts)
 
 
@@ -286,7 +295,7 @@ def segment(
 def capacity_checked(env: LowerEnv, var: str, room: ir.Expr) -> Iter[list[ir.Stmt]]:
     """Lower a loop body under one up-front capacity check when the loop appends the
     output's last level (`Assembler.precheck`); yields the check's statements."""
-    asm = env.assembler
+    asm = env.decided.assembler
     check = asm.precheck(var, room) if asm is not None else []
     if asm is None or not check:
         yield check
@@ -295,61 +304,39 @@ def capacity_checked(env: LowerEnv, var: str, room: ir.Expr) -> Iter[list[ir.Stm
         yield check
 
 
-def _dense_loop(
-    env: LowerEnv,
-    var: str,
-    point: LatticePoint,
-    ctx: Ctx,
-    sink: Sink,
-    outermost: bool,
-    body: Body,
-) -> ir.Block:
-    name = env.var_names[var]
-    trip = ir.Var(env.sig.dim(var))
-    setup = loop_setup(env, var, frozenset({var}), ctx, sink, "for", trip, outermost)
+def _dense_loop(env: LowerEnv, point: LatticePoint, walk: Walk) -> ir.Block:
+    var, ctx, sink, outermost, body = walk.var, walk.ctx, walk.sink, walk.outermost, walk.body
+    name = env.decided.var_names[var]
+    trip = ir.Var(env.inputs.sig.dim(var))
+    setup = loop_setup(env, Loop(var, frozenset({var}), sink, "for", trip, outermost))
     inner = ctx.bind({var: ir.Var(name)}, covered=var)
     with capacity_checked(env, var, trip) as check:
         step = inside(env, setup, lambda: body(point.expr, inner))
-    if outermost and env.zero_in_loop:
+    if outermost and env.decided.zero_in_loop:
         step = ir.block(zero_slice(env, ir.Var(name)), step)
     loop = ir.For(name, ir.IntLit(0), trip, step, setup.parallel, setup.unroll)
     return ir.block(*setup.pre, *check, loop, *setup.post)
 
 
-def _position_loop(
-    env: LowerEnv,
-    var: str,
-    point: LatticePoint,
-    ctx: Ctx,
-    sink: Sink,
-    outermost: bool,
-    body: Body,
-) -> ir.Block:
+def _position_loop(env: LowerEnv, point: LatticePoint, walk: Walk) -> ir.Block:
+    var, ctx, sink, outermost, body = walk.var, walk.ctx, walk.sink, walk.outermost, walk.body
     (it,) = point.iterators
     s = iterator_state(env, it, ctx)
-    name = env.var_names[var]
+    name = env.decided.var_names[var]
     pos = ir.Var(s.pos)
     read = ir.Decl(ir.I64, name, crd(env, it, pos))
     if unique(env, it):
         inner = ctx.bind({var: ir.Var(name)}, {(it.access, it.level): unit(pos)})
         end = ir.Decl(ir.I64, s.end, s.hi)
         trip = ir.Bin("-", ir.Var(s.end), s.lo)
-        setup = loop_setup(env, var, frozenset({var}), ctx, sink, "for", trip, outermost)
+        setup = loop_setup(env, Loop(var, frozenset({var}), sink, "for", trip, outermost))
         with capacity_checked(env, var, trip) as check:
             step = inside(env, setup, lambda: ir.block(read, body(point.expr, inner)))
         loop = ir.For(s.pos, s.lo, ir.Var(s.end), step, setup.parallel, setup.unroll)
         return ir.block(end, *setup.pre, *check, loop, *setup.post)
     # Non-unique level: walk runs of equal coordinates; children see [p, next).
-    loop_setup(
-        env,
-        var,
-        frozenset({var}),
-        ctx,
-        sink,
-        f"it walks runs of equal coordinates of {it.access}'s non-unique level",
-        ir.IntLit(0),
-        False,
-    )
+    walks = f"it walks runs of equal coordinates of {it.access}'s non-unique level"
+    loop_setup(env, Loop(var, frozenset({var}), sink, walks, ir.IntLit(0)))
     inner = ctx.bind({var: ir.Var(name)}, {(it.access, it.level): Bound(pos, ir.Var(s.next))})
     step = ir.block(
         read,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..frontend.concrete import CExpr
@@ -110,6 +111,25 @@ class SegmentSink:
 
 
 Sink = OutputSink | AccSink | WorkspaceSink | DenseWsSink | SegmentSink
+
+#: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
+Nest = Callable[[tuple[str, ...], CExpr, Ctx, Sink], ir.Block]
+
+
+@dataclass(frozen=True, slots=True)
+class NestPoint:
+    """The point of the nest being lowered: ``expr`` in ``ctx``, with the loops ``rest``
+    still to lower inside it, into ``sink``, by ``nest``."""
+
+    expr: CExpr
+    ctx: Ctx
+    rest: tuple[str, ...]
+    sink: Sink
+    nest: Nest
+
+    def inside(self, ctx: Ctx, sink: Sink | None = None) -> ir.Block:
+        """The loops ``rest`` lowered in ``ctx`` (into ``sink``, else the point's)."""
+        return self.nest(self.rest, self.expr, ctx, self.sink if sink is None else sink)
 
 
 @dataclass(frozen=True, slots=True)

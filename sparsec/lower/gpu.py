@@ -14,23 +14,15 @@ from ..errors import ScheduleError
 from ..ir import nodes as ir
 from ..middle.commands import Races, Unit
 from ..middle.plan import Parallelize
-from .ctx import AccSink, Sink
+from .ctx import AccSink
 from .env import LowerEnv
-from .races import LoopSetup, race
+from .races import Loop, LoopSetup, race
 
 
-def gpu_setup(
-    env: LowerEnv,
-    loop: str,
-    req: Parallelize,
-    distinct: frozenset[str],
-    sink: Sink,
-    kind: str,
-    trip: ir.Expr,
-    setup: LoopSetup,
-) -> LoopSetup:
+def gpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) -> LoopSetup:
     """A loop mapped to the GPU: nesting rules, then the same race analysis as on the
     CPU (a thread's locals are private, so a shared accumulator is a warp reduction)."""
+    loop, distinct, sink, kind, trip = asked.var, asked.distinct, asked.sink, asked.kind, asked.trip
     cmd = req.origin
     unit = req.unit
     if not unit.gpu:
@@ -47,31 +39,31 @@ def gpu_setup(
     _gpu_nesting(env, cmd, unit)
     _gpu_rows(env, cmd, loop)
     if unit == Unit.GPUBlock:
-        if env.grid is not None:
+        if env.found.grid is not None:
             raise ScheduleError(
                 f"{cmd}: the GPUBlock loop is reached on more than one path of the loop "
                 "nest; map a loop that runs once per kernel"
             )
-        env.grid = trip
+        env.found.grid = trip
     units = env.flags.gpu_units
     lane = unit == Unit.GPUThread and Unit.GPUWarp in units
-    warp = env.target.lanes
+    warp = env.inputs.target.lanes
     lanes = env.flags.group_lanes or warp
     group = lane and "group" not in units and _encloses_lanes(env, loop)
     if group:
         lanes = _group_lanes(env, cmd, loop)
         setup.flags["group_lanes"] = lanes
     setup.flags["gpu_units"] = (*units, "group" if group else unit)
-    out = env.lhs.name
+    out = env.inputs.lhs.name
     target_acc = isinstance(sink, AccSink)
     why = race(env, loop, distinct, sink)
     schedule = "group" if group else "lane" if lane else ""
     par = ir.Parallel(unit, schedule, lanes=lanes) if lanes != warp else ir.Parallel(unit, schedule)
     if isinstance(sink, AccSink):
-        env.acc_units.setdefault(sink.name, set()).add("lane" if lane and not group else unit)
+        env.found.acc_units.setdefault(sink.name, set()).add("lane" if lane and not group else unit)
     if why is None:
         setup.parallel = par
-        env.notes.append(f"{loop}: {unit}, race-free")
+        env.found.notes.append(f"{loop}: {unit}, race-free")
         return setup
     match req.races:
         case Races.NoRaces | Races.IgnoreRaces:
@@ -83,22 +75,24 @@ def gpu_setup(
         case Races.Atomics if not target_acc:
             setup.flags["atomic_writes"] = True
             setup.parallel = par
-            env.notes.append(f"{loop}: {unit}, atomicAdd into {out}")
+            env.found.notes.append(f"{loop}: {unit}, atomicAdd into {out}")
         case Races.Atomics:
             # each thread sums its iterations privately, then adds its part atomically
             assert isinstance(sink, AccSink)
-            env.partial_accs.add(sink.name)
+            env.found.partial_accs.add(sink.name)
             setup.parallel = par
-            env.notes.append(f"{loop}: {unit}, per-thread partial sums, atomicAdd into {out}")
+            env.found.notes.append(f"{loop}: {unit}, per-thread partial sums, atomicAdd into {out}")
         case Races.ParallelReduction if target_acc and lane and not group:
             assert isinstance(sink, AccSink)
-            env.warp_reduced.add(sink.name)
+            env.found.warp_reduced.add(sink.name)
             setup.parallel = par
             if lanes == warp:
-                env.notes.append(f"{loop}: {unit} lanes, warp shuffle reduction, lane 0 stores")
+                env.found.notes.append(
+                    f"{loop}: {unit} lanes, warp shuffle reduction, lane 0 stores"
+                )
                 return setup
-            env.group_reduced[sink.name] = lanes
-            env.notes.append(
+            env.found.group_reduced[sink.name] = lanes
+            env.found.notes.append(
                 f"{loop}: {unit} lanes of a group of {lanes}, group shuffle reduction, "
                 "the group's first lane stores"
             )
@@ -141,7 +135,7 @@ def _gpu_nesting(env: LowerEnv, cmd: str, unit: Unit) -> None:
 def _encloses_lanes(env: LowerEnv, loop: str) -> bool:
     """Whether another GPUThread loop of the schedule lies inside ``loop``: then
     ``loop``, a GPUThread loop inside a GPUWarp loop, runs over groups of lanes."""
-    plan = env.plan
+    plan = env.decided.plan
     if plan is None:
         return False
     order = plan.order
@@ -154,7 +148,7 @@ def _encloses_lanes(env: LowerEnv, loop: str) -> bool:
 def _group_lanes(env: LowerEnv, cmd: str, loop: str) -> int:
     """The lanes of each group of a GPUThread loop over groups: a warp's lanes / its split
     factor."""
-    piece = env.plan.pieces.get(loop) if env.plan is not None else None
+    piece = env.decided.plan.pieces.get(loop) if env.decided.plan is not None else None
     factor = piece.factor if piece is not None and not piece.outer and not piece.divide else 0
     if factor not in (2, 4, 8, 16):
         raise ScheduleError(
@@ -163,23 +157,24 @@ def _group_lanes(env: LowerEnv, cmd: str, loop: str) -> int:
             f"groups per warp: 16, 8, 4 or 2 lanes each); {loop} is not (e.g. split(i,iw,"
             f"{loop},4) for groups of 8 lanes)"
         )
-    return env.target.lanes // factor
+    return env.inputs.target.lanes // factor
 
 
 def _gpu_rows(env: LowerEnv, cmd: str, loop: str) -> None:
     """A sparse output on the GPU is counted and filled a whole row per thread (each row
     appends from its own offset): only loops over its rows (dense levels above the first
     sparse one), or pieces of them, may map to GPU units."""
-    asm = env.assembler
+    asm = env.decided.assembler
     if asm is None:
         return
-    plan = env.plan
+    plan = env.decided.plan
     space = plan.space_of(loop) if plan is not None else None
     binds = plan.spaces[space].vars if plan is not None and space is not None else (loop,)
     rows = asm.vars[: asm.layout.dense_prefix]
     if not set(binds) <= set(rows):
+        out = env.inputs.spec.output
         raise ScheduleError(
-            f"{cmd}: the sparse output {env.lhs.name} ({env.spec.output.format}) is filled "
+            f"{cmd}: the sparse output {out.name} ({out.format}) is filled "
             f"a whole row per GPU thread, each row appending from its own offset; map only "
             f"its row loop{'s' if len(rows) > 1 else ''} ({', '.join(rows)}) or pieces of "
             f"{'them' if len(rows) > 1 else 'it'} to GPU units, not {', '.join(binds)}"

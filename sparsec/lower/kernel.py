@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..abi import BOUND_VIOLATED, Namer, Signature, signature
 from ..ir import nodes as ir
@@ -16,6 +15,7 @@ from ..middle.plan import Space
 from ..middle.schedule import Schedule
 from ..middle.spec import Spec
 from ..policy.decision import CHUNKS_PER_THREAD
+from ..tensors.layout import AssemblyMode
 from .chunks import ChunkFrame
 from .ctx import Ctx, OutputSink
 from .env import LowerEnv
@@ -71,48 +71,50 @@ class LoweredKernel:
 
 def lower_kernel(env: LowerEnv) -> LoweredKernel:
     """The kernel of ``env``'s statement."""
-    stmt = env.spec.statement
-    lhs = env.lhs
-    asm = env.assembler
-    order = env.schedule.order
+    given, decided, found = env.inputs, env.decided, env.found
+    stmt = given.spec.statement
+    lhs = given.lhs
+    asm = decided.assembler
+    order = decided.schedule.order
     # the single pass's schedule keeps rowwise rows in storage order (`make_schedule`'s append)
-    assert env.schedule.rows_in_order == (asm is None or not asm.rowwise), "another row order"
-    plan = env.plan
+    in_order = decided.schedule.rows_in_order
+    assert in_order == (asm is None or not asm.mode.rowwise), "another row order"
+    plan = decided.plan
     for space in plan.spaces.values() if plan is not None else ():
         if space.bound is not None:
             _bound_check(env, space)
-    if env.schedule.placement is not None:
-        env.where = plan_where(env, env.schedule.placement)
+    if decided.schedule.placement is not None:
+        decided.where = plan_where(env, decided.schedule.placement)
     frame: OutputFrame = asm if asm is not None else DenseFrame(env)
     if asm is not None:
-        asm.workspace_alloc(env.workspace, env.gpu)
-    env.zero_in_loop = (
+        asm.workspace_alloc(decided.workspace, given.gpu)
+    decided.zero_in_loop = (
         asm is None
-        and not env.gpu
+        and not given.gpu
         and not stmt.accumulate
-        and not env.exclusive
+        and not given.exclusive
         and lhs.order > 0
         and bool(order)
-        and order[0] == level_indices(lhs, env.spec.output.format)[0]
+        and order[0] == level_indices(lhs, given.spec.output.format)[0]
     )
     located, ctx = locate(env, Ctx(), [lhs])
-    if asm is not None and env.workspace and asm.layout.last == 0:
+    if asm is not None and decided.workspace and asm.layout.last == 0:
         body = scatter_gather(env, order, stmt.rhs, ctx)
     else:
         body = loops(env, order, stmt.rhs, ctx, OutputSink(), outermost=True)
     # a semiring other than plus_times: every accumulation and its start follow its add
-    kernel = apply_semiring(env.ring, epilogue(env, frame, ir.block(located, body)))
-    sites = env.write_sites
+    kernel = apply_semiring(given.ring, epilogue(env, frame, ir.block(located, body)))
+    sites = found.write_sites
     return LoweredKernel(
         kernel,
         order,
-        tuple(env.parallel_loops),
+        tuple(found.parallel_loops),
         bool(sites) and all(sites) and not stmt.accumulate,
-        bool(sites) and not (env.repeats or stmt.accumulate or env.sequence or env.gpu),
-        tuple(env.notes),
-        tuple(env.bound_messages),
-        gpu=_launch(env, frame) if env.gpu else None,
-        sequence=env.sequence,
+        bool(sites) and not (found.repeats or stmt.accumulate or decided.sequence or given.gpu),
+        tuple(found.notes),
+        tuple(found.bound_messages),
+        gpu=_launch(env, frame) if given.gpu else None,
+        sequence=decided.sequence,
         chunks=asm.chunk_frame() if asm is not None else None,
     )
 
@@ -121,17 +123,17 @@ def _launch(env: LowerEnv, frame: OutputFrame) -> GpuLaunch:
     """What a GPU kernel's launch needs: its grid and block, the output zeroed first, the
     template's warp helpers, and the workspace's slices (elements per thread, by role)."""
     scratch: tuple[tuple[str, ir.Expr], ...] = ()
-    ws = env.assembler.ws if env.assembler is not None else None
+    ws = env.decided.assembler.ws if env.decided.assembler is not None else None
     if ws is not None:
         roles = {ws.w: "vals", ws.seen: "seen", ws.reached: "list"}
         scratch = tuple((roles[name], count) for name, count in ws.strides)
     return GpuLaunch(
-        env.grid,
+        env.found.grid,
         block_size(env),
         zero_before=isinstance(frame, DenseFrame) and not frame.zeroed,
-        shuffles=bool(env.warp_reduced) or env.segmented,
-        groups=bool(env.group_reduced),
-        segments=env.segmented,
+        shuffles=bool(env.found.warp_reduced) or env.found.segmented,
+        groups=bool(env.found.group_reduced),
+        segments=env.found.segmented,
         scratch=scratch,
     )
 
@@ -151,10 +153,10 @@ def _bound_check(env: LowerEnv, space: Space) -> None:
     assert space.bound is not None
     size, kind = space.bound
     (var,) = space.vars
-    dim = ir.Var(env.sig.dim(var))
+    dim = ir.Var(env.inputs.sig.dim(var))
     bad = ir.Bin("!=" if kind == "MaxExact" else ">", dim, ir.IntLit(size))
-    env.entry_checks.append(ir.Return(BOUND_VIOLATED, bad))
-    env.bound_messages.append(
+    env.found.entry_checks.append(ir.Return(BOUND_VIOLATED, bad))
+    env.found.bound_messages.append(
         f"{space.origin}: the extent of {var} must be "
         f"{'exactly' if kind == 'MaxExact' else 'at most'} {size}"
     )
@@ -166,9 +168,7 @@ def lower(
     *,
     schedule: Schedule,
     parallel: bool = True,
-    counting: bool = False,
-    append: bool = False,
-    chunked: bool = False,
+    mode: AssemblyMode = AssemblyMode.FILL,
     chunks_per_thread: int = CHUNKS_PER_THREAD,
 ) -> tuple[LoweredKernel, Signature]:
     """Lower ``spec`` under ``schedule`` (`middle.schedule.make_schedule`: its loops, its
@@ -179,27 +179,35 @@ def lower(
     (plain dense loops over them all).
 
     ``make_names()`` returns a fresh ``(Signature, Namer)``, so both passes name alike.
-    ``counting`` lowers the assemble kernel of a sparse output (sizes only); ``append``
-    its single-pass kernel (serial, appending into arrays of a proven capacity, even where
-    the two-phase kernel fills rows in parallel; ``chunked``: in chunks of rows, see
-    `chunks`), whose schedule is made with ``append`` too. ``chunks_per_thread``: a
-    parallel CPU loop's dynamic chunks per thread (`policy.decision.Decision`).
+    A sparse output is assembled in ``mode``'s phase (`AssemblyMode.of` makes it the
+    layout's): COUNT lowers its assemble kernel (sizes only), FILL its numeric kernel,
+    APPEND its single-pass kernel (serial, appending into arrays of a proven capacity,
+    even where the two-phase kernel fills rows in parallel; APPEND_CHUNKS: in chunks of
+    rows, see `chunks`), whose schedule is made with ``append`` too. ``chunks_per_thread``:
+    a parallel CPU loop's dynamic chunks per thread (`policy.decision.Decision`).
     """
     sig, namer = make_names()
-    options: dict[str, Any] = {
-        "parallel": parallel,
-        "schedule": schedule,
-        "chunks_per_thread": chunks_per_thread,
-    }
+    per = chunks_per_thread
     if not spec.output.format.is_dense:
         env = LowerEnv(
-            spec, sig, namer, counting=counting, append=append, chunked=chunked, **options
+            spec, sig, namer, parallel=parallel, mode=mode, schedule=schedule, chunks_per_thread=per
         )
         return lower_kernel(env), sig
-    first = lower_kernel(LowerEnv(spec, sig, namer, **options))
+    first = lower_kernel(
+        LowerEnv(spec, sig, namer, parallel=parallel, schedule=schedule, chunks_per_thread=per)
+    )
     if not (first.exclusive or first.once):
         return first, sig
     sig, namer = make_names()
     # every element written once: no zeroing, ``=``; at most once: zeroing, ``=``
-    again = LowerEnv(spec, sig, namer, exclusive=first.exclusive, once=True, **options)
+    again = LowerEnv(
+        spec,
+        sig,
+        namer,
+        parallel=parallel,
+        exclusive=first.exclusive,
+        once=True,
+        schedule=schedule,
+        chunks_per_thread=per,
+    )
     return lower_kernel(again), sig

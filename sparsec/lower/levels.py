@@ -14,25 +14,25 @@ from .env import LowerEnv
 
 
 def level(env: LowerEnv, access: Access, k: int) -> LevelFormat:
-    return env.formats[access.name].levels[k]
+    return env.inputs.formats[access.name].levels[k]
 
 
 def names(env: LowerEnv, access: Access, k: int) -> LevelNames:
     """The kernel's names for level ``k`` of ``access`` (only the arrays it stores)."""
-    fmt = env.formats[access.name]
+    fmt = env.inputs.formats[access.name]
     arrays = fmt.levels[k].arrays
     t = access.name
     return LevelNames(
-        ir.Var(env.sig.dim(level_indices(access, fmt)[k])),
-        env.sig.array(t, "pos", k) if "pos" in arrays else "",
-        env.sig.array(t, "crd", k) if "crd" in arrays else "",
+        ir.Var(env.inputs.sig.dim(level_indices(access, fmt)[k])),
+        env.inputs.sig.array(t, "pos", k) if "pos" in arrays else "",
+        env.inputs.sig.array(t, "crd", k) if "crd" in arrays else "",
     )
 
 
 def iterator(env: LowerEnv, access: Access, var: str, ctx: Ctx) -> Iterator | None:
     """The iterator of ``access`` at ``var``: its level holding ``var``, when that level
     iterates positions (a dense level is located instead)."""
-    levels = level_indices(access, env.formats[access.name])
+    levels = level_indices(access, env.inputs.formats[access.name])
     if var not in levels:
         return None
     k = levels.index(var)
@@ -57,14 +57,14 @@ def locate(env: LowerEnv, ctx: Ctx, accs: list[Access]) -> tuple[ir.Block, Ctx]:
     """Compute positions of locatable levels whose coordinate and parent are known."""
     decls: list[ir.Stmt] = []
     for access in dict.fromkeys(accs):
-        fmt = env.formats[access.name]
+        fmt = env.inputs.formats[access.name]
         levels = level_indices(access, fmt)
         k = ctx.depth(access)
         while k < len(levels) and fmt.levels[k].locate and levels[k] in ctx.coords:
             parent = ctx.levels[(access, k - 1)].pos if k > 0 else None
             coord = ctx.coords[levels[k]]
             pos = fmt.levels[k].locate_position(parent, coord, names(env, access, k))
-            p = env.namer.fresh(f"p{access.name}{k + 1}")
+            p = env.inputs.namer.fresh(f"p{access.name}{k + 1}")
             decls.append(ir.Decl(ir.I64, p, pos))
             ctx = ctx.bind(levels={(access, k): unit(ir.Var(p))})
             k += 1

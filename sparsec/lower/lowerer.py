@@ -26,11 +26,12 @@ from ..frontend.notation import Access, BinOp, Call, Literal, Neg
 from ..ir import nodes as ir
 from ..middle.lattice import UnionLattice, build
 from ..middle.order import loop_order
-from .coiterate import coiterate
+from .coiterate import Walk, coiterate
 from .ctx import (
     AccSink,
     Ctx,
     DenseWsSink,
+    NestPoint,
     OutputSink,
     SegmentSink,
     Sink,
@@ -58,11 +59,11 @@ def loops(
 ) -> ir.Block:
     """Code computing ``Σ order . expr`` (over the not-yet-bound ``order``) into ``sink``."""
     if masked := _masked_here(expr, ctx):
-        expr = without_masked(expr, masked, frozenset(), env.exact)
+        expr = without_masked(expr, masked, frozenset(), env.inputs.exact)
     if expr is ZERO:
         nothing_written(env, sink)
         return ir.Block()
-    lhs = env.lhs
+    lhs = env.inputs.lhs
     if (
         order
         and isinstance(sink, OutputSink)
@@ -74,18 +75,18 @@ def loops(
     def nest(order: tuple[str, ...], expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
         return loops(env, order, expr, ctx, sink)
 
-    if not order and env.sequence and not env.flags.in_sequence:
+    if not order and env.decided.sequence and not env.flags.in_sequence:
         # the shared loops of a sequence are bound: its steps, each in its own order
         return emit_sequence(env, expr, ctx, sink, nest)
     if not order:
         return compute(env, expr, ctx, sink)
     var, rest = order[0], order[1:]
 
-    if env.where is not None and var == env.where.at and not env.flags.in_where:
+    if env.decided.where is not None and var == env.decided.where.at and not env.flags.in_where:
         return emit_where(env, expr, ctx, sink, nest)
-    if env.plan is not None and env.plan.space_of(var) is not None:
-        return space_loop(env, var, rest, expr, ctx, sink, outermost, nest)
-    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.exact)
+    if env.decided.plan is not None and env.decided.plan.space_of(var) is not None:
+        return space_loop(env, var, NestPoint(expr, ctx, rest, sink, nest), outermost)
+    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact)
     if not lattice.points:
         nothing_written(env, sink)
         return ir.Block()
@@ -93,9 +94,10 @@ def loops(
     def body(expr: CExpr, ctx: Ctx) -> ir.Block:
         return enter(env, var, rest, expr, ctx, sink)
 
+    walk = Walk(var, ctx, sink, body, outermost)
     if isinstance(lattice, UnionLattice):
-        return flagged_union(env, var, rest, lattice, expr, ctx, sink, outermost, body)
-    return coiterate(env, var, lattice, ctx, sink, outermost, body)
+        return flagged_union(env, lattice, walk, rest, expr)
+    return coiterate(env, lattice, walk)
 
 
 def _masked_here(expr: CExpr, ctx: Ctx) -> frozenset[Access]:
@@ -111,17 +113,17 @@ def _reduce_into_output(
 ) -> ir.Block:
     """Only reduction loops remain under a known output position: sum into a scalar
     accumulator, then store it once."""
-    acc = env.namer.fresh("acc")
-    asm = env.assembler
+    acc = env.inputs.namer.fresh("acc")
+    asm = env.decided.assembler
     if asm is None:
         with _private_accumulator(env):
             inner = loops(env, order, expr, ctx, AccSink(acc), outermost)
-        shared = acc in env.warp_reduced or acc in env.partial_accs
+        shared = acc in env.found.warp_reduced or acc in env.found.partial_accs
         store = store_shared(env, acc, ctx) if shared else [write_output(env, ctx, ir.Var(acc))]
         return ir.block(ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)), inner, *store)
     # sparse output: an entry exists only if some term reached it
-    reached = env.namer.fresh("reached")
-    counting = asm.counting
+    reached = env.inputs.namer.fresh("reached")
+    counting = asm.mode.counting
     return ir.block(
         None if counting else ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)),
         ir.Decl(ir.BOOL, reached, ir.IntLit(0)),
@@ -132,9 +134,9 @@ def _reduce_into_output(
 
 def _binds(env: LowerEnv, order: tuple[str, ...]) -> set[str]:
     """Original index variables bound by the loops ``order``."""
-    if env.plan is None:
+    if env.decided.plan is None:
         return set(order)
-    return {v for loop in order for v in env.plan.binds(loop)}
+    return {v for loop in order for v in env.decided.plan.binds(loop)}
 
 
 @contextmanager
@@ -168,8 +170,8 @@ def enter(
 
 def scatter_gather(env: LowerEnv, rest: tuple[str, ...], expr: CExpr, ctx: Ctx) -> ir.Block:
     """Scatter the remaining loops into the workspace, then append its sorted row."""
-    assert env.assembler is not None
-    return ir.block(loops(env, rest, expr, ctx, WorkspaceSink()), *env.assembler.gather())
+    assert env.decided.assembler is not None
+    return ir.block(loops(env, rest, expr, ctx, WorkspaceSink()), *env.decided.assembler.gather())
 
 
 def compute(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
@@ -178,8 +180,8 @@ def compute(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
     When only counting a sparse output's positions, no value is computed.
     """
     stmts: list[ir.Stmt] = []
-    asm = env.assembler
-    counting = asm is not None and asm.counting
+    asm = env.decided.assembler
+    counting = asm is not None and asm.mode.counting
     # the flags of this statement's nested sums (their bodies store through here too)
     with env.scope(reached_of={}):
         value = None if counting else _value(env, expr, ctx, stmts)
@@ -199,8 +201,8 @@ def compute(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
             case SegmentSink(acc=acc, at=at):
                 assert value is not None
                 one_store_per_part(env)
-                env.write_sites.append(False)
-                env.repeats = True
+                env.found.write_sites.append(False)
+                env.found.repeats = True
                 slot = output_slot(env, ctx).index
                 restart = ir.block(
                     flush_run(env, sink),
@@ -213,8 +215,8 @@ def compute(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
                 assert value is not None
                 stmts.append(ir.Assign(ir.Load(array, ws_slot(env, ws_vars, ctx)), value, "+="))
             case WorkspaceSink():
-                assert asm is not None and env.workspace is not None
-                coord = ir.Var(env.var_names[env.workspace])
+                assert asm is not None and env.decided.workspace is not None
+                coord = ir.Var(env.decided.var_names[env.decided.workspace])
                 stmts.append(_when(present, ir.block(*asm.scatter(coord, value))))
             case _:
                 assert_never(sink)
@@ -230,7 +232,7 @@ def _presence(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
     non-literal is present everywhere under ``"ieee"`` (``0/0`` is NaN) and where its
     numerator is under ``"sparse"``; a function where its operands are when ``f(0) = 0``
     (``max``/``min``: either), else everywhere."""
-    if _surely_present(expr, env.exact):
+    if _surely_present(expr, env.inputs.exact):
         return None
     match expr:
         case Neg(operand=x):
@@ -264,11 +266,13 @@ def _presence(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
 def _nested_sum(env: LowerEnv, expr: Sum, ctx: Ctx, acc: str) -> list[ir.Stmt]:
     """The loops of a nested sum adding into ``acc`` (``""``: counting, no value). For
     a sparse output they also set a flag when they reach a term (``reached_of``)."""
-    order = loop_order(expr.indices, list(accesses(expr.body)), env.formats, tuple(ctx.coords))
+    order = loop_order(
+        expr.indices, list(accesses(expr.body)), env.inputs.formats, tuple(ctx.coords)
+    )
     stmts: list[ir.Stmt] = []
     flag = ""
-    if env.assembler is not None or _guards(env):
-        flag = env.flags.reached_of[expr] = env.namer.fresh("reached")
+    if env.decided.assembler is not None or _guards(env):
+        flag = env.flags.reached_of[expr] = env.inputs.namer.fresh("reached")
         stmts.append(ir.Decl(ir.BOOL, flag, ir.IntLit(0)))
     return stmts + list(_private_loops(env, order, expr.body, ctx, AccSink(acc, flag)).body)
 
@@ -290,7 +294,7 @@ def _value(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Exp
     if _guarded(expr) and _guards(env):
         present = _presence(env, expr, ctx, stmts)
         assert present is not None
-        return ir.Select(present, value, ir.FloatLit(env.ring.identity))
+        return ir.Select(present, value, ir.FloatLit(env.inputs.ring.identity))
     return value
 
 
@@ -298,18 +302,18 @@ def _value_of(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
     """`_value` before its structural guard."""
     match expr:
         case Access(name=name, order=0):
-            return truth(env.ring, ir.Var(env.sig.value(name)))
-        case Access(name=name) if name in env.spec.patterns:
+            return truth(env.inputs.ring, ir.Var(env.inputs.sig.value(name)))
+        case Access(name=name) if name in env.inputs.spec.patterns:
             # a structural mask: its values are ignored; it multiplies by the semiring's one
-            return ir.FloatLit(MULTIPLICATIVE_ONE[env.ring.multiply])
+            return ir.FloatLit(MULTIPLICATIVE_ONE[env.inputs.ring.multiply])
         case Access():
             last = ctx.levels.get((expr, expr.order - 1))
             if last is None:
                 raise LoweringError(f"internal: {expr} read before all its levels are bound")
-            vals = env.local_vals.get(expr.name) or env.sig.array(expr.name, "vals")
-            return truth(env.ring, ir.Load(vals, last.pos))
+            vals = env.found.local_vals.get(expr.name) or env.inputs.sig.array(expr.name, "vals")
+            return truth(env.inputs.ring, ir.Load(vals, last.pos))
         case Literal(value=v):
-            return truth(env.ring, ir.FloatLit(v))
+            return truth(env.inputs.ring, ir.FloatLit(v))
         case Zero():
             return ir.FloatLit(0.0)
         case Neg(operand=x):
@@ -318,12 +322,12 @@ def _value_of(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
             a, b = _value(env, left, ctx, stmts), _value(env, right, ctx, stmts)
             if op in ("*", "+"):
                 # the semiring's multiply and add (plus_times: ``*`` and ``+`` themselves)
-                return combine(env.ring, op, a, b)
+                return combine(env.inputs.ring, op, a, b)
             return ir.Bin(op, a, b)
         case Call(fn=fn, args=args):
             return _function(env, fn, tuple(_value(env, a, ctx, stmts) for a in args), stmts)
         case Sum():
-            t = env.namer.fresh("t")
+            t = env.inputs.namer.fresh("t")
             stmts.append(ir.Decl(ir.ACC, t, ir.FloatLit(0.0)))
             stmts.extend(_nested_sum(env, expr, ctx, t))
             return ir.Var(t)
@@ -338,7 +342,7 @@ def _guards(env: LowerEnv) -> bool:
     ``"sparse"`` convention, ``log``, infinite input data, ``max`` of nothing under a
     semiring), and an absent factor's product is never computed (``0 * inf``). Only
     where such a node holds a nested sum: a sum under ``+`` alone needs no flag."""
-    return not env.exact and _holds_guarded(env.spec.statement.rhs)
+    return not env.inputs.exact and _holds_guarded(env.inputs.spec.statement.rhs)
 
 
 def _holds_guarded(expr: CExpr) -> bool:
@@ -361,12 +365,12 @@ def _function(env: LowerEnv, fn: str, args: tuple[ir.Expr, ...], stmts: list[ir.
     match fn:
         case "relu":
             # x < 0 ? 0 : x, the operand computed once (NaN stays NaN, as torch.relu)
-            x = env.namer.fresh("f")
+            x = env.inputs.namer.fresh("f")
             stmts.append(ir.Decl(ir.ACC, x, args[0]))
             zero = ir.FloatLit(0.0)
             return ir.Select(ir.Bin("<", ir.Var(x), zero), zero, ir.Var(x))
         case "sign":
-            x = env.namer.fresh("f")
+            x = env.inputs.namer.fresh("f")
             stmts.append(ir.Decl(ir.ACC, x, args[0]))
             zero, one = ir.FloatLit(0.0), ir.FloatLit(1.0)
             below = ir.Select(ir.Bin("<", ir.Var(x), zero), ir.FloatLit(-1.0), zero)

@@ -18,44 +18,44 @@ from .env import LowerEnv
 
 def output_slot(env: LowerEnv, ctx: Ctx) -> ir.Load:
     """The output's value at the context's position (a private copy's, under Temporary)."""
-    vals = env.flags.out_redirect or env.sig.array(env.lhs.name, "vals")
-    if env.lhs.order == 0:
+    vals = env.flags.out_redirect or env.inputs.sig.array(env.inputs.lhs.name, "vals")
+    if env.inputs.lhs.order == 0:
         return ir.Load(vals, ir.IntLit(0))
-    return ir.Load(vals, ctx.levels[(env.lhs, env.lhs.order - 1)].pos)
+    return ir.Load(vals, ctx.levels[(env.inputs.lhs, env.inputs.lhs.order - 1)].pos)
 
 
 def write(env: LowerEnv, ctx: Ctx, value: ir.Expr | None) -> ir.Block:
     """Store into the output; records whether this site writes each element once."""
     flags = env.flags
-    if env.assembler is not None:
-        return ir.block(*env.assembler.store(output_slot(env, ctx), value, flags.checked))
+    if env.decided.assembler is not None:
+        return ir.block(*env.decided.assembler.store(output_slot(env, ctx), value, flags.checked))
     assert value is not None
-    lhs = set(env.lhs.indices)
+    lhs = set(env.inputs.lhs.indices)
     if flags.partial:
         # every thread adds its own partial sum: several writes, each atomic
-        env.write_sites.append(False)
-        env.repeats = True
+        env.found.write_sites.append(False)
+        env.found.repeats = True
         return ir.block(ir.Assign(output_slot(env, ctx), value, "+=", atomic=True))
     if not flags.lane0:
         one_store_per_part(env)
     # a schedule space entered around the write repeats it unless it is a plain range
     # over output indices (a split of i: every i once)
-    spaces = env.plan.spaces if env.plan is not None else {}
+    spaces = env.decided.plan.spaces if env.decided.plan is not None else {}
     in_spaces = all(set(spaces[n].vars) <= lhs & ctx.covered for n in ctx.spaces)
     # the loops around the write bind the output's indices and nothing else: every loop
     # visits a coordinate at most once (canonical levels; merges and runs of a non-unique
     # level bind each once), so no element is written twice
     distinct = set(ctx.coords) == lhs and in_spaces
-    env.write_sites.append(distinct and lhs <= ctx.covered)
-    env.repeats |= not distinct
+    env.found.write_sites.append(distinct and lhs <= ctx.covered)
+    env.found.repeats |= not distinct
     slot = output_slot(env, ctx)
-    return ir.block(ir.Assign(slot, value, env.out_op, atomic=flags.atomic_writes))
+    return ir.block(ir.Assign(slot, value, env.inputs.out_op, atomic=flags.atomic_writes))
 
 
 def nothing_written(env: LowerEnv, sink: Sink) -> None:
     """A branch that stores nothing: the output must then be zeroed up front."""
     if isinstance(sink, OutputSink):
-        env.write_sites.append(False)
+        env.found.write_sites.append(False)
 
 
 def store_shared(env: LowerEnv, acc: str, ctx: Ctx) -> list[ir.Stmt]:
@@ -65,9 +65,9 @@ def store_shared(env: LowerEnv, acc: str, ctx: Ctx) -> list[ir.Stmt]:
     scope has Atomics (its threads, warps or blocks each hold a part), every holder
     adds its part atomically into the output, which is zeroed before the launch;
     otherwise lane 0 stores the whole sum."""
-    reduced = acc in env.warp_reduced
-    one_store_per_part(env, env.acc_units.get(acc), reduced)
-    if acc in env.partial_accs:
+    reduced = acc in env.found.warp_reduced
+    one_store_per_part(env, env.found.acc_units.get(acc), reduced)
+    if acc in env.found.partial_accs:
         with env.scope(partial=True):
             store = write(env, ctx, ir.Var(acc))
     else:
@@ -75,7 +75,7 @@ def store_shared(env: LowerEnv, acc: str, ctx: Ctx) -> list[ir.Stmt]:
             store = write(env, ctx, ir.Var(acc))
     if not reduced:
         return [store]
-    lanes = env.group_reduced.get(acc)
+    lanes = env.found.group_reduced.get(acc)
     if lanes is not None:
         # a group of lanes (CSR-vector): shuffles within the group, its first lane stores
         width = ir.IntLit(lanes)
@@ -96,7 +96,7 @@ def one_store_per_part(
     loop tells apart (the loops around the store, and ``shared``: those in the scope of
     the accumulator it stores; "lane": a GPUThread loop in a warp) hold the same value,
     and each would store it. ``reduced``: lane 0 alone stores a warp's sum."""
-    if not env.gpu or block_size(env) <= 1:
+    if not env.inputs.gpu or block_size(env) <= 1:
         return
     units = set(env.flags.gpu_units) | (shared or set())
     lanes_apart = reduced or bool({Unit.GPUThread, "lane"} & units)
@@ -105,9 +105,9 @@ def one_store_per_part(
         return
     who = "every lane of a warp" if warps_apart else "every thread of a block"
     raise ScheduleError(
-        f"the store into {env.lhs.name} runs outside the GPUThread loops, so {who} "
+        f"the store into {env.inputs.lhs.name} runs outside the GPUThread loops, so {who} "
         "would do it; map the loops that bind "
-        f"{', '.join(env.lhs.indices) or 'the output'} to GPUThread, or a loop of the "
+        f"{', '.join(env.inputs.lhs.indices) or 'the output'} to GPUThread, or a loop of the "
         "sum inside the GPUWarp/GPUBlock loop to GPUThread with Atomics, or reduce with "
         "ParallelReduction on a GPUThread loop inside a GPUWarp loop"
     )
@@ -116,12 +116,12 @@ def one_store_per_part(
 def block_size(env: LowerEnv) -> int:
     """Threads per block: the GPUThread loop's split factor (a warp loop's times the lanes
     of a warp), at most the target's largest block."""
-    if not env.gpu or env.plan is None:
+    if not env.inputs.gpu or env.decided.plan is None:
         return 1
-    plan = env.plan
+    plan = env.decided.plan
     warps = [v for v, p in plan.parallel.items() if p.unit == Unit.GPUWarp]
     threads = [v for v, p in plan.parallel.items() if p.unit == Unit.GPUThread]
-    most, lanes = env.target.max_block, env.target.lanes
+    most, lanes = env.inputs.target.max_block, env.inputs.target.lanes
     if warps:
         return min(most, lanes * _factor_of(plan, warps[0], 8))
     if threads:
@@ -139,7 +139,7 @@ def _factor_of(plan: Plan, loop: str, default: int) -> int:
 
 def flush_run(env: LowerEnv, run: SegmentSink) -> ir.Stmt:
     """Store a run's sum into its element, atomically (if a run has started)."""
-    vals = env.flags.out_redirect or env.sig.array(env.lhs.name, "vals")
+    vals = env.flags.out_redirect or env.inputs.sig.array(env.inputs.lhs.name, "vals")
     store = ir.Assign(ir.Load(vals, ir.Var(run.at)), ir.Var(run.acc), "+=", atomic=True)
     return ir.If(((ir.Bin(">=", ir.Var(run.at), ir.IntLit(0)), ir.block(store)),))
 
@@ -154,7 +154,7 @@ def flush_runs(env: LowerEnv, run: SegmentSink, loop: str) -> list[ir.Stmt]:
     the sum atomically."""
     flush = flush_run(env, run)
     where = env.flags.thread_loop
-    plan = env.plan
+    plan = env.decided.plan
     piece = plan.pieces.get(loop) if plan is not None else None
     if (
         where is None
@@ -163,13 +163,13 @@ def flush_runs(env: LowerEnv, run: SegmentSink, loop: str) -> list[ir.Stmt]:
         or piece.sibling != where[0]
         or plan.order.index(loop) != plan.order.index(where[0]) + 1
         or Unit.GPUWarp in env.flags.gpu_units
-        or env.spec.semantics.semiring != "plus_times"
+        or env.inputs.spec.semantics.semiring != "plus_times"
     ):
         return [flush]
-    env.segmented = True
+    env.found.segmented = True
     _, var, trip = where
     lanes = (ir.Var(var), trip)
-    head = env.namer.fresh(f"{run.acc}_head")
+    head = env.inputs.namer.fresh(f"{run.acc}_head")
     total = ir.Call("segment_sum", (ir.Var(run.acc), ir.Var(run.at), *lanes))
     return [
         ir.Decl(ir.BOOL, head, ir.Call("segment_head", (ir.Var(run.at), *lanes))),
@@ -180,16 +180,16 @@ def flush_runs(env: LowerEnv, run: SegmentSink, loop: str) -> list[ir.Stmt]:
 
 def output_size(env: LowerEnv, skip: int = 0) -> ir.Expr:
     """The elements of a dense output below its first ``skip`` levels."""
-    levels = level_indices(env.lhs, env.spec.output.format)[skip:]
-    return dense_extent(ir.Var(env.sig.dim(var)) for var in levels)
+    levels = level_indices(env.inputs.lhs, env.inputs.spec.output.format)[skip:]
+    return dense_extent(ir.Var(env.inputs.sig.dim(var)) for var in levels)
 
 
 def zero_slice(env: LowerEnv, coord: ir.Expr) -> ir.Stmt:
     """Zero the output elements whose first-level coordinate is ``coord``."""
-    env.zeroed_slices = True
+    env.found.zeroed_slices = True
     row = LevelNames(output_size(env, skip=1))
-    vals = env.sig.array(env.spec.output.name, "vals")
-    p = env.namer.fresh("p")
+    vals = env.inputs.sig.array(env.inputs.spec.output.name, "vals")
+    p = env.inputs.namer.fresh("p")
     at = Dense().locate_position(coord, ir.Var(p), row)
     store = ir.Assign(ir.Load(vals, at), ir.FloatLit(0.0))
     return ir.For(p, ir.IntLit(0), row.dim, ir.block(store))
@@ -216,19 +216,25 @@ class DenseFrame:
     @property
     def zeroed(self) -> bool:
         env = self.env
-        return env.spec.statement.accumulate or env.exclusive or env.zeroed_slices
+        return (
+            env.inputs.spec.statement.accumulate or env.inputs.exclusive or env.found.zeroed_slices
+        )
 
     def opening(self) -> list[ir.Stmt]:
         env = self.env
-        if self.zeroed or env.gpu:
+        if self.zeroed or env.inputs.gpu:
             return []
-        vals = env.sig.array(env.spec.output.name, "vals")
-        p = env.namer.fresh("p")
+        vals = env.inputs.sig.array(env.inputs.spec.output.name, "vals")
+        p = env.inputs.namer.fresh("p")
         store = ir.Assign(ir.Load(vals, ir.Var(p)), ir.FloatLit(0.0))
-        par = ir.Parallel(Unit.CPUThread, "static") if env.threads_ok and env.lhs.order else None
+        par = (
+            ir.Parallel(Unit.CPUThread, "static")
+            if env.inputs.threads_ok and env.inputs.lhs.order
+            else None
+        )
         return [
             ir.block(
-                ir.Comment(f"zero the output {env.spec.output.name}"),
+                ir.Comment(f"zero the output {env.inputs.spec.output.name}"),
                 ir.For(p, ir.IntLit(0), output_size(env), ir.block(store), par),
             )
         ]
@@ -243,4 +249,6 @@ def epilogue(env: LowerEnv, frame: OutputFrame, nest: ir.Block) -> ir.Block:
     output closed (a sparse output's counts or positions completed)."""
     opening = frame.opening()
     closing = frame.closing()
-    return ir.block(*env.entry_checks, *opening, *env.top, nest, *env.bottom, *closing)
+    return ir.block(
+        *env.found.entry_checks, *opening, *env.found.top, nest, *env.found.bottom, *closing
+    )

@@ -18,11 +18,11 @@ from ..ir import nodes as ir
 from ..middle.commands import Races, Unit
 from ..middle.plan import Parallelize
 from ..tensors.formats import Dense, LevelNames
-from .ctx import AccSink, Ctx, DenseWsSink, OutputSink, Sink, WorkspaceSink
+from .ctx import AccSink, DenseWsSink, OutputSink, WorkspaceSink
 from .env import LowerEnv
 from .gpu import gpu_setup
 from .output import output_size
-from .races import LoopSetup, race, race_strategies, why_not
+from .races import Loop, LoopSetup, race, race_strategies, why_not
 
 #: the most output elements `Temporary` copies in all (threads x output size)
 MAX_COPY_ELEMENTS = 1 << 26
@@ -34,24 +34,12 @@ def inside(env: LowerEnv, setup: LoopSetup, build: Callable[[], ir.Block]) -> ir
         return ir.block(*setup.body_pre, build())
 
 
-def loop_setup(
-    env: LowerEnv,
-    loop: str,
-    distinct: frozenset[str],
-    ctx: Ctx,
-    sink: Sink,
-    kind: str,
-    trip: ir.Expr,
-    outermost: bool,
-) -> LoopSetup:
-    """How the loop over ``loop`` runs: its `parallelize` (race analysis and strategy),
-    the user's or the default policy's (`Parallelize.default`), and `unroll`.
-
-    ``distinct``: original variables in which any two iterations are sure to differ;
-    ``kind``: "for", or a description of why the loop is a while loop.
-    """
+def loop_setup(env: LowerEnv, asked: Loop) -> LoopSetup:
+    """How the loop ``asked`` runs: its `parallelize` (race analysis and strategy), the
+    user's or the default policy's (`Parallelize.default`), and `unroll`."""
+    loop, kind, outermost = asked.var, asked.kind, asked.outermost
     setup = LoopSetup()
-    plan = env.plan
+    plan = env.decided.plan
     if plan is not None and loop in plan.unroll:
         if kind != "for":
             raise ScheduleError(
@@ -65,28 +53,20 @@ def loop_setup(
             f"unroll({loop},{setup.unroll}): the loop over {loop} is also parallelized "
             f"({req.origin}); unroll a loop inside it"
         )
-    if req is None or not env.threads_ok:
+    if req is None or not env.inputs.threads_ok:
         return setup
     if req.default and not outermost:
         # the default's loop ran inside a precompute's workspace: it stays serial
         return setup
-    if env.gpu:
-        return gpu_setup(env, loop, req, distinct, sink, kind, trip, setup)
-    return _cpu_setup(env, loop, req, distinct, sink, kind, trip, outermost, setup)
+    if env.inputs.gpu:
+        return gpu_setup(env, asked, req, setup)
+    return _cpu_setup(env, asked, req, setup)
 
 
-def _cpu_setup(
-    env: LowerEnv,
-    loop: str,
-    req: Parallelize,
-    distinct: frozenset[str],
-    sink: Sink,
-    kind: str,
-    trip: ir.Expr,
-    outermost: bool,
-    setup: LoopSetup,
-) -> LoopSetup:
+def _cpu_setup(env: LowerEnv, asked: Loop, req: Parallelize, setup: LoopSetup) -> LoopSetup:
     """A loop that a `parallelize` runs on CPU threads or vector lanes."""
+    loop, distinct, sink, kind, trip = asked.var, asked.distinct, asked.sink, asked.kind, asked.trip
+    outermost = asked.outermost
     cmd = req.origin
     flags = env.flags
     if req.unit.gpu:
@@ -109,13 +89,13 @@ def _cpu_setup(
             f"{cmd}: the loop runs inside a workspace (precompute) that all its iterations "
             "share; parallelize a loop outside the workspace"
         )
-    out = env.lhs.name
-    lhs = set(env.lhs.indices)
-    asm = env.assembler
+    out = env.inputs.lhs.name
+    lhs = set(env.inputs.lhs.indices)
+    asm = env.decided.assembler
     if asm is not None and not isinstance(sink, AccSink):
-        if not (req.unit == Unit.CPUThread and asm.rowwise and outermost and loop in lhs):
+        if not (req.unit == Unit.CPUThread and asm.mode.rowwise and outermost and loop in lhs):
             raise ScheduleError(
-                f"{cmd}: the sparse output {out} ({env.spec.output.format}) is appended "
+                f"{cmd}: the sparse output {out} ({env.inputs.spec.output.format}) is appended "
                 "in one sequence; only its outermost row loop can run on CPU threads, and "
                 "only when a dense level holds the rows (e.g. csr)"
             )
@@ -124,7 +104,7 @@ def _cpu_setup(
         setup.parallel = par
         setup.flags["in_threads"] = True
         if not req.default:
-            env.notes.append(f"{loop}: CPUThread, rows of {out} assembled independently")
+            env.found.notes.append(f"{loop}: CPUThread, rows of {out} assembled independently")
         return setup
     target_acc = isinstance(sink, AccSink)
     why = race(env, loop, distinct, sink)
@@ -137,7 +117,7 @@ def _cpu_setup(
         else:
             setup.parallel = ir.Parallel(Unit.CPUVector)
         if not req.default:
-            env.notes.append(
+            env.found.notes.append(
                 f"{loop}: {req.unit}, race-free (each iteration writes its own {out} elements)"
             )
         return setup
@@ -160,7 +140,7 @@ def _cpu_setup(
             setup.pre.append(decl)
             setup.parallel = par
             target = sink.name if isinstance(sink, AccSink) else f"{out}"
-            env.notes.append(f"{loop}: CPUThread, atomic updates of {target}")
+            env.found.notes.append(f"{loop}: CPUThread, atomic updates of {target}")
         case Races.Temporary | Races.ParallelReduction if target_acc:
             assert isinstance(sink, AccSink)
             sums = (sink.name,) if sink.name else ()
@@ -172,10 +152,10 @@ def _cpu_setup(
             else:
                 setup.parallel = ir.Parallel(Unit.CPUVector, reduction=sums, flags=marks)
             into = out if req.default else "a private accumulator"
-            env.notes.append(f"{loop}: {req.unit}, reduction(+) into {into}")
+            env.found.notes.append(f"{loop}: {req.unit}, reduction(+) into {into}")
         case Races.Temporary if req.unit == Unit.CPUThread:
             _private_copies(env, loop, trip, setup)
-            env.notes.append(
+            env.found.notes.append(
                 f"{loop}: CPUThread, each thread adds into its own copy of {out}, summed after"
             )
         case _:
@@ -187,12 +167,12 @@ def _cpu_setup(
 
 
 def _parallel_for(env: LowerEnv, var: str, trip: ir.Expr) -> tuple[ir.Stmt, ir.Parallel]:
-    """A dynamic schedule with about `LowerEnv.chunks_per_thread` chunks per thread
+    """A dynamic schedule with about `Inputs.chunks_per_thread` chunks per thread
     (skewed rows balance)."""
-    env.parallel_loops.append(var)
-    chunk = env.namer.fresh("chunk")
-    threads = ir.Var(env.sig.threads)
-    per = ir.Bin("*", ir.IntLit(env.chunks_per_thread), threads)
+    env.found.parallel_loops.append(var)
+    chunk = env.inputs.namer.fresh("chunk")
+    threads = ir.Var(env.inputs.sig.threads)
+    per = ir.Bin("*", ir.IntLit(env.inputs.chunks_per_thread), threads)
     size = ir.Bin("/", ir.Bin("+", trip, ir.Bin("-", per, ir.IntLit(1))), per)
     decl = ir.Decl(ir.I64, chunk, ir.Call("max", (ir.IntLit(1), size)))
     return decl, ir.Parallel(Unit.CPUThread, "dynamic", chunk)
@@ -204,13 +184,13 @@ def _private_copies(env: LowerEnv, loop: str, trip: ir.Expr, setup: LoopSetup) -
     The copies exist only with several threads and at most `MAX_COPY_ELEMENTS` in all;
     otherwise (or when calloc fails) the loop runs on one thread into the output.
     """
-    out = env.spec.output
+    out = env.inputs.spec.output
     copy = LevelNames(output_size(env))
     size = copy.dim
-    threads = ir.Var(env.sig.threads)
-    base = env.namer.fresh(f"{out.name}_copies")
-    mine = env.namer.fresh(f"{out.name}_mine")
-    vals = env.sig.array(out.name, "vals")
+    threads = ir.Var(env.inputs.sig.threads)
+    base = env.inputs.namer.fresh(f"{out.name}_copies")
+    mine = env.inputs.namer.fresh(f"{out.name}_mine")
+    vals = env.inputs.sig.array(out.name, "vals")
     total = ir.mul(threads, size)
     worth = ir.conj(
         ir.Bin(">", threads, ir.IntLit(1)),
@@ -223,7 +203,7 @@ def _private_copies(env: LowerEnv, loop: str, trip: ir.Expr, setup: LoopSetup) -
         ir.Pointer(ir.VAL, mine, base, ir.mul(ir.Call("thread_id", ()), size), vals)
     )
     setup.flags["out_redirect"] = mine
-    q, t = env.namer.fresh("q"), env.namer.fresh("t")
+    q, t = env.inputs.namer.fresh("q"), env.inputs.namer.fresh("t")
     # thread t's copy is one more dense level above the output: element q of copy t
     element = Dense().locate_position(ir.Var(t), ir.Var(q), copy)
     add = ir.Assign(ir.Load(vals, ir.Var(q)), ir.Load(base, element), "+=")

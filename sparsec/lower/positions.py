@@ -35,7 +35,7 @@ def distinct(env: LowerEnv, space: Space) -> frozenset[str]:
     """Variables in which two iterations of a space's loops always differ."""
     if space.kind in ("pos", "fusedpos"):
         access = pos_access(env, space)
-        fmt = env.formats[access.name]
+        fmt = env.inputs.formats[access.name]
         first = level_indices(access, fmt).index(space.vars[0])
         unique = all(fmt.levels[first + n].unique for n in range(len(space.vars)))
         return frozenset(space.vars) if unique else frozenset()
@@ -44,4 +44,4 @@ def distinct(env: LowerEnv, space: Space) -> frozenset[str]:
 
 def pos_access(env: LowerEnv, space: Space) -> Access:
     """The access whose positions a position space iterates."""
-    return access_of(env.spec, space)
+    return access_of(env.inputs.spec, space)

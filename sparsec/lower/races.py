@@ -5,12 +5,25 @@ what `parallel.loop_setup` decides for one loop."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..ir import nodes as ir
 from ..middle.commands import Races, Unit
 from .ctx import AccSink, Sink
-from .env import LowerEnv
+from .env import FlagChanges, LowerEnv
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """A loop being set up (`parallel.loop_setup`): its variable, the original variables
+    in which any two of its iterations are sure to differ, where its stores go, "for" or
+    why it is a while loop, its trip count, and whether it is the kernel's first."""
+
+    var: str
+    distinct: frozenset[str]
+    sink: Sink
+    kind: str
+    trip: ir.Expr
+    outermost: bool = False
 
 
 @dataclass
@@ -26,22 +39,22 @@ class LoopSetup:
     #: the changes to the `Flags` its body is lowered under (`LowerEnv.scope`): changes,
     #: not a snapshot, since the body may be lowered inside a scope opened after the
     #: setup (`coiterate.capacity_checked`)
-    flags: dict[str, Any] = field(default_factory=dict)
+    flags: FlagChanges = field(default_factory=FlagChanges)
 
 
 def race(env: LowerEnv, loop: str, distinct: frozenset[str], sink: Sink) -> str | None:
     """Why two iterations of ``loop`` can write one output element, or None if they
     cannot: its iterations differ in ``distinct``, and writes go to ``sink``."""
-    out = env.lhs.name
+    out = env.inputs.lhs.name
     if isinstance(sink, AccSink):
         return (
             f"every index of {out} is bound outside {loop}, so all its iterations add "
             "into one element"
         )
-    if distinct and distinct <= set(env.lhs.indices):
+    if distinct and distinct <= set(env.inputs.lhs.indices):
         return None
     return (
-        f"{out} is indexed by {', '.join(env.lhs.indices) or 'nothing'}, and two "
+        f"{out} is indexed by {', '.join(env.inputs.lhs.indices) or 'nothing'}, and two "
         f"iterations of {loop} can share those coordinates"
     )
 
@@ -50,7 +63,7 @@ def race_strategies(env: LowerEnv, unit: Unit, into_sum: bool) -> list[Races]:
     """The race strategies `loop_setup` carries out for a racy CPU loop of ``unit``
     (``into_sum``: its iterations add into a scalar accumulator, not the output)."""
     table = (
-        (Races.Atomics, unit == Unit.CPUThread and env.assembler is None),
+        (Races.Atomics, unit == Unit.CPUThread and env.decided.assembler is None),
         (Races.Temporary, into_sum or unit == Unit.CPUThread),
         (Races.ParallelReduction, into_sum),
     )
@@ -59,7 +72,7 @@ def race_strategies(env: LowerEnv, unit: Unit, into_sum: bool) -> list[Races]:
 
 def why_not(env: LowerEnv, races: Races, unit: Unit) -> str:
     """Why strategy ``races`` cannot serve a racy CPU loop of ``unit`` (see `race_strategies`)."""
-    out = env.lhs.name
+    out = env.inputs.lhs.name
     if races == Races.Atomics and unit != Unit.CPUThread:
         return f"{unit} loops make no atomic updates"
     if races == Races.Atomics:

@@ -25,9 +25,8 @@ from __future__ import annotations
 from ..frontend.concrete import CExpr, Sum
 from ..ir import nodes as ir
 from ..middle.steps import split_terms, step_order
-from .ctx import Ctx, Sink
+from .ctx import Ctx, Nest, Sink
 from .env import LowerEnv
-from .where import Nest
 
 
 def emit_sequence(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink, nest: Nest) -> ir.Block:
@@ -36,14 +35,14 @@ def emit_sequence(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink, nest: Nest) 
     into the output (zeroed before) in its own loop order inside the bound loops."""
     steps = split_terms(expr)
     bound = tuple(ctx.coords)
-    free = tuple(i for i in env.lhs.indices if i not in ctx.coords)
+    free = tuple(i for i in env.inputs.lhs.indices if i not in ctx.coords)
     parts: list[CExpr] = [] if steps.init is None else [steps.init]
     parts += steps.contractions
     stmts: list[ir.Stmt] = []
     with env.scope(in_sequence=True):
         for part in parts:
-            order = step_order(env.spec, free, part, bound)
+            order = step_order(env.inputs.spec, free, part, bound)
             body = part.body if isinstance(part, Sum) else part
-            stmts.append(ir.Comment(f"{env.lhs.name} += {part}"))
+            stmts.append(ir.Comment(f"{env.inputs.lhs.name} += {part}"))
             stmts.append(nest(order, body, ctx, sink))
     return ir.block(*stmts)

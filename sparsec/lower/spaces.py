@@ -9,7 +9,7 @@ coordinates) and hands the rest of the nest to the caller's ``nest`` callback.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import replace
 
 from ..errors import ScheduleError
 from ..frontend.concrete import ZERO, CExpr, accesses
@@ -20,33 +20,23 @@ from ..middle.lattice import Iterator, Lattice, build, ordered
 from ..middle.order import level_indices
 from ..middle.plan import Space
 from ..tensors.formats import Dense, LevelNames, dense_extent
-from .ctx import Ctx, OutputSink, SegmentSink, Sink, SpaceState, unit
+from .ctx import Ctx, NestPoint, OutputSink, SegmentSink, SpaceState, unit
 from .env import LowerEnv
 from .levels import crd, iterator, level, locate, names, unique
 from .output import flush_runs
 from .parallel import inside, loop_setup
 from .positions import distinct, pos_access, whole_coordinates
+from .races import Loop
 from .rows import rest_of_nest, split_row
 from .window import merge_at, window_merge
-
-#: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
-Nest = Callable[[tuple[str, ...], CExpr, Ctx, Sink], ir.Block]
 
 DENSE = Dense()
 
 
-def space_loop(
-    env: LowerEnv,
-    loop: str,
-    rest: tuple[str, ...],
-    expr: CExpr,
-    ctx: Ctx,
-    sink: Sink,
-    outermost: bool,
-    nest: Nest,
-) -> ir.Block:
-    """One loop of a schedule space: a split piece, or the space's own loop."""
-    plan = env.plan
+def space_loop(env: LowerEnv, loop: str, place: NestPoint, outermost: bool) -> ir.Block:
+    """One loop of a schedule space at ``place``: a split piece, or the space's own loop."""
+    expr, ctx, sink = place.expr, place.ctx, place.sink
+    plan = env.decided.plan
     assert plan is not None
     sname = plan.space_of(loop)
     assert sname is not None
@@ -58,9 +48,9 @@ def space_loop(
         pre += stmts
         ctx = ctx.bind(spaces={sname: state})
     extent = _extent(env, loop, ctx)
-    name = env.var_names[loop]
+    name = env.decided.var_names[loop]
     completes = plan.leaves(sname)[-1] == loop
-    setup = loop_setup(env, loop, distinct(env, space), ctx, sink, "for", extent, outermost)
+    setup = loop_setup(env, Loop(loop, distinct(env, space), sink, "for", extent, outermost))
     inner = ctx.bind(loopvars={loop: ir.Var(name)})
     merge = merge_at(env, space, expr, ctx) if completes else None
     if merge is not None and setup.parallel is None:
@@ -68,7 +58,7 @@ def space_loop(
         if setup.unroll:
             raise ScheduleError(f"unroll({loop},{setup.unroll}): {loop}'s piece walks a merge")
         x0 = _offset(env, sname, ctx.bind(loopvars={loop: ir.IntLit(0)}))
-        walk = window_merge(env, space, merge, (x0, ir.add(x0, extent)), ctx, rest, sink, nest)
+        walk = window_merge(env, space, merge, (x0, ir.add(x0, extent)), replace(place, ctx=ctx))
         return ir.block(*pre, *setup.pre, walk, *setup.post)
 
     # a serial loop over fused positions advances its parents' positions as cursors; a
@@ -85,26 +75,26 @@ def space_loop(
     target = sink
     if (
         completes
-        and not rest
+        and not place.rest
         and setup.parallel is None
         and env.flags.atomic_writes
-        and env.assembler is None
+        and env.decided.assembler is None
         and isinstance(sink, OutputSink)
     ):
-        acc, at = env.namer.fresh("run"), env.namer.fresh("run_at")
+        acc, at = env.inputs.namer.fresh("run"), env.inputs.namer.fresh("run_at")
         pre += [ir.Decl(ir.ACC, acc, ir.FloatLit(0.0)), ir.Decl(ir.I64, at, ir.IntLit(-1))]
         target = SegmentSink(acc, at)
         flush += flush_runs(env, target, loop)
 
     def body() -> ir.Block:
         if not completes:
-            return nest(rest, expr, inner, target)
+            return place.inside(inner, target)
         x = _offset(env, sname, inner)
+        here = replace(place, ctx=inner, sink=target)
         if merge is not None:
             # a parallel piece that completes a split merge: one coordinate each
-            one = (x, ir.add(x, ir.IntLit(1)))
-            return window_merge(env, space, merge, one, inner, rest, target, nest)
-        return _bind_space(env, space, x, inner, rest, expr, target, cursors, nest)
+            return window_merge(env, space, merge, (x, ir.add(x, ir.IntLit(1))), here)
+        return _bind_space(env, space, x, here, cursors)
 
     par = setup.parallel
     if par is not None and par.unit == Unit.GPUThread and not par.schedule:
@@ -116,7 +106,7 @@ def space_loop(
 
 def _extent(env: LowerEnv, node: str, ctx: Ctx) -> ir.Expr:
     """The trip count of ``node``'s loop (a space or a split piece)."""
-    plan = env.plan
+    plan = env.decided.plan
     assert plan is not None
     if node in plan.spaces:
         return ctx.spaces[node].extent
@@ -133,7 +123,7 @@ def _extent(env: LowerEnv, node: str, ctx: Ctx) -> ir.Expr:
 
 def _offset(env: LowerEnv, node: str, ctx: Ctx) -> ir.Expr:
     """``node``'s offset in its space from the bound loop variables."""
-    plan = env.plan
+    plan = env.decided.plan
     assert plan is not None
     kids = plan.children.get(node)
     if kids is None:
@@ -157,12 +147,12 @@ def _enter_space(env: LowerEnv, space: Space, ctx: Ctx) -> tuple[list[ir.Stmt], 
         (var,) = space.vars
         if space.bound is not None and space.bound[1] == "MaxExact":
             return [], SpaceState(ir.IntLit(0), ir.IntLit(space.bound[0]))
-        return [], SpaceState(ir.IntLit(0), ir.Var(env.sig.dim(var)))
+        return [], SpaceState(ir.IntLit(0), ir.Var(env.inputs.sig.dim(var)))
     if space.kind == "fused":
-        size = dense_extent(ir.Var(env.sig.dim(var)) for var in space.vars)
+        size = dense_extent(ir.Var(env.inputs.sig.dim(var)) for var in space.vars)
         return [], SpaceState(ir.IntLit(0), size)
     access = pos_access(env, space)
-    fmt = env.formats[access.name]
+    fmt = env.inputs.formats[access.name]
     levels = level_indices(access, fmt)
     first = levels.index(space.vars[0])
     if ctx.depth(access) != first:
@@ -183,8 +173,8 @@ def _enter_space(env: LowerEnv, space: Space, ctx: Ctx) -> tuple[list[ir.Stmt], 
         else:
             # the positions under the previous level's whole range
             lo, hi = level.range_bounds(*ranges[-1], names(env, access, k))
-        lo_name = env.namer.fresh(f"p{access.name}{k + 1}_lo")
-        hi_name = env.namer.fresh(f"p{access.name}{k + 1}_hi")
+        lo_name = env.inputs.namer.fresh(f"p{access.name}{k + 1}_lo")
+        hi_name = env.inputs.namer.fresh(f"p{access.name}{k + 1}_hi")
         stmts += [ir.Decl(ir.I64, lo_name, lo), ir.Decl(ir.I64, hi_name, hi)]
         ranges.append((ir.Var(lo_name), ir.Var(hi_name)))
     lo, hi = ranges[-1]
@@ -199,7 +189,7 @@ def _cursors_init(
     levels as `_bind_space` does: a child's parent position is computed where its level
     function can (singleton: shared; dense: divided), else searched in its ``pos``."""
     access = pos_access(env, space)
-    fmt = env.formats[access.name]
+    fmt = env.inputs.formats[access.name]
     top = level_indices(access, fmt).index(space.vars[0])
     last = top + len(space.vars) - 1
     searched = {k: (n, arr) for n, k, arr in _parent_searches(env, space, access)}
@@ -213,7 +203,7 @@ def _cursors_init(
             continue
         n, arr = searched[k + 1]
         lo, hi = state.levels[n]
-        cur = env.namer.fresh(f"p{access.name}{k + 1}_at")
+        cur = env.inputs.namer.fresh(f"p{access.name}{k + 1}_at")
         stmts.append(ir.Decl(ir.I64, cur, ir.Call("search", (ir.Var(arr), lo, hi, target))))
         cursors[k + 1] = cur
         target = ir.Var(cur)
@@ -223,56 +213,49 @@ def _cursors_init(
 def _parent_searches(env: LowerEnv, space: Space, access: Access) -> list[tuple[int, int, str]]:
     """(index in space, 1-based level number, child pos array) for each fused level whose
     child level is compressed: its position is found by searching the child's pos."""
-    fmt = env.formats[access.name]
+    fmt = env.inputs.formats[access.name]
     first = level_indices(access, fmt).index(space.vars[0])
     found = []
     for n in range(len(space.vars) - 1):
         k = first + n
         child = fmt.levels[k + 1]
         if child.position_iteration and not child.inherits_parent_range:
-            found.append((n, k + 1, env.sig.array(access.name, "pos", k + 1)))
+            found.append((n, k + 1, env.inputs.sig.array(access.name, "pos", k + 1)))
     return found
 
 
 def _bind_space(
-    env: LowerEnv,
-    space: Space,
-    x: ir.Expr,
-    ctx: Ctx,
-    rest: tuple[str, ...],
-    expr: CExpr,
-    sink: Sink,
-    cursors: dict[int, str] | None,
-    nest: Nest,
+    env: LowerEnv, space: Space, x: ir.Expr, place: NestPoint, cursors: dict[int, str] | None
 ) -> ir.Block:
-    """The space's offset ``x`` is known: bind its original variables and go on.
+    """The space's offset ``x`` is known at ``place``: bind its original variables and go on.
 
     ``cursors``: for a serial loop over fused positions, the variables that follow each
     searched parent level (else each parent is searched afresh)."""
+    expr, ctx = place.expr, place.ctx
     stmts: list[ir.Stmt] = []
-    lhs = env.lhs
+    lhs = env.inputs.lhs
     if space.kind in ("dense", "fused"):
         values = _dense_coords(env, space, x)
-        if env.assembler is not None:
+        if env.decided.assembler is not None:
             # a GPU split over a rowwise sparse output's rows: each row opened as usual
             ((var, value),) = values
             expr = scheduled_expr(env, space, var, expr, ctx)
-            return split_row(env, var, value, expr, ctx, rest, sink, nest)
+            return split_row(env, var, value, replace(place, expr=expr))
         for var, value in values:
             expr = scheduled_expr(env, space, var, expr, ctx)
-            name = env.var_names[var]
+            name = env.decided.var_names[var]
             stmts.append(ir.Decl(ir.I64, name, value))
             ctx = ctx.bind({var: ir.Var(name)}, covered=var)
             located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
             stmts.append(located)
-        return ir.block(*stmts, nest(rest, expr, ctx, sink))
+        return ir.block(*stmts, place.nest(place.rest, expr, ctx, place.sink))
     access = pos_access(env, space)
-    fmt = env.formats[access.name]
+    fmt = env.inputs.formats[access.name]
     first = level_indices(access, fmt).index(space.vars[0])
     state = ctx.spaces[space.name]
     positions: dict[int, ir.Expr] = {}
     last = first + len(space.vars) - 1
-    p_last = env.namer.fresh(f"p{access.name}{last + 1}")
+    p_last = env.inputs.namer.fresh(f"p{access.name}{last + 1}")
     stmts.append(ir.Decl(ir.I64, p_last, ir.add(state.lo, x)))
     positions[last] = ir.Var(p_last)
     searched = {k: (n, arr) for n, k, arr in _parent_searches(env, space, access)}
@@ -291,7 +274,7 @@ def _bind_space(
             stmts.append(ir.While(ir.Bin("<=", ir.Load(arr, ahead), below), step))
             positions[k] = cur
         else:
-            found = env.namer.fresh(f"p{access.name}{k + 1}")
+            found = env.inputs.namer.fresh(f"p{access.name}{k + 1}")
             stmts.append(ir.Decl(ir.I64, found, ir.Call("search", (ir.Var(arr), lo, hi, below))))
             positions[k] = ir.Var(found)
     for n, var in enumerate(space.vars):
@@ -299,19 +282,19 @@ def _bind_space(
         meets = _meets_sparse(env, space, var, expr, ctx) if space.kind == "pos" else None
         if meets is None:
             expr = scheduled_expr(env, space, var, expr, ctx)
-        name = env.var_names[var]
+        name = env.decided.var_names[var]
         pos = positions[k]
         coord = fmt.levels[k].coordinate(pos, names(env, access, k), k == 0)
         stmts.append(ir.Decl(ir.I64, name, coord))
         ctx = ctx.bind({var: ir.Var(name)}, {(access, k): unit(pos)})
         if meets is not None:
-            stmts += _locate_cases(env, space, var, meets, ctx, rest, sink, nest)
+            stmts += _locate_cases(env, space, var, meets, replace(place, ctx=ctx))
             return ir.block(*stmts)
         if n < len(space.vars) - 1:
             located, ctx = locate(env, ctx, [lhs, *accesses(expr)])
             stmts.append(located)
     # the last variable may open a sparse output's row (a GPU position loop over its rows)
-    return ir.block(*stmts, rest_of_nest(env, space.vars[-1], expr, ctx, rest, sink, nest))
+    return ir.block(*stmts, rest_of_nest(env, space.vars[-1], replace(place, expr=expr, ctx=ctx)))
 
 
 def _meets_sparse(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) -> Lattice | None:
@@ -320,7 +303,7 @@ def _meets_sparse(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) 
     None. Every lattice point must hold the pos tensor where its level is sparse (the loop
     visits only its entries) and the other sparse levels must be unique: each is then located by a search of its
     segment for the coordinate (`_locate_cases`)."""
-    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.exact)
+    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact)
     if not lattice.points:
         return None
     others = [it for it in ordered(lattice.iterators) if it.access.name != space.tensor]
@@ -345,20 +328,14 @@ def _meets_sparse(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) 
 
 
 def _locate_cases(
-    env: LowerEnv,
-    space: Space,
-    var: str,
-    lattice: Lattice,
-    ctx: Ctx,
-    rest: tuple[str, ...],
-    sink: Sink,
-    nest: Nest,
+    env: LowerEnv, space: Space, var: str, lattice: Lattice, place: NestPoint
 ) -> list[ir.Stmt]:
-    """The body of a position loop at ``var`` (bound in ``ctx``): each other sparse
+    """The body of a position loop at ``var`` (bound in ``place.ctx``): each other sparse
     operand located in its segment (a galloping search for the coordinate, present when
     found), then the first lattice point whose operands are all present. A point of the
     pos tensor alone runs where the others are absent; without one, nothing is computed
     there (the intersection)."""
+    ctx = place.ctx
     stmts: list[ir.Stmt] = []
     coord = ctx.coords[var]
     here: dict[Iterator, ir.Expr] = {}
@@ -370,9 +347,9 @@ def _locate_cases(
         parent = ctx.levels.get((it.access, k - 1)) if k > 0 else None
         at = names(env, it.access, k)
         lo, hi = level(env, it.access, k).bounds((parent.pos, parent.next) if parent else None, at)
-        p = env.namer.fresh(f"p{it.access.name}{k + 1}")
-        end = env.namer.fresh(f"{p}_end")
-        flag = env.namer.fresh(f"{var}{it.access.name}_here")
+        p = env.inputs.namer.fresh(f"p{it.access.name}{k + 1}")
+        end = env.inputs.namer.fresh(f"{p}_end")
+        flag = env.inputs.namer.fresh(f"{var}{it.access.name}_here")
         stmts += [
             ir.Decl(ir.I64, end, hi),
             ir.Decl(ir.I64, p, ir.Call("gallop", (ir.Var(at.crd), lo, ir.Var(end), coord))),
@@ -392,7 +369,7 @@ def _locate_cases(
         its = [it for it in ordered(point.iterators) if it in here]
         inner = ctx.bind(levels={(it.access, it.level): unit(found[it]) for it in its})
         # a sparse output's row is opened in each case (its count starts at zero)
-        case = rest_of_nest(env, var, point.expr, inner, rest, sink, nest)
+        case = rest_of_nest(env, var, replace(place, expr=point.expr, ctx=inner))
         if not its:
             orelse = case
             break
@@ -408,7 +385,7 @@ def _dense_coords(env: LowerEnv, space: Space, x: ir.Expr) -> list[tuple[str, ir
     values: list[tuple[str, ir.Expr]] = []
     remaining = x
     for var in reversed(space.vars[1:]):
-        at = LevelNames(ir.Var(env.sig.dim(var)))
+        at = LevelNames(ir.Var(env.inputs.sig.dim(var)))
         values.append((var, DENSE.coordinate(remaining, at, top=False)))
         parent = DENSE.parent_position(remaining, at)
         assert parent is not None
@@ -420,7 +397,7 @@ def _dense_coords(env: LowerEnv, space: Space, x: ir.Expr) -> list[tuple[str, ir
 def scheduled_expr(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx) -> CExpr:
     """The expression once ``var`` is bound by a schedule space: its lattice must be
     a plain range (dense spaces) or iterate only the pos tensor (position spaces)."""
-    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.exact)
+    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact)
     if not lattice.points:
         return ZERO
     its = ordered(lattice.iterators)
@@ -429,7 +406,7 @@ def scheduled_expr(env: LowerEnv, space: Space, var: str, expr: CExpr, ctx: Ctx)
             a = its[0].access
             raise ScheduleError(
                 f"{space.origin}: {var} is iterated through {a}'s "
-                f"{env.formats[a.name].levels[its[0].level].spelling!r} level, so its "
+                f"{env.inputs.formats[a.name].levels[its[0].level].spelling!r} level, so its "
                 f"loop is not a plain range; iterate its positions with "
                 f"pos({var},{var}pos,{a.name}) and transform that"
             )

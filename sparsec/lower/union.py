@@ -34,39 +34,32 @@ from ..ir import nodes as ir
 from ..ir.visit import blocks, map_blocks, map_children
 from ..middle.lattice import Iterator, UnionLattice, build
 from ..middle.order import level_indices
-from .coiterate import Body, IterState, Present, capacity_checked, coiterate, segment
+from .coiterate import IterState, Present, Walk, capacity_checked, coiterate, segment
 from .coiterate import iterator_state as state_of
-from .ctx import Bound, Ctx, Sink
+from .ctx import Bound, Ctx
 from .env import LowerEnv
 from .levels import crd, iterator, unique
 from .parallel import loop_setup
+from .races import Loop
 
 #: (vals array, position variable) -> the flag under which that load is present
 Guards = dict[tuple[str, str], str]
 
 
 def flagged_union(
-    env: LowerEnv,
-    var: str,
-    rest: tuple[str, ...],
-    lattice: UnionLattice,
-    expr: CExpr,
-    ctx: Ctx,
-    sink: Sink,
-    outermost: bool,
-    body: Body,
+    env: LowerEnv, lattice: UnionLattice, walk: Walk, rest: tuple[str, ...], expr: CExpr
 ) -> ir.Block:
-    """The loop over ``var`` for ``lattice``: flagged when `_flags_fit`, else the lattice
-    built point by point and co-iterated as usual."""
+    """The loop of ``walk`` for ``lattice`` (of ``expr``, the loops ``rest`` inside):
+    flagged when `_flags_fit`, else the lattice built point by point and co-iterated as
+    usual."""
+    var, ctx, sink = walk.var, walk.ctx, walk.sink
     if not _flags_fit(env, var, rest, lattice, expr, ctx):
-        full = build(expr, lambda a: iterator(env, a, var, ctx), env.exact, flagged=False)
-        return coiterate(env, var, full, ctx, sink, outermost, body)
+        full = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact, flagged=False)
+        return coiterate(env, full, walk)
     its = lattice.iterators
-    name = env.var_names[var]
+    name = env.decided.var_names[var]
     merged = ", ".join(sorted({str(it.access) for it in its}))
-    loop_setup(
-        env, var, frozenset({var}), ctx, sink, f"it co-iterates {merged}", ir.IntLit(0), False
-    )
+    loop_setup(env, Loop(var, frozenset({var}), sink, f"it co-iterates {merged}", ir.IntLit(0)))
     state = {it: state_of(env, it, ctx) for it in its}
     init = [ir.Decl(ir.I64, s.pos, s.lo) for s in state.values()]
     init += [ir.Decl(ir.I64, s.end, s.hi) for s in state.values()]
@@ -77,7 +70,7 @@ def flagged_union(
     inner = ctx.bind({var: ir.Var(name)}, levels)
 
     def case() -> list[ir.Stmt]:
-        return [*_guarded(env, state, body(expr, inner)).body, *_advance(env, state)]
+        return [*_guarded(env, state, walk.body(expr, inner)).body, *_advance(env, state)]
 
     if lattice.full:
         flags: list[ir.Stmt] = []
@@ -87,7 +80,9 @@ def flagged_union(
                 ir.Bin("==", crd(env, it, ir.Var(s.pos)), ir.Var(name)),
             )
             flags += [ir.Decl(ir.BOOL, s.here, at), *segment(env, it, s, ir.Var(name))]
-        loop = ir.For(name, ir.IntLit(0), ir.Var(env.sig.dim(var)), ir.block(*flags, *case()))
+        loop = ir.For(
+            name, ir.IntLit(0), ir.Var(env.inputs.sig.dim(var)), ir.block(*flags, *case())
+        )
         return ir.block(*init, loop)
     # each step advances an iterator and appends at most one entry
     room: ir.Expr = ir.IntLit(0)
@@ -116,13 +111,13 @@ def _flags_fit(
     ranges, never a located position to read, and every loop below sees its term as
     absent, not as present everywhere); and no access in ``expr`` absent from an
     enclosing union without being one of these iterators."""
-    semantics = env.spec.semantics
+    semantics = env.inputs.spec.semantics
     if semantics.mask:
         return False
-    if env.plan is not None and env.plan.mergeby.get(var) == "Gallop":
+    if env.decided.plan is not None and env.decided.plan.mergeby.get(var) == "Gallop":
         return False  # the lattice's co-iteration says why galloping cannot merge a union
     for it in lattice.iterators:
-        fmt = env.formats[it.access.name]
+        fmt = env.inputs.formats[it.access.name]
         below = range(it.level + 1, len(fmt.levels))
         if not all(fmt.levels[k].position_iteration for k in below):
             return False
@@ -138,8 +133,8 @@ def _flags_fit(
 def _merge_step(env: LowerEnv, var: str, state: dict[Iterator, IterState]) -> list[ir.Stmt]:
     """The coordinate of this step (the least live coordinate; an exhausted iterator reads
     as the extent, past every coordinate) and each iterator's flag."""
-    name = env.var_names[var]
-    extent = ir.Var(env.sig.dim(var))
+    name = env.decided.var_names[var]
+    extent = ir.Var(env.inputs.sig.dim(var))
     stmts: list[ir.Stmt] = []
     least: ir.Expr | None = None
     for it, s in state.items():
@@ -158,7 +153,7 @@ def _merge_step(env: LowerEnv, var: str, state: dict[Iterator, IterState]) -> li
 def _advance(env: LowerEnv, state: dict[Iterator, IterState]) -> list[ir.Stmt]:
     """Step the iterators that sit at this coordinate (as `coiterate` does: without a
     branch while counting a sparse output's entries)."""
-    counting = env.assembler is not None and env.assembler.counting
+    counting = env.decided.assembler is not None and env.decided.assembler.mode.counting
     stmts: list[ir.Stmt] = []
     for it, s in state.items():
         pos, here = ir.Var(s.pos), ir.Var(s.here)
@@ -176,12 +171,14 @@ def _guarded(env: LowerEnv, state: dict[Iterator, IterState], block: ir.Block) -
     ``here ? value : 0``."""
     guards: Guards = {}
     for it, s in state.items():
-        if it.level == len(env.formats[it.access.name].levels) - 1:
-            vals = env.local_vals.get(it.access.name) or env.sig.array(it.access.name, "vals")
+        if it.level == len(env.inputs.formats[it.access.name].levels) - 1:
+            vals = env.found.local_vals.get(it.access.name) or env.inputs.sig.array(
+                it.access.name, "vals"
+            )
             guards[(vals, s.pos)] = s.here
     if not guards:
         return block
-    return _guard_block(block, lambda e: _settle(e, guards, env.ring))
+    return _guard_block(block, lambda e: _settle(e, guards, env.inputs.ring))
 
 
 def _guard_block(block: ir.Block, fn: Callable[[ir.Expr], ir.Expr]) -> ir.Block:

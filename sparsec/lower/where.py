@@ -11,36 +11,30 @@ the caller's ``nest`` callback.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..abi import OUT_OF_MEMORY
 from ..errors import LoweringError
 from ..frontend.concrete import ZERO, CExpr, accesses, without
 from ..frontend.notation import Access, BinOp, Literal, factors
 from ..ir import nodes as ir
 from ..middle.placement import Placement
-from ..tensors.formats import Dense, LevelNames, dense, dense_extent
-from .ctx import Ctx, DenseWsSink, Sink, Where
+from ..tensors.formats import Dense, LevelNames, dense_extent
+from .ctx import Ctx, DenseWsSink, Nest, Sink, Where
 from .env import LowerEnv
 
 DENSE = Dense()
-
-#: lowers the loops ``order`` of ``expr`` into ``sink`` in ``ctx`` (`lowerer.loops`)
-Nest = Callable[[tuple[str, ...], CExpr, Ctx, Sink], ir.Block]
 
 
 def plan_where(env: LowerEnv, placed: Placement) -> Where:
     """The dense precompute the schedule placed (`middle.placement`), with the threads'
     workspaces allocated."""
-    env.formats[placed.workspace.name] = dense(len(placed.vars))
-    base = env.namer.fresh(f"{placed.label}_all")
+    base = env.inputs.namer.fresh(f"{placed.label}_all")
     dim = _extent(env, placed.vars)
-    env.top += [
+    env.found.top += [
         ir.Comment(f"{placed.origin}: a dense workspace over {', '.join(placed.vars)} per thread"),
-        ir.Alloc(ir.VAL, base, ir.mul(ir.Var(env.sig.threads), dim)),
+        ir.Alloc(ir.VAL, base, ir.mul(ir.Var(env.inputs.sig.threads), dim)),
         ir.Return(OUT_OF_MEMORY, ir.Unary("!", ir.Var(base))),
     ]
-    env.bottom.append(ir.Free(base))
+    env.found.bottom.append(ir.Free(base))
     return Where(
         placed.at,
         placed.vars,
@@ -58,7 +52,7 @@ def plan_where(env: LowerEnv, placed: Placement) -> Where:
 def emit_where(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink, nest: Nest) -> ir.Block:
     """This thread's workspace zeroed, the producer's loops adding into it, then the
     consumer's loops reading it in place of the produced factors."""
-    where = env.where
+    where = env.decided.where
     assert where is not None
     if where.sub is not None:
         produced, consumed = _split(env, where, expr)
@@ -72,15 +66,15 @@ def emit_where(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink, nest: Nest) -> 
     if produced is ZERO:  # absent at this point of the loops above: no workspace to fill
         return nest(where.consumer_order, consumed, ctx, sink)
     dim = _extent(env, where.vars)
-    ws = env.namer.fresh(where.workspace.name)
-    q = env.namer.fresh("q")
+    ws = env.inputs.namer.fresh(where.workspace.name)
+    q = env.inputs.namer.fresh("q")
     zero = ir.Assign(ir.Load(ws, ir.Var(q)), ir.FloatLit(0.0))
     stmts: list[ir.Stmt] = [
         ir.Comment(f"{where.origin}"),
         ir.Pointer(ir.VAL, ws, where.base, ir.mul(ir.Call("thread_id", ()), dim)),
         ir.For(q, ir.IntLit(0), dim, ir.block(zero)),
     ]
-    env.local_vals[where.workspace.name] = ws
+    env.found.local_vals[where.workspace.name] = ws
     with env.scope(in_where=True):
         stmts.append(nest(where.producer_order, produced, ctx, DenseWsSink(ws, where.vars)))
         stmts.append(nest(where.consumer_order, consumed, ctx, sink))
@@ -93,10 +87,10 @@ def _split(env: LowerEnv, where: Where, expr: CExpr) -> tuple[CExpr, CExpr]:
     above found absent: both are taken from the statement without the same accesses
     (a subexpression absent altogether leaves the workspace absent too)."""
     assert where.sub is not None and where.consumer is not None
-    rhs = env.spec.statement.rhs
+    rhs = env.inputs.spec.statement.rhs
     present = set(accesses(expr))
     absent = frozenset(a for a in accesses(rhs) if a not in present)
-    fold = not env.exact
+    fold = not env.inputs.exact
     if without(rhs, absent, fold, fold) != expr:
         raise LoweringError(f"internal: {expr} is not {rhs} at the precompute")
     produced = without(where.sub, absent, fold, fold)
@@ -106,7 +100,7 @@ def _split(env: LowerEnv, where: Where, expr: CExpr) -> tuple[CExpr, CExpr]:
 
 def _extent(env: LowerEnv, vars_: tuple[str, ...]) -> ir.Expr:
     """The entries of one thread's workspace over ``vars_``: the product of their extents."""
-    return dense_extent(ir.Var(env.sig.dim(v)) for v in vars_)
+    return dense_extent(ir.Var(env.inputs.sig.dim(v)) for v in vars_)
 
 
 def ws_slot(env: LowerEnv, vars_: tuple[str, ...], ctx: Ctx) -> ir.Expr:
@@ -114,7 +108,7 @@ def ws_slot(env: LowerEnv, vars_: tuple[str, ...], ctx: Ctx) -> ir.Expr:
     levels located row-major (``p_k = p_{k-1} * N_k + i_k``)."""
     slot: ir.Expr | None = None
     for v in vars_:
-        at = LevelNames(ir.Var(env.sig.dim(v)))
+        at = LevelNames(ir.Var(env.inputs.sig.dim(v)))
         slot = DENSE.locate_position(slot, ctx.coords[v], at)
     assert slot is not None
     return slot

@@ -16,26 +16,27 @@ it is refused (`spaces.scheduled_expr`), as before.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..frontend.concrete import CExpr
 from ..ir import nodes as ir
 from ..middle.lattice import Lattice, UnionLattice, build
 from ..middle.plan import Space
-from .coiterate import coiterate
-from .ctx import Ctx, Sink
+from .coiterate import Walk, coiterate
+from .ctx import Ctx, NestPoint
 from .env import LowerEnv
 from .levels import iterator
 from .rows import rest_of_nest
-from .where import Nest
 
 
 def merge_at(env: LowerEnv, space: Space, expr: CExpr, ctx: Ctx) -> Lattice | None:
     """The lattice at a dense space's variable when the GPU loop that completes its split
     must co-iterate sparse operands (a merge, or a sparse operand in a sum with a dense
     one), else None (a plain range, or a single operand's positions: ``pos`` applies)."""
-    if not env.gpu or space.kind != "dense" or len(space.vars) != 1:
+    if not env.inputs.gpu or space.kind != "dense" or len(space.vars) != 1:
         return None
     (var,) = space.vars
-    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.exact)
+    lattice = build(expr, lambda a: iterator(env, a, var, ctx), env.inputs.exact)
     if isinstance(lattice, UnionLattice) or not lattice.points:
         return None
     if not lattice.iterators or lattice.position_loop:
@@ -44,20 +45,14 @@ def merge_at(env: LowerEnv, space: Space, expr: CExpr, ctx: Ctx) -> Lattice | No
 
 
 def window_merge(
-    env: LowerEnv,
-    space: Space,
-    lattice: Lattice,
-    window: tuple[ir.Expr, ir.Expr],
-    ctx: Ctx,
-    rest: tuple[str, ...],
-    sink: Sink,
-    nest: Nest,
+    env: LowerEnv, space: Space, lattice: Lattice, window: tuple[ir.Expr, ir.Expr], place: NestPoint
 ) -> ir.Block:
     """The co-iteration of ``lattice`` over the coordinates ``window`` of the space's
-    variable, the rest of the nest in each case."""
+    variable in ``place.ctx``, the rest of the nest in each case (``place.expr``: unread, each
+    case has its own)."""
     (var,) = space.vars
 
     def body(expr: CExpr, inner: Ctx) -> ir.Block:
-        return rest_of_nest(env, var, expr, inner, rest, sink, nest)
+        return rest_of_nest(env, var, replace(place, expr=expr, ctx=inner))
 
-    return coiterate(env, var, lattice, ctx, sink, False, body, window=window)
+    return coiterate(env, lattice, Walk(var, place.ctx, place.sink, body), window=window)

@@ -1,10 +1,12 @@
 """An output's layout: which of its levels are located (a dense prefix), appended (compressed
 and singleton levels, assembled by the kernel) or stored as a dense block below the last
-appended level. The lowerer, the assembler, the ABI and the runtime all read it."""
+appended level. The lowerer, the assembler, the ABI and the runtime all read it. How one
+kernel assembles such an output is its `AssemblyMode`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from ..errors import FormatError
 from .formats import Compressed, Dense, Format, Singleton, parse_format
@@ -85,3 +87,67 @@ class OutputLayout:
         """Dense levels then one compressed level (CSR, CSC, 'dds'): every row's entries
         can be counted into ``pos`` independently, prefix-summed, and filled in parallel."""
         return self.dense_prefix >= 1 and not self.inner and self.one_entry_per_step
+
+
+class AssemblyMode(Enum):
+    """How one kernel assembles a sparse output (`sparsec.lower.assemble.Assembler`): the
+    phase it lowers and how its rows go. A caller asks for a phase (COUNT, FILL, APPEND or
+    APPEND_CHUNKS); `of` makes it the layout's mode, the one place rows and chunks are
+    decided."""
+
+    #: symbolic phase: count every appended level's positions into ``sc_sizes``
+    COUNT = "count"
+    #: symbolic phase, rows independent: count each row's entries into its ``pos`` slot
+    COUNT_ROWS = "count rows"
+    #: numeric phase in one sequence: append into arrays of the counted sizes (checked)
+    FILL = "fill"
+    #: numeric phase, rows independent: fill each row from its prefix-summed ``pos`` slot
+    FILL_ROWS = "fill rows"
+    #: single pass, serial: append into arrays of a proven capacity
+    APPEND = "append"
+    #: single pass in chunks of rows, each appended into its own region (`lower.chunks`)
+    APPEND_CHUNKS = "append chunks"
+
+    @staticmethod
+    def of(layout: OutputLayout, phase: AssemblyMode) -> AssemblyMode:
+        """``phase`` for an output of ``layout``: a two-phase kernel goes row by row where
+        the rows are independent (`OutputLayout.rowwise`); a single pass keeps one counter
+        across rows, in chunks only where the rows are the first level."""
+        rows = layout.rowwise
+        if phase in (AssemblyMode.COUNT, AssemblyMode.COUNT_ROWS):
+            return AssemblyMode.COUNT_ROWS if rows else AssemblyMode.COUNT
+        if phase in (AssemblyMode.FILL, AssemblyMode.FILL_ROWS):
+            return AssemblyMode.FILL_ROWS if rows else AssemblyMode.FILL
+        chunks = phase is AssemblyMode.APPEND_CHUNKS and rows and layout.dense_prefix == 1
+        return AssemblyMode.APPEND_CHUNKS if chunks else AssemblyMode.APPEND
+
+    @property
+    def counting(self) -> bool:
+        """The symbolic phase: positions counted, nothing stored."""
+        return self in _COUNTING
+
+    @property
+    def rowwise(self) -> bool:
+        """Per-row counters, each row started at its own ``pos`` slot (no capacity checks:
+        the runtime sized every row)."""
+        return self in _ROWWISE
+
+    @property
+    def single_pass(self) -> bool:
+        """One kernel appends without a count first: its loops check capacity up front."""
+        return self in _SINGLE_PASS
+
+    @property
+    def chunked(self) -> bool:
+        return self is AssemblyMode.APPEND_CHUNKS
+
+    @property
+    def checks_capacity(self) -> bool:
+        """The kernel appends at one counter per level and checks each level's capacity,
+        read from ``sc_sizes``."""
+        return not (self.counting or self.rowwise)
+
+
+_COUNTING = frozenset({AssemblyMode.COUNT, AssemblyMode.COUNT_ROWS})
+_ROWWISE = frozenset({AssemblyMode.COUNT_ROWS, AssemblyMode.FILL_ROWS})
+_SINGLE_PASS = frozenset({AssemblyMode.APPEND, AssemblyMode.APPEND_CHUNKS})
