@@ -47,7 +47,7 @@ import numpy as np
 
 import sparsec
 from sparsec.policy.schedules import vector_lanes, vector_schedule
-from sparsec.runtime import gpu
+from sparsec.runtime import device
 from sparsec.tensors.halves import HALF, from_storage, readable, to_storage
 
 from .common import Table, environment, progress, write_results
@@ -206,7 +206,7 @@ def _event_median(run: Any, repeats: int = 30, batch: int = 10) -> float:
     issued back to back between two CUDA events (on the legacy default stream, CuPy's and
     torch's default), so the GPU stays busy and a run's host-side launch cost is hidden
     where it is shorter than the run; after warm-up."""
-    cp = gpu.cupy_device()
+    cp = device.cupy_device()
     for _ in range(3):
         run()
     cp.cuda.Device().synchronize()
@@ -252,7 +252,7 @@ def _device_times(k: sparsec.Kernel, w: Workload) -> tuple[float, float, float] 
     """(the kernel alone on staged inputs, a call with the dense inputs in GPU memory, a
     call with host inputs and its copies), in ms; each result is checked first."""
     try:
-        cp = gpu.cupy_device()
+        cp = device.cupy_device()
     except sparsec.SparsecError:
         return None
     launch, out = k.device_launch(**w.inputs)
@@ -289,7 +289,7 @@ def _baseline_times(w: Workload) -> dict[str, float]:
     CSR tensors, and for SpMM torch's dense matmul; operands already on the device, each
     result checked. Empty without a GPU."""
     try:
-        cp = gpu.cupy_device()
+        cp = device.cupy_device()
         import cupyx.scipy.sparse as csp  # type: ignore[import-not-found]
     except (sparsec.SparsecError, ImportError):
         return {}

@@ -19,7 +19,7 @@ import numpy as np
 
 import sparsec
 from sparsec.policy.schedules import vector_lanes, vector_schedule
-from sparsec.runtime import gpu
+from sparsec.runtime import device
 
 from .common import Table, environment, progress, write_results
 from .core import WrongResult, random_rows_csr
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="ignored (suite interface)")
     args = parser.parse_args(argv)
     try:
-        cp = gpu.cupy_device()
+        cp = device.cupy_device()
         import cupyx.scipy.sparse as csp  # type: ignore[import-not-found]
     except (sparsec.SparsecError, ImportError) as err:
         progress(f"no GPU: {err}")

@@ -11,7 +11,7 @@ from .api import array as _array  # noqa: F401  (registers sparsec.Tensor's oper
 from .api.check import CheckResult
 from .api.einsum import einsum
 from .api.kernel import Kernel, kernel
-from .errors import (
+from .base.errors import (
     CheckError,
     CompileError,
     DTypeError,

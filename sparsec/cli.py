@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from . import __version__
-from .errors import SparsecError
+from .base.errors import SparsecError
+from .base.target import TARGETS
 from .frontend.semantics import DIVISIONS, SEMIRINGS
-from .target import TARGETS
 from .tensors.formats import FORMAT_HELP
 
 FORMATS_EPILOG = f"""\

@@ -25,7 +25,7 @@ import numpy as np
 
 from sparsec.backends.cuda import shim_launcher
 from sparsec.runtime import build
-from sparsec.runtime.gpu import MAX_EMULATED_GRID, behind_shim
+from sparsec.runtime.device import MAX_EMULATED_GRID, behind_shim
 
 
 class DeviceArray(np.ndarray):

@@ -38,7 +38,7 @@ STAGES = (
     ("sparsec.tensors",),
     ("sparsec.frontend",),
     ("sparsec.ir",),
-    ("sparsec.errors", "sparsec.resources", "sparsec.target"),
+    ("sparsec.base",),
 )
 
 
@@ -151,6 +151,27 @@ def cycles(mods: dict[str, Module]) -> list[list[str]]:
         if v not in index:
             visit(v)
     return out
+
+
+def folder(mods: dict[str, Module], name: str) -> str:
+    """A module's folder: its package (the root package's modules are folder ``sparsec``)."""
+    return name if mods[name].path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def folder_graph(mods: dict[str, Module]) -> dict[str, Module]:
+    """The folders as modules of a graph: a folder imports the folders its modules import."""
+    edges: dict[str, set[str]] = {folder(mods, m): set() for m in mods}
+    for m in mods.values():
+        for i in m.imports:
+            if folder(mods, i) != folder(mods, m.name):
+                edges[folder(mods, m.name)].add(folder(mods, i))
+    path = PACKAGE / "__init__.py"
+    return {f: Module(f, path, 0, frozenset(e), ()) for f, e in edges.items()}
+
+
+def folder_cycles(mods: dict[str, Module]) -> list[list[str]]:
+    """The folder-level import cycles (a module cycle is one, but not only)."""
+    return cycles(folder_graph(mods))
 
 
 def stage(name: str) -> int:
@@ -411,9 +432,9 @@ def attributes(mod: Module, name: str) -> set[str]:
     }
 
 
-#: the targets' names (`sparsec.target.TARGETS`): only the API edge reads them
+#: the targets' names (`sparsec.base.target.TARGETS`): only the API edge reads them
 TARGET_NAMES = frozenset({"c", "cuda", "cuda-emulated"})
-#: where the user's ``target=`` string becomes a `sparsec.target.Target`
+#: where the user's ``target=`` string becomes a `sparsec.base.target.Target`
 TARGET_EDGE = frozenset({"sparsec.api.kernel", "sparsec.cli"})
 
 
@@ -451,7 +472,7 @@ def target_decisions(mods: dict[str, Module]) -> list[tuple[str, int, str]]:
             elif isinstance(node, ast.MatchValue) and _strings(node.value) & gpu_names:
                 found.append((m.name, node.lineno, f"case {ast.unparse(node.value)}"))
             elif isinstance(node, ast.Tuple | ast.List | ast.Set) and _strings(node) & gpu_names:
-                if m.name != "sparsec.target":  # where the names are defined
+                if m.name != "sparsec.base.target":  # where the names are defined
                     found.append((m.name, node.lineno, ast.unparse(node)))
             elif isinstance(node, ast.arg) and node.arg == "target" and node.annotation:
                 if ast.unparse(node.annotation) == "str":
@@ -469,6 +490,7 @@ def report() -> str:
         f"largest module: {biggest.name} ({biggest.lines} lines)",
         f"largest class: {klass[2]}.{klass[0]} ({klass[1]} lines)",
         f"import cycles: {len(cycles(mods))} {cycles(mods)}",
+        f"folder cycles: {folder_cycles(mods)}",
         f"upward imports: {len(upward_imports(mods))} {upward_imports(mods)}",
         f"modules over {SOFT_MODULE_LINES} lines: "
         + ", ".join(f"{m.name} ({m.lines})" for m in mods.values() if m.lines > SOFT_MODULE_LINES),

@@ -13,7 +13,7 @@ import pytest
 import scipy.sparse as sp
 
 import sparsec
-from sparsec.errors import DTypeError, InputError, ShapeError
+from sparsec.base.errors import DTypeError, InputError, ShapeError
 from sparsec.policy.machine import use
 
 torch = pytest.importorskip("torch")

@@ -10,10 +10,10 @@ from conftest import sparse_array
 
 import sparsec
 from sparsec.api import autotune
+from sparsec.base.target import C
 from sparsec.middle.commands import parse_commands
 from sparsec.policy import tuning
 from sparsec.policy.decision import Decision, decide
-from sparsec.target import C
 
 SPMV = "y(i) = A(i,j) * x(j)"
 

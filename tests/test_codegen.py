@@ -228,19 +228,19 @@ def test_gpu_default_lowers_each_candidate_once(expr, formats, first, chosen, mo
     """The default GPU mapping is decided from the spec and its natural loop order as
     explicit commands; the pipeline lowers candidates in turn, each once, and lowers
     nothing else (no throw-away kernel to learn the loop order)."""
-    from sparsec import pipeline
+    from sparsec.base.target import CUDA
     from sparsec.frontend.parser import parse_expression
     from sparsec.middle.schedule import loop_nest
     from sparsec.middle.spec import make_spec
+    from sparsec.pipeline import cuda
     from sparsec.policy.schedules import gpu_candidates
-    from sparsec.target import CUDA
 
     spec = make_spec(parse_expression(expr), formats)
     candidates = gpu_candidates(spec, loop_nest(spec))
     assert ", ".join(map(str, candidates[0])) == first
     scheduled: list[tuple] = []
     lowered: list[tuple] = []
-    real, real_schedule = pipeline.lower, pipeline.make_schedule
+    real, real_schedule = cuda.lower, cuda.make_schedule
 
     def scheduling(spec, commands=(), **options):
         if options.get("target") == CUDA:
@@ -251,9 +251,9 @@ def test_gpu_default_lowers_each_candidate_once(expr, formats, first, chosen, mo
         lowered.append(options["schedule"].commands)
         return real(spec, make_names, **options)
 
-    monkeypatch.setattr(pipeline, "make_schedule", scheduling)
-    monkeypatch.setattr(pipeline, "lower", counting)
-    gen = pipeline.generate_cuda(spec)
+    monkeypatch.setattr(cuda, "make_schedule", scheduling)
+    monkeypatch.setattr(cuda, "lower", counting)
+    gen = cuda.generate_cuda(spec)
     # each candidate scheduled once, in turn; those the schedule admits lowered once
     assert scheduled == candidates[: chosen + 1]
     assert lowered[-1] == candidates[chosen]
@@ -264,18 +264,18 @@ def test_gpu_default_lowers_each_candidate_once(expr, formats, first, chosen, mo
 
 def test_pass_lists_run_in_order():
     """Each target's passes in one ordered list: the C kernel's notes come from them."""
-    from sparsec import pipeline
+    from sparsec.pipeline import lists
 
-    assert [p.__name__ for p in pipeline.C_PASSES] == [
+    assert [p.__name__ for p in lists.C_PASSES] == [
         "_streams",
         "_tile",
         "_jam",
         "_bands",
-        "_stream_output",
+        "stream_output",
         "_dots",
     ]
-    assert pipeline.C_APPEND_PASSES == (*pipeline.C_PASSES[:3], pipeline.C_PASSES[-1])
-    assert [p.__name__ for p in pipeline.CUDA_PASSES] == ["_coarsen"]
+    assert lists.C_APPEND_PASSES == (*lists.C_PASSES[:3], lists.C_PASSES[-1])
+    assert [p.__name__ for p in lists.CUDA_PASSES] == ["_coarsen"]
     # the schedule's words: the lowerer's, then the tile, band and output-stream notes
     schedule = sparsec.kernel("Y(i,j) = W(i,k) * X(k,j)", {"W": "csr"}).schedule
     tiles = schedule.index("j in register tiles")
@@ -348,23 +348,23 @@ def test_cpu_default_reaches_lowering_as_commands(
     """The CPU default is decided by the policy as explicit commands appended to the
     user's (none for a serial kernel); every lowering of the kernel (a sparse output's
     counting phase too) sees them, and the schedule still says what the default did."""
-    from sparsec import pipeline
     from sparsec.frontend.parser import parse_expression
     from sparsec.middle.commands import parse_commands
     from sparsec.middle.spec import make_spec
+    from sparsec.pipeline import c as pipeline_c
 
     spec = make_spec(parse_expression(expr), formats)
     seen: list[str] = []
-    real = pipeline.lower
+    real = pipeline_c.lower
 
     def recording(spec, make_names, **options):
         if not options.get("append"):
             seen.append(", ".join(map(str, options["schedule"].commands)))
         return real(spec, make_names, **options)
 
-    monkeypatch.setattr(pipeline, "lower", recording)
+    monkeypatch.setattr(pipeline_c, "lower", recording)
     user = parse_commands(schedule) if schedule else ()
-    gen = pipeline.generate(spec, parallel=parallel, commands=user)
+    gen = pipeline_c.generate(spec, parallel=parallel, commands=user)
     assert seen and set(seen) == {commands}
     assert gen.schedule.startswith(words)
 

@@ -214,7 +214,7 @@ def test_copies_the_band_copy_does_not_take_are_numpys(monkeypatch):
 def test_without_a_c_compiler_numpy_copies(monkeypatch):
     """Where the band copy cannot be built, the copy is numpy's, and the build is not
     tried again at every call."""
-    from sparsec.errors import CompileError
+    from sparsec.base.errors import CompileError
     from sparsec.runtime import copies as convert
 
     tries = []

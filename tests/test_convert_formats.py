@@ -14,7 +14,7 @@ import pytest
 import scipy.sparse as sp
 
 import sparsec
-from sparsec.errors import LoweringError
+from sparsec.base.errors import LoweringError
 from sparsec.tensors import convert
 
 DTYPES = [("float32", "int32"), ("float64", "int64")]

@@ -1,5 +1,5 @@
 """The CUDA target without a GPU: every kernel compiles with NVRTC for sm_80 and sm_90
-without spills, and runs through the CPU emulation to the dense torch result. The `gpu`
+without spills, and runs through the CPU emulation to the dense torch result. The `device`
 tests run the same kernels through CuPy and skip themselves where no device exists."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from test_kernels import CASES
 
 import sparsec
 from sparsec import ScheduleError, SparsecError
-from sparsec.runtime import gpu, nvrtc
+from sparsec.runtime import device, nvrtc
 
 SPMV = "y(i) = A(i,j) * x(j)"
 MTTKRP = "A(i,j) = B(i,k,l) * D(l,j) * C(k,j)"
@@ -457,7 +457,7 @@ def test_the_cuda_printer_refuses_an_atomic_on_a_local():
 
 def test_emulation_source_is_the_cuda_source():
     k = sparsec.kernel(SPMV, {"A": "csr"}, target="cuda-emulated")
-    assert k.source in gpu.emulation_source(k.generated())
+    assert k.source in device.emulation_source(k.generated())
 
 
 # ------------------------------------------------------------------ illegal
@@ -550,7 +550,7 @@ def test_illegal_gpu_schedule(case):
 # --------------------------------------------------------------- runtime
 def test_cuda_target_without_a_device_is_a_clear_error():
     try:
-        gpu.cupy_device()
+        device.cupy_device()
     except SparsecError:
         pass
     else:
@@ -569,7 +569,7 @@ def test_grid_is_evaluated_on_the_host():
     gen = k.generated()
     params = {p.name: None for p in gen.signature.params}
     params.update({"A2_pos": a.levels[1].pos, "i_dim": 5000, "j_dim": 5000})
-    assert gpu.grid_size(gen.launch, params) == 3  # 5000 nonzeros, 2048 per block
+    assert device.grid_size(gen.launch, params) == 3  # 5000 nonzeros, 2048 per block
 
 
 def test_occupancy_model():
@@ -594,7 +594,7 @@ def test_cli_cuda_verify_and_check(capsys):
 # ------------------------------------------------------------------- device
 def _device_or_skip():
     try:
-        return gpu.cupy_device()
+        return device.cupy_device()
     except SparsecError as err:
         pytest.skip(str(err))
 

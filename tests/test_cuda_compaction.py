@@ -182,11 +182,11 @@ SCATTERED = [c for c in CASES if "sc_ws_" in sparsec.kernel(c[0], c[1], target="
 
 @pytest.mark.parametrize("case", SCATTERED, ids=[case_id(c) for c in SCATTERED])
 def test_the_workspace_cases_through_hash_tables(case, rng, monkeypatch):
-    """The same cases with each row's hash table forced (`gpu.HASH_WORKSPACE`): the
+    """The same cases with each row's hash table forced (`device.HASH_WORKSPACE`): the
     arrays of the C target, staged or not."""
-    from sparsec.runtime import gpu
+    from sparsec.runtime import device
 
-    monkeypatch.setattr(gpu, "HASH_WORKSPACE", True)
+    monkeypatch.setattr(device, "HASH_WORKSPACE", True)
     assert len(SCATTERED) >= 4
     expr, fmts = case[0], case[1]
     _, given = _given(case, rng, "float64", "int64")

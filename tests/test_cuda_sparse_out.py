@@ -209,7 +209,7 @@ def test_a_coo_row_level_driving_a_sparse_output_says_how_to_store_it():
 def test_a_workspace_larger_than_the_budget_shrinks_the_launch(monkeypatch):
     """The workspace's slices (one per thread) must fit the budget: fewer blocks, then
     fewer threads per block (the loops are strided, so the result is the same)."""
-    from sparsec.runtime import gpu
+    from sparsec.runtime import device
 
     k = sparsec.kernel(
         "C(i,j) = A(i,k) * B(k,j)", {"A": "csr", "B": "csr", "C": "csr"}, target="cuda-emulated"
@@ -218,18 +218,18 @@ def test_a_workspace_larger_than_the_budget_shrinks_the_launch(monkeypatch):
         {"A": "csr", "B": "csr"}, {"A": (600, 7), "B": (7, 500)}, 2, "float64", "int32"
     )
     launches = []
-    real = gpu._workspace
+    real = device._workspace
 
     def spy(*args):
         launches.append(real(*args))
         return launches[-1]
 
-    monkeypatch.setattr(gpu, "_workspace", spy)
+    monkeypatch.setattr(device, "_workspace", spy)
     # a thread's slices: 500 values, a list of 504 and 24 bitmap words, 8 bytes each; the
     # emulation takes a 16th of the budget. Dense rows forced (by the size rule this
     # budget takes hash tables: `test_hash_tables_when_dense_rows_would_shrink_the_launch`)
-    monkeypatch.setattr(gpu, "WORKSPACE_BYTES", 16 * 40 * (500 + 504 + 24) * 8)
-    monkeypatch.setattr(gpu, "HASH_WORKSPACE", False)
+    monkeypatch.setattr(device, "WORKSPACE_BYTES", 16 * 40 * (500 + 504 + 24) * 8)
+    monkeypatch.setattr(device, "HASH_WORKSPACE", False)
     got = k(**given)
     np.testing.assert_array_equal(got.to_dense(), dense["A"] @ dense["B"])
     assert launches and all(grid * block <= 40 for grid, block in launches), launches
@@ -260,7 +260,7 @@ def test_hash_tables_when_dense_rows_would_shrink_the_launch(monkeypatch):
     budget, each row takes a hash table sized from its count (a tally of its scatters for
     the count phase, its exact count for the fill): the launch keeps its size, and the
     rows come out sorted, equal to the C target's."""
-    from sparsec.runtime import gpu
+    from sparsec.runtime import device
 
     fmts = {"A": "csr", "B": "csr", "C": "csr"}
     k = sparsec.kernel("C(i,j) = A(i,k) * B(k,j)", fmts, target="cuda-emulated")
@@ -268,7 +268,7 @@ def test_hash_tables_when_dense_rows_would_shrink_the_launch(monkeypatch):
         {"A": "csr", "B": "csr"}, {"A": (600, 7), "B": (7, 500)}, 2, "float64", "int32"
     )
     modes, launches = [], []
-    real_phase, real_ws = gpu.run_phase, gpu._workspace
+    real_phase, real_ws = device.run_phase, device._workspace
 
     def phase(kernel, generated, slots, values, dims, outputs, emulated):
         modes.append(int(outputs[("ws_mode", -1)][0]))
@@ -278,11 +278,11 @@ def test_hash_tables_when_dense_rows_would_shrink_the_launch(monkeypatch):
         launches.append(real_ws(*args))
         return launches[-1]
 
-    monkeypatch.setattr(gpu, "run_phase", phase)
-    monkeypatch.setattr(gpu, "_workspace", workspace)
+    monkeypatch.setattr(device, "run_phase", phase)
+    monkeypatch.setattr(device, "_workspace", workspace)
     # dense rows for the launch's 768 threads: 6.3 MB; the tables (rows of ~75 columns
     # reached, 256 slots each): 1.2 MB of keys to count, at most 2.5 MB to fill
-    monkeypatch.setattr(gpu, "WORKSPACE_BYTES", 16 * 3_000_000)
+    monkeypatch.setattr(device, "WORKSPACE_BYTES", 16 * 3_000_000)
     got = k(**given)
     assert modes == [2, 1, 1], modes  # the tally, the counted tables, the filled tables
     assert all(block == 256 for _, block in launches), launches
@@ -293,7 +293,7 @@ def test_hash_tables_when_dense_rows_would_shrink_the_launch(monkeypatch):
     np.testing.assert_array_equal(got.to_dense(), dense["A"] @ dense["B"])
     # tables too large for the budget: that phase runs on dense rows (the launch shrunk)
     modes.clear()
-    monkeypatch.setattr(gpu, "WORKSPACE_BYTES", 16 * 8 * 64)
+    monkeypatch.setattr(device, "WORKSPACE_BYTES", 16 * 8 * 64)
     got = k(**given)
     assert modes[0] == 2 and modes[1:] == [0, 0], modes
     np.testing.assert_array_equal(got.vals, want.vals)
@@ -310,9 +310,9 @@ def test_hash_tables_when_dense_rows_would_shrink_the_launch(monkeypatch):
 )
 def test_hash_tables_give_the_dense_rows_output(case, dtype, index_dtype, monkeypatch):
     """Every workspace case with hash tables forced: the same arrays as the C target."""
-    from sparsec.runtime import gpu
+    from sparsec.runtime import device
 
-    monkeypatch.setattr(gpu, "HASH_WORKSPACE", True)
+    monkeypatch.setattr(device, "HASH_WORKSPACE", True)
     expr, fmts, _, shapes = case
     kw = {"dtype": dtype, "index_dtype": index_dtype}
     dense, given = _inputs(fmts, shapes, 8, dtype, index_dtype)
@@ -329,9 +329,9 @@ def test_hash_tables_give_the_dense_rows_output(case, dtype, index_dtype, monkey
 def test_semiring_spgemm_through_either_workspace(ring, hashed, monkeypatch):
     """Under a semiring the tables' values start at its add's identity, as the dense
     rows do: both give the C target's arrays."""
-    from sparsec.runtime import gpu
+    from sparsec.runtime import device
 
-    monkeypatch.setattr(gpu, "HASH_WORKSPACE", hashed)
+    monkeypatch.setattr(device, "HASH_WORKSPACE", hashed)
     fmts = {"A": "csr", "B": "csr", "C": "csr"}
     rng = np.random.default_rng(4)
     a = (rng.random((300, 40)) < 0.1) * rng.integers(1, 5, (300, 40)).astype(float)
@@ -352,10 +352,10 @@ def test_spgemm_workspaces_on_the_device(hashed, monkeypatch):
     enough for several summary words, equal to the C target's arrays."""
     from test_cuda import _device_or_skip
 
-    from sparsec.runtime import gpu
+    from sparsec.runtime import device
 
     _device_or_skip()
-    monkeypatch.setattr(gpu, "HASH_WORKSPACE", hashed)
+    monkeypatch.setattr(device, "HASH_WORKSPACE", hashed)
     fmts = {"A": "csr", "B": "csr", "C": "csr"}
     dense, given = _inputs(
         {"A": "csr", "B": "csr"}, {"A": (2000, 30), "B": (30, 20000)}, 9, "float64", "int32"

@@ -200,7 +200,7 @@ def test_default_spmv_gives_long_rows_to_lane_groups(average, lanes):
     x = np.random.default_rng(0).integers(-4, 5, cols).astype(np.float64)
     np.testing.assert_array_equal(k(A=t, x=x), a @ x)
     assert k.check(A=t, x=x).max_abs_error == 0
-    ran = [s for s, _, _ in k._candidates]
+    ran = [d.label for d, _, _ in k._candidates]  # each kept decision, by its commands
     if lanes in (0,):
         assert ran == []  # thread-per-row: the kernel of k.source
     elif lanes == 32:
@@ -397,7 +397,7 @@ def _shim_binary(tmp_path):
     import shutil
     import subprocess
 
-    from sparsec.resources import data_dir
+    from sparsec.base.resources import data_dir
 
     cxx = shlex.split(__import__("os").environ.get("SPARSEC_CXX", "c++")) or ["c++"]
     if shutil.which(cxx[0]) is None:
@@ -449,5 +449,5 @@ def test_default_lane_groups_for_accumulate_and_scipy_inputs():
     a = _rows_of(12, 100, 80, 3)
     x, y = np.arange(80.0) % 5, np.arange(100.0) % 3 - 1
     np.testing.assert_array_equal(k(A=sp.csr_array(a), x=x, y=y.copy()), y + a @ x)
-    (ran,) = [s for s, _, _ in k._candidates]
+    (ran,) = [d.label for d, _, _ in k._candidates]
     assert "split(i_rows,i_warp,i_group,8)" in ran  # 4 lanes

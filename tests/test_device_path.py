@@ -1,7 +1,7 @@
 """The runtime's device path (``target="cuda"``) on the CPU stand-in for CuPy and a GPU
 (tests/stand_in_device.py): the arguments in device form, uploads, a sparse output's
 launches, the compaction on device arrays and the arrays a result keeps on the device. On
-the first GPU lent, 44 `gpu` tests failed in this Python, never reached by the emulation
+the first GPU lent, 44 `runtime_device` tests failed in this Python, never reached by the emulation
 target (an output array a phase does not write went to CuPy as an object array); these
 run it in CI. Each result is compared with the C target's, array by array."""
 
@@ -18,14 +18,14 @@ from test_fuzz import CI, random_case, run_case
 from test_sparse_outputs import CASES
 
 import sparsec
-from sparsec.runtime import gpu
+from sparsec.runtime import device as runtime_device
 
 
 @pytest.fixture
 def device(monkeypatch):
-    """The stand-in, as `gpu.cupy_device` returns it."""
+    """The stand-in, as `runtime_device.cupy_device` returns it."""
     stand_in = StandIn()
-    monkeypatch.setattr(gpu, "cupy_device", lambda: stand_in)
+    monkeypatch.setattr(runtime_device, "cupy_device", lambda: stand_in)
     return stand_in
 
 
@@ -47,7 +47,7 @@ def test_spgemm_workspaces_and_a_chained_call_on_the_device_path(hashed, device,
     """SpGEMM's per-row workspaces (dense rows, hash tables sized from the counts), then a
     product of its result read from the arrays it kept on the device: nothing uploaded but
     the new operand."""
-    monkeypatch.setattr(gpu, "HASH_WORKSPACE", hashed)
+    monkeypatch.setattr(runtime_device, "HASH_WORKSPACE", hashed)
     expr = "C(i,j) = A(i,k) * B(k,j)"
     fmts = {"A": "csr", "B": "csr", "C": "csr"}
     a = sparsec.Tensor.from_dense(sparse_array((120, 50), rng, integer=True), "csr")
@@ -126,5 +126,5 @@ def test_fuzz_through_the_device_path(r):
     case["target"] = "cuda"
     with pytest.MonkeyPatch.context() as patch:
         stand_in = StandIn()
-        patch.setattr(gpu, "cupy_device", lambda: stand_in)
+        patch.setattr(runtime_device, "cupy_device", lambda: stand_in)
         run_case(case)

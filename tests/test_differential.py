@@ -17,7 +17,7 @@ import pytest
 from generators import random_formats, random_statement
 
 import sparsec
-from sparsec.errors import LoweringError
+from sparsec.base.errors import LoweringError
 
 
 def random_case(seed: int) -> tuple[str, dict[str, str], dict[str, int], int, str, str]:

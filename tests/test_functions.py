@@ -242,7 +242,7 @@ def test_wrong_number_of_arguments_is_refused():
 
 
 def test_the_grammar_lists_the_table_s_functions():
-    from sparsec.resources import data_dir
+    from sparsec.base.resources import data_dir
 
     grammar = (data_dir("grammar") / "index_notation.lark").read_text()
     line = next(ln for ln in grammar.splitlines() if ln.startswith("FUNCTION"))

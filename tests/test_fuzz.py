@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from test_schedule import random_schedule
 
 import sparsec
-from sparsec.errors import LoweringError, ScheduleError
+from sparsec.base.errors import LoweringError, ScheduleError
 from sparsec.frontend.notation import accesses
 
 #: shrunk failures, kept as tests: (expression, formats, dims, target, schedule, seed)
@@ -235,7 +235,7 @@ DEVICE = settings(CI, max_examples=400)
 
 def _device_case(r: random.Random) -> None:
     try:
-        sparsec.runtime.gpu.cupy_device()
+        sparsec.runtime.device.cupy_device()
     except sparsec.SparsecError as err:
         pytest.skip(str(err))
     case = random_case(r)

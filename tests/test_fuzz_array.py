@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import sparsec
-from sparsec.errors import InputError
+from sparsec.base.errors import InputError
 
 FAST, SLOW = 40, 4000
 MATRIX_FORMATS = ("csr", "csc", "coo", "dcsr", "dcsc")

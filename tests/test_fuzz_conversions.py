@@ -30,7 +30,7 @@ import scipy.sparse as sp
 import torch
 
 import sparsec
-from sparsec.errors import FormatError, StorageError
+from sparsec.base.errors import FormatError, StorageError
 from sparsec.tensors.formats import parse_format
 
 FAST, SLOW = 600, 10000

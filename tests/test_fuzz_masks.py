@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import sparsec
-from sparsec.errors import LoweringError, ScheduleError
+from sparsec.base.errors import LoweringError, ScheduleError
 
 FAST, SLOW, DRAWS = 48, 600, 5
 

@@ -26,7 +26,7 @@ import pytest
 from semiring_oracle import RINGS, Leaf, Neg, Node, Op, Operand, Oracle, children, place
 
 import sparsec
-from sparsec.errors import ScheduleError
+from sparsec.base.errors import ScheduleError
 from sparsec.middle.order import OrderConflict
 
 INDICES = "ijkl"

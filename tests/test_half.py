@@ -16,7 +16,7 @@ from conftest import assert_same_storage
 import sparsec
 from sparsec import DTypeError, SparsecError
 from sparsec.policy.machine import c_half_types, use
-from sparsec.runtime import gpu, nvrtc
+from sparsec.runtime import device, nvrtc
 from sparsec.runtime.binding import widen
 from sparsec.tensors.halves import from_storage, to_storage
 from sparsec.tensors.stored import Stored, stored
@@ -231,11 +231,11 @@ def test_sparse_add_with_rows_carried_appends_serially_in_16_bits(dtype):
 @pytest.mark.parametrize("dtype", HALVES)
 def test_spgemm_sums_rows_in_a_float_workspace(dtype, hashed, monkeypatch):
     """SpGEMM's per-thread dense rows (`sc_ws_vals`) and its hash tables' values
-    (`sc_ws_hvals`, `gpu.HASH_WORKSPACE`) are float: each output entry is one float32 sum,
+    (`sc_ws_hvals`, `device.HASH_WORKSPACE`) are float: each output entry is one float32 sum,
     rounded once (equal to torch's on integer data)."""
-    from sparsec.runtime import gpu
+    from sparsec.runtime import device
 
-    monkeypatch.setattr(gpu, "HASH_WORKSPACE", hashed)
+    monkeypatch.setattr(device, "HASH_WORKSPACE", hashed)
     B, C = _sparse((30, 25), 41, dtype, integer=True), _sparse((25, 20), 42, dtype, integer=True)
     fmts = {"A": "csr", "B": "csr", "C": "csr"}
     k = sparsec.kernel(SPGEMM, fmts, target="cuda-emulated")
@@ -365,7 +365,7 @@ def test_c_target_refuses_types_the_compiler_lacks():
 @pytest.mark.parametrize("dtype", HALVES)
 def test_half_spmm_on_the_device(dtype):
     try:
-        gpu.cupy_device()
+        device.cupy_device()
     except SparsecError as err:
         pytest.skip(str(err))
     W, X = _sparse((300, 256), 25, dtype), _dense((256, 700), 26, dtype)
@@ -461,7 +461,7 @@ def test_torch_integer_operands_do_not_widen_the_call():
 @pytest.mark.gpu
 def test_cupy_float16_in_cupy_float16_out():
     try:
-        cp = gpu.cupy_device()
+        cp = device.cupy_device()
     except SparsecError as err:
         pytest.skip(str(err))
     W, X = _sparse((200, 96), 43, "float16", integer=True), _dense((96, 300), 44, "float16", True)

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 import sparsec
-from sparsec import Tensor, pipeline
+from sparsec import Tensor
 from sparsec.api.kernel import Kernel
 from sparsec.ir import nodes as ir
 from sparsec.passes.jam import jam
+from sparsec.pipeline import lists
 from sparsec.policy.decision import DEFAULTS
 
 WAYS = DEFAULTS.jam_ways
@@ -52,8 +53,8 @@ def _unjammed(expr: str, formats: dict[str, str], monkeypatch, inputs, **kw) -> 
     returns for ``inputs``."""
     with monkeypatch.context() as m:
         for name in ("C_PASSES", "C_APPEND_PASSES"):
-            kept = tuple(p for p in getattr(pipeline, name) if p is not pipeline._jam)
-            m.setattr(pipeline, name, kept)
+            kept = tuple(p for p in getattr(lists, name) if p is not lists._jam)
+            m.setattr(lists, name, kept)
         k = Kernel(expr, formats, **{n: v for n, v in kw.items() if n != "threads"})
         out = k(**inputs, threads=kw.get("threads"))
         assert "interleaved" not in k.source

@@ -284,7 +284,7 @@ def test_a_sum_is_not_moved_across_a_division(expr, numpy, a_fmt):
 def test_check_evaluates_the_statement_as_written(monkeypatch):
     # The reference reads the notation, not the compiler's concrete statement: a compiler
     # that lifts the sum across the division (the bug above) is caught by check.
-    from sparsec.errors import CheckError
+    from sparsec.base.errors import CheckError
     from sparsec.frontend.concrete import Statement
     from sparsec.frontend.notation import Access, BinOp
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sparsec.abi import BOUND_VIOLATED, Namer, signature
-from sparsec.errors import ScheduleError
+from sparsec.base.errors import ScheduleError
 from sparsec.frontend.parser import parse_expression
 from sparsec.ir import nodes as ir
 from sparsec.ir.visit import statements

@@ -19,7 +19,7 @@ import test_tile as tile_tests
 from conftest import MEASURED_ON, SIMULATED, machine_id, pruned_csr
 
 import sparsec
-from sparsec.errors import MachineError, SparsecError
+from sparsec.base.errors import MachineError, SparsecError
 from sparsec.policy import machine as M
 from sparsec.policy.machine import LoadMeter, Machine, host, machine, parse, threads_for, use
 from sparsec.runtime import binding

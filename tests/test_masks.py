@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sparsec
-from sparsec.errors import NotationError, SparsecError
+from sparsec.base.errors import NotationError, SparsecError
 
 TARGETS = ("c", "cuda-emulated")
 TYPES = (("float32", "int32"), ("float64", "int64"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparsec.errors import LoweringError
+from sparsec.base.errors import LoweringError
 from sparsec.frontend.concrete import ZERO, concretize, exact, without
 from sparsec.frontend.notation import Access
 from sparsec.frontend.parser import parse_expression

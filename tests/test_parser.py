@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparsec.errors import NotationError, ParseError, SparsecError
+from sparsec.base.errors import NotationError, ParseError, SparsecError
 from sparsec.frontend.notation import Access, Assignment, BinOp, Expr, Literal, Neg
 from sparsec.frontend.parser import MAX_DEPTH, MAX_LENGTH, check, parse, parse_expression
 
@@ -356,8 +356,8 @@ def test_parser_tables_are_cached_and_a_bad_file_is_rebuilt(tmp_path, monkeypatc
     """The grammar's LALR tables are written to the cache directory by the first process
     and loaded by later ones; a corrupt file is rebuilt, and an unusable cache directory
     only costs the analysis: every parse gives the same assignment."""
+    from sparsec.base.resources import read_entry
     from sparsec.frontend import parser as p
-    from sparsec.resources import read_entry
 
     text = "A(i,j) = B(i,k) * C(k,j) + 2 * -D(i,j)"
     want = parse(text)

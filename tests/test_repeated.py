@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sparsec
-from sparsec.errors import NotationError, ShapeError
+from sparsec.base.errors import NotationError, ShapeError
 from sparsec.tensors import convert
 
 DTYPES = [("float32", "int32"), ("float64", "int64")]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sparsec
-from sparsec.errors import CompileError
+from sparsec.base.errors import CompileError
 from sparsec.policy.machine import compiler_target
 from sparsec.runtime import build as runtime
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import sparsec
-from sparsec.errors import SparsecError
+from sparsec.base.errors import SparsecError
 from sparsec.runtime import nvrtc
 
 #: name -> (add ufunc, multiply ufunc, identity, boolean)

@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from conftest import sparse_array
 
 import sparsec
-from sparsec.errors import LoweringError, ScheduleError, SparsecError
+from sparsec.base.errors import LoweringError, ScheduleError, SparsecError
 
 I, J, K, L = 9, 7, 6, 5
 

@@ -318,9 +318,9 @@ def test_block_output_whose_last_row_stores_nothing(monkeypatch):
 
 
 def _bound(expr, fmts, division="sparse", **inputs):
-    """`bound.entry_bound` of ``expr``'s kernel on these inputs (those named in ``fmts``
+    """`capacity.entry_bound` of ``expr``'s kernel on these inputs (those named in ``fmts``
     given dense and stored in that format), under the kernel's ``division``."""
-    from sparsec.middle.bound import entry_bound
+    from sparsec.middle.capacity import entry_bound
 
     k = sparsec.kernel(expr, fmts, division=division)
     values = {
@@ -359,7 +359,7 @@ def test_entry_bound_of_a_complement_mask_counts_where_the_mask_stores_nothing(e
     """``~M`` is present where M stores nothing: a mask storing few entries must not bound
     the output by those few (it did: the capacity's slack hid it until each chunk of rows
     got its own bound). Whole, and over ranges of rows; the kernel's answer is numpy's."""
-    from sparsec.middle.bound import entry_bound
+    from sparsec.middle.capacity import entry_bound
 
     a, b = sparse_array((9, 8), rng, integer=True), sparse_array((8, 8), rng, integer=True)
     if "k" not in expr:
@@ -416,7 +416,7 @@ def test_entry_bound_over_a_range_of_rows_covers_those_rows(expr, fmts, shapes, 
     over the row are cut to those rows, dense ones scaled, anything else (CSC, a matrix
     read transposed, DCSR) counted whole. The ranges' bounds of a CSR SpGEMM add up to the
     whole bound (plus each range's margin of one): a thread's region is its share."""
-    from sparsec.middle.bound import entry_bound
+    from sparsec.middle.capacity import entry_bound
 
     shapes = shapes or {n: (23, 14) for n in ("B", "C", "D")}
     dense = {n: sparse_array(shape, rng) for n, shape in shapes.items()}

@@ -17,6 +17,28 @@ def test_no_import_cycles() -> None:
     assert structure.cycles(structure.modules()) == []
 
 
+def test_no_folder_import_cycle() -> None:
+    """No import cycle between folders either (issue 37 item 6): the root package imported
+    `api/` while nine folders imported root modules (`errors`, `abi`, `resources`), so the
+    root and those nine sat in one cycle; the leaves are folders of their own now (`base/`,
+    `abi/`). A module's folder is its package; the root's modules are folder ``sparsec``."""
+    assert structure.folder_cycles(structure.modules()) == []
+    mods = structure.modules()
+    toy = {
+        "sparsec": structure.Module(
+            "sparsec", mods["sparsec"].path, 1, frozenset({"sparsec.api.x"}), ()
+        ),
+        "sparsec.api.x": structure.Module(
+            "sparsec.api.x", mods["sparsec.ir.nodes"].path, 1, frozenset({"sparsec.e"}), ()
+        ),
+        "sparsec.e": structure.Module(
+            "sparsec.e", mods["sparsec.ir.nodes"].path, 1, frozenset(), ()
+        ),
+    }
+    assert structure.cycles(toy) == []
+    assert structure.folder_cycles(toy) == [["sparsec", "sparsec.api"]]
+
+
 def test_imports_flow_down_the_stages() -> None:
     mods = structure.modules()
     assert all(structure.stage(name) >= 0 for name in mods), [
@@ -32,7 +54,7 @@ COMPILER = (
     "sparsec.passes",
     "sparsec.lower",
     "sparsec.backends",
-    "sparsec.middle.bound",
+    "sparsec.middle.capacity",
     "sparsec.middle.staging",
     "sparsec.frontend.concrete",
 )
@@ -76,7 +98,7 @@ def test_the_measure_sees_what_it_claims() -> None:
     mods = structure.modules()
     assert "sparsec.ir.nodes" in mods["sparsec.abi"].imports
     assert structure.stage("sparsec.api.kernel") < structure.stage("sparsec.lower.lowerer")
-    assert structure.stage("sparsec.errors") == len(structure.STAGES) - 1
+    assert structure.stage("sparsec.base.errors") == len(structure.STAGES) - 1
     toy = {
         "a": structure.Module("a", mods["sparsec.abi"].path, 1, frozenset({"b"}), ()),
         "b": structure.Module("b", mods["sparsec.abi"].path, 1, frozenset({"a"}), ()),
@@ -166,7 +188,7 @@ def test_the_schedule_is_decided_outside_lower() -> None:
     assert made == []
     called = {(m.name, fn, n) for m in lower for fn, n in structure.calls(m) if n in SCHEDULING}
     assert called == NEST_ORDERS
-    assert "schedule" in structure.keyword_only(mods["sparsec.lower.kernel"], "lower")
+    assert "schedule" in structure.keyword_only(mods["sparsec.lower.entry"], "lower")
 
 
 #: the integers a pass module may fix for itself: a stage's bit in the template's mask is
@@ -179,23 +201,24 @@ def test_the_passes_take_their_options_from_the_decision() -> None:
     no pass module fixes a tuned option of its own (tile widths, jam ways, coarsening
     factors and block, dot blocks, prefetch distances were module constants); the pipeline
     takes none from a pass (it imported the tile's vectors and the coarsened block), nor
-    does a printer (the C one read the narrowest tile), and the pipeline applies a decision (`generate` and `generate_cuda` take one); the lowering takes the
-    chunks per thread (fixed at 8 in lower/parallel.py); and `Kernel.__init__` asks policy
-    for the inputs' preparation instead of deciding re-layouts, regrouping and copies."""
+    does a printer (the C one read the narrowest tile), and the pipeline applies a decision
+    (`generate` and `generate_cuda` take one); the lowering takes the chunks per thread
+    (fixed at 8 in lower/parallel.py); and `Kernel.__init__` asks policy for the inputs'
+    preparation instead of deciding re-layouts, regrouping and copies."""
     mods = structure.modules()
     passes = [m for name, m in mods.items() if name.startswith("sparsec.passes")]
     fixed = {(m.name, c) for m in passes for c in structure.int_constants(m)}
     assert sorted(fixed - PASS_CONSTANTS) == []
-    pipeline = mods["sparsec.pipeline"]
-    taken = structure.names_from(pipeline, "sparsec.passes")
+    pipeline = [m for name, m in mods.items() if name.startswith("sparsec.pipeline")]
+    taken = {t for m in pipeline for t in structure.names_from(m, "sparsec.passes")}
     assert sorted((m, n) for m, n in taken if n.isupper() and n not in ("BAND", "DEPTH")) == []
     # a printer reads the tiles' stages (the template's guards), never a pass's options
     backends = (m for name, m in mods.items() if name.startswith("sparsec.backends"))
     read = {(m.name, i) for m in backends for i in m.imports if i.startswith("sparsec.passes")}
     assert read == {("sparsec.backends.c", "sparsec.passes.stages")}
-    for function in ("generate", "generate_cuda"):
-        assert "decision" in structure.keyword_only(pipeline, function)
-    assert "chunks_per_thread" in structure.keyword_only(mods["sparsec.lower.kernel"], "lower")
+    for module, function in (("c", "generate"), ("cuda", "generate_cuda")):
+        assert "decision" in structure.keyword_only(mods[f"sparsec.pipeline.{module}"], function)
+    assert "chunks_per_thread" in structure.keyword_only(mods["sparsec.lower.entry"], "lower")
     assert ("__init__", "prepare") in structure.calls(mods["sparsec.api.kernel"])
     # the measure finds a constant where one is
     assert structure.int_constants(mods["sparsec.passes.stages"]) == ["REMAINDER"]
@@ -213,7 +236,7 @@ def test_an_assembly_has_one_mode() -> None:
     takers = {
         ("sparsec.lower.assemble", "Assembler.__init__"),
         ("sparsec.lower.env", "LowerEnv.__init__"),
-        ("sparsec.lower.kernel", "lower"),
+        ("sparsec.lower.entry", "lower"),
     }
     seen = {
         (m, f.name): {name for name, _ in f.params}
@@ -284,7 +307,7 @@ def test_lowering_state_travels_as_values() -> None:
 
 
 def test_only_the_api_edge_decides_by_a_target_s_name() -> None:
-    """A target is a `sparsec.target.Target`, made once from the user's string at the API
+    """A target is a `sparsec.base.target.Target`, made once from the user's string at the API
     edge: everywhere else code asks its capabilities (``gpu``, ``openmp``, ``lanes``,
     ``emulated``), never compares its name, so a new target is a new row."""
     assert structure.target_decisions(structure.modules()) == []
@@ -308,7 +331,7 @@ def test_the_frontend_spells_no_function_for_a_target() -> None:
 def test_a_lowered_kernel_s_gpu_launch_is_one_optional_field() -> None:
     """What only a GPU kernel has (its grid, block, zeroing, warp helpers and workspace)
     is one optional `GpuLaunch` of `LoweredKernel`, so a CPU kernel carries none of it."""
-    path = structure.modules()["sparsec.lower.kernel"].path
+    path = structure.modules()["sparsec.lower.entry"].path
     classes = {c.name: c for c in ast.parse(path.read_text()).body if isinstance(c, ast.ClassDef)}
     fields = {
         f.target.id: ast.unparse(f.annotation)

@@ -8,7 +8,7 @@ import pytest
 from semiring_oracle import Leaf, Op, Operand, Oracle, place
 
 import sparsec
-from sparsec.errors import ScheduleError
+from sparsec.base.errors import ScheduleError
 from sparsec.frontend.concrete import concretize
 from sparsec.frontend.parser import parse_expression
 

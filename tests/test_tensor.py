@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparsec.errors import DTypeError, FormatError, InputError, ShapeError, StorageError
+from sparsec.base.errors import DTypeError, FormatError, InputError, ShapeError, StorageError
 from sparsec.io import load, load_mtx, load_tns, save, save_mtx, save_tns
 from sparsec.tensors.formats import Dense, Singleton, parse_format
 from sparsec.tensors.tensor import LevelStorage, Tensor, as_tensor, pack, random

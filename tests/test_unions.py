@@ -16,7 +16,7 @@ import pytest
 from conftest import sparse_array
 
 import sparsec
-from sparsec.errors import ScheduleError
+from sparsec.base.errors import ScheduleError
 from sparsec.frontend.notation import Access, BinOp, Literal
 from sparsec.middle.lattice import Iterator, UnionLattice, build, union_lattice
 

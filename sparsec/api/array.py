@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, InputError, ShapeError
+from ..base.errors import DTypeError, InputError, ShapeError
 from ..policy.machine import machine
 from ..tensors import ops
 from ..tensors.formats import Format, parse_format

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ScheduleError
+from ..base.errors import ScheduleError
 from ..middle.spec import Spec
 from ..policy.decision import Decision
 from ..runtime.build import cache_dir

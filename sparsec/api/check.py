@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, SparsecError
+from ..base.errors import InputError, SparsecError
 from ..frontend.notation import Assignment
 from ..frontend.semirings import semiring
 from ..middle.spec import Spec, TensorVar
-from ..runtime import gpu
+from ..runtime import device
 from ..runtime.inputs import Prepared
 from ..tensors.halves import HALF, readable
 from ..tensors.tensor import Tensor
@@ -64,12 +64,12 @@ def verdict(
     from .semiring_reference import semiring_reference
 
     if prepared.device and np.ndim(got):
-        got = gpu.cupy_device().asnumpy(got)  # compared on the host
+        got = device.cupy_device().asnumpy(got)  # compared on the host
     dense, stored = {}, {}
     for t in wanted:
         v = prepared.values[t.name]
-        if gpu.on_device(v):
-            v = gpu.cupy_device().asnumpy(v)  # in level order, like a host value
+        if device.on_device(v):
+            v = device.cupy_device().asnumpy(v)  # in level order, like a host value
         if isinstance(v, Tensor):
             # structural presence: the stored entries, explicit zeros included
             mask = np.zeros(v.shape, dtype=bool)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import InputError, ParseError, ShapeError
+from ..base.errors import InputError, ParseError, ShapeError
 from ..tensors.formats import Format, parse_format
 from .array import dense_operand, scalar_operand, sparse_operand
 from .kernel import kernel

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import assert_never
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..frontend.concrete import unbounded
 from ..frontend.notation import (
     Access,

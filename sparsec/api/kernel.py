@@ -17,7 +17,8 @@ from functools import partial
 from typing import Any
 
 from ..backends import Generated
-from ..errors import InputError, NotationError, ScheduleError, SparsecError, StagesMissing
+from ..base.errors import InputError, NotationError, ScheduleError, SparsecError, StagesMissing
+from ..base.target import by_name
 from ..frontend.parser import parse_expression
 from ..frontend.semantics import Semantics
 from ..middle.commands import Command, parse_commands
@@ -33,7 +34,6 @@ from ..runtime.binding import INDEX_DTYPES, VALUE_DTYPES, resolve_threads
 from ..runtime.executable import Executable
 from ..runtime.fastpath import FastPath
 from ..runtime.inputs import Binder, Prepared, dtype_name
-from ..target import by_name
 from ..tensors.formats import Format
 from . import autograd, autotune, check, footprint
 from .check import CheckResult

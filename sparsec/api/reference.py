@@ -30,7 +30,7 @@ from typing import assert_never
 import numpy as np
 import torch
 
-from ..errors import CheckError
+from ..base.errors import CheckError
 from ..frontend.concrete import exact, unbounded
 from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, Assignment, BinOp, Call, Expr, Literal, Neg, accesses

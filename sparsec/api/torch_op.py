@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, SparsecError
+from ..base.errors import InputError, SparsecError
 from ..middle.spec import TensorVar
 from ..tensors.halves import HALF
 from ..tensors.storage import LevelStorage

@@ -16,11 +16,6 @@ from ..passes.stages import guarded_extents
 from .generated import Generated
 from .printer import C, Printer, adds_into_output, header, param, render, storage_arrays
 
-#: the kernel's flag for storing output tiles non-temporally, and the template's macro for
-#: the output size (in values) from which it is set
-STREAM_OUT = "sc_stream_out"
-STREAM_OUT_VALUES = ir.Var("SC_STREAM_OUT_VALUES")
-
 
 @dataclass(frozen=True, slots=True)
 class Function:

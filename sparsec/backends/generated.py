@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..abi import Signature
+from ..base.target import C, Target
 from ..ir import nodes as ir
-from ..middle.bound import EntryBound
+from ..middle.capacity import EntryBound
 from ..middle.commands import Command
 from ..middle.spec import Spec
-from ..target import C, Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ class Generated:
     index_dtype: str
     #: what each `bound` of the schedule promises (kernel status BOUND_VIOLATED)
     bounds: tuple[str, ...] = ()
-    #: what it was generated for (`sparsec.target`)
+    #: what it was generated for (`sparsec.base.target`)
     target: Target = C
     #: CUDA: grid, block and zeroing (a `Launch`)
     launch: Any = None
@@ -81,7 +81,7 @@ class Generated:
     #: whether the C source also defines ``sparsec_kernel_packed`` (its arguments in one
     #: int64 array; none where a parameter is a scalar value)
     packed: bool = False
-    #: a sparse output's entry bound (`sparsec.middle.bound.plan`), which the runtime
+    #: a sparse output's entry bound (`sparsec.middle.capacity.entry_bound_of`), which the runtime
     #: counts on a call's inputs for the single pass's capacities and chunks; None: none
     bound: EntryBound | None = None
     #: CUDA: the spec the kernel computes where the output is computed as rows into its

@@ -17,9 +17,9 @@ from typing import assert_never
 import jinja2
 import jinja2.bccache
 
+from ..base.resources import cache_dir, data_dir, read_entry, write_entry
 from ..ir import nodes as ir
 from ..middle.spec import Spec
-from ..resources import cache_dir, data_dir, read_entry, write_entry
 from .generated import Generated
 from .targets import (  # noqa: F401 - the targets, re-exported for the backends and tests
     CALLS,

@@ -1,9 +1,9 @@
 """The languages the printer prints (`C`, `CUDA`: one `Dialect` each, chosen by
-`sparsec.target.Target.language`), as data: type spellings, the restrict keyword,
+`sparsec.base.target.Target.language`), as data: type spellings, the restrict keyword,
 operator, intrinsic and function spellings, how parallel loops and atomics are written,
 the translation unit's template with its value, accumulator and index types; and how a
 16-bit kernel's values are typed (`storage_arrays`, `adds_into_output`, `param`). What a
-target can do is `sparsec.target`'s; how it is spelled is here."""
+target can do is `sparsec.base.target`'s; how it is spelled is here."""
 
 from __future__ import annotations
 
@@ -290,7 +290,7 @@ CUDA = Dialect(
 )
 
 
-#: the dialects by language (`sparsec.target.Target.language`)
+#: the dialects by language (`sparsec.base.target.Target.language`)
 DIALECTS = {d.name: d for d in (C, CUDA)}
 
 

@@ -11,10 +11,10 @@ the workers (`DistributedTensor`) and kernels that run part by part (`kernel`).
 Dask itself is imported on first use, so ``import sparsec`` never needs it.
 """
 
+from .dkernel import DistributedKernel, kernel
 from .files import read_mtx, read_tns
-from .kernel import DistributedKernel, kernel
 from .model import Model, model
-from .plan import Plan
+from .partition import Partition
 from .tensor import DistributedTensor, from_dask_array, from_scipy, from_tensor, open_dir
 
 open = open_dir  # noqa: A001  (sd.open(dir): the directory `DistributedTensor.save` writes)
@@ -22,7 +22,7 @@ open = open_dir  # noqa: A001  (sd.open(dir): the directory `DistributedTensor.s
 __all__ = [
     "DistributedKernel",
     "DistributedTensor",
-    "Plan",
+    "Partition",
     "from_dask_array",
     "from_scipy",
     "from_tensor",

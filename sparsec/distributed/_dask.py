@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import SparsecError
+from ..base.errors import SparsecError
 
 INSTALL = "pip install 'sparsec[distributed]'"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..tensors.formats import parse_format
 from . import split, tasks
 from ._dask import client_of

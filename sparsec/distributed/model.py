@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 from ..tensors.tensor import as_tensor
-from . import plan as planner
+from . import partition as planner
 from . import split
 from .tensor import check_parts
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..tensors.tensor import Tensor, as_tensor
-from . import plan as planner
+from . import partition as planner
 from . import split, tasks
 from .tensor import DistributedTensor, default_parts
 
@@ -166,7 +166,7 @@ def _distributed_out(
     shape: tuple[int, ...],
     gather: Any,
 ) -> DistributedTensor:
-    from ..errors import InputError
+    from ..base.errors import InputError
 
     if dk._out_dense:
         raise InputError(

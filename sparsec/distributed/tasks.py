@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..api.kernel import Kernel, _rebuild_kernel
-from ..errors import SparsecError
+from ..base.errors import SparsecError
 from ..tensors.formats import Format
 from ..tensors.tensor import Tensor, as_tensor
 from . import split

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, SparsecError
+from ..base.errors import InputError, SparsecError
 from ..tensors.formats import Format, parse_format
 from ..tensors.tensor import Tensor, as_tensor
 from . import split, tasks

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 
-from ..errors import SparsecError
+from ..base.errors import SparsecError
 from .functions import FUNCTIONS
 from .notation import Access, Assignment, BinOp, Call, Expr, Literal, Neg, accesses
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import NotationError
+from ..base.errors import NotationError
 from .notation import Literal
 
 

@@ -32,8 +32,8 @@ from typing import assert_never
 from lark import Lark, Token, Transformer, v_args
 from lark.exceptions import UnexpectedInput
 
-from ..errors import NotationError, ParseError
-from ..resources import cache_dir, data_dir, read_entry, write_entry
+from ..base.errors import NotationError, ParseError
+from ..base.resources import cache_dir, data_dir, read_entry, write_entry
 from .functions import FUNCTIONS, function
 from .notation import Access, Assignment, BinOp, Call, Expr, Literal, Neg, Span, indices_of
 from .syntax import clip, end, start, syntax_error, token_span, unknown_function, where

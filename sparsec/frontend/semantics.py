@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import SparsecError
+from ..base.errors import SparsecError
 from .semirings import SEMIRING_TABLE
 
 DIVISIONS = ("sparse", "ieee")

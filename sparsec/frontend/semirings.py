@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import assert_never
 
-from ..errors import SparsecError
+from ..base.errors import SparsecError
 from .notation import Access, BinOp, Call, Expr, Literal, Neg
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
-from ..errors import ParseError
+from ..base.errors import ParseError
 from .functions import FUNCTIONS, function
 from .notation import Span
 

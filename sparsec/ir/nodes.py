@@ -119,7 +119,7 @@ class Parallel:
     #: loops shared out as one (OpenMP ``collapse``): this loop and the ones directly in it
     collapse: int = 1
     #: GPU lanes per group: a "lane" loop strides over a group of this many lanes of a
-    #: warp, a "group" loop over the warp's 32 / lanes groups (see `lower.gpu`)
+    #: warp, a "group" loop over the warp's 32 / lanes groups (see `lower.gpu_loops`)
     lanes: int = 32
 
 

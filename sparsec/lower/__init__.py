@@ -11,7 +11,7 @@ copies), `gpu` (GPU loops), `races` (the race analysis), `output` (stores),
 """
 
 from .chunks import wrap as wrap_chunks
-from .kernel import LoweredKernel, lower, names_for
+from .entry import LoweredKernel, lower, names_for
 
 __all__ = [
     "LoweredKernel",

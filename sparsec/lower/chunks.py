@@ -2,7 +2,7 @@
 
 The runtime cuts the rows into chunks of consecutive rows (balanced by the inputs' entries)
 and gives each chunk its own region of the output's crd and vals, each large enough for the
-entries of its own rows (the proven bound of `sparsec.middle.bound` over those rows), one
+entries of its own rows (the proven bound of `sparsec.middle.capacity` over those rows), one
 after the other. A chunk appends its rows into its region from its own counter, exactly as
 the serial pass does, records each row's end in ``pos`` and its own end in the chunk table.
 The runtime then moves the chunks together (`sparsec.runtime.sparse_out.chunked_pass`):

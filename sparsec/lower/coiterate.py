@@ -20,12 +20,12 @@ from collections.abc import Iterator as Iter
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from ..errors import ScheduleError
+from ..base.errors import ScheduleError
 from ..frontend.concrete import CExpr
 from ..ir import nodes as ir
 from ..middle.lattice import Iterator, Lattice, LatticePoint, ordered
 from ..middle.order import level_indices
-from .ctx import Bound, Ctx, Sink, unit
+from .ctx import Ctx, Position, Sink, unit
 from .env import LowerEnv
 from .levels import crd, level, names, unique
 from .output import zero_slice
@@ -59,7 +59,7 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
-class Present(Bound):
+class Present(Position):
     """A level bound by a flagged union (`lower.union`), whose iterator sits at the bound
     coordinate only where ``here`` holds: below it, ranges are empty elsewhere."""
 
@@ -236,7 +236,7 @@ def _case_body(
     orelse: ir.Block | None = None
     for point in cases:
         levels = {
-            (it.access, it.level): Bound(ir.Var(state[it].pos), state[it].advance)
+            (it.access, it.level): Position(ir.Var(state[it].pos), state[it].advance)
             for it in point.iterators
         }
         case = walk.body(point.expr, walk.ctx.bind({var: ir.Var(name)}, levels))
@@ -337,7 +337,7 @@ def _position_loop(env: LowerEnv, point: LatticePoint, walk: Walk) -> ir.Block:
     # Non-unique level: walk runs of equal coordinates; children see [p, next).
     walks = f"it walks runs of equal coordinates of {it.access}'s non-unique level"
     loop_setup(env, Loop(var, frozenset({var}), sink, walks, ir.IntLit(0)))
-    inner = ctx.bind({var: ir.Var(name)}, {(it.access, it.level): Bound(pos, ir.Var(s.next))})
+    inner = ctx.bind({var: ir.Var(name)}, {(it.access, it.level): Position(pos, ir.Var(s.next))})
     step = ir.block(
         read,
         *segment(env, it, s, ir.Var(name), guarded=False),

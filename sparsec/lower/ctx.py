@@ -12,16 +12,16 @@ from ..ir import nodes as ir
 
 
 @dataclass(frozen=True, slots=True)
-class Bound:
+class Position:
     """A storage level whose position is known: ``pos`` and the end of its segment."""
 
     pos: ir.Expr
     next: ir.Expr
 
 
-def unit(pos: ir.Expr) -> Bound:
+def unit(pos: ir.Expr) -> Position:
     """A position whose segment holds it alone (``[p, p + 1)``)."""
-    return Bound(pos, ir.Bin("+", pos, ir.IntLit(1)))
+    return Position(pos, ir.Bin("+", pos, ir.IntLit(1)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class Ctx:
     """What is known at a point of the loop nest (immutable; extended by `bind`)."""
 
     coords: dict[str, ir.Expr] = field(default_factory=dict)
-    levels: dict[tuple[Access, int], Bound] = field(default_factory=dict)
+    levels: dict[tuple[Access, int], Position] = field(default_factory=dict)
     #: variables bound by plain dense loops, which visit every coordinate exactly once
     covered: frozenset[str] = frozenset()
     #: values of the schedule's derived loop variables (split pieces, pos, fuse)
@@ -50,7 +50,7 @@ class Ctx:
     def bind(
         self,
         coords: dict[str, ir.Expr] | None = None,
-        levels: dict[tuple[Access, int], Bound] | None = None,
+        levels: dict[tuple[Access, int], Position] | None = None,
         covered: str | None = None,
         loopvars: dict[str, ir.Expr] | None = None,
         spaces: dict[str, SpaceState] | None = None,

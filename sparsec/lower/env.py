@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TypedDict, Unpack
 
 from ..abi import Namer, Signature
+from ..base.target import Target
 from ..frontend.concrete import Sum, exact
 from ..frontend.notation import Access
 from ..frontend.semirings import Semiring, semiring
@@ -24,7 +25,6 @@ from ..middle.plan import Plan
 from ..middle.schedule import Schedule
 from ..middle.spec import Spec
 from ..policy.decision import CHUNKS_PER_THREAD
-from ..target import Target
 from ..tensors.formats import Format, dense
 from ..tensors.layout import AssemblyMode
 from .assemble import Assembler
@@ -126,7 +126,7 @@ class Inputs:
 @dataclass(slots=True)
 class Decided:
     """What runs: the middle end's `Schedule` and what the lowering decides from it before
-    the loop nest (`kernel.lower_kernel`); the nest only reads it."""
+    the loop nest (`entry.lower_kernel`); the nest only reads it."""
 
     #: what runs, decided by the middle end (`middle.schedule`) before the lowering
     schedule: Schedule

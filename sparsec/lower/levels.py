@@ -3,7 +3,7 @@ iterators at an index variable, coordinate access, and locating its dense levels
 
 from __future__ import annotations
 
-from ..errors import LoweringError
+from ..base.errors import LoweringError
 from ..frontend.notation import Access
 from ..ir import nodes as ir
 from ..middle.lattice import Iterator

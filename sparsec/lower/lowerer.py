@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import assert_never
 
-from ..errors import LoweringError
+from ..base.errors import LoweringError
 from ..frontend.concrete import ZERO, CExpr, Sum, Zero, accesses, children, without_masked
 from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, BinOp, Call, Literal, Neg

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..errors import ScheduleError
+from ..base.errors import ScheduleError
 from ..ir import nodes as ir
 from ..middle.commands import Unit
 from ..middle.order import level_indices

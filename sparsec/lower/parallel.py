@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..errors import ScheduleError
+from ..base.errors import ScheduleError
 from ..ir import nodes as ir
 from ..middle.commands import Races, Unit
 from ..middle.plan import Parallelize
 from ..tensors.formats import Dense, LevelNames
 from .ctx import AccSink, DenseWsSink, OutputSink, WorkspaceSink
 from .env import LowerEnv
-from .gpu import gpu_setup
+from .gpu_loops import gpu_setup
 from .output import output_size
 from .races import Loop, LoopSetup, race, race_strategies, why_not
 

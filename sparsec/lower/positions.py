@@ -3,7 +3,7 @@ what its iterations tell apart (a non-unique level repeats a coordinate across p
 
 from __future__ import annotations
 
-from ..errors import ScheduleError
+from ..base.errors import ScheduleError
 from ..frontend.concrete import CExpr, Sum, children
 from ..frontend.notation import Access
 from ..middle.order import level_indices

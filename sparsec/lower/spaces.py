@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import ScheduleError
+from ..base.errors import ScheduleError
 from ..frontend.concrete import ZERO, CExpr, accesses
 from ..frontend.notation import Access
 from ..ir import nodes as ir

@@ -36,7 +36,7 @@ from ..middle.lattice import Iterator, UnionLattice, build
 from ..middle.order import level_indices
 from .coiterate import IterState, Present, Walk, capacity_checked, coiterate, segment
 from .coiterate import iterator_state as state_of
-from .ctx import Bound, Ctx
+from .ctx import Ctx, Position
 from .env import LowerEnv
 from .levels import crd, iterator, unique
 from .parallel import loop_setup
@@ -63,7 +63,7 @@ def flagged_union(
     state = {it: state_of(env, it, ctx) for it in its}
     init = [ir.Decl(ir.I64, s.pos, s.lo) for s in state.values()]
     init += [ir.Decl(ir.I64, s.end, s.hi) for s in state.values()]
-    levels: dict[tuple[Access, int], Bound] = {
+    levels: dict[tuple[Access, int], Position] = {
         (it.access, it.level): Present(ir.Var(s.pos), s.advance, ir.Var(s.here))
         for it, s in state.items()
     }

@@ -12,7 +12,7 @@ the caller's ``nest`` callback.
 from __future__ import annotations
 
 from ..abi import OUT_OF_MEMORY
-from ..errors import LoweringError
+from ..base.errors import LoweringError
 from ..frontend.concrete import ZERO, CExpr, accesses, without
 from ..frontend.notation import Access, BinOp, Literal, factors
 from ..ir import nodes as ir

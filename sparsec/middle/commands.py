@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..errors import ScheduleError, SparsecError
+from ..base.errors import ScheduleError, SparsecError
 from ..frontend.parser import parse
 
 

@@ -41,7 +41,7 @@ from dataclasses import replace
 from itertools import combinations
 from typing import assert_never
 
-from ..errors import SparsecError
+from ..base.errors import SparsecError
 from ..frontend.concrete import concretize
 from ..frontend.notation import Access, BinOp, Call, Expr, Literal, Neg, accesses
 from ..frontend.semirings import semiring

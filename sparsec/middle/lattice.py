@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import assert_never
 
-from ..errors import LoweringError
+from ..base.errors import LoweringError
 from ..frontend.concrete import ZERO, CExpr, Sum, Zero, without_masked
 from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, BinOp, Call, Literal, Neg

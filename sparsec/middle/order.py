@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import LoweringError, ScheduleError
+from ..base.errors import LoweringError, ScheduleError
 from ..frontend.notation import Access
 from ..tensors.formats import Format
 from .plan import Plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ScheduleError
+from ..base.errors import ScheduleError
 from ..frontend.concrete import CExpr, Sum, accesses
 from ..frontend.notation import Access, BinOp, Literal, Neg, factors
 from .plan import Plan

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ..errors import ScheduleError
+from ..base.errors import ScheduleError
 from .commands import (
     ASSEMBLIES,
     BOUND_KINDS,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ScheduleError
+from ..base.errors import ScheduleError
 from .commands import Command, name_list, precompute_expr
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import LoweringError, ScheduleError
+from ..base.errors import LoweringError, ScheduleError
+from ..base.target import C, Target
 from ..frontend.concrete import CExpr, Sum, accesses, children
 from ..frontend.notation import Access, factors
-from ..target import C, Target
 from ..tensors.layout import OutputLayout
 from .commands import Command
 from .order import Edge, OrderConflict, check_order, edges, level_indices, loop_order, output_edges
@@ -42,7 +42,7 @@ class Schedule:
     order: tuple[str, ...]
     #: the whole schedule: the user's commands and the default policy's
     commands: tuple[Command, ...] = ()
-    #: what it is scheduled for (`sparsec.target`: OpenMP loops, or GPU loops)
+    #: what it is scheduled for (`sparsec.base.target`: OpenMP loops, or GPU loops)
     target: Target = C
     #: the commands as a plan over the loop order (None: no commands)
     plan: Plan | None = None

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import FormatError, NotationError
+from ..base.errors import FormatError, NotationError
 from ..frontend.concrete import Statement, concretize
 from ..frontend.notation import Access, Assignment, BinOp
 from ..frontend.semantics import DEFAULT, Semantics

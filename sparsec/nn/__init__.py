@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .linear import ACTIVATIONS, SparseLinear, magnitude_mask
 
 __all__ = ["ACTIVATIONS", "LayerReport", "SparseLinear", "magnitude_mask", "report", "sparsify"]

@@ -30,7 +30,7 @@ import torch
 
 from ..api.kernel import Kernel, kernel
 from ..api.torch_op import Components, torch_op
-from ..errors import DTypeError, InputError, ShapeError, StorageError
+from ..base.errors import DTypeError, InputError, ShapeError, StorageError
 
 #: the statement with and without a bias (the bias enters as Yt's start)
 _OPS = {

@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..base.target import Target
 from ..middle.spec import Spec
-from ..target import Target
 from ..tensors.tensor import Tensor
 from .machine import Machine, machine
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from ..base.target import Target
 from ..middle.commands import Command
 from ..middle.spec import Spec
-from ..target import Target
 from ..tensors.halves import HALF
 
 #: a parallel CPU loop's dynamic schedule: about this many chunks per thread, so skewed

@@ -4,7 +4,7 @@ across machines' facts."""
 
 from __future__ import annotations
 
-from ..errors import DTypeError
+from ..base.errors import DTypeError
 from ..tensors.halves import HALF
 from .compiler import C_HALF_TYPES
 from .machine import c_half_types

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import MachineError
+from ..base.errors import MachineError
 from .compiler import HALF_PROBES, native_target, probe_half
 from .compiler import compiler_target as compiler_target  # re-exported: build and tests use it
 

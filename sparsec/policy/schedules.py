@@ -144,7 +144,7 @@ def vector_schedule(
     of ``width`` lanes (`Target.lanes`: 2, 4, 8, 16 or 32 on CUDA), whose lanes stride over
     ``tensor``'s positions of ``col`` and add their parts by shuffles within the group; 256
     threads per block. Under a whole warp the rows are split into the warp's groups
-    (`lower.gpu`): ``split(row, b, rows, 8 * R), split(rows, warp, group, R)`` with
+    (`lower.gpu_loops`): ``split(row, b, rows, 8 * R), split(rows, warp, group, R)`` with
     R = width / lanes, ``group`` a GPUThread loop over the warp's groups and the positions
     a GPUThread loop over a group's lanes."""
     name = fresh or (lambda base: base)

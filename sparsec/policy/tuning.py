@@ -11,9 +11,9 @@ position-space parallelism over the leading sparse operand's nonzeros (``fuse`` 
 
 from __future__ import annotations
 
+from ..base.target import C
 from ..middle.commands import Command, name_supply
 from ..middle.spec import Spec
-from ..target import C
 from .decision import Decision, decide
 
 #: the position-space candidates' chunk of nonzeros per task

@@ -8,7 +8,7 @@ caller fills the same slots:
   and the CUDA emulation (arrays by address);
 - `arguments` with `HOST`: the arrays themselves, by parameter name (`named`), from which the
   CUDA launch grid is evaluated on the host;
-- `arguments` with a device form (`sparsec.runtime.gpu`): CuPy arrays and typed scalars for
+- `arguments` with a device form (`sparsec.runtime.device`): CuPy arrays and typed scalars for
   a ``RawKernel`` launch;
 - `sparsec.runtime.fastpath`, which writes the same slots out as Python expressions.
 """

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, InputError, ShapeError, SparsecError
+from ..base.errors import DTypeError, InputError, ShapeError, SparsecError
 from ..middle.spec import TensorVar
 from ..policy import machine as policy_machine
 from ..policy.machine import LOAD_INTERVAL_S, Machine, busy, machine, threads_for

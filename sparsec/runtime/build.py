@@ -37,9 +37,9 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from ..errors import CompileError
+from ..base.errors import CompileError
+from ..base.resources import cache_dir
 from ..policy.machine import compiler_target, host
-from ..resources import cache_dir
 
 DEFAULT_CFLAGS = "-O3 -march=native -fopenmp"
 #: added to the default flags by compilers that take it (GCC; Clang from 13): loops start

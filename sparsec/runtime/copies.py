@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CompileError
+from ..base.errors import CompileError
+from ..base.resources import data_dir
 from ..policy.machine import machine
-from ..resources import data_dir
 from .build import compile_cached
 
 #: a copy of at least this many bytes is made by several threads, in slabs of its first axis

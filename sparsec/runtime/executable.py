@@ -27,14 +27,14 @@ import numpy as np
 
 from ..abi import ASSEMBLE_NAME, stage_hints
 from ..backends import Generated
+from ..base.target import Target
 from ..frontend.semirings import semiring
 from ..middle.spec import Spec
 from ..policy.costs import Columns
-from ..target import Target
 from ..tensors.buffers import aligned_empty
 from ..tensors.halves import readable, result_dtype, rounded, storage_fill
 from ..tensors.tensor import Tensor
-from . import gpu, gpu_sparse, sparse_out
+from . import device, gpu_sparse, sparse_out
 from .args import Source, arguments, slots
 from .binding import VALUE_DTYPES, resolve_threads
 from .inputs import Prepared
@@ -69,7 +69,7 @@ class Executable:
         self.loaded = loaded
         #: the ABI's parameters and where each one's value comes from
         self.slots = slots(loaded.generated.signature)
-        #: what the kernel runs on (`sparsec.target`)
+        #: what the kernel runs on (`sparsec.base.target`)
         self.target = target
         self.output = spec.output
         #: '+=' into a dense output: the kernel adds into a copy of its current value
@@ -239,7 +239,7 @@ class Executable:
         level_shape = self._level_shape(prepared)
         size = math.prod(level_shape)
         # the output lives where the inputs do: in GPU memory when any input does
-        xp: Any = gpu.cupy_device() if prepared.device else np
+        xp: Any = device.cupy_device() if prepared.device else np
         kept: Any = None  # or_and's +=: the current value, kept outside the mask
         computed: Any = None
         if self.accumulate:
@@ -296,9 +296,9 @@ class Executable:
         if self.target.device:
             launch, out_dev = self._stage(prepared, out)
             launch()
-            return out_dev if prepared.device else gpu.cupy_device().asnumpy(out_dev)
+            return out_dev if prepared.device else device.cupy_device().asnumpy(out_dev)
         gen = self.loaded.generated
-        gpu.emulate(self.loaded.fn, gen, self.slots, prepared.values, prepared.dims, out)
+        device.emulate(self.loaded.fn, gen, self.slots, prepared.values, prepared.dims, out)
         return out
 
     def _run_sparse_gpu(self, prepared: Prepared) -> Any:
@@ -313,34 +313,34 @@ class Executable:
             xp: Any = np
             kernels = {"assemble": self.loaded.assemble, "fill": self.loaded.fn}
         else:
-            xp = gpu.cupy_device()
+            xp = device.cupy_device()
             with self._lock:
                 if self._raw is None:
                     self._raw = {
-                        "assemble": gpu.raw_kernel(gen.source, ASSEMBLE_NAME),
-                        "fill": gpu.raw_kernel(gen.source),
+                        "assemble": device.raw_kernel(gen.source, ASSEMBLE_NAME),
+                        "fill": device.raw_kernel(gen.source),
                     }
             kernels = self._raw
 
         def phase(which: str, outputs: sparse_out.Arrays) -> None:
             values, dims = prepared.values, prepared.dims
-            gpu.run_phase(kernels[which], gen, self.slots, values, dims, outputs, emulated)
+            device.run_phase(kernels[which], gen, self.slots, values, dims, outputs, emulated)
 
         workspace = None
         if gen.launch.scratch:
             values, dims = prepared.values, prepared.dims
-            fits = gpu.dense_rows_fit(gen, self.slots, values, dims, emulated)
-            hashed = not fits if gpu.HASH_WORKSPACE is None else gpu.HASH_WORKSPACE
-            workspace = (hashed, gen.launch.fill, gpu.workspace_budget(emulated))
+            fits = device.dense_rows_fit(gen, self.slots, values, dims, emulated)
+            hashed = not fits if device.HASH_WORKSPACE is None else device.HASH_WORKSPACE
+            workspace = (hashed, gen.launch.fill, device.workspace_budget(emulated))
         return gpu_sparse.run(self.sparse, self.final, prepared, phase, xp, self.poison, workspace)
 
     def _stage(self, prepared: Prepared, out: Any) -> tuple[Callable[[], None], Any]:
-        """The arguments in GPU memory and a launch over them (`gpu.stage`)."""
+        """The arguments in GPU memory and a launch over them (`device.stage`)."""
         gen = self.loaded.generated
         with self._lock:
             if self._raw is None:
-                self._raw = gpu.raw_kernel(gen.source)
-        return gpu.stage(self._raw, gen, self.slots, prepared.values, prepared.dims, out)
+                self._raw = device.raw_kernel(gen.source)
+        return device.stage(self._raw, gen, self.slots, prepared.values, prepared.dims, out)
 
     def device_launch(self, prepared: Prepared) -> tuple[Callable[[], None], Any]:
         """``(launch, out)`` for timing on a GPU: the inputs staged once; ``launch()`` runs
@@ -349,7 +349,7 @@ class Executable:
         size = math.prod(self._level_shape(prepared))
         gen = self.loaded.generated
         kind = np.float32 if gen.wide_output else VALUE_DTYPES[prepared.dtype]
-        out = gpu.cupy_device().zeros(size, dtype=kind)
+        out = device.cupy_device().zeros(size, dtype=kind)
         kernel_only, out_dev = self._stage(prepared, out)
         if not self.loaded.generated.launch.zero_before:
             return kernel_only, out_dev

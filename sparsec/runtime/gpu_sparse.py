@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError
+from ..base.errors import DTypeError
 from ..middle.spec import TensorVar
 from ..tensors.halves import HALF, compute_dtype, storage_fill
 from ..tensors.tensor import LevelStorage, Tensor
@@ -143,7 +143,7 @@ class Tables:
         xp = self.xp
         arrays: Arrays = {("ws_mode", -1): xp.full(1, mode, dtype=np.int64)}
         arrays[("ws_off", -1)], arrays[("ws_keys", -1)], arrays[("ws_hvals", -1)] = off, keys, vals
-        if mode != 0:  # placeholders: no dense rows (`gpu._workspace` allocates none)
+        if mode != 0:  # placeholders: no dense rows (`device._workspace` allocates none)
             for role, kind in (("vals", self.dtype), ("seen", np.uint64), ("list", np.int64)):
                 arrays[(f"ws_{role}", -1)] = xp.zeros(1, dtype=kind)
         return arrays

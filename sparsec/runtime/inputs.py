@@ -16,15 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, InputError, ShapeError
+from ..base.errors import DTypeError, InputError, ShapeError
+from ..base.target import Target
 from ..middle.spec import Derived, Folded, Spec, TensorVar
 from ..policy.dtypes import check_c_dtype
-from ..target import Target
 from ..tensors.convert import derive_dense
 from ..tensors.halves import HALF, bfloat16_bits, readable, rounded, to_storage
 from ..tensors.stored import Stored, half_tensor, stored
 from ..tensors.tensor import Tensor
-from . import gpu
+from . import device as runtime_device
 from .binding import (
     INT64,
     VALUE_DTYPES,
@@ -78,7 +78,7 @@ class Prepared:
         # a bfloat16 result comes as float32 (numpy and CuPy have no bfloat16): torch's own
         bf16 = self.use_torch and self.dtype == "bfloat16"
         if self.device and np.ndim(out):
-            out = gpu.cupy_device().ascontiguousarray(out)
+            out = runtime_device.cupy_device().ascontiguousarray(out)
             if self.use_torch:
                 import torch
 
@@ -200,7 +200,7 @@ class Binder:
         device = False
         for t in self.wanted:
             value = inputs[t.name]
-            if gpu.on_device(value):
+            if runtime_device.on_device(value):
                 values[t.name] = self._device_input(t, value, dtype, index_dtype)
                 device = True
             else:
@@ -232,8 +232,10 @@ class Binder:
         if t.order == 0:
             return convert_input(t, float(value), dtype, index_dtype)
         if t.is_dense:
-            return gpu.device_dense(t.order, t.format.ordering, value, VALUE_DTYPES[dtype], where)
-        return convert_input(t, gpu.device_sparse_to_host(value), dtype, index_dtype)
+            return runtime_device.device_dense(
+                t.order, t.format.ordering, value, VALUE_DTYPES[dtype], where
+            )
+        return convert_input(t, runtime_device.device_sparse_to_host(value), dtype, index_dtype)
 
     def dims(self, values: Mapping[str, Any]) -> dict[str, int]:
         """Each index variable's extent, from the inputs' shapes (which must agree)."""
@@ -261,7 +263,7 @@ def _derive(d: Derived, value: Any, threads: int = 1) -> Any:
     if isinstance(value, Tensor):
         return value.derived(d.indices, d.format)
     source = d.source.format
-    if gpu.on_device(value):
+    if runtime_device.on_device(value):
         raise InputError(
             f"input {d.source.name!r} is read as {d.source.name}({','.join(d.indices)}), "
             "whose diagonal is taken on the host: pass a host array (CuPy: .get(), "
@@ -281,7 +283,7 @@ def _fold(d: Folded, values: Mapping[str, Any], dtype: str, threads: int = 1) ->
     if dtype in HALF:
         as_float = {f.source.name: readable(values[f.source.name], dtype) for f in d.factors}
         combined = _fold(d, {n: v.astype(np.float32) for n, v in as_float.items()}, "float32")
-        if gpu.on_device(combined):
+        if runtime_device.on_device(combined):
             return rounded(combined, dtype) if dtype == "float16" else _device_bits(combined)
         return to_storage(combined, dtype)
     levels = [d.distinct[m] for m in d.format.ordering]
@@ -298,11 +300,11 @@ def _fold(d: Folded, values: Mapping[str, Any], dtype: str, threads: int = 1) ->
         else:
             for part, f in zip(parts[1:], d.factors[1:], strict=True):
                 out = out / part if f.divides else out * part
-    if gpu.on_device(out):
-        return gpu.cupy_device().ascontiguousarray(out)
+    if runtime_device.on_device(out):
+        return runtime_device.cupy_device().ascontiguousarray(out)
     return contiguous_copy(np.asarray(out), threads)
 
 
 def _device_bits(values: Any) -> Any:
     """float32 values on the GPU as bfloat16 storage (rounded there)."""
-    return bfloat16_bits(gpu.cupy_device().ascontiguousarray(values, dtype="float32"))
+    return bfloat16_bits(runtime_device.cupy_device().ascontiguousarray(values, dtype="float32"))

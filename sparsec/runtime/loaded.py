@@ -13,7 +13,7 @@ Entry points of one library (`sparsec.abi` names them):
   array (C kernels without scalar value parameters).
 
 ``target="cuda"`` loads nothing here: CuPy compiles the source at the first launch
-(`sparsec.runtime.gpu.Staged`).
+(`sparsec.runtime.device.Staged`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from ..abi import (
     Param,
 )
 from ..backends import Generated
-from ..errors import ShapeError, SparsecError, StagesMissing
-from ..target import Target
-from . import build, gpu
+from ..base.errors import ShapeError, SparsecError, StagesMissing
+from ..base.target import Target
+from . import build, device
 
 #: the line before a kernel's source that builds only its single pass (`Loaded`)
 APPEND_ONLY = "#define SC_APPEND_ONLY 1"
@@ -112,10 +112,10 @@ def load(generated: Generated, target: Target, sparse_output: bool) -> Loaded:
     emulated GPU kernel is built with the emulation's shim, a C kernel as it is."""
     types = [ctype(p, generated.dtype) for p in generated.signature.params]
     if target.device:
-        gpu.cupy_device()  # "no CUDA device" before anything else
+        device.cupy_device()  # "no CUDA device" before anything else
         return Loaded(generated, None)
     if target.emulated:
-        lib = build.compile_cached(gpu.emulation_source(generated), "c++")
+        lib = build.compile_cached(device.emulation_source(generated), "c++")
         launcher = [ctypes.c_int64, ctypes.c_int, *types]
         fn = _entry(lib, LAUNCH_NAME, launcher)
         if not sparse_output:

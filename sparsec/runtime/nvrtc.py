@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CompileError
+from ..base.errors import CompileError
 
 ARCHS = ("sm_80", "sm_90")
 

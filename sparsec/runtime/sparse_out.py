@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import abi
 from ..abi import BLOCK_SLACK, LAST_LEVEL_SLACK, chunk_table
-from ..errors import DTypeError, SparsecError
+from ..base.errors import DTypeError, SparsecError
 from ..middle.spec import Spec
 from ..policy import costs
 from ..tensors.formats import Singleton

@@ -26,7 +26,7 @@ def address(array: Any) -> int:
 
 
 #: outputs from this many bytes are allocated on a cache-line boundary (`aligned_empty`);
-#: below it the kernels store them plainly (see `sparsec.backends.c._stream_output`), and
+#: below it the kernels store them plainly (see `sparsec.passes.stream_output.stream_output`), and
 #: a call does not pay the few microseconds of the aligned allocation
 ALIGN_FROM_BYTES = 1 << 20
 ALIGNMENT = 64

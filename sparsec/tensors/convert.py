@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, InputError, StorageError
+from ..base.errors import FormatError, InputError, StorageError
 from .formats import Format, parse_format
 from .packing import from_arrays, from_dense, pack
 from .storage import (

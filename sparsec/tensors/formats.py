@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..errors import FormatError
+from ..base.errors import FormatError
 from ..ir import nodes as ir
 
 

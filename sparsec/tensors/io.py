@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..errors import FormatError, InputError, SparsecError
+from ..base.errors import FormatError, InputError, SparsecError
 from .formats import Format, default_sparse
 from .tensor import Tensor, as_tensor, from_dense, from_scipy, pack
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from ..errors import FormatError
+from ..base.errors import FormatError
 from .formats import Compressed, Dense, Format, Singleton, parse_format
 
 

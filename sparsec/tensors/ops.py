@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Protocol
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 
 class ArrayImpl(Protocol):

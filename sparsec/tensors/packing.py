@@ -1,7 +1,7 @@
 """Packing: mode-order COO entries, dense arrays or raw level arrays -> validated storage.
 
 `pack` sorts the entries into level order, sums duplicates and assembles pos/crd level by
-level (`_assemble`); `from_dense` (and `sparsec.tensors.random`) go through it, `from_arrays`
+level (`_levels_from_coo`); `from_dense` (and `sparsec.tensors.random`) go through it, `from_arrays`
 copies storage given level by level. Both end in `validate_storage`, the one check every
 built tensor passes (a packer bug or a shape the format cannot hold is an error, never
 storage a kernel would read out of bounds).
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, FormatError, InputError, ShapeError, StorageError
+from ..base.errors import DTypeError, FormatError, InputError, ShapeError, StorageError
 from .formats import Compressed, Dense, Format, LevelFormat, Singleton, parse_format
 from .storage import (
     INT64_MAX,
@@ -105,7 +105,7 @@ def _chain_end(fmt: Format, k: int) -> int:
     return end
 
 
-def _assemble(
+def _levels_from_coo(
     coords: list[np.ndarray],
     values: np.ndarray,
     shape: tuple[int, ...],
@@ -237,7 +237,7 @@ def pack(
                 f"for mode {mode}"
             )
     level_coords = [c[m] for m in fmt.ordering]
-    return _assemble(level_coords, vals, shape, fmt, index_dtype_of(index_dtype), name)
+    return _levels_from_coo(level_coords, vals, shape, fmt, index_dtype_of(index_dtype), name)
 
 
 # --------------------------------------------------------------------------- constructors
@@ -275,7 +275,7 @@ def from_dense(
         return StorageParts(shape, fmt, levels, vals, idt)
     nonzero = np.nonzero(level_major)  # sorted in level order already
     coords = [c.astype(np.int64, copy=False) for c in nonzero]
-    return _assemble(coords, level_major[nonzero], shape, fmt, idt, name, presorted=True)
+    return _levels_from_coo(coords, level_major[nonzero], shape, fmt, idt, name, presorted=True)
 
 
 def _user_level(entry: Any, level: LevelFormat, where: str) -> tuple[Any, Any]:

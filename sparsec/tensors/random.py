@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .formats import Format, default_sparse, parse_format
 from .packing import pack
 from .storage import INT64_MAX, StorageParts, check_shape, value_dtype

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, FormatError, ShapeError, StorageError
+from ..base.errors import DTypeError, FormatError, ShapeError, StorageError
 from .formats import Compressed, Dense, Format, LevelFormat, Singleton
 
 INT32_MAX = 2**31 - 1

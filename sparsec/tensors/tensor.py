@@ -39,7 +39,7 @@ from typing import Any, ParamSpec
 
 import numpy as np
 
-from ..errors import FormatError
+from ..base.errors import FormatError
 from . import convert, packing
 from .buffers import address
 from .formats import Compressed, Dense, Format, Singleton, canonical, parse_format

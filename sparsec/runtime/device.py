@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..abi import GPU_WORKSPACE, KERNEL_NAME
-from ..errors import DTypeError, ShapeError, SparsecError
+from ..base.errors import DTypeError, ShapeError, SparsecError
+from ..base.resources import data_dir
 from ..ir import nodes as ir
-from ..resources import data_dir
 from ..tensors.halves import bfloat16_bits, compute_dtype
 from ..tensors.tensor import Tensor
 from .args import ADDRESSES, HOST, Form, Slot, Source, arguments, named

@@ -10,7 +10,7 @@ iteration; the inner one runs over a group's lanes."""
 
 from __future__ import annotations
 
-from ..errors import ScheduleError
+from ..base.errors import ScheduleError
 from ..ir import nodes as ir
 from ..middle.commands import Races, Unit
 from ..middle.plan import Parallelize

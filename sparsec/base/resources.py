@@ -18,7 +18,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent.parent  # the package, above base/
 
 
 @cache

@@ -20,9 +20,9 @@ import numpy as np
 
 from ..api.check import CheckResult, require_torch, verdict
 from ..api.kernel import Kernel
-from ..errors import InputError, SparsecError
+from ..base.errors import InputError, SparsecError
 from ..tensors.tensor import Tensor, as_tensor
-from . import plan as planner
+from . import partition as planner
 from ._dask import client_of
 from .tensor import DistributedTensor, check_parts, default_parts, from_tensor
 
@@ -47,7 +47,7 @@ class DistributedKernel:
     def parts_kernel(self, index: str) -> PartsKernel:
         """What the parts of a call split along ``index`` run: this kernel, or where a
         tensor is read both at ``index`` and elsewhere, its statement with the two
-        operands named apart (`plan.parts_statement`)."""
+        operands named apart (`partition.parts_statement`)."""
         found = self._parts.get(index)
         if found is None:
             ops = planner.operands(self.assignment, index, self._mask)
@@ -162,7 +162,7 @@ class DistributedKernel:
         per = tuple(o + shared + s for o, s in zip(own, sliced, strict=True))
         mean = sum(counts) / max(1, len(counts))
         imbalance = max(counts) / mean if mean else 1.0
-        return planner.Plan(kind, index, name, len(ranges), per, imbalance, moved, mode)
+        return planner.Partition(kind, index, name, len(ranges), per, imbalance, moved, mode)
 
     def _operand_bytes(
         self,
@@ -294,7 +294,7 @@ def kernel(expr: str, formats: Any = None, **options: Any) -> DistributedKernel:
 @dataclass(frozen=True)
 class PartsKernel:
     """The kernel a call's parts run, its pickled arguments, and how each operand reaches
-    the parts (`plan.Operand`)."""
+    the parts (`partition.Operand`)."""
 
     kernel: Kernel
     args: bytes

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShapeError, SparsecError
+from ..base.errors import ShapeError, SparsecError
 from ..frontend.notation import (
     Access,
     Assignment,
@@ -41,7 +41,7 @@ KINDS = ("concatenate", "reduce", "repartition", "replicate")
 
 
 @dataclass(frozen=True)
-class Plan:
+class Partition:
     """What a call does: the class, the split index and tensor, per-part bytes received."""
 
     kind: str

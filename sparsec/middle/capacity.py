@@ -28,7 +28,7 @@ Each rule over-counts, never under-counts; the kernel also stops (status
 `assemble.CAPACITY_EXCEEDED`) rather than write past a capacity, so a wrong bound could
 only cost the fallback to the two-phase assembly, not memory safety.
 
-The rules are read off the statement once, at code generation (`plan`: an `EntryBound`,
+The rules are read off the statement once, at code generation (`entry_bound_of`: an `EntryBound`,
 frozen data that travels in `sparsec.backends.Generated`), and counted on each call's
 inputs (`EntryBound.count`), so the runtime never reads the statement.
 """
@@ -137,7 +137,7 @@ class EntryBound:
         return int(min(dense, n * _size(dims, self.out - self.root.free)))
 
 
-def plan(stmt: Statement) -> EntryBound:
+def entry_bound_of(stmt: Statement) -> EntryBound:
     """The rules above for ``stmt``'s output, read off the statement once."""
     rhs: CExpr = Sum(stmt.top_sums, stmt.rhs) if stmt.top_sums else stmt.rhs
     operands = tuple(_operand(a) for a in accesses(stmt.rhs))
@@ -152,8 +152,8 @@ def entry_bound(
     rows: tuple[str, int, int] | None = None,
 ) -> int:
     """At most how many entries the output of ``stmt`` gets for these inputs
-    (`EntryBound.count` of its `plan`)."""
-    return plan(stmt).count(values, dims, division, rows)
+    (`EntryBound.count` of its `entry_bound_of`)."""
+    return entry_bound_of(stmt).count(values, dims, division, rows)
 
 
 def _operand(a: Access) -> Operand:

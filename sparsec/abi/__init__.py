@@ -30,8 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .ir.nodes import I64, IDX, VAL
-from .middle.spec import Spec
+from ..ir.nodes import I64, IDX, VAL
+from ..middle.spec import Spec
 
 INT = "int"
 
