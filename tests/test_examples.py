@@ -105,6 +105,14 @@ def test_bench_schedule_quick_smoke() -> None:
     assert "vs serial" in done.stdout
 
 
+def test_bench_generate_quick_smoke() -> None:
+    done = _run(["-m", "bench", "generate", "--quick"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    for case in ("spmv", "spmm", "spgemm", "mttkrp", "spmv-cuda", "spgemm-cuda"):
+        assert f" {case} " in done.stdout
+    assert " first " in done.stdout and " next " in done.stdout
+
+
 def test_bench_gpu_quick_smoke() -> None:
     done = _run(["-m", "bench", "gpu", "--quick"])
     assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
