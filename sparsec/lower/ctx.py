@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..frontend.concrete import CExpr
-from ..frontend.notation import Access, Literal
+from ..frontend.notation import Access
 from ..ir import nodes as ir
+from ..middle.placement import Placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,17 +135,9 @@ class NestPoint:
 
 @dataclass(frozen=True, slots=True)
 class Where:
-    """A dense precompute: ``ws(vars) = producer`` then ``consumer`` reads ``ws``."""
+    """A dense precompute the schedule placed (`middle.placement.Placement`: ``ws(vars) =
+    producer`` then ``consumer`` reads ``ws``), with the threads' workspaces allocated."""
 
-    at: str
-    vars: tuple[str, ...]
-    producer_order: tuple[str, ...]
-    consumer_order: tuple[str, ...]
-    produce: tuple[Access | Literal, ...]
-    workspace: Access
+    placed: Placement
+    #: the C name of the allocation that holds every thread's workspace
     base: str
-    origin: str
-    #: a precomputed subexpression (not a product's factors): the right-hand side's node,
-    #: and the right-hand side reading ``workspace`` in its place
-    sub: CExpr | None = None
-    consumer: CExpr | None = None

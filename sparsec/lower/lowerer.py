@@ -82,7 +82,11 @@ def loops(
         return compute(env, expr, ctx, sink)
     var, rest = order[0], order[1:]
 
-    if env.decided.where is not None and var == env.decided.where.at and not env.flags.in_where:
+    if (
+        env.decided.where is not None
+        and var == env.decided.where.placed.at
+        and not env.flags.in_where
+    ):
         return emit_where(env, expr, ctx, sink, nest)
     if env.decided.plan is not None and env.decided.plan.space_of(var) is not None:
         return space_loop(env, var, NestPoint(expr, ctx, rest, sink, nest), outermost)

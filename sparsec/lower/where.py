@@ -35,18 +35,7 @@ def plan_where(env: LowerEnv, placed: Placement) -> Where:
         ir.Return(OUT_OF_MEMORY, ir.Unary("!", ir.Var(base))),
     ]
     env.found.bottom.append(ir.Free(base))
-    return Where(
-        placed.at,
-        placed.vars,
-        placed.producer_order,
-        placed.consumer_order,
-        placed.produce,
-        placed.workspace,
-        base,
-        placed.origin,
-        placed.sub,
-        placed.consumer,
-    )
+    return Where(placed, base)
 
 
 def emit_where(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink, nest: Nest) -> ir.Block:
@@ -54,48 +43,49 @@ def emit_where(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink, nest: Nest) -> 
     consumer's loops reading it in place of the produced factors."""
     where = env.decided.where
     assert where is not None
-    if where.sub is not None:
-        produced, consumed = _split(env, where, expr)
+    placed = where.placed
+    if placed.sub is not None:
+        produced, consumed = _split(env, placed, expr)
     else:
         rest = list(factors(expr))
-        for f in where.produce:
+        for f in placed.produce:
             if f not in rest:
                 raise LoweringError(f"internal: {f} missing from {expr} at the precompute")
             rest.remove(f)
-        produced, consumed = _product(where.produce), _product([where.workspace, *rest])
+        produced, consumed = _product(placed.produce), _product([placed.workspace, *rest])
     if produced is ZERO:  # absent at this point of the loops above: no workspace to fill
-        return nest(where.consumer_order, consumed, ctx, sink)
-    dim = _extent(env, where.vars)
-    ws = env.inputs.namer.fresh(where.workspace.name)
+        return nest(placed.consumer_order, consumed, ctx, sink)
+    dim = _extent(env, placed.vars)
+    ws = env.inputs.namer.fresh(placed.workspace.name)
     q = env.inputs.namer.fresh("q")
     zero = ir.Assign(ir.Load(ws, ir.Var(q)), ir.FloatLit(0.0))
     stmts: list[ir.Stmt] = [
-        ir.Comment(f"{where.origin}"),
+        ir.Comment(f"{placed.origin}"),
         ir.Pointer(ir.VAL, ws, where.base, ir.mul(ir.Call("thread_id", ()), dim)),
         ir.For(q, ir.IntLit(0), dim, ir.block(zero)),
     ]
-    env.found.local_vals[where.workspace.name] = ws
+    env.found.local_vals[placed.workspace.name] = ws
     with env.scope(in_where=True):
-        stmts.append(nest(where.producer_order, produced, ctx, DenseWsSink(ws, where.vars)))
-        stmts.append(nest(where.consumer_order, consumed, ctx, sink))
+        stmts.append(nest(placed.producer_order, produced, ctx, DenseWsSink(ws, placed.vars)))
+        stmts.append(nest(placed.consumer_order, consumed, ctx, sink))
     return ir.block(*stmts)
 
 
-def _split(env: LowerEnv, where: Where, expr: CExpr) -> tuple[CExpr, CExpr]:
+def _split(env: LowerEnv, placed: Placement, expr: CExpr) -> tuple[CExpr, CExpr]:
     """A precomputed subexpression's producer and consumer at the loop it is placed at,
     where ``expr`` is the statement's right-hand side less the accesses that the loops
     above found absent: both are taken from the statement without the same accesses
     (a subexpression absent altogether leaves the workspace absent too)."""
-    assert where.sub is not None and where.consumer is not None
+    assert placed.sub is not None and placed.consumer is not None
     rhs = env.inputs.spec.statement.rhs
     present = set(accesses(expr))
     absent = frozenset(a for a in accesses(rhs) if a not in present)
     fold = not env.inputs.exact
     if without(rhs, absent, fold, fold) != expr:
         raise LoweringError(f"internal: {expr} is not {rhs} at the precompute")
-    produced = without(where.sub, absent, fold, fold)
-    gone = absent | {where.workspace} if produced is ZERO else absent
-    return produced, without(where.consumer, gone, fold, fold)
+    produced = without(placed.sub, absent, fold, fold)
+    gone = absent | {placed.workspace} if produced is ZERO else absent
+    return produced, without(placed.consumer, gone, fold, fold)
 
 
 def _extent(env: LowerEnv, vars_: tuple[str, ...]) -> ir.Expr:
