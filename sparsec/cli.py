@@ -11,6 +11,9 @@ exception. ``--check`` prints one verdict line (``--print-source`` adds the kern
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -160,7 +163,38 @@ def build_parser() -> argparse.ArgumentParser:
         help='a scheduling command (repeatable, applied in order), e.g. -s "split(i,i0,i1,32)" '
         '-s "parallelize(i0,CPUThread,NoRaces)"',
     )
+    t = sub.add_parser(
+        "tune",
+        help="calibrate this CPU: measure the pass options whose best value differs by CPU",
+        description="Measure, on this CPU, the pass options whose best value differs "
+        "between CPUs (stream and gather prefetches), and store the choices in the cache "
+        "directory for this CPU; C kernels generated afterwards use them. SPARSEC_TUNE=0 "
+        "makes kernels ignore the stored choices.",
+    )
+    t.add_argument("--show", action="store_true", help="print the stored calibration and exit")
+    t.add_argument("--quiet", action="store_true", help="print nothing")
+    t.add_argument("--nice", action="store_true", help="run at a lower priority")
     return parser
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from .api.calibrate import calibrate
+    from .policy import calibrated
+
+    if args.show:
+        found = calibrated.load()
+        if found is None:
+            print(f"no calibration for this CPU ({calibrated.path()})")
+            return 1
+        print(json.dumps(found, indent=1, sort_keys=True))
+        return 0
+    if args.nice:
+        with contextlib.suppress(OSError):
+            os.nice(10)
+    say = (lambda _: None) if args.quiet else print
+    done = calibrate(say=say)
+    say(f"stored in {calibrated.path()} ({done.seconds:.1f} s)")
+    return 0
 
 
 def _formats(items: list[str]) -> dict[str, str]:
@@ -276,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return _compile(args)
+        return _tune(args) if args.command == "tune" else _compile(args)
     except SparsecError as err:
         print(f"sparsec: error: {cli_spelling(str(err))}", file=sys.stderr)
         return 2

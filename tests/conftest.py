@@ -14,6 +14,9 @@ from sparsec.policy.machine import Machine, use
 
 _CACHE = tempfile.mkdtemp(prefix="sparsec-test-cache-")
 os.environ.setdefault("SPARSEC_CACHE_DIR", _CACHE)
+# tests never depend on the host: no calibration is read or started (the calibration tests
+# turn it on under their own cache directory)
+os.environ["SPARSEC_TUNE"] = "0"
 # every fresh output starts as NaN, so an element a kernel forgets to write fails a test
 os.environ["SPARSEC_POISON"] = os.environ.get("SPARSEC_POISON", "1")
 

@@ -12,8 +12,8 @@ import sparsec
 from sparsec.api import autotune
 from sparsec.base.target import C
 from sparsec.middle.commands import parse_commands
-from sparsec.policy import tuning
-from sparsec.policy.decision import Decision, decide
+from sparsec.policy import calibrated, tuning
+from sparsec.policy.decision import Decision, decide, with_options
 
 SPMV = "y(i) = A(i,j) * x(j)"
 
@@ -91,10 +91,31 @@ def test_candidates_are_decisions_built_from_the_default():
     found = tuning.candidates(k.spec, k.generated().loop_order, default)
     assert found[0] == default and default.label is None
     assert all(isinstance(d, Decision) for d in found)
-    for d in found[1:]:
+    by_commands = [d for d in found[1:] if not d.tuned]
+    assert by_commands
+    for d in by_commands:
         assert d.passes == default.passes and d.prepare == default.prepare
         assert d.commands and parse_commands(d.label) == d.commands
     assert len({d.label for d in found}) == len(found)
+
+
+def test_candidates_search_the_calibrated_options():
+    """schedule="auto" searches the options host calibration sets (issue 38): the default
+    under each other value of each, named in its label, all else the default's."""
+    k = sparsec.kernel(SPMV, {"A": "csr"}, schedule="auto")
+    default = decide(k.spec, C)
+    tuned = [d for d in tuning.candidates(k.spec, k.generated().loop_order, default) if d.tuned]
+    wanted = {
+        (name, value)
+        for name, values in calibrated.CHOICES.items()
+        for value in values
+        if value != values[0]
+    }
+    assert {d.tuned for d in tuned} == {((n, v),) for n, v in wanted}
+    for d in tuned:
+        ((name, value),) = d.tuned
+        assert d.commands == default.commands and d.label == f"with {name}={value!r}"
+        assert d.passes == with_options(default.passes, {name: value}) != default.passes
 
 
 def test_a_table_written_before_decisions_is_read(cache, rng, monkeypatch):

@@ -71,6 +71,7 @@ def print_c(
     narrowest: int,
     llc: int,
     l1_way: int,
+    stream_locality: int = 3,
 ) -> Generated:
     """``gen`` with its source: the C translation unit of ``functions`` (each takes the
     parameters ``gen.signature``), and ``sparsec_kernel_packed`` where it can be defined.
@@ -78,7 +79,8 @@ def print_c(
     the vector helpers out); ``narrowest``: the narrowest tile's vectors (the template
     sizes the narrower tiles' stages from it); ``llc``: the last-level cache's bytes, the
     output size from which tiles are stored non-temporally; ``l1_way``: one way of the L1 data cache's bytes
-    (rows gathered a multiple of it apart are not prefetched into it)."""
+    (rows gathered a multiple of it apart are not prefetched into it); ``stream_locality``:
+    the locality hint (0 to 3) of a stream loop's prefetches (`passes.streams`)."""
     bodies = tuple(f.body for f in functions)
     wide = adds_into_output(gen.dtype, gen.signature, *bodies)
     gen = replace(gen, wide_output=wide)
@@ -118,6 +120,7 @@ def print_c(
         stream_sfx="ps" if gen.dtype == "float32" else "pd",
         stream_out_bytes=llc,
         l1_way_bytes=l1_way,
+        stream_locality=stream_locality,
         packed=packed,
         packed_phase=bool(phases),
         sorts=sorts,

@@ -6,7 +6,9 @@ by a row's length per outer iteration. When the rows are short (SpMV's 10 entrie
 inner loop is mostly ``x`` gathers that miss L2, and the hardware prefetchers left to
 themselves do not keep the streams ahead of it. This pass puts, before such a loop, a
 prefetch of each stream ``stream_distance`` positions past where the loop starts: two cache lines
-per stream per outer iteration, non-temporal (the data is read once).
+per stream per outer iteration, with the decision's locality hint (``stream_locality``: the
+data is read once, but a non-temporal hint costs some CPUs more than it saves; None turns
+the pass's prefetches off).
 
 A loop is a *stream loop* when it
 
@@ -46,6 +48,8 @@ def prefetch_streams(
     per distinct set of streams; each stream is prefetched ``options.stream_distance``
     positions past the loop's start."""
     notes: list[str] = []
+    if options.stream_locality is None:  # the host's prefetchers do better alone
+        return body, ()
     return _block(body, notes, inside=False, distance=options.stream_distance), tuple(notes)
 
 

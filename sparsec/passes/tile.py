@@ -400,13 +400,13 @@ class _Tiler:
             uid,
             self.distance,
         )
-        segments = gathers.segments()
+        segments = gathers.segments() if self.distance > 0 else None
         across = None if segments is None else gathers.across(walked, *segments)
         prefetched = ""
         if across is not None:
             region, prefetched = across, "across segments"
         else:
-            within = gathers.within(walked)
+            within = gathers.within(walked) if self.distance > 0 else None
             prefetched = "within segments" if within is not None else ""
             region = walked if within is None else within
         if vectors == self.vectors:

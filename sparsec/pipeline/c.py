@@ -151,4 +151,6 @@ def generate(
     tiles = decision.passes.tile
     vectors = tiles.vectors if tiled or append_tiled else 0
     sizes = {"vectors": vectors, "narrowest": tiles.narrowest, "llc": unit.llc}
-    return print_c(spec, gen, functions, **sizes, l1_way=facts.l1_way)
+    # None: no loop prefetches a stream, and the template's helper goes unused
+    locality = decision.passes.stream_locality or 0
+    return print_c(spec, gen, functions, **sizes, l1_way=facts.l1_way, stream_locality=locality)

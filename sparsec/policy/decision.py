@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Any
 
 from ..base.target import Target
 from ..middle.commands import Command
 from ..middle.spec import Spec
 from ..tensors.halves import HALF
+from . import calibrated
 
 #: a parallel CPU loop's dynamic schedule: about this many chunks per thread, so skewed
 #: rows balance
@@ -56,7 +58,8 @@ class TileOptions:
     down to ``narrowest`` vectors (tiles of one vector, a pass over the region per vector,
     measured no faster than the plain loop); a gathered row is prefetched
     ``prefetch_distance`` iterations ahead (`passes.gathers`: enough to hide an L2 miss at
-    a few cycles per vector FMA; 2 to 12 measured alike on Zen, 6 is in the middle)."""
+    a few cycles per vector FMA; 2 to 12 measured alike on Zen, 6 is in the middle; 0 for no
+    prefetch, which host calibration may choose)."""
 
     vectors: int = 8
     narrowest: int = 2
@@ -69,7 +72,13 @@ class PassOptions:
     option of theirs.
 
     ``stream_distance``: positions ahead of a stream loop's start that each stream is
-    prefetched (`passes.streams`; 64 to 320 measured alike). ``jam_ways``: outer iterations
+    prefetched (`passes.streams`; 64 to 320 measured alike); ``stream_locality``: those
+    prefetches' locality hint, 0 (non-temporal, ``prefetchnta``) to 3 (every cache level,
+    ``prefetcht0``), None for no stream prefetch. The default, 3, is safe on both CPU
+    families measured: non-temporal prefetches cost an Intel server SpMV 2.4x, and hint 3
+    matched no prefetch there; on Zen the three measured alike (docs/decisions.md, "Stream
+    loops prefetch their crd and vals"). Host calibration (`policy.calibration`) picks it
+    per CPU. ``jam_ways``: outer iterations
     interleaved (`passes.jam`: enough chains to cover an addition's latency at two per
     cycle without running out of registers). ``dot_block``: iterations summed into one
     value-typed partial (`passes.dots`). ``coarsen_factors``, ``coarsen_block``: columns per
@@ -79,6 +88,7 @@ class PassOptions:
     run: frozenset[str] = frozenset()
     tile: TileOptions = field(default_factory=TileOptions)
     stream_distance: int = 128
+    stream_locality: int | None = 3
     jam_ways: int = 4
     dot_block: int = 256
     coarsen_factors: tuple[int, ...] = (4, 2)
@@ -95,6 +105,21 @@ C_PASSES = frozenset({"streams", "tile", "jam", "bands", "stream_output", "dots"
 CUDA_PASSES = frozenset({"coarsen"})
 #: the passes' options, read by `decide` at each call (so a calibration or a test sets them)
 DEFAULTS = PassOptions()
+
+
+def with_options(options: PassOptions, changes: dict[str, Any]) -> PassOptions:
+    """``options`` with ``changes`` (field -> value; ``tile.`` names a `TileOptions` field),
+    as host calibration (`policy.calibrated`) and the tuner's candidates state them."""
+    tile = {k.removeprefix("tile."): v for k, v in changes.items() if k.startswith("tile.")}
+    own = {k: v for k, v in changes.items() if not k.startswith("tile.")}
+    return replace(options, tile=replace(options.tile, **tile), **own)
+
+
+def host_options() -> PassOptions:
+    """`DEFAULTS` with the host's calibrated choices (none where calibration is off or
+    not stored: `policy.calibrated`)."""
+    found = calibrated.overrides()
+    return with_options(DEFAULTS, found) if found else DEFAULTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,12 +158,27 @@ class Decision:
     output: Output
     passes: PassOptions
     chunks_per_thread: int = CHUNKS_PER_THREAD
+    #: the pass options a tuning candidate changed (`with_options`'s names and values), so
+    #: its label names them
+    tuned: tuple[tuple[str, Any], ...] = ()
 
     @property
     def label(self) -> str | None:
-        """The decision's name where the tuner stores it: its commands as written, None for
-        the default (a candidate differing in another field needs that field named here)."""
-        return ", ".join(map(str, self.commands)) or None
+        """The decision's name where the tuner stores it: its commands as written, then
+        ``with`` and each tuned option (``with stream_locality=None``); None for the
+        default."""
+        said = ", ".join(map(str, self.commands))
+        if self.tuned:
+            options = ", ".join(f"{k}={v!r}" for k, v in self.tuned)
+            said = f"{said} with {options}" if said else f"with {options}"
+        return said or None
+
+    def tuning(self, **changes: Any) -> Decision:
+        """This decision with the pass options ``changes`` (``tile_`` for `TileOptions`'
+        fields: ``tile_prefetch_distance=0``), named in its label."""
+        named = {k.replace("tile_", "tile.", 1): v for k, v in changes.items()}
+        passes = with_options(self.passes, named)
+        return replace(self, passes=passes, tuned=(*self.tuned, *named.items()))
 
     def under(self, commands: tuple[Command, ...]) -> Decision:
         """This C decision under ``commands`` instead (a tuning candidate's), as `decide`
@@ -184,7 +224,7 @@ def decide(
         default,
         prepare(commands, target),
         output,
-        replace(DEFAULTS, run=run),
+        replace(host_options() if not target.gpu else DEFAULTS, run=run),
     )
 
 

@@ -6,7 +6,11 @@ Candidates, each kept by the tuner only if it is legal for the expression and fo
 default; the outermost loop split into blocks of 16 and of 128 rows on threads; the
 default's parallel loop with the innermost loop vectorised (``CPUVector``); and
 position-space parallelism over the leading sparse operand's nonzeros (``fuse`` + ``pos`` +
-``split``, with Atomics or per-thread Temporary copies), which balances skewed rows.
+``split``, with Atomics or per-thread Temporary copies), which balances skewed rows; and the
+default under each other value of each option host calibration sets
+(`policy.calibrated.CHOICES`: the stream prefetches' hint or none, the gathered rows'
+prefetch distance or none), so a kernel whose data favours another value than the host's
+finds it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 from ..base.target import C
 from ..middle.commands import Command, name_supply
 from ..middle.spec import Spec
+from . import calibrated
 from .decision import Decision, decide
 
 #: the position-space candidates' chunk of nonzeros per task
@@ -32,6 +37,7 @@ def candidates(
     found = [default]
     if not loop_order:
         return found
+    found.extend(_option_candidates(default))
     v, last = loop_order[0], loop_order[-1]
     fresh = name_supply(set(spec.indices) | {t.name for t in spec.tensors})
 
@@ -60,4 +66,16 @@ def candidates(
                         par(c, "CPUThread", races),
                     )
                 )
+    return found
+
+
+def _option_candidates(default: Decision) -> list[Decision]:
+    """The default under each other value of each calibrated option."""
+    found = []
+    for name, values in calibrated.CHOICES.items():
+        owner = default.passes.tile if name.startswith("tile.") else default.passes
+        now = getattr(owner, name.removeprefix("tile."))
+        for value in values:
+            if value != now:
+                found.append(default.tuning(**{name.replace("tile.", "tile_", 1): value}))
     return found

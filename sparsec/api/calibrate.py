@@ -1,0 +1,231 @@
+"""Host calibration: short measurements that choose, on this CPU, the pass options whose
+best value differs between CPUs (`policy.calibrated.CHOICES`), as FFTW's wisdom and
+OpenBLAS's per-core kernels do. ``sparsec tune`` runs it (and a process starts it in the
+background on a host that has none); the choices are stored per CPU and read by every C
+kernel's decision.
+
+Each option has a probe: a kernel whose speed that option decides, on data sized past the
+core's cache, built once for each of the option's values (all else the defaults) and
+timed in interleaved rounds at one thread and at every core. A value other than the
+default is chosen only when it is at least `MARGIN` faster at every thread count (then the
+fastest by the geometric mean of its ratios to the default), so noise keeps the safe
+default; a value's time is the lower quartile of its calls (other work only adds time). The whole
+is sized to take a few seconds, most of them compiling (the issue's budget is half a minute).
+
+Probes:
+
+- ``stream_locality``: CSR SpMV, float64, rows of 10 entries on average (Poisson), x and
+  the matrix past the core's cache: the stream prefetches' hint, or none.
+- ``tile.prefetch_distance``: CSR SpMM, float32, a pruned weight's rows over a dense
+  operand past the core's cache (the register tiles' gathered rows): how far ahead, or
+  no prefetch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..policy import calibrated
+from ..policy.decision import DEFAULTS, PassOptions, with_options
+from ..policy.machine import machine
+
+#: a value replaces the default only when this much faster at every thread count
+MARGIN = 0.03
+#: interleaved rounds per probe
+ROUNDS = 5
+#: timed calls per value per round (the median of all rounds' calls is its time)
+CALLS = 7
+
+#: builds the probe's call for some pass options (compiles; called once per value)
+Build = Callable[[PassOptions, int], Callable[[], object]]
+#: ``timer(option, value, threads, call)``: seconds of one timed call (the real timer calls
+#: ``call()``; a test's fake returns a number of its choosing)
+Timer = Callable[[str, Any, int, Callable[[], object]], float]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A kernel whose speed ``option`` decides, and how to build its call."""
+
+    option: str
+    about: str
+    build: Build
+
+
+def _spmv(options: PassOptions, threads: int) -> Callable[[], object]:
+    m = machine()
+    n = max(200_000, 4 * m.core_cache // 12)  # past the core's cache (12 bytes an entry)
+    rng = np.random.default_rng(7)
+    lengths = np.minimum(rng.poisson(10, n), 24)
+    pos = np.concatenate([[0], np.cumsum(lengths)])
+    crd = np.sort(rng.integers(0, n - 24, size=(n, 24)), axis=1) + np.arange(24)  # distinct
+    crd = crd[np.arange(24) < lengths[:, None]]  # each row's first columns, in order
+    A = (pos, crd, rng.random(len(crd)), (n, n))
+    return _call("y(i) = A(i,j) * x(j)", {"A": A, "x": rng.random(n)}, options, threads)
+
+
+def _spmm(options: PassOptions, threads: int) -> Callable[[], object]:
+    m = machine()
+    rows, inner = 512, 4096
+    width = max(64, min(512, 4 * m.core_cache // (inner * 4)))  # X past the core's cache
+    rng = np.random.default_rng(11)
+    keep = rng.random((rows, inner)) < 0.05
+    lengths = keep.sum(axis=1)
+    pos = np.concatenate([[0], np.cumsum(lengths)])
+    crd = np.nonzero(keep)[1]
+    W = (pos, crd, rng.random(len(crd)).astype(np.float32), (rows, inner))
+    X = rng.random((inner, width)).astype(np.float32)
+    return _call("Y(o,t) = W(o,i) * X(i,t)", {"W": W, "X": X}, options, threads)
+
+
+def _call(
+    expr: str, inputs: dict[str, Any], options: PassOptions, threads: int
+) -> Callable[[], object]:
+    """A call of ``expr``'s default C kernel on ``inputs`` (a CSR operand as ``(pos, crd,
+    vals, shape)``) built with the pass ``options`` instead of the host's: the executable
+    alone, its inputs bound once (the kernel is timed, not the binding)."""
+    from ..tensors.tensor import Tensor
+    from .kernel import kernel
+
+    formats = {name: "csr" for name, v in inputs.items() if isinstance(v, tuple)}
+    bound = {
+        name: Tensor.from_arrays(v[3], "csr", [None, (v[0], v[1])], v[2], index_dtype="int32")
+        if isinstance(v, tuple)
+        else v
+        for name, v in inputs.items()
+    }
+    k = kernel(expr, formats=formats)
+    prepared = k.binder.prepare(bound, threads)
+    default = k._decide(prepared.dtype)
+    changed = tuple(
+        (name, _field(options, name))
+        for name in calibrated.CHOICES
+        if _field(options, name) != _field(default.passes, name)
+    )
+    decided = replace(default, passes=replace(options, run=default.passes.run), tuned=changed)
+    executable = k._candidate(decided, prepared.dtype, prepared.index_dtype)
+    return lambda: executable.run(prepared, threads)
+
+
+PROBES = (
+    Probe("stream_locality", "CSR SpMV float64, ~10 entries a row", _spmv),
+    Probe("tile.prefetch_distance", "CSR SpMM float32, a 95 % pruned weight", _spmm),
+)
+
+
+def _field(options: PassOptions, name: str) -> Any:
+    if name.startswith("tile."):
+        return getattr(options.tile, name.removeprefix("tile."))
+    return getattr(options, name)
+
+
+def wall_timer(option: str, value: Any, threads: int, call: Callable[[], object]) -> float:
+    """The real timer: one call's wall time."""
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a calibration chose (option -> value) and the medians (ms) by option, value
+    and thread count that chose it (each the lower quartile of its calls)."""
+
+    chosen: dict[str, Any]
+    measured: dict[str, dict[str, dict[str, float]]]
+    seconds: float
+
+
+def calibrate(
+    timer: Timer = wall_timer,
+    probes: tuple[Probe, ...] = PROBES,
+    *,
+    threads: tuple[int, ...] | None = None,
+    save: bool = True,
+    say: Callable[[str], None] = lambda _: None,
+) -> Calibration:
+    """Measure each probe's option values on this machine and choose (see the module's
+    docstring); store the choice for this CPU unless ``save`` is off."""
+    began = time.perf_counter()
+    cores = machine().cores
+    counts = threads or tuple(sorted({1, cores}))
+    chosen: dict[str, Any] = {}
+    measured: dict[str, dict[str, dict[str, float]]] = {}
+    for probe in probes:
+        values = calibrated.CHOICES[probe.option]
+        calls: dict[tuple[Any, int], Callable[[], object]] = {}
+        samples: dict[tuple[int, int], list[float]] = {}
+        for at, value in enumerate(values):
+            options = with_options(DEFAULTS, {probe.option: value})
+            for n in counts:
+                calls[at, n] = _lazy(probe.build, options, n)
+        for _ in range(ROUNDS):  # interleaved: a slow spell hits every value alike
+            for at, value in enumerate(values):
+                for n in counts:
+                    call = calls[at, n]
+                    timer(probe.option, value, n, call)  # warm (and build, the first time)
+                    for _ in range(CALLS):
+                        took = timer(probe.option, value, n, call)
+                        samples.setdefault((at, n), []).append(took)
+        medians = {key: _lower_quartile(got) for key, got in samples.items()}
+        measured[probe.option] = {
+            repr(value): {f"{n}T": medians[at, n] * 1e3 for n in counts}
+            for at, value in enumerate(values)
+        }
+        best = _best(values, counts, medians)
+        chosen[probe.option] = values[best]
+        say(
+            f"{probe.option}: {values[best]!r} ({probe.about}; "
+            + ", ".join(
+                f"{v!r} " + "/".join(f"{medians[at, n] * 1e3:.3f}" for n in counts) + " ms"
+                for at, v in enumerate(values)
+            )
+            + f" at {'/'.join(f'{n}T' for n in counts)})"
+        )
+    if save:
+        calibrated.save(chosen, measured)
+    return Calibration(chosen, measured, time.perf_counter() - began)
+
+
+def _best(values: tuple[Any, ...], counts: tuple[int, ...], medians: dict[Any, float]) -> int:
+    """The index of the value chosen: among the values at least `MARGIN` faster than the
+    default (index 0) at every thread count of ``counts``, the fastest by the geometric
+    mean of its ratios to the default; the default where none is."""
+
+    def ratio(at: int) -> float:
+        logs = [math.log(medians[at, n] / medians[0, n]) for n in counts]
+        return math.exp(sum(logs) / len(logs))
+
+    better = [
+        at
+        for at in range(1, len(values))
+        if all(medians[at, n] <= (1 - MARGIN) * medians[0, n] for n in counts)
+    ]
+    return min(better, key=ratio) if better else 0
+
+
+def _lower_quartile(samples: list[float]) -> float:
+    """The time below which a quarter of ``samples`` fall: another process's work only
+    ever adds time, so the low end is the option's own (the median is a coin toss on a
+    shared machine)."""
+    return statistics.quantiles(samples, n=4)[0] if len(samples) > 1 else samples[0]
+
+
+def _lazy(build: Build, options: PassOptions, threads: int) -> Callable[[], object]:
+    """``build(options, threads)``'s call, built at its first use (a fake timer never
+    builds)."""
+    made: list[Callable[[], object]] = []
+
+    def call() -> object:
+        if not made:
+            made.append(build(options, threads))
+        return made[0]()
+
+    return call

@@ -1,0 +1,156 @@
+"""Host calibration: choices made from measurements (a fake timer stands for the host), stored
+per CPU, read by every C kernel's decision, and ignored, for the defaults, wherever the file
+is missing, corrupt, foreign or outdated, or calibration is off."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import sparsec
+from sparsec.api import calibrate as cal
+from sparsec.base.resources import write_entry
+from sparsec.base.target import C
+from sparsec.policy import calibrated, decision
+from sparsec.policy.machine import use
+
+SPMV = "y(i) = A(i,j) * x(j)"
+
+
+@pytest.fixture
+def calibrating(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Calibration on, in a cache directory of its own, with background runs recorded
+    instead of started."""
+    monkeypatch.setenv("SPARSEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(calibrated.ENV, "1")
+    started: list[Any] = []
+    monkeypatch.setattr(calibrated, "start_background", lambda on=None: started.append(on))
+    calibrated._cache.clear()
+    yield started
+    calibrated._cache.clear()
+
+
+def fake_timer(times: dict[tuple[str, Any], float]) -> cal.Timer:
+    """Seconds per option value (1.0 for a value not named), the same at every thread
+    count; the probe's kernel is never built."""
+
+    def timer(option: str, value: Any, threads: int, call: Any) -> float:
+        return times.get((option, value), 1.0)
+
+    return timer
+
+
+def test_calibration_picks_the_fastest_value_and_stores_it(calibrating: list[Any]) -> None:
+    times = {("stream_locality", None): 0.5, ("stream_locality", 0): 0.8}
+    times[("tile.prefetch_distance", 12)] = 0.99  # within the margin: the default stays
+    done = cal.calibrate(fake_timer(times), threads=(1, 2))
+    assert done.chosen == {"stream_locality": None, "tile.prefetch_distance": 6}
+    stored = calibrated.load()
+    assert stored is not None and stored["options"] == done.chosen
+    assert stored["measured"]["stream_locality"]["None"]["2T"] == pytest.approx(500.0)
+    assert calibrated.overrides() == done.chosen
+    assert calibrating == []  # a calibration was found: nothing started
+
+
+def test_a_value_must_win_at_every_thread_count(calibrating: list[Any]) -> None:
+    def timer(option: str, value: Any, threads: int, call: Any) -> float:
+        if option == "stream_locality" and value == 0:
+            return 0.2 if threads == 1 else 1.5  # faster alone, slower on both cores
+        return 1.0
+
+    assert cal.calibrate(timer, threads=(1, 2), save=False).chosen["stream_locality"] == 3
+
+
+def test_decisions_use_the_stored_choice(calibrating: list[Any]) -> None:
+    calibrated.save({"stream_locality": None, "tile.prefetch_distance": 0}, {})
+    spec = sparsec.kernel(SPMV, formats={"A": "csr"}).spec
+    passes = decision.decide(spec, C).passes
+    assert passes.stream_locality is None and passes.tile.prefetch_distance == 0
+    # names no other test uses: a memoized kernel keeps the source it generated first
+    k = sparsec.kernel("calz(r) = Calb(r,c) * calw(c)", formats={"Calb": "csr"})
+    assert "prefetched" not in k.source and "sc_prefetch_stream(Calb" not in k.source
+    B = sparsec.Tensor.from_dense(np.array([[1.0, 0.0], [0.0, 0.0], [2.0, 3.0]]), "csr")
+    np.testing.assert_allclose(k(Calb=B, calw=np.array([1.0, 2.0])), [1.0, 0.0, 8.0])
+    with_hint = sparsec.kernel("calz(r) = Calb(r,c) * calw(c) * 2", formats={"Calb": "csr"})
+    calibrated.save({"stream_locality": 0, "tile.prefetch_distance": 6}, {})
+    assert "__builtin_prefetch((const void*)at, 0, 0)" in with_hint.source
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["missing", "not json", "truncated", "version", "foreign", "unknown option", "bad value"],
+)
+def test_a_damaged_calibration_falls_back_to_the_defaults(
+    calibrating: list[Any], damage: str
+) -> None:
+    good = {"stream_locality": None, "tile.prefetch_distance": 12}
+    where = calibrated.save(good, {})
+    assert calibrated.load() is not None
+    payload = json.loads(calibrated.read_entry(where) or b"")
+    if damage == "missing":
+        where.unlink()
+    elif damage == "not json":
+        write_entry(where, b"{not json")
+    elif damage == "truncated":
+        where.write_bytes(where.read_bytes()[:-20])
+    else:
+        if damage == "version":
+            payload["version"] = calibrated.VERSION + 1
+        elif damage == "foreign":
+            payload["key"] = "skylake-000000000000"
+        elif damage == "unknown option":
+            payload["options"]["prefetch_everything"] = True
+        else:
+            payload["options"]["stream_locality"] = 7
+        write_entry(where, json.dumps(payload).encode())
+    calibrated._cache.clear()
+    assert calibrated.load() is None and calibrated.overrides() == {}
+    spec = sparsec.kernel(SPMV, formats={"A": "csr"}).spec
+    assert decision.decide(spec, C).passes == replace(decision.DEFAULTS, run=decision.C_PASSES)
+    assert len(calibrating) == 1  # no usable file: a background calibration starts, once
+    calibrated.overrides()
+    assert len(calibrating) == 1
+
+
+def test_off_means_the_defaults_and_nothing_started(
+    calibrating: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calibrated.save({"stream_locality": None, "tile.prefetch_distance": 6}, {})
+    monkeypatch.setenv(calibrated.ENV, "0")
+    assert calibrated.overrides() == {}
+    spec = sparsec.kernel(SPMV, formats={"A": "csr"}).spec
+    assert decision.decide(spec, C).passes.stream_locality == decision.DEFAULTS.stream_locality
+    assert calibrating == []
+
+
+def test_each_cpu_has_its_own_calibration(calibrating: list[Any]) -> None:
+    calibrated.save({"stream_locality": 0, "tile.prefetch_distance": 6}, {})
+    with use(target="sapphirerapids", flags=frozenset({"avx512f", "amx_tile"})):
+        assert calibrated.load() is None  # another CPU: not this one's choice
+        assert calibrated.overrides() == {}
+    assert calibrated.overrides()["stream_locality"] == 0
+
+
+def test_save_refuses_a_value_that_is_not_a_choice(calibrating: list[Any]) -> None:
+    with pytest.raises(ValueError, match="not a calibrated choice"):
+        calibrated.save({"stream_locality": 5}, {})
+
+
+def test_the_probes_build_and_time_their_kernels(calibrating: list[Any]) -> None:
+    """The real probes, each value built and called once per round on one thread (sizes
+    from a small machine's facts, so this stays short)."""
+    calls: list[tuple[str, Any]] = []
+
+    def timer(option: str, value: Any, threads: int, call: Any) -> float:
+        call()
+        calls.append((option, value))
+        return 1.0
+
+    with use(core_cache=64 << 10):
+        done = cal.calibrate(timer, threads=(1,), save=False)
+    assert done.chosen == {name: values[0] for name, values in calibrated.CHOICES.items()}
+    assert {c for c in calls} == {(n, v) for n, vs in calibrated.CHOICES.items() for v in vs}
