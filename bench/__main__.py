@@ -1,6 +1,8 @@
 """``python -m bench [SUITE ...] [options]``: run the named suites (all when none is named).
 
-Options after the suite names (``--quick``, ``--threads N``) are passed to every suite.
+Options after the suite names (``--quick``, ``--threads N``) are passed to every suite. A
+timed run (not ``--quick``) first calibrates the host where it has no stored calibration
+(``sparsec tune``), so kernels use its choices and no calibration runs beside the timings.
 ``python -m bench --list`` prints the registry.
 """
 
@@ -10,6 +12,7 @@ import importlib
 import sys
 
 from . import SUITES
+from .common import calibrate_first
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown suite {name!r}; known: {', '.join(SUITES)}", file=sys.stderr)
             return 2
         names.append(name)
+    if "--quick" not in args:  # a timed run uses the host's calibration, made beforehand
+        calibrate_first()
     status = 0
     for name in names or list(SUITES):
         module = importlib.import_module(SUITES[name][0])

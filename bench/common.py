@@ -214,7 +214,37 @@ def environment() -> dict[str, Any]:
     info = threadpool_info()
     if info is not None:
         env["threadpoolctl"] = info
+    env["sparsec_calibration"] = calibration()
     return env
+
+
+def calibration() -> str:
+    """The pass options sparsec's kernels use on this host: the stored calibration's
+    choices, or the defaults (calibration off or none stored)."""
+    try:
+        from sparsec.policy import calibrated
+
+        if not calibrated.enabled():
+            return "defaults (SPARSEC_TUNE=0)"
+        found = calibrated.load()
+        if found is None:
+            return "defaults (no calibration stored for this CPU)"
+        chosen = ", ".join(f"{k}={v!r}" for k, v in sorted(found["options"].items()))
+        return f"calibrated {found['made']}: {chosen}"
+    except Exception as err:  # record, never fail a benchmark over metadata
+        return f"unknown ({err})"
+
+
+def calibrate_first() -> None:
+    """Calibrate this host now where calibration is on and none is stored, so no
+    background calibration (`sparsec.policy.calibrated`) runs beside the timings."""
+    from sparsec.policy import calibrated
+
+    if calibrated.enabled() and calibrated.load() is None:
+        from sparsec.api.calibrate import calibrate
+
+        done = calibrate(say=lambda line: print(f"[calibrate] {line}", file=sys.stderr))
+        print(f"[calibrate] stored ({done.seconds:.1f} s)", file=sys.stderr)
 
 
 def _cpu_model() -> str:
