@@ -154,3 +154,17 @@ def test_the_probes_build_and_time_their_kernels(calibrating: list[Any]) -> None
         done = cal.calibrate(timer, threads=(1,), save=False)
     assert done.chosen == {name: values[0] for name, values in calibrated.CHOICES.items()}
     assert {c for c in calls} == {(n, v) for n, vs in calibrated.CHOICES.items() for v in vs}
+
+
+def test_the_command_line_shows_the_stored_calibration(
+    calibrating: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sparsec.cli import main
+
+    assert main(["tune", "--show"]) == 1
+    assert "no calibration for this CPU" in capsys.readouterr().out
+    calibrated.save({"stream_locality": 0, "tile.prefetch_distance": 6}, {"x": {}})
+    assert main(["tune", "--show"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["options"] == {"stream_locality": 0, "tile.prefetch_distance": 6}
+    assert shown["key"] == calibrated.key()
