@@ -24,9 +24,11 @@ scipy/numpy references. Per kernel:
    (``time.perf_counter``), TACO around the C call in the driver (steady clock): TACO's
    figure holds no call overhead, sparsec's does.
 
-Ratios are TACO ms / sparsec ms (> 1: sparsec faster), medians of the pooled samples; the
-load column is the 1-minute load average seen during the kernel's rounds, and the CPU
-model heads the table: a figure is a fact about that CPU under that load.
+Ratios are TACO ms / sparsec ms (> 1: sparsec faster) of the pooled samples' medians, with
+the range of the rounds' own ratios beside them (a wide range: a busy spell hit a block);
+the load column is the 1-minute load average seen during the kernel's rounds, and the CPU
+model heads the table: a figure is a fact about that CPU under that load. With the load
+above the core count, the 2-thread figures say little.
 
 Where things are (environment variables):
   SPARSEC_TACO       a TACO source checkout built in ``build/`` (``build/lib/libtaco.so``);
@@ -42,6 +44,7 @@ import argparse
 import hashlib
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -252,10 +255,12 @@ def run_kernel(
 
 
 def _rounds(blocks: dict[str, Any], threads: list[int], rounds: int) -> dict[str, Any]:
-    """Interleaved rounds of timed blocks (see the module's docstring); the pooled samples
-    as `Timing` summaries, label -> threads -> summary, and the loads seen."""
+    """Interleaved rounds of timed blocks (see the module's docstring): label -> threads ->
+    the pooled samples' `Timing` summary plus each round's median; the loads seen."""
     share = -(-common.MIN_REPEATS // rounds)
-    samples: dict[str, dict[int, list[float]]] = {lab: {t: [] for t in threads} for lab in blocks}
+    samples: dict[str, dict[int, list[list[float]]]] = {
+        lab: {t: [] for t in threads} for lab in blocks
+    }
     labels = list(blocks)
     loads = [os.getloadavg()[0]]
     for r in range(rounds):
@@ -264,19 +269,34 @@ def _rounds(blocks: dict[str, Any], threads: list[int], rounds: int) -> dict[str
             for label in order:
                 if label != "sparsec":  # common.measure waits on its own
                     time.sleep(common.SETTLE_S)
-                samples[label][t].extend(blocks[label](t, share))
+                samples[label][t].append(blocks[label](t, share))
             loads.append(os.getloadavg()[0])
     timings = {
-        lab: {str(t): Timing(tuple(got), 2).summary() for t, got in per.items()}
+        lab: {
+            str(t): Timing(tuple(ms for block in got for ms in block), 2).summary()
+            | {"round_medians_ms": [statistics.median(block) for block in got]}
+            for t, got in per.items()
+        }
         for lab, per in samples.items()
     }
     return {"timings": timings, "load": {"min": min(loads), "max": max(loads), "seen": loads}}
 
 
+def _ratio(theirs: dict[str, Any], mine: dict[str, Any]) -> str:
+    """The ratio of the pooled medians, and the range of the rounds' own ratios."""
+    ratio = f"{theirs['median_ms'] / mine['median_ms']:.2f}x"
+    each = [
+        a / b for a, b in zip(theirs["round_medians_ms"], mine["round_medians_ms"], strict=True)
+    ]
+    return ratio if len(each) < 2 else f"{ratio} ({min(each):.2f}-{max(each):.2f})"
+
+
 def tables(results: list[dict[str, Any]], threads: list[int]) -> tuple[Table, Table]:
     """The side-by-side table (ratio = TACO ms / sparsec ms) and each contender's speedup
     from 1 thread to the others."""
-    side = Table(["kernel", "threads", "sparsec ms", "contender", "its ms", "ratio", "load"])
+    side = Table(
+        ["kernel", "threads", "sparsec ms", "contender", "its ms", "ratio (rounds)", "load"]
+    )
     scaling = Table(["kernel", "who", "threads", "1T ms", "its ms", "speedup"])
     for res in results:
         name = res["kernel"]
@@ -289,14 +309,19 @@ def tables(results: list[dict[str, Any]], threads: list[int]) -> tuple[Table, Ta
             side.add(name, "", "", label, "wrong", "", seen)
         ours = timings.get("sparsec")
         for t in threads:
-            mine = ours[str(t)]["median_ms"] if ours else None
+            mine = ours[str(t)] if ours else None
             for label, per in timings.items():
                 if label == "sparsec":
                     continue
-                theirs = per[str(t)]["median_ms"]
-                ratio = f"{theirs / mine:.2f}x" if mine else "-"
+                theirs = per[str(t)]
                 side.add(
-                    name, t, f"{mine:.4g}" if mine else "-", label, f"{theirs:.4g}", ratio, seen
+                    name,
+                    t,
+                    f"{mine['median_ms']:.4g}" if mine else "-",
+                    label,
+                    f"{theirs['median_ms']:.4g}",
+                    _ratio(theirs, mine) if mine else "-",
+                    seen,
                 )
         for label, per in timings.items():
             for t in threads:
@@ -342,9 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"taco: the inputs of {', '.join(names)} (drawn once)")
     files = ensure(needed, folder(work, args.quick), 10 if args.quick else 1)
     env = environment()
+    machine = env.get("sparsec_machine")
+    target = machine.get("target", "?") if isinstance(machine, dict) else "?"
     print(
-        f"[bench] TACO {_commit(taco)} ({taco}) against sparsec on {env['processor']}, "
-        f"{env['cpu_count']} CPUs, load {os.getloadavg()[0]:.2f} at the start"
+        f"[bench] TACO {_commit(taco)} ({taco}) against sparsec on {env['processor']} "
+        f"(sparsec's -march {target}), {env['cpu_count']} CPUs, load {os.getloadavg()[0]:.2f} at the start"
     )
     results = []
     for name in names:
