@@ -362,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 1 if args.quick else max(1, args.rounds)
     common.settle(not args.quick)
     work = work_folder()
-    exe = build_driver(taco, work)
+    try:
+        exe = build_driver(taco, work)
+    except (OSError, subprocess.CalledProcessError) as err:
+        print(f"[bench] could not build bench/taco_driver.cpp against {taco}: {err}")
+        return 1
     needed = sorted({src for n in names for src, _ in CASES[n].operands.values()})
     progress(f"taco: the inputs of {', '.join(names)} (drawn once)")
     files = ensure(needed, folder(work, args.quick), 10 if args.quick else 1)
