@@ -28,7 +28,7 @@ SUITES: dict[str, tuple[str, str]] = {
     ),
     "taco": (
         "bench.taco",
-        "side by side with TACO (C++ API, and -march=native): ../shared/taco-bench",
+        "side by side with TACO (its C++ API, and its C with -march=native), 1 and 2 threads",
     ),
     "taco_compile": (
         "bench.taco_compile",

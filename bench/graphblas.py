@@ -2,9 +2,8 @@
 
     python -m bench graphblas [--quick] [--threads 1,2]
 
-The kernels of issue 24's GraphBLAS comparison, on the data of ``../shared/taco-bench``'s
-generator (the same constructions, built here with a fixed seed, so no TACO build is
-needed): SpMV 50k and 100k (10 random entries per row), SpGEMM 20k x 20k squared, sparse
+The kernels of issue 24's GraphBLAS comparison, at the sizes of `bench.taco`'s inputs
+(the same constructions, drawn here with a fixed seed, so no TACO build is needed): SpMV 50k and 100k (10 random entries per row), SpGEMM 20k x 20k squared, sparse
 add ``B + C`` and ``B + C * D`` (D on C's pattern, so the product is not empty), all CSR
 into CSR, and SDDMM ``B(i,j) * C(i,k) * D(k,j)`` into CSR (20k, k = 64). Both get their
 preferred layouts, prepared outside the timing: CSR matrices, and ``D`` stored transposed,

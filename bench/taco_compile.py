@@ -1,5 +1,5 @@
 """Cold compile against TACO: sparsec's generate + cc against TACO's lower + cc, each kernel
-compiled in fresh processes, on the harness's kernels (issue 24).
+compiled in fresh processes, on the kernels of `bench.taco` (issue 24).
 
     python -m bench.taco_compile [--quick] [--kernels spmv_rand,...] [--repeats 3]
                                  [--taco-cflags "-O3 -ffast-math -std=c99 -march=native"]
@@ -19,16 +19,18 @@ What is timed, per repeat (the contenders alternate their order from repeat to r
   first needs them (`sparsec.runtime.loaded.Loaded`); the first call of these kernels
   runs the single pass, so the figure is what a user waits for before a first result.
 - sparsec "process": the same with no setup before (the first kernel of a process).
-- TACO: a fresh ``taco_bench --compile-only`` process of the harness (TACO keeps no kernel
-  cache on disk): concrete notation, default transformations, lowering (assemble and
-  compute) and ``Module::compile`` (C, cc, dlopen), what ``TensorBase::compile()`` does;
-  for a sparse output also the fused assemble-while-compute module, reported apart. TACO
+- TACO: a fresh ``bench/taco_driver.cpp`` process (TACO keeps no kernel cache on disk)
+  that loads the operands (untimed), then times parsing the expression, TACO's default
+  transformations, lowering (assemble and compute) and ``Module::compile`` (C, cc,
+  dlopen), what ``TensorBase::compile()`` does; for a sparse output also the fused
+  assemble-while-compute function, in a module of its own, reported apart. TACO
   compiles with ``TACO_CFLAGS = --taco-cflags``, by default TACO-native's flags (TACO's
   own plus ``-march=native``, as ``bench taco`` times it); sparsec with its defaults
   (``-O3 -march=native -fopenmp -falign-loops=32``). Both use the same ``cc``.
 
 Medians over the repeats; ratio = sparsec kernel ms / TACO lower + cc ms (> 1: sparsec
-slower). Needs the TACO build and harness that ``bench taco`` finds (the same variables).
+slower). Needs the TACO build that ``bench taco`` finds, and uses its driver and data
+(the same variables).
 """
 
 from __future__ import annotations
@@ -44,31 +46,36 @@ from pathlib import Path
 from typing import Any
 
 from .common import Table, environment, progress, write_results
-from .taco import KERNELS, harness_env, ready
+from .taco import build_driver, checkout, start_taco, work_folder
+from .taco_cases import CASES
+from .taco_data import ensure, folder
+
+ROOT = Path(__file__).resolve().parent.parent
 
 #: the one kernel of ``--quick`` (a smoke run)
-QUICK_KERNELS = "spmv_rand"
+QUICK_KERNEL = "spmv_rand"
 
 _PROBE = r"""
 import json, os, sys, time
-sys.path.insert(0, {scripts!r})
+from pathlib import Path
 import numpy as np
 import sparsec
-import run_bench as rb
-case = rb.build_case({name!r})
+from bench.taco_cases import CASES
+case = CASES[{name!r}]
+inputs = case.sparsec_inputs(case.load({{k: Path(v) for k, v in {files!r}.items()}}))
 load0 = os.getloadavg()[0]
 if {setup!r}:  # the process's one-time setup, on an unrelated small kernel
     sparsec.kernel("w(i) = u(i) * v(i) + u(i)")(u=np.ones(3), v=np.ones(3))
 t0 = time.perf_counter()
-k = sparsec.kernel(case.expr, case.formats)
+k = sparsec.kernel(case.expr, case.sparsec_formats())
 t1 = time.perf_counter()
-prepared = k.binder.prepare(case.inputs)  # validates and converts inputs: not compile
+prepared = k.binder.prepare(inputs)  # validates and converts inputs: not compile
 t2 = time.perf_counter()
 k.executable(prepared.dtype, prepared.index_dtype, prepared)  # as the first call builds it
 t3 = time.perf_counter()
-k(threads=1, **case.inputs)
+k(threads=1, **inputs)
 t4 = time.perf_counter()
-k(threads=1, **case.inputs)
+k(threads=1, **inputs)
 t5 = time.perf_counter()
 ms = lambda a, b: (b - a) * 1e3
 print(json.dumps({{"parse_plan_ms": ms(t0, t1), "generate_cc_ms": ms(t2, t3),
@@ -77,10 +84,14 @@ print(json.dumps({{"parse_plan_ms": ms(t0, t1), "generate_cc_ms": ms(t2, t3),
 """
 
 
-def _sparsec(scripts: Path, name: str, env: dict[str, str], setup: bool) -> dict[str, float]:
+def _sparsec(name: str, files: dict[str, str], setup: bool) -> dict[str, float]:
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     with tempfile.TemporaryDirectory(prefix="sc-compile-") as cache:
         done = subprocess.run(
-            [sys.executable, "-c", _PROBE.format(scripts=str(scripts), name=name, setup=setup)],
+            [sys.executable, "-c", _PROBE.format(name=name, files=files, setup=setup)],
             env=dict(env, SPARSEC_CACHE_DIR=cache),
             capture_output=True,
             text=True,
@@ -89,26 +100,15 @@ def _sparsec(scripts: Path, name: str, env: dict[str, str], setup: bool) -> dict
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _taco(scripts: Path, name: str, env: dict[str, str], cflags: str) -> dict[str, float]:
-    schedule = ["--schedule=reorder_ijk"] if name == "sddmm" else []
+def _taco(exe: Path, name: str, files: dict[str, Path], cflags: str) -> dict[str, float]:
+    """A fresh driver: TACO's tensors loaded (untimed), then its kernel compiled, with the
+    fused function of a sparse result in a second module (reported apart)."""
     load0 = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="taco-compile-") as work:
-        done = subprocess.run(
-            [str(scripts / "taco_bench"), name, env["BENCH_DATA"], work, "--compile-only"]
-            + schedule,
-            env=dict(env, TACO_CFLAGS=cflags),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    line = [ln for ln in done.stdout.splitlines() if ln.startswith("READY")][-1]
-    out: dict[str, float] = {}
-    for token in line.split(' concrete="')[0].split()[1:]:
-        key, _, value = token.partition("=")
-        try:
-            out[key] = float(value)
-        except ValueError:
-            pass
+    driver, info = start_taco(
+        CASES[name], exe, files, fused=True, env=dict(os.environ, TACO_CFLAGS=cflags)
+    )
+    driver.close()
+    out = {key: value for key, value in info.items() if isinstance(value, float)}
     out["lower_cc_ms"] = out["lower_ms"] + out["cc_ms"]
     out["load"] = (load0 + os.getloadavg()[0]) / 2
     return out
@@ -120,18 +120,25 @@ def _median(rows: list[dict[str, float]]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.taco_compile", description=__doc__)
-    ap.add_argument("--quick", action="store_true", help=f"only {QUICK_KERNELS}, one repeat")
+    ap.add_argument("--quick", action="store_true", help=f"only {QUICK_KERNEL}, one repeat")
     ap.add_argument("--threads", default="1", help="ignored: compiling is one thread's work")
-    ap.add_argument("--kernels", default=None, help=f"comma-separated, from {KERNELS}")
+    ap.add_argument("--kernels", default=None, help=f"comma-separated, from {', '.join(CASES)}")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--taco-cflags", default="-O3 -ffast-math -std=c99 -march=native")
     args = ap.parse_args(argv)
-    found = ready()
-    if found is None:
+    kernels = (
+        args.kernels.split(",") if args.kernels else [QUICK_KERNEL] if args.quick else list(CASES)
+    )
+    unknown = [n for n in kernels if n not in CASES]
+    if unknown:
+        ap.error(f"unknown kernel(s) {', '.join(unknown)}; known: {', '.join(CASES)}")
+    taco = checkout()
+    if taco is None:
         return 0
-    taco, work, scripts = found
-    env = harness_env(work)
-    kernels = (args.kernels or (QUICK_KERNELS if args.quick else KERNELS)).split(",")
+    work = work_folder()
+    exe = build_driver(taco, work)
+    needed = sorted({src for n in kernels for src, _ in CASES[n].operands.values()})
+    files = ensure(needed, folder(work, False), 1)
     repeats = 1 if args.quick else max(1, args.repeats)
     table = Table(
         [
@@ -154,9 +161,10 @@ def main(argv: list[str] | None = None) -> int:
             order = ["kernel", "process", "taco"]
             for what in order if r % 2 == 0 else order[::-1]:
                 if what == "taco":
-                    runs[what].append(_taco(scripts, name, env, args.taco_cflags))
+                    runs[what].append(_taco(exe, name, files, args.taco_cflags))
                 else:
-                    runs[what].append(_sparsec(scripts, name, env, setup=what == "kernel"))
+                    paths = {key: str(path) for key, path in files.items()}
+                    runs[what].append(_sparsec(name, paths, setup=what == "kernel"))
         mine, first, theirs = (_median(runs[w]) for w in ("kernel", "process", "taco"))
         fused = theirs.get("fused_lower_ms", 0.0) + theirs.get("fused_cc_ms", 0.0)
         loads = [row["load"] for rows in runs.values() for row in rows]
@@ -168,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{first['compile_ms']:.1f}",
             f"{theirs['lower_cc_ms']:.1f}",
             f"{mine['compile_ms'] / theirs['lower_cc_ms']:.2f}",
-            f"{fused:.0f}" if fused else "-",
+            f"{fused:.0f}" if theirs.get("sparse") else "-",
             f"{min(loads):.1f}-{max(loads):.1f}",
         )
         results["kernels"][name] = {"sparsec": mine, "process": first, "taco": theirs, "raw": runs}

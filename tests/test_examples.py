@@ -141,3 +141,48 @@ def test_bench_panels_quick_smoke() -> None:
     assert "bands ms" in done.stdout and "depth ms" in done.stdout
     # the narrow quick shape (a 5 MB X at 512 columns) runs in depth blocks
     assert "48x2560 80% x512" in done.stdout and " depth " in done.stdout
+
+
+def _taco_env(**more: str) -> dict[str, str]:
+    env = dict(os.environ, **more)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+@pytest.mark.parametrize("suite", ["taco", "taco_compile"])
+def test_bench_taco_without_a_taco_build_says_how_to_get_one(suite: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", suite, "--quick"],
+        cwd=ROOT,
+        env=_taco_env(SPARSEC_TACO=str(tmp_path / "no-taco"), SPARSEC_TACO_WORK=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no TACO build at" in done.stdout
+    assert "git clone https://github.com/tensor-compiler/taco" in done.stdout
+    assert "-DPYTHON=OFF" in done.stdout and "make -j2 taco" in done.stdout
+    assert not any(tmp_path.iterdir())  # nothing built, nothing drawn
+
+
+def test_bench_taco_quick_smoke(tmp_path: Path) -> None:
+    """With a TACO build (``SPARSEC_TACO``, default ``~/taco-bench/src``): the driver is
+    built, the quick inputs drawn, every result checked and the table printed."""
+    taco = Path(os.environ.get("SPARSEC_TACO", Path.home() / "taco-bench" / "src"))
+    if not (taco / "build" / "lib" / "libtaco.so").exists():
+        pytest.skip(f"no TACO build at {taco} (the test above covers that path)")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "taco", "--quick", "--threads", "1,2"],
+        cwd=ROOT,
+        env=_taco_env(SPARSEC_TACO=str(taco), SPARSEC_TACO_WORK=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for text in ("spmv_rand", "add", "taco-native", "taco fused", "ratio"):
+        assert text in done.stdout
+    assert "wrong" not in done.stdout and "error" not in done.stdout, done.stdout
