@@ -109,7 +109,7 @@ def test_candidates_search_the_calibrated_options():
         (name, value)
         for name, values in calibrated.CHOICES.items()
         for value in values
-        if value != values[0]
+        if value != values[0] and not name.startswith("costs.")  # a call's, not the code's
     }
     assert {d.tuned for d in tuned} == {((n, v),) for n, v in wanted}
     for d in tuned:

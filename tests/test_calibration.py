@@ -48,7 +48,11 @@ def test_calibration_picks_the_fastest_value_and_stores_it(calibrating: list[Any
     times = {("stream_locality", None): 0.5, ("stream_locality", 0): 0.8}
     times[("tile.prefetch_distance", 12)] = 0.99  # within the margin: the default stays
     done = cal.calibrate(fake_timer(times), threads=(1, 2))
-    assert done.chosen == {"stream_locality": None, "tile.prefetch_distance": 6}
+    assert done.chosen == {
+        "stream_locality": None,
+        "tile.prefetch_distance": 6,
+        "costs.panel_min_bytes": 4 << 20,
+    }
     stored = calibrated.load()
     assert stored is not None and stored["options"] == done.chosen
     assert stored["measured"]["stream_locality"]["None"]["2T"] == pytest.approx(500.0)
@@ -168,3 +172,23 @@ def test_the_command_line_shows_the_stored_calibration(
     shown = json.loads(capsys.readouterr().out)
     assert shown["options"] == {"stream_locality": 0, "tile.prefetch_distance": 6}
     assert shown["key"] == calibrated.key()
+
+
+def test_a_calibrated_threshold_steers_the_runtime(calibrating: list[Any]) -> None:
+    """A cost model's calibrated threshold takes its constant's place (panels for a dense
+    operand of 2 MB, under the default 4 MB), and a call in panels computes the same."""
+    from sparsec.policy import costs
+
+    rng = np.random.default_rng(3)
+    W = rng.random((256, 512)) * (rng.random((256, 512)) < 0.5)
+    X = rng.random((512, 1024))
+    values = {"W": sparsec.Tensor.from_dense(W, "csr"), "X": X}
+    k = sparsec.kernel("calY(o,t) = W(o,i) * X(i,t)", formats={"W": "csr"})
+    columns = k.executable("float64", "int32").columns
+    dims = {"o": 256, "i": 512, "t": 1024}
+    assert columns.width(dims, values) == 0  # 4 MB of X needed by default
+    calibrated.save({"costs.panel_min_bytes": 1 << 20}, {})
+    assert columns.width(dims, values) == costs.PANEL_COLUMNS
+    np.testing.assert_allclose(k(**values), W @ X)
+    with calibrated.trying({}):  # a block without calibration: the constant again
+        assert columns.width(dims, values) == 0

@@ -19,6 +19,10 @@ Probes:
 - ``tile.prefetch_distance``: CSR SpMM, float32, a pruned weight's rows over a dense
   operand past the core's cache (the register tiles' gathered rows): how far ahead, or
   no prefetch.
+- ``costs.panel_min_bytes``: whole calls of a float32 SpMM with 1024 columns whose dense
+  operand is 1.5 times the core's cache: from what size of the dense operands a call
+  runs in packed column panels (`policy.costs.panels_pay`). On a CPU whose shared cache
+  feeds the gathers well, whole rows win; where it does not, panels do.
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ ROUNDS = 5
 #: timed calls per value per round (the median of all rounds' calls is its time)
 CALLS = 7
 
-#: builds the probe's call for some pass options (compiles; called once per value)
-Build = Callable[[PassOptions, int], Callable[[], object]]
+#: builds the probe's call for one value of its option (``{option: value}``) and a thread
+#: count (compiles; called once per value)
+Build = Callable[[dict[str, Any], int], Callable[[], object]]
 #: ``timer(option, value, threads, call)``: seconds of one timed call (the real timer calls
 #: ``call()``; a test's fake returns a number of its choosing)
 Timer = Callable[[str, Any, int, Callable[[], object]], float]
@@ -59,7 +64,7 @@ class Probe:
     build: Build
 
 
-def _spmv(options: PassOptions, threads: int) -> Callable[[], object]:
+def _spmv(changes: dict[str, Any], threads: int) -> Callable[[], object]:
     m = machine()
     n = max(200_000, 4 * m.core_cache // 12)  # past the core's cache (12 bytes an entry)
     rng = np.random.default_rng(7)
@@ -68,10 +73,11 @@ def _spmv(options: PassOptions, threads: int) -> Callable[[], object]:
     crd = np.sort(rng.integers(0, n - 24, size=(n, 24)), axis=1) + np.arange(24)  # distinct
     crd = crd[np.arange(24) < lengths[:, None]]  # each row's first columns, in order
     A = (pos, crd, rng.random(len(crd)), (n, n))
+    options = with_options(DEFAULTS, changes)
     return _call("y(i) = A(i,j) * x(j)", {"A": A, "x": rng.random(n)}, options, threads)
 
 
-def _spmm(options: PassOptions, threads: int) -> Callable[[], object]:
+def _spmm(changes: dict[str, Any], threads: int) -> Callable[[], object]:
     m = machine()
     rows, inner = 512, 4096
     width = max(64, min(512, 4 * m.core_cache // (inner * 4)))  # X past the core's cache
@@ -82,7 +88,32 @@ def _spmm(options: PassOptions, threads: int) -> Callable[[], object]:
     crd = np.nonzero(keep)[1]
     W = (pos, crd, rng.random(len(crd)).astype(np.float32), (rows, inner))
     X = rng.random((inner, width)).astype(np.float32)
+    options = with_options(DEFAULTS, changes)
     return _call("Y(o,t) = W(o,i) * X(i,t)", {"W": W, "X": X}, options, threads)
+
+
+def _panels(changes: dict[str, Any], threads: int) -> Callable[[], object]:
+    """A whole call (the runtime decides its layout) of a float32 SpMM whose dense operand,
+    1.5 times the core's cache and under the default threshold, is the case the
+    threshold decides: 1024 columns, a 50 % pruned weight."""
+    from ..tensors.tensor import Tensor
+    from .kernel import kernel
+
+    m = machine()
+    columns = 1024
+    rows = max(256, min(1000, int(1.5 * m.core_cache) // (columns * 4)))
+    rng = np.random.default_rng(13)
+    W = rng.random((1024, rows), dtype=np.float32)
+    W[rng.random(W.shape) < 0.5] = 0
+    X = rng.random((rows, columns), dtype=np.float32)
+    k = kernel("Y(o,t) = W(o,i) * X(i,t)", formats={"W": "csr"})
+    Wt = Tensor.from_dense(W, "csr")
+
+    def call() -> object:
+        with calibrated.trying(changes):
+            return k(W=Wt, X=X, threads=threads)
+
+    return call
 
 
 def _call(
@@ -107,7 +138,7 @@ def _call(
     changed = tuple(
         (name, _field(options, name))
         for name in calibrated.CHOICES
-        if _field(options, name) != _field(default.passes, name)
+        if not name.startswith("costs.") and _field(options, name) != _field(default.passes, name)
     )
     decided = replace(default, passes=replace(options, run=default.passes.run), tuned=changed)
     executable = k._candidate(decided, prepared.dtype, prepared.index_dtype)
@@ -117,6 +148,7 @@ def _call(
 PROBES = (
     Probe("stream_locality", "CSR SpMV float64, ~10 entries a row", _spmv),
     Probe("tile.prefetch_distance", "CSR SpMM float32, a 95 % pruned weight", _spmm),
+    Probe("costs.panel_min_bytes", "SpMM float32 calls, X 1.5x the core's cache", _panels),
 )
 
 
@@ -163,9 +195,8 @@ def calibrate(
         calls: dict[tuple[Any, int], Callable[[], object]] = {}
         samples: dict[tuple[int, int], list[float]] = {}
         for at, value in enumerate(values):
-            options = with_options(DEFAULTS, {probe.option: value})
             for n in counts:
-                calls[at, n] = _lazy(probe.build, options, n)
+                calls[at, n] = _lazy(probe.build, {probe.option: value}, n)
         for _ in range(ROUNDS):  # interleaved: a slow spell hits every value alike
             for at, value in enumerate(values):
                 for n in counts:
@@ -218,14 +249,14 @@ def _lower_quartile(samples: list[float]) -> float:
     return statistics.quantiles(samples, n=4)[0] if len(samples) > 1 else samples[0]
 
 
-def _lazy(build: Build, options: PassOptions, threads: int) -> Callable[[], object]:
-    """``build(options, threads)``'s call, built at its first use (a fake timer never
+def _lazy(build: Build, changes: dict[str, Any], threads: int) -> Callable[[], object]:
+    """``build(changes, threads)``'s call, built at its first use (a fake timer never
     builds)."""
     made: list[Callable[[], object]] = []
 
     def call() -> object:
         if not made:
-            made.append(build(options, threads))
+            made.append(build(changes, threads))
         return made[0]()
 
     return call

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,14 @@ from .machine import Machine, machine
 ENV = "SPARSEC_TUNE"
 #: the file format's version; a file of another is ignored
 VERSION = 1
-#: each calibrated option (a `PassOptions` field, ``tile.`` for its `TileOptions`) and the
-#: values measured for it, the default first
+#: each calibrated option and the values measured for it, the default first: a
+#: `PassOptions` field (``tile.`` for its `TileOptions`), which the kernel's code depends
+#: on, or a threshold of the runtime's cost models (``costs.``: `policy.costs`), which a
+#: call's layout depends on
 CHOICES: dict[str, tuple[Any, ...]] = {
     "stream_locality": (3, 0, None),
     "tile.prefetch_distance": (6, 0, 12),
+    "costs.panel_min_bytes": (4 << 20, 1 << 20),
 }
 #: seconds a background calibration's lock holds before another process may start one
 LOCK_S = 3600.0
@@ -108,10 +112,40 @@ def load(on: Machine | None = None) -> dict[str, Any] | None:
     return payload
 
 
+def pass_options(on: Machine | None = None) -> dict[str, Any]:
+    """The calibrated `PassOptions` fields (`overrides` less the cost models')."""
+    return {k: v for k, v in overrides(on).items() if not k.startswith("costs.")}
+
+
+def cost(name: str, default: Any) -> Any:
+    """The cost models' threshold ``name`` (``costs.NAME`` in `CHOICES`) on this host:
+    calibrated, else ``default``."""
+    found = overrides()
+    return found.get(f"costs.{name}", default) if found else default
+
+
+@contextlib.contextmanager
+def trying(values: dict[str, Any]) -> Iterator[None]:
+    """Make ``values`` (options of `CHOICES`) this process's calibration inside the block,
+    whatever is stored and even where calibration is off: a probe measures a value this
+    way, and a test sets one."""
+    _trials.append(dict(values))
+    try:
+        yield
+    finally:
+        _trials.pop()
+
+
+_trials: list[dict[str, Any]] = []
+
+
 def overrides(on: Machine | None = None) -> dict[str, Any]:
     """The calibrated options for ``on`` (option -> value), ``{}`` where calibration is off
     or not stored yet (then a background calibration is started, once). Read from disk at
-    most once per `_RECHECK_S` per key, so a kernel pays a dictionary lookup."""
+    most once per `_RECHECK_S` per key, so a kernel pays a dictionary lookup. Inside
+    `trying`, its values."""
+    if _trials:
+        return _trials[-1]
     if not enabled():
         return {}
     m = on or machine()

@@ -20,7 +20,9 @@ memory of a sparse output's single pass (`sparsec.runtime.sparse_out`).
 
 Every threshold is read from this module at each decision, so a test or a bench that sets
 one (``monkeypatch.setattr(costs, "PANEL_MIN_BYTES", 0)``) steers every call, the runtime's
-fast path included.
+fast path included. A threshold seen to differ by CPU is calibrated on the host
+(`policy.calibrated`, ``costs.`` options), and the calibrated value, where there is one,
+takes the constant's place.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 from ..base.target import Target
 from ..middle.spec import Spec
 from ..tensors.tensor import Tensor
+from . import calibrated
 from .machine import Machine, machine
 
 #: the single pass allocates for its bound (plus one extent of the last level) up front:
@@ -107,7 +110,7 @@ def panels_pay(
     if columns < PANEL_MIN_COLUMNS:
         return False
     carried_bytes, gathered, size = column_traffic(columns, carriers, values)
-    if carried_bytes <= PANEL_MIN_BYTES:
+    if carried_bytes <= calibrated.cost("panel_min_bytes", PANEL_MIN_BYTES):
         return False
     moved = carried_bytes + 2 * out_elements * size
     beyond = carried_bytes > (on or machine()).last_level_cache

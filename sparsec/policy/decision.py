@@ -118,7 +118,7 @@ def with_options(options: PassOptions, changes: dict[str, Any]) -> PassOptions:
 def host_options() -> PassOptions:
     """`DEFAULTS` with the host's calibrated choices (none where calibration is off or
     not stored: `policy.calibrated`)."""
-    found = calibrated.overrides()
+    found = calibrated.pass_options()
     return with_options(DEFAULTS, found) if found else DEFAULTS
 
 

@@ -70,9 +70,12 @@ def candidates(
 
 
 def _option_candidates(default: Decision) -> list[Decision]:
-    """The default under each other value of each calibrated option."""
+    """The default under each other value of each calibrated pass option (a cost model's
+    threshold decides a call's layout, not the kernel's code: not a candidate)."""
     found = []
     for name, values in calibrated.CHOICES.items():
+        if name.startswith("costs."):
+            continue
         owner = default.passes.tile if name.startswith("tile.") else default.passes
         now = getattr(owner, name.removeprefix("tile."))
         for value in values:
