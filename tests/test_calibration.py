@@ -50,6 +50,7 @@ def test_calibration_picks_the_fastest_value_and_stores_it(calibrating: list[Any
     done = cal.calibrate(fake_timer(times), threads=(1, 2))
     assert done.chosen == {
         "stream_locality": None,
+        "reassociate": False,
         "tile.prefetch_distance": 6,
         "costs.panel_min_bytes": 4 << 20,
     }
@@ -158,6 +159,19 @@ def test_the_probes_build_and_time_their_kernels(calibrating: list[Any]) -> None
         done = cal.calibrate(timer, threads=(1,), save=False)
     assert done.chosen == {name: values[0] for name, values in calibrated.CHOICES.items()}
     assert {c for c in calls} == {(n, v) for n, vs in calibrated.CHOICES.items() for v in vs}
+
+
+def test_a_reassociated_kernel_says_so_and_agrees(calibrating: list[Any]) -> None:
+    """A kernel is generated under the calibration of its first use."""
+    rng = np.random.default_rng(5)
+    A = rng.integers(-3, 4, size=(300, 200)) * (rng.random((300, 200)) < 0.1)
+    A[7] = 0
+    x = rng.integers(-2, 3, size=200).astype(np.float64)
+    with calibrated.trying({"reassociate": True}):
+        k = sparsec.kernel("calr(r) = Calq(r,c) * calv(c)", formats={"Calq": "csr"})
+        got = k(Calq=sparsec.Tensor.from_dense(A.astype(np.float64), "csr"), calv=x)
+    assert "SC_REASSOCIATE int sparsec_kernel(" in k.source
+    np.testing.assert_array_equal(got, A @ x)  # integers: exact in any order
 
 
 def test_the_command_line_shows_the_stored_calibration(

@@ -16,6 +16,8 @@ Probes:
 
 - ``stream_locality``: CSR SpMV, float64, rows of 10 entries on average (Poisson), x and
   the matrix past the core's cache: the stream prefetches' hint, or none.
+- ``reassociate``: the same SpMV with its row sums reordered by the compiler (in vector
+  lanes) or in order.
 - ``tile.prefetch_distance``: CSR SpMM, float32, a pruned weight's rows over a dense
   operand past the core's cache (the register tiles' gathered rows): how far ahead, or
   no prefetch.
@@ -147,6 +149,7 @@ def _call(
 
 PROBES = (
     Probe("stream_locality", "CSR SpMV float64, ~10 entries a row", _spmv),
+    Probe("reassociate", "CSR SpMV float64, ~10 entries a row", _spmv),
     Probe("tile.prefetch_distance", "CSR SpMM float32, a 95 % pruned weight", _spmm),
     Probe("costs.panel_min_bytes", "SpMM float32 calls, X 1.5x the core's cache", _panels),
 )

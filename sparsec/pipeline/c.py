@@ -153,4 +153,12 @@ def generate(
     sizes = {"vectors": vectors, "narrowest": tiles.narrowest, "llc": unit.llc}
     # None: no loop prefetches a stream, and the template's helper goes unused
     locality = decision.passes.stream_locality or 0
-    return print_c(spec, gen, functions, **sizes, l1_way=facts.l1_way, stream_locality=locality)
+    return print_c(
+        spec,
+        gen,
+        functions,
+        **sizes,
+        l1_way=facts.l1_way,
+        stream_locality=locality,
+        reassociate=decision.passes.reassociate,
+    )

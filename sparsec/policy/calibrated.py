@@ -45,6 +45,7 @@ VERSION = 1
 #: call's layout depends on
 CHOICES: dict[str, tuple[Any, ...]] = {
     "stream_locality": (3, 0, None),
+    "reassociate": (False, True),
     "tile.prefetch_distance": (6, 0, 12),
     "costs.panel_min_bytes": (4 << 20, 1 << 20),
 }

@@ -78,7 +78,10 @@ class PassOptions:
     families measured: non-temporal prefetches cost an Intel server SpMV 2.4x, and hint 3
     matched no prefetch there; on Zen the three measured alike (docs/decisions.md, "Stream
     loops prefetch their crd and vals"). Host calibration (`policy.calibration`) picks it
-    per CPU. ``jam_ways``: outer iterations
+    per CPU. ``reassociate``: the C compiler may reorder the kernel's floating-point sums
+    (GCC's associative math on the kernel's functions), which lets it sum a row of short
+    gathers in vector lanes as TACO's -ffast-math build does; off by default (results then
+    round as the sequential order does), calibrated per host. ``jam_ways``: outer iterations
     interleaved (`passes.jam`: enough chains to cover an addition's latency at two per
     cycle without running out of registers). ``dot_block``: iterations summed into one
     value-typed partial (`passes.dots`). ``coarsen_factors``, ``coarsen_block``: columns per
@@ -89,6 +92,7 @@ class PassOptions:
     tile: TileOptions = field(default_factory=TileOptions)
     stream_distance: int = 128
     stream_locality: int | None = 3
+    reassociate: bool = False
     jam_ways: int = 4
     dot_block: int = 256
     coarsen_factors: tuple[int, ...] = (4, 2)
