@@ -3,8 +3,8 @@ clocks patched into the sparse path for the length of a `clocked` block.
 
 The parts of one forward, each summed over every SparseLinear call in it:
 
-- kernel: inside the compiled kernels' C entry points (``Loaded.fn`` and ``Loaded.packed``,
-  each call timed alone);
+- kernel: inside the compiled kernels' C entry points (``Loaded.fn`` and ``Loaded.packed``:
+  the wall time during which one runs, so panels run on two workers count once);
 - op: inside the torch op (`sparsec.api.torch_op.TorchOp.__call__`) but outside the C
   entry: torch's dispatch, the binding, the runtime's copies (a packed column panel, a
   ``+=`` output's start) and the output's allocation;
@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: the breakdown's parts, in table order
@@ -31,23 +32,46 @@ PARTS = ("kernel", "op", "layer", "torch")
 
 @dataclass
 class Clock:
-    """Seconds spent in the kernels' C entries, the op calls and the layer calls."""
+    """Seconds spent in the kernels' C entries, the op calls and the layer calls. Kernel
+    calls may overlap (the runtime's panels run on worker threads): the kernel time is the
+    wall time during which at least one runs."""
 
     kernel: float = 0.0
     op: float = 0.0
     layer: float = 0.0
+    _running: int = 0
+    _since: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         self.kernel = self.op = self.layer = 0.0
 
+    def kernel_timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            with self._lock:
+                if not self._running:
+                    self._since = time.perf_counter()
+                self._running += 1
+            try:
+                return fn(*args)
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    if not self._running:
+                        self.kernel += time.perf_counter() - self._since
 
-def _timed(fn: Callable[..., Any], clock: Clock, field: str) -> Callable[..., Any]:
+        return call
+
+
+def _timed(fn: Callable[..., Any], clock: Clock, part: str) -> Callable[..., Any]:
+    """``fn`` adding its calls' wall time to ``clock``'s ``part`` (called on one thread)."""
+
     def call(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            setattr(clock, field, getattr(clock, field) + time.perf_counter() - start)
+            setattr(clock, part, getattr(clock, part) + time.perf_counter() - start)
 
     return call
 
@@ -72,9 +96,9 @@ def clocked(model: Any) -> Iterator[Clock]:
         for loaded in _loaded(kernel):
             loaded._built()
             saved.append((loaded, loaded._fn, loaded._packed))
-            loaded._fn = _timed(loaded._fn, clock, "kernel")
+            loaded._fn = clock.kernel_timed(loaded._fn)
             if loaded._packed is not None:
-                loaded._packed = _timed(loaded._packed, clock, "kernel")
+                loaded._packed = clock.kernel_timed(loaded._packed)
         kernel._fast = None  # rebuilt on the next call, around the timed entry
     forward, call = SparseLinear.forward, TorchOp.__call__
     SparseLinear.forward = _timed(forward, clock, "layer")  # type: ignore[method-assign]
