@@ -22,6 +22,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "SpMV on a quiet machine and beside busy processes: default vs 1 and all threads",
     ),
     "e2e": ("bench.e2e", "pruned MiniLM forward pass: sparsec linear layers vs dense torch"),
+    "linear": (
+        "bench.linear",
+        "SparseLinear vs dense F.linear (BERT, MiniLM FFN; 50/70/90 %), the raw kernel beside",
+    ),
     "language": (
         "bench.language",
         "division, sums under +, n-operand sums, semirings vs reciprocal, scipy, GraphBLAS",

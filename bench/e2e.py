@@ -20,6 +20,10 @@ forward (no_grad) and forward+backward of both models in interleaved rounds
 (`measure_rounds`), medians, both at the same thread count (torch.set_num_threads and
 sparsec's threads=); the machine's load average beside each row. `sparsec_linear` (one
 kernel call per layer, no module) stays for tests/test_e2e.py.
+
+Then, per sparsity, where the sparse forward's time goes (`bench.breakdown`: clocks around the
+kernels' C entries, the torch op and the layers) at the timed batch and at batch 1, against
+the issue's target: the sparse layers' time outside their kernels at most 5 % of it.
 """
 
 from __future__ import annotations
@@ -36,9 +40,12 @@ import numpy as np
 import sparsec
 from sparsec.policy.machine import machine
 
+from .breakdown import breakdown
 from .common import Table, environment, progress, write_results
 
 LINEAR = "Yt(o,t) = W(o,i) * Xt(i,t)"
+#: the share of the sparse layers' time spent outside their kernels the issue allows
+OVERHEAD_TARGET = 0.05
 SPARSITIES = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98)
 
 
@@ -298,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     if backward:
         headers += ["grad rel diff", "torch fwd+bwd ms", "sparsec fwd+bwd ms", "speedup fwd+bwd"]
     table = Table([*headers, "load"])
-    rows = []
+    parts = Table(
+        ["sparsity", "batch", "forward ms", "sparse layers", "kernels", "op around",
+         "layer around", "torch rest", "overhead", "<= 5%", "load"]
+    )  # fmt: skip
+    rows, splits = [], []
     with torch_threads(threads):
         for s in sparsities:
             dense = model(prune(params, cfg, s), cfg)
@@ -353,11 +364,33 @@ def main(argv: list[str] | None = None) -> int:
             )
             table.add(*cells, f"{start_load:.2f}")
             rows.append(row)
+            for b in sorted({batch, 1}, reverse=True):
+                ids_b, mask_b = inputs(cfg, b, seq)
+
+                def forward_b(m: Any = sparse, ids_b: Any = ids_b, mask_b: Any = mask_b) -> Any:
+                    with torch.no_grad():
+                        return m(ids_b, mask_b)
+
+                got_ms = breakdown(sparse, forward_b, repeats=3 if args.quick else 10)
+                overhead = 1 - got_ms["kernel"] / got_ms["sparse"]
+                load_b = os.getloadavg()[0]
+                parts.add(f"{s:.0%}", f"{b} x {seq}", got_ms["total"], got_ms["sparse"],
+                          got_ms["kernel"], got_ms["op"], got_ms["layer"], got_ms["torch"],
+                          f"{overhead:.1%}", "yes" if overhead <= OVERHEAD_TARGET else "no",
+                          f"{load_b:.2f}")  # fmt: skip
+                splits.append({"sparsity": s, "batch": b, "seq": seq, "medians_ms": got_ms,
+                               "overhead": overhead, "load_average": load_b})  # fmt: skip
     print(f"pruned {source}: {cfg.layers} layers, batch {batch} x {seq}, {threads} threads")
     print("medians of interleaved rounds (bench/common.py measure_rounds); load: 1-min average")
     if not backward:
         print("fwd+bwd: not measured (sparsec.api.gradient is not there)")
     print(table.render())
+    print(
+        "\nwhere the sparse forward's time goes (medians ms per forward, bench/breakdown.py): "
+        "kernels: the C entries; op around: dispatch, binding, runtime copies; layer around: "
+        "transposes, bias; overhead: 1 - kernels / sparse layers"
+    )
+    print(parts.render())
     path = write_results(
         "e2e-quick" if args.quick else "e2e",
         {
@@ -369,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": threads,
             "load_average": {"start": load, "end": os.getloadavg()[0]},
             "rows": rows,
+            "breakdown": splits,
         },
     )
     progress(f"wrote {path}")

@@ -2,8 +2,8 @@
 sparse, stored CSR, as a torch module that trains and compiles.
 
 ``SparseLinear.from_linear`` keeps the largest 10 % of the weights (the pattern: pos/crd
-buffers; the values: a parameter). Its call is ``Yt(o,t) += W(o,i) * Xt(i,t)`` with Yt
-starting as the bias: the loop nest (o, i, t) walks each stored row of W once and streams a
+buffers; the values: a parameter). Its call is ``Yt(o,t) = W(o,i) * Xt(i,t)``, the bias
+added by torch: the loop nest (o, i, t) walks each stored row of W once and streams a
 contiguous row of Xt (all tokens) per nonzero. torch runs the same pruned layer dense; both
 are timed on one thread and on all cores. ``sparsec.nn.sparsify(model, 0.9)`` does the same
 to every Linear of a model.

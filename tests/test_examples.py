@@ -126,6 +126,15 @@ def test_bench_e2e_quick_smoke() -> None:
     done = _run(["-m", "bench", "e2e", "--quick", "--threads", "2"])
     assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
     assert "torch dense ms" in done.stdout and "50%" in done.stdout and "90%" in done.stdout
+    # the breakdown of the sparse forward, at the timed batch and at batch 1
+    assert "layer around" in done.stdout and "2 x 32" in done.stdout and "1 x 32" in done.stdout
+
+
+def test_bench_linear_quick_smoke() -> None:
+    done = _run(["-m", "bench", "linear", "--quick", "--threads", "2"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    assert "dense/sparse" in done.stdout and "kernel share" in done.stdout
+    assert "minilm-up 384->1536" in done.stdout and "50%" in done.stdout and "90%" in done.stdout
 
 
 def test_bench_bert_quick_smoke() -> None:

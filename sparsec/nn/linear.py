@@ -5,20 +5,23 @@ the inputs i): its pattern as the int buffers ``pos`` (out_features + 1) and ``c
 its values as the 1-D parameter ``values`` (nnz, in CSR order), the bias as a parameter.
 The call is the statement
 
-    Yt(o,t) += W(o,i) * Xt(i,t)        (Yt starting as the bias, b(o) for every token t)
+    Yt(o,t) = W(o,i) * Xt(i,t)
 
 over the activations transposed (Xt = X^T, tokens last), through the torch op of
-`sparsec.api.torch_op` (so eager and ``torch.compile`` run, and train through, one path).
-Why this spelling (measured: docs/decisions.md, "SparseLinear"): the loop nest (o, i, t)
-walks each stored row of W once and streams a contiguous row of Xt per entry, the fastest
-form measured. Writing the bias as ``+ b(o)`` in the statement puts the sum over i in a
-scalar temporary per (o, t) (loop order o, t, i: Xt read down a column), far slower.
-Tokens first, ``Y(t,o) = X(t,i) * W(o,i) + b(o)`` in CSR or CSC, or ``Y(t,o) += X(t,i) *
-W(o,i)`` in CSC, is slower too (each token re-reads all of W). So the bias is fused as the
-accumulator's start, and the transposes (cheap) are torch's. An activation fused into the
-statement, ``relu(W*Xt + b)``, forces the scalar-temporary form again, so the
-activation (a function of the language: relu, tanh, ...) is applied to the op's output by
-torch, elementwise.
+`sparsec.api.torch_op` (so eager and ``torch.compile`` run, and train through, one path),
+then torch adds the bias to Yt in place. Why this spelling (measured: docs/decisions.md,
+"SparseLinear"): the loop nest (o, i, t) walks each stored row of W once and streams a
+contiguous row of Xt per entry, the fastest form measured. Writing the bias as ``+ b(o)``
+in the statement puts the sum over i in a scalar temporary per (o, t) (loop order o, t, i:
+Xt read down a column), far slower. Tokens first, ``Y(t,o) = X(t,i) * W(o,i) + b(o)`` in
+CSR or CSC, or ``Y(t,o) += X(t,i) * W(o,i)`` in CSC, is slower too (each token re-reads
+all of W). The bias as the start of a ``+=`` costs more than torch's one pass over Yt: the
+start is expanded and copied twice before the kernel runs, and a ``+=`` call takes neither
+the runtime's fast path nor its column panels (`sparsec.policy.costs.Columns`), which keep
+a panel of Xt in the core's cache. An activation fused into the statement,
+``relu(W*Xt + b)``, forces the scalar-temporary form again, so the activation (a function
+of the language: relu, tanh, ...) is applied to the op's output by torch, elementwise.
+The output is Yt's transpose, a view: a following SparseLinear's transpose of it is free.
 """
 
 from __future__ import annotations
@@ -32,11 +35,8 @@ from ..api.kernel import Kernel, kernel
 from ..api.torch_op import Components, torch_op
 from ..base.errors import DTypeError, InputError, ShapeError, StorageError
 
-#: the statement with and without a bias (the bias enters as Yt's start)
-_OPS = {
-    True: torch_op(kernel("Yt(o,t) += W(o,i) * Xt(i,t)", {"W": "csr"})),
-    False: torch_op(kernel("Yt(o,t) = W(o,i) * Xt(i,t)", {"W": "csr"})),
-}
+#: the layer's product; torch adds the bias to its output
+_OP = torch_op(kernel("Yt(o,t) = W(o,i) * Xt(i,t)", {"W": "csr"}))
 
 #: the language's one-argument functions (sparsec/frontend/functions.py) as torch's
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -133,7 +133,7 @@ class SparseLinear(torch.nn.Module):
     @property
     def kernel(self) -> Kernel:
         """The sparsec kernel this layer calls (``generated()`` shows its loop nest)."""
-        return _OPS[self.bias is not None].kernel
+        return _OP.kernel
 
     @property
     def nnz(self) -> int:
@@ -178,11 +178,9 @@ class SparseLinear(torch.nn.Module):
             ((None, None), (self.pos, self.crd)),
             self.values,
         )
-        if self.bias is None:
-            yt = _OPS[False](W=weight, Xt=xt, threads=self.threads)
-        else:
-            start = self.bias[:, None].expand(self.out_features, xt.shape[1]).contiguous()
-            yt = _OPS[True](W=weight, Xt=xt, Yt=start, threads=self.threads)
+        yt = _OP(W=weight, Xt=xt, threads=self.threads)
+        if self.bias is not None:
+            yt = yt.add_(self.bias[:, None])  # the op's own fresh output: no copy
         y = yt.t().reshape(*lead, self.out_features)
         if self.activation is not None:
             y = ACTIVATIONS[self.activation](y)
