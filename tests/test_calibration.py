@@ -56,12 +56,12 @@ def test_calibration_picks_the_fastest_value_and_stores_it(calibrating: list[Any
     }
     stored = calibrated.load()
     assert stored is not None and stored["options"] == done.chosen
-    assert stored["measured"]["stream_locality"]["None"]["2T"] == pytest.approx(500.0)
+    assert stored["measured"]["stream_locality"]["None"]["banded 2T"] == pytest.approx(500.0)
     assert calibrated.overrides() == done.chosen
     assert calibrating == []  # a calibration was found: nothing started
 
 
-def test_a_value_must_win_at_every_thread_count(calibrating: list[Any]) -> None:
+def test_a_value_must_win_in_every_setting(calibrating: list[Any]) -> None:
     def timer(option: str, value: Any, threads: int, call: Any) -> float:
         if option == "stream_locality" and value == 0:
             return 0.2 if threads == 1 else 1.5  # faster alone, slower on both cores

@@ -4,18 +4,21 @@ OpenBLAS's per-core kernels do. ``sparsec tune`` runs it (and a process starts i
 background on a host that has none); the choices are stored per CPU and read by every C
 kernel's decision.
 
-Each option has a probe: a kernel whose speed that option decides, on data sized past the
+Each option has a probe: kernels whose speed that option decides, on data sized past the
 core's cache, built once for each of the option's values (all else the defaults) and
 timed in interleaved rounds at one thread and at every core. A value other than the
-default is chosen only when it is at least `MARGIN` faster at every thread count (then the
-fastest by the geometric mean of its ratios to the default), so noise keeps the safe
-default; a value's time is the lower quartile of its calls (other work only adds time). The whole
-is sized to take a few seconds, most of them compiling (the issue's budget is half a minute).
+default is chosen only when it is at least `MARGIN` faster in every setting (each probe
+kernel at each thread count: a stream hint that helps random rows must not hurt a band),
+then the fastest by the geometric mean of its ratios to the default, so noise keeps the
+safe default; a value's time is the lower quartile of its calls (other work only adds
+time). The whole is sized to take a few seconds, most of them compiling (the issue's
+budget is half a minute).
 
 Probes:
 
-- ``stream_locality``: CSR SpMV, float64, rows of 10 entries on average (Poisson), x and
-  the matrix past the core's cache: the stream prefetches' hint, or none.
+- ``stream_locality``: CSR SpMV, float64, rows of 10 entries on average (Poisson), and a
+  banded matrix of 5 diagonals, each past the core's cache: the stream prefetches' hint,
+  or none.
 - ``reassociate``: the same SpMV with its row sums reordered by the compiler (in vector
   lanes) or in order.
 - ``tile.prefetch_distance``: CSR SpMM, float32, a pruned weight's rows over a dense
@@ -59,11 +62,12 @@ Timer = Callable[[str, Any, int, Callable[[], object]], float]
 
 @dataclass(frozen=True)
 class Probe:
-    """A kernel whose speed ``option`` decides, and how to build its call."""
+    """Kernels whose speed ``option`` decides, and how to build each one's call (by its
+    label): a value must win on every one of them."""
 
     option: str
     about: str
-    build: Build
+    builds: tuple[tuple[str, Build], ...]
 
 
 def _spmv(changes: dict[str, Any], threads: int) -> Callable[[], object]:
@@ -75,6 +79,19 @@ def _spmv(changes: dict[str, Any], threads: int) -> Callable[[], object]:
     crd = np.sort(rng.integers(0, n - 24, size=(n, 24)), axis=1) + np.arange(24)  # distinct
     crd = crd[np.arange(24) < lengths[:, None]]  # each row's first columns, in order
     A = (pos, crd, rng.random(len(crd)), (n, n))
+    options = with_options(DEFAULTS, changes)
+    return _call("y(i) = A(i,j) * x(j)", {"A": A, "x": rng.random(n)}, options, threads)
+
+
+def _banded(changes: dict[str, Any], threads: int) -> Callable[[], object]:
+    m = machine()
+    n = max(400_000, 4 * m.core_cache // 12 // 5 * 5)  # 5 entries a row, past the cache
+    rng = np.random.default_rng(9)
+    offsets = np.arange(-2, 3)
+    cols = np.arange(n)[:, None] + offsets
+    keep = (cols >= 0) & (cols < n)
+    pos = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
+    A = (pos, cols[keep], rng.random(int(pos[-1])), (n, n))
     options = with_options(DEFAULTS, changes)
     return _call("y(i) = A(i,j) * x(j)", {"A": A, "x": rng.random(n)}, options, threads)
 
@@ -147,11 +164,15 @@ def _call(
     return lambda: executable.run(prepared, threads)
 
 
+#: the SpMV probes: random rows and a banded matrix (the two kinds of stream a prefetch may
+#: help or hinder)
+_SPMVS = (("random", _spmv), ("banded", _banded))
+
 PROBES = (
-    Probe("stream_locality", "CSR SpMV float64, ~10 entries a row", _spmv),
-    Probe("reassociate", "CSR SpMV float64, ~10 entries a row", _spmv),
-    Probe("tile.prefetch_distance", "CSR SpMM float32, a 95 % pruned weight", _spmm),
-    Probe("costs.panel_min_bytes", "SpMM float32 calls, X 1.5x the core's cache", _panels),
+    Probe("stream_locality", "CSR SpMV float64, random ~10 a row and 5 diagonals", _SPMVS),
+    Probe("reassociate", "CSR SpMV float64, random ~10 a row and 5 diagonals", _SPMVS),
+    Probe("tile.prefetch_distance", "CSR SpMM float32, a 95 % pruned weight", (("", _spmm),)),
+    Probe("costs.panel_min_bytes", "SpMM float32 calls, X 1.5x the core's cache", (("", _panels),)),
 )
 
 
@@ -195,52 +216,57 @@ def calibrate(
     measured: dict[str, dict[str, dict[str, float]]] = {}
     for probe in probes:
         values = calibrated.CHOICES[probe.option]
-        calls: dict[tuple[Any, int], Callable[[], object]] = {}
+        # each setting: a probe kernel at a thread count; a value must win in every one
+        settings = [(label, build, n) for label, build in probe.builds for n in counts]
+        calls: dict[tuple[int, int], Callable[[], object]] = {}
         samples: dict[tuple[int, int], list[float]] = {}
         for at, value in enumerate(values):
-            for n in counts:
-                calls[at, n] = _lazy(probe.build, {probe.option: value}, n)
+            for where, (_, build, n) in enumerate(settings):
+                calls[at, where] = _lazy(build, {probe.option: value}, n)
         for _ in range(ROUNDS):  # interleaved: a slow spell hits every value alike
             for at, value in enumerate(values):
-                for n in counts:
-                    call = calls[at, n]
+                for where, (_, _, n) in enumerate(settings):
+                    call = calls[at, where]
                     timer(probe.option, value, n, call)  # warm (and build, the first time)
                     for _ in range(CALLS):
                         took = timer(probe.option, value, n, call)
-                        samples.setdefault((at, n), []).append(took)
+                        samples.setdefault((at, where), []).append(took)
         medians = {key: _lower_quartile(got) for key, got in samples.items()}
+        names = [f"{label} {n}T".strip() for label, _, n in settings]
         measured[probe.option] = {
-            repr(value): {f"{n}T": medians[at, n] * 1e3 for n in counts}
+            repr(value): {name: medians[at, where] * 1e3 for where, name in enumerate(names)}
             for at, value in enumerate(values)
         }
-        best = _best(values, counts, medians)
+        best = _best(len(values), len(settings), medians)
         chosen[probe.option] = values[best]
         say(
-            f"{probe.option}: {values[best]!r} ({probe.about}; "
-            + ", ".join(
-                f"{v!r} " + "/".join(f"{medians[at, n] * 1e3:.3f}" for n in counts) + " ms"
+            f"{probe.option}: {values[best]!r} ({probe.about}; ms at "
+            + ", ".join(names)
+            + ": "
+            + "; ".join(
+                f"{v!r} " + "/".join(f"{medians[at, w] * 1e3:.3f}" for w in range(len(names)))
                 for at, v in enumerate(values)
             )
-            + f" at {'/'.join(f'{n}T' for n in counts)})"
+            + ")"
         )
     if save:
         calibrated.save(chosen, measured)
     return Calibration(chosen, measured, time.perf_counter() - began)
 
 
-def _best(values: tuple[Any, ...], counts: tuple[int, ...], medians: dict[Any, float]) -> int:
+def _best(values: int, settings: int, medians: dict[tuple[int, int], float]) -> int:
     """The index of the value chosen: among the values at least `MARGIN` faster than the
-    default (index 0) at every thread count of ``counts``, the fastest by the geometric
-    mean of its ratios to the default; the default where none is."""
+    default (index 0) in every setting, the fastest by the geometric mean of its ratios to
+    the default; the default where none is."""
 
     def ratio(at: int) -> float:
-        logs = [math.log(medians[at, n] / medians[0, n]) for n in counts]
+        logs = [math.log(medians[at, w] / medians[0, w]) for w in range(settings)]
         return math.exp(sum(logs) / len(logs))
 
     better = [
         at
-        for at in range(1, len(values))
-        if all(medians[at, n] <= (1 - MARGIN) * medians[0, n] for n in counts)
+        for at in range(1, values)
+        if all(medians[at, w] <= (1 - MARGIN) * medians[0, w] for w in range(settings))
     ]
     return min(better, key=ratio) if better else 0
 
