@@ -53,6 +53,7 @@ def test_calibration_picks_the_fastest_value_and_stores_it(calibrating: list[Any
         "reassociate": False,
         "tile.prefetch_distance": 6,
         "costs.panel_min_bytes": 4 << 20,
+        "costs.panel_fit": False,
     }
     stored = calibrated.load()
     assert stored is not None and stored["options"] == done.chosen
@@ -206,3 +207,29 @@ def test_a_calibrated_threshold_steers_the_runtime(calibrating: list[Any]) -> No
     np.testing.assert_allclose(k(**values), W @ X)
     with calibrated.trying({}):  # a block without calibration: the constant again
         assert columns.width(dims, values) == 0
+
+
+def test_panels_narrow_to_fit_the_core_cache_where_calibrated(calibrating: list[Any]) -> None:
+    """``costs.panel_fit``: a panel of X halves while it outgrows the core's cache (down to
+    PANEL_MIN_WIDTH); without it every panel is PANEL_COLUMNS wide. Either way the call
+    computes the same."""
+    from sparsec.policy import costs
+
+    rng = np.random.default_rng(4)
+    k = sparsec.kernel("calP(o,t) = W(o,i) * X(i,t)", formats={"W": "csr"})
+    columns = k.executable("float32", "int32").columns
+    W = (rng.random((256, 600)) * (rng.random((256, 600)) < 0.5)).astype(np.float32)
+    X = rng.random((600, 1024)).astype(np.float32)  # a 128-column panel: 300 KB
+    values = {"W": sparsec.Tensor.from_dense(W, "csr"), "X": X}
+    dims = {"o": 256, "i": 600, "t": 1024}
+    on = {"costs.panel_min_bytes": 0}
+    with use(core_cache=256 << 10):
+        with calibrated.trying(on):
+            assert columns.width(dims, values) == costs.PANEL_COLUMNS
+        with calibrated.trying({**on, "costs.panel_fit": True}):
+            assert columns.width(dims, values) == 64  # 150 KB fits, 300 KB did not
+            np.testing.assert_allclose(k(**values), W @ X, rtol=1e-5)
+    with use(core_cache=64 << 10), calibrated.trying({**on, "costs.panel_fit": True}):
+        assert columns.width(dims, values) == costs.PANEL_MIN_WIDTH  # never narrower
+    with use(core_cache=1 << 20), calibrated.trying({**on, "costs.panel_fit": True}):
+        assert columns.width(dims, values) == costs.PANEL_COLUMNS  # fits whole

@@ -24,6 +24,9 @@ Probes:
 - ``tile.prefetch_distance``: CSR SpMM, float32, a pruned weight's rows over a dense
   operand past the core's cache (the register tiles' gathered rows): how far ahead, or
   no prefetch.
+- ``costs.panel_fit``: whole calls of such an SpMM in panels, its weight 50 % pruned and a
+  128-column panel of its dense operand 1.5 times the core's cache: panels of 128
+  columns, or narrowed until they fit that cache (`policy.costs.panel_columns`).
 - ``costs.panel_min_bytes``: whole calls of a float32 SpMM with 1024 columns whose dense
   operand is 1.5 times the core's cache: from what size of the dense operands a call
   runs in packed column panels (`policy.costs.panels_pay`). On a CPU whose shared cache
@@ -49,8 +52,6 @@ from ..policy.machine import machine
 MARGIN = 0.03
 #: interleaved rounds per probe
 ROUNDS = 5
-#: timed calls per value per round (the median of all rounds' calls is its time)
-CALLS = 7
 
 #: builds the probe's call for one value of its option (``{option: value}``) and a thread
 #: count (compiles; called once per value)
@@ -68,6 +69,8 @@ class Probe:
     option: str
     about: str
     builds: tuple[tuple[str, Build], ...]
+    #: timed calls per value, setting and round (fewer for a long probe call)
+    calls: int = 7
 
 
 def _spmv(changes: dict[str, Any], threads: int) -> Callable[[], object]:
@@ -164,6 +167,30 @@ def _call(
     return lambda: executable.run(prepared, threads)
 
 
+def _wide(changes: dict[str, Any], threads: int) -> Callable[[], object]:
+    """Whole calls, in panels, of a float32 SpMM with 1024 columns and a 50 % pruned weight
+    whose 128-column panel of X is 1.5 times the core's cache (BERT-base's FFN down on a
+    1 MB one): whether panels narrow to fit that cache."""
+    from ..tensors.tensor import Tensor
+    from .kernel import kernel
+
+    m = machine()
+    rows = max(768, min(6144, int(1.5 * m.core_cache) // (128 * 4)))
+    rng = np.random.default_rng(17)
+    W = rng.random((768, rows), dtype=np.float32)  # rows enough to repay each panel's copy
+    W[rng.random(W.shape) < 0.5] = 0
+    X = rng.random((rows, 1024), dtype=np.float32)
+    k = kernel("Y(o,t) = W(o,i) * X(i,t)", formats={"W": "csr"})
+    Wt = Tensor.from_dense(W, "csr")
+    trial = {"costs.panel_min_bytes": 0, **changes}  # in panels, whatever the gate says
+
+    def call() -> object:
+        with calibrated.trying(trial):
+            return k(W=Wt, X=X, threads=threads)
+
+    return call
+
+
 #: the SpMV probes: random rows and a banded matrix (the two kinds of stream a prefetch may
 #: help or hinder)
 _SPMVS = (("random", _spmv), ("banded", _banded))
@@ -173,6 +200,12 @@ PROBES = (
     Probe("reassociate", "CSR SpMV float64, random ~10 a row and 5 diagonals", _SPMVS),
     Probe("tile.prefetch_distance", "CSR SpMM float32, a 95 % pruned weight", (("", _spmm),)),
     Probe("costs.panel_min_bytes", "SpMM float32 calls, X 1.5x the core's cache", (("", _panels),)),
+    Probe(
+        "costs.panel_fit",
+        "SpMM float32 calls in panels, 50 % pruned, a panel 1.5x the core's cache",
+        (("", _wide),),
+        calls=3,
+    ),
 )
 
 
@@ -228,7 +261,7 @@ def calibrate(
                 for where, (_, _, n) in enumerate(settings):
                     call = calls[at, where]
                     timer(probe.option, value, n, call)  # warm (and build, the first time)
-                    for _ in range(CALLS):
+                    for _ in range(probe.calls):
                         took = timer(probe.option, value, n, call)
                         samples.setdefault((at, where), []).append(took)
         medians = {key: _lower_quartile(got) for key, got in samples.items()}

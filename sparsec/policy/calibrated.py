@@ -48,6 +48,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "reassociate": (False, True),
     "tile.prefetch_distance": (6, 0, 12),
     "costs.panel_min_bytes": (4 << 20, 1 << 20),
+    "costs.panel_fit": (False, True),
 }
 #: seconds a background calibration's lock holds before another process may start one
 LOCK_S = 3600.0

@@ -54,6 +54,8 @@ CHUNKED_ENTRIES = 1 << 26
 #: threshold: docs/decisions.md, "Column panels, packed")
 PANEL_COLUMNS = 128
 PANEL_MIN_COLUMNS = 1024
+#: the narrowest panel `panel_columns` makes (the narrowest measured)
+PANEL_MIN_WIDTH = 64
 PANEL_MIN_BYTES = 4 << 20
 PANEL_MIN_REUSE = 48
 PANEL_MIN_REUSE_BEYOND_CACHE = 10
@@ -115,6 +117,24 @@ def panels_pay(
     moved = carried_bytes + 2 * out_elements * size
     beyond = carried_bytes > (on or machine()).last_level_cache
     return gathered >= (PANEL_MIN_REUSE_BEYOND_CACHE if beyond else PANEL_MIN_REUSE) * moved
+
+
+def panel_columns(
+    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], on: Machine | None = None
+) -> int:
+    """Columns per panel for a call with ``columns`` along the panel index: `PANEL_COLUMNS`,
+    or, where the host's calibration says panels should fit the core's cache
+    (``costs.panel_fit``), halved while a panel of the dense operands outgrows it, down to
+    `PANEL_MIN_WIDTH` (on the Zen 5 VM of issue 38, 1 MB of L2: BERT-base's FFN-down SpMM,
+    X 3072 rows, 50 % pruned, ran 1.2-1.6x faster in 64-column panels than in 128)."""
+    width = PANEL_COLUMNS
+    if calibrated.cost("panel_fit", False):
+        carried, _, _ = column_traffic(columns, carriers, values)
+        per_column = carried // max(columns, 1)
+        cache = (on or machine()).core_cache
+        while width > PANEL_MIN_WIDTH and per_column * width > cache:
+            width //= 2
+    return width
 
 
 def bands_pay(
@@ -228,7 +248,7 @@ class Columns:
         if j is None:
             return 0
         pays = panels_pay(dims[j], self.carriers, values, self._out_elements(dims))
-        return PANEL_COLUMNS if pays else 0
+        return panel_columns(dims[j], self.carriers, values) if pays else 0
 
     def band_tiles(self, dims: Mapping[str, int], values: Mapping[str, Any]) -> int:
         """Register tiles per column band for a call with these extents and inputs, or 0 to
