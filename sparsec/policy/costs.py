@@ -125,8 +125,7 @@ def panel_columns(
     """Columns per panel for a call with ``columns`` along the panel index: `PANEL_COLUMNS`,
     or, where the host's calibration says panels should fit the core's cache
     (``costs.panel_fit``), halved while a panel of the dense operands outgrows it, down to
-    `PANEL_MIN_WIDTH` (on the Zen 5 VM of issue 38, 1 MB of L2: BERT-base's FFN-down SpMM,
-    X 3072 rows, 50 % pruned, ran 1.2-1.6x faster in 64-column panels than in 128)."""
+    `PANEL_MIN_WIDTH` (measured: docs/decisions.md, "Column panels, packed")."""
     width = PANEL_COLUMNS
     if calibrated.cost("panel_fit", False):
         carried, _, _ = column_traffic(columns, carriers, values)
