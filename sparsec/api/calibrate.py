@@ -35,6 +35,7 @@ Probes:
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -73,89 +74,115 @@ class Probe:
     calls: int = 7
 
 
-def _spmv(changes: dict[str, Any], threads: int) -> Callable[[], object]:
-    m = machine()
-    n = max(200_000, 4 * m.core_cache // 12)  # past the core's cache (12 bytes an entry)
+@functools.cache
+def _spmv_data(core_cache: int) -> dict[str, Any]:
+    """A CSR matrix of ~10 entries a row (Poisson) past a cache of ``core_cache`` bytes, and
+    its x: built once, so every value of an option is timed on the same memory (one
+    allocation's alignment against another's can differ more than the values do)."""
+    n = max(200_000, 4 * core_cache // 12)  # 12 bytes an entry
     rng = np.random.default_rng(7)
     lengths = np.minimum(rng.poisson(10, n), 24)
     pos = np.concatenate([[0], np.cumsum(lengths)])
     crd = np.sort(rng.integers(0, n - 24, size=(n, 24)), axis=1) + np.arange(24)  # distinct
     crd = crd[np.arange(24) < lengths[:, None]]  # each row's first columns, in order
-    A = (pos, crd, rng.random(len(crd)), (n, n))
-    options = with_options(DEFAULTS, changes)
-    return _call("y(i) = A(i,j) * x(j)", {"A": A, "x": rng.random(n)}, options, threads)
+    return {"A": _csr(pos, crd, rng.random(len(crd)), (n, n)), "x": rng.random(n)}
+
+
+@functools.cache
+def _banded_data(core_cache: int) -> dict[str, Any]:
+    """A matrix of 5 diagonals past a cache of ``core_cache`` bytes, and its x (once)."""
+    n = max(400_000, 4 * core_cache // 12 // 5 * 5)
+    rng = np.random.default_rng(9)
+    cols = np.arange(n)[:, None] + np.arange(-2, 3)
+    keep = (cols >= 0) & (cols < n)
+    pos = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
+    return {"A": _csr(pos, cols[keep], rng.random(int(pos[-1])), (n, n)), "x": rng.random(n)}
+
+
+@functools.cache
+def _spmm_data(core_cache: int) -> dict[str, Any]:
+    """A 95 % pruned float32 weight and a dense operand past a cache of ``core_cache``
+    bytes (once)."""
+    rows, inner = 512, 4096
+    width = max(64, min(512, 4 * core_cache // (inner * 4)))
+    rng = np.random.default_rng(11)
+    keep = rng.random((rows, inner)) < 0.05
+    pos = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
+    crd = np.nonzero(keep)[1]
+    W = _csr(pos, crd, rng.random(len(crd)).astype(np.float32), (rows, inner))
+    return {"W": W, "X": rng.random((inner, width)).astype(np.float32)}
+
+
+def _csr(pos: Any, crd: Any, vals: Any, shape: tuple[int, int]) -> Any:
+    from ..tensors.tensor import Tensor
+
+    return Tensor.from_arrays(shape, "csr", [None, (pos, crd)], vals, index_dtype="int32")
+
+
+def _spmv(changes: dict[str, Any], threads: int) -> Callable[[], object]:
+    data = _spmv_data(machine().core_cache)
+    return _call("y(i) = A(i,j) * x(j)", data, with_options(DEFAULTS, changes), threads)
 
 
 def _banded(changes: dict[str, Any], threads: int) -> Callable[[], object]:
-    m = machine()
-    n = max(400_000, 4 * m.core_cache // 12 // 5 * 5)  # 5 entries a row, past the cache
-    rng = np.random.default_rng(9)
-    offsets = np.arange(-2, 3)
-    cols = np.arange(n)[:, None] + offsets
-    keep = (cols >= 0) & (cols < n)
-    pos = np.concatenate([[0], np.cumsum(keep.sum(axis=1))])
-    A = (pos, cols[keep], rng.random(int(pos[-1])), (n, n))
-    options = with_options(DEFAULTS, changes)
-    return _call("y(i) = A(i,j) * x(j)", {"A": A, "x": rng.random(n)}, options, threads)
+    data = _banded_data(machine().core_cache)
+    return _call("y(i) = A(i,j) * x(j)", data, with_options(DEFAULTS, changes), threads)
 
 
 def _spmm(changes: dict[str, Any], threads: int) -> Callable[[], object]:
-    m = machine()
-    rows, inner = 512, 4096
-    width = max(64, min(512, 4 * m.core_cache // (inner * 4)))  # X past the core's cache
-    rng = np.random.default_rng(11)
-    keep = rng.random((rows, inner)) < 0.05
-    lengths = keep.sum(axis=1)
-    pos = np.concatenate([[0], np.cumsum(lengths)])
-    crd = np.nonzero(keep)[1]
-    W = (pos, crd, rng.random(len(crd)).astype(np.float32), (rows, inner))
-    X = rng.random((inner, width)).astype(np.float32)
-    options = with_options(DEFAULTS, changes)
-    return _call("Y(o,t) = W(o,i) * X(i,t)", {"W": W, "X": X}, options, threads)
+    data = _spmm_data(machine().core_cache)
+    return _call("Y(o,t) = W(o,i) * X(i,t)", data, with_options(DEFAULTS, changes), threads)
 
 
-def _panels(changes: dict[str, Any], threads: int) -> Callable[[], object]:
-    """A whole call (the runtime decides its layout) of a float32 SpMM whose dense operand,
-    1.5 times the core's cache and under the default threshold, is the case the
-    threshold decides: 1024 columns, a 50 % pruned weight."""
+@functools.cache
+def _pruned(rows: int, inner: int, columns: int, seed: int) -> dict[str, Any]:
+    """A 50 % pruned float32 weight of ``rows`` x ``inner`` and a dense operand of
+    ``inner`` x ``columns`` (once per shape)."""
     from ..tensors.tensor import Tensor
+
+    rng = np.random.default_rng(seed)
+    W = rng.random((rows, inner), dtype=np.float32)
+    W[rng.random(W.shape) < 0.5] = 0
+    X = rng.random((inner, columns), dtype=np.float32)
+    return {"W": Tensor.from_dense(W, "csr"), "X": X}
+
+
+def _whole_calls(
+    changes: dict[str, Any], threads: int, data: dict[str, Any]
+) -> Callable[[], object]:
+    """Whole calls (the runtime decides their layout) of SpMM on ``data`` under the
+    calibrated values ``changes``."""
     from .kernel import kernel
 
-    m = machine()
-    columns = 1024
-    rows = max(256, min(1000, int(1.5 * m.core_cache) // (columns * 4)))
-    rng = np.random.default_rng(13)
-    W = rng.random((1024, rows), dtype=np.float32)
-    W[rng.random(W.shape) < 0.5] = 0
-    X = rng.random((rows, columns), dtype=np.float32)
     k = kernel("Y(o,t) = W(o,i) * X(i,t)", formats={"W": "csr"})
-    Wt = Tensor.from_dense(W, "csr")
 
     def call() -> object:
         with calibrated.trying(changes):
-            return k(W=Wt, X=X, threads=threads)
+            return k(**data, threads=threads)
 
     return call
+
+
+def _panels(changes: dict[str, Any], threads: int) -> Callable[[], object]:
+    """Whole calls of a float32 SpMM whose dense operand, 1.5 times the core's cache and
+    under the default threshold, is the case the threshold decides: 1024 columns, a 50 %
+    pruned weight."""
+    rows = max(256, min(1000, int(1.5 * machine().core_cache) // (1024 * 4)))
+    return _whole_calls(changes, threads, _pruned(1024, rows, 1024, 13))
 
 
 def _call(
     expr: str, inputs: dict[str, Any], options: PassOptions, threads: int
 ) -> Callable[[], object]:
-    """A call of ``expr``'s default C kernel on ``inputs`` (a CSR operand as ``(pos, crd,
-    vals, shape)``) built with the pass ``options`` instead of the host's: the executable
-    alone, its inputs bound once (the kernel is timed, not the binding)."""
+    """A call of ``expr``'s default C kernel on ``inputs`` (the CSR operand a `Tensor`)
+    built with the pass ``options`` instead of the host's: the executable alone, its
+    inputs bound once (the kernel is timed, not the binding)."""
     from ..tensors.tensor import Tensor
     from .kernel import kernel
 
-    formats = {name: "csr" for name, v in inputs.items() if isinstance(v, tuple)}
-    bound = {
-        name: Tensor.from_arrays(v[3], "csr", [None, (v[0], v[1])], v[2], index_dtype="int32")
-        if isinstance(v, tuple)
-        else v
-        for name, v in inputs.items()
-    }
+    formats = {name: "csr" for name, v in inputs.items() if isinstance(v, Tensor)}
     k = kernel(expr, formats=formats)
-    prepared = k.binder.prepare(bound, threads)
+    prepared = k.binder.prepare(inputs, threads)
     default = k._decide(prepared.dtype)
     changed = tuple(
         (name, _field(options, name))
@@ -170,25 +197,11 @@ def _call(
 def _wide(changes: dict[str, Any], threads: int) -> Callable[[], object]:
     """Whole calls, in panels, of a float32 SpMM with 1024 columns and a 50 % pruned weight
     whose 128-column panel of X is 1.5 times the core's cache (BERT-base's FFN down on a
-    1 MB one): whether panels narrow to fit that cache."""
-    from ..tensors.tensor import Tensor
-    from .kernel import kernel
-
-    m = machine()
-    rows = max(768, min(6144, int(1.5 * m.core_cache) // (128 * 4)))
-    rng = np.random.default_rng(17)
-    W = rng.random((768, rows), dtype=np.float32)  # rows enough to repay each panel's copy
-    W[rng.random(W.shape) < 0.5] = 0
-    X = rng.random((rows, 1024), dtype=np.float32)
-    k = kernel("Y(o,t) = W(o,i) * X(i,t)", formats={"W": "csr"})
-    Wt = Tensor.from_dense(W, "csr")
+    1 MB one): whether panels narrow to fit that cache. 768 rows of the weight repay each
+    panel's copy."""
+    rows = max(768, min(6144, int(1.5 * machine().core_cache) // (128 * 4)))
     trial = {"costs.panel_min_bytes": 0, **changes}  # in panels, whatever the gate says
-
-    def call() -> object:
-        with calibrated.trying(trial):
-            return k(W=Wt, X=X, threads=threads)
-
-    return call
+    return _whole_calls(trial, threads, _pruned(768, rows, 1024, 17))
 
 
 #: the SpMV probes: random rows and a banded matrix (the two kinds of stream a prefetch may
