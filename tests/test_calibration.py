@@ -54,6 +54,7 @@ def test_calibration_picks_the_fastest_value_and_stores_it(calibrating: list[Any
         "tile.prefetch_distance": 6,
         "costs.panel_min_bytes": 4 << 20,
         "costs.panel_fit": False,
+        "costs.panels_in_sequence": False,
     }
     stored = calibrated.load()
     assert stored is not None and stored["options"] == done.chosen
@@ -159,7 +160,10 @@ def test_the_probes_build_and_time_their_kernels(calibrating: list[Any]) -> None
     with use(core_cache=64 << 10):
         done = cal.calibrate(timer, threads=(1,), save=False)
     assert done.chosen == {name: values[0] for name, values in calibrated.CHOICES.items()}
-    assert {c for c in calls} == {(n, v) for n, vs in calibrated.CHOICES.items() for v in vs}
+    serial = {p.option for p in cal.PROBES if not p.parallel_only}
+    assert serial and {p.option for p in cal.PROBES} == set(calibrated.CHOICES)
+    wanted = {(n, v) for n, vs in calibrated.CHOICES.items() if n in serial for v in vs}
+    assert {c for c in calls} == wanted  # an option of several threads: not timed on one
 
 
 def test_a_reassociated_kernel_says_so_and_agrees(calibrating: list[Any]) -> None:
@@ -233,3 +237,32 @@ def test_panels_narrow_to_fit_the_core_cache_where_calibrated(calibrating: list[
         assert columns.width(dims, values) == costs.PANEL_MIN_WIDTH  # never narrower
     with use(core_cache=1 << 20), calibrated.trying({**on, "costs.panel_fit": True}):
         assert columns.width(dims, values) == costs.PANEL_COLUMNS  # fits whole
+
+
+def test_panels_in_sequence_where_calibrated(calibrating: list[Any]) -> None:
+    """``costs.panels_in_sequence``: a 2-thread call's panels run one after another on
+    both threads instead of on two workers; the result is the same, element for element."""
+    from sparsec.runtime import executable as runtime
+
+    rng = np.random.default_rng(8)
+    W = (rng.random((256, 600)) * (rng.random((256, 600)) < 0.5)).astype(np.float32)
+    X = rng.random((600, 1024)).astype(np.float32)
+    values = {"W": sparsec.Tensor.from_dense(W, "csr"), "X": X}
+    k = sparsec.kernel("calS(o,t) = W(o,i) * X(i,t)", formats={"W": "csr"})
+    pools: list[int] = []
+    real = runtime.ThreadPoolExecutor
+
+    def counted(workers: int, **kw: Any) -> Any:
+        pools.append(workers)
+        return real(workers, **kw)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(runtime, "ThreadPoolExecutor", counted)
+        with calibrated.trying({"costs.panel_min_bytes": 0}):
+            shared = k(**values, threads=2)
+        assert pools == [2]
+        with calibrated.trying({"costs.panel_min_bytes": 0, "costs.panels_in_sequence": True}):
+            in_turn = k(**values, threads=2)
+        assert pools == [2]  # no workers the second time
+    np.testing.assert_array_equal(shared, in_turn)
+    np.testing.assert_allclose(in_turn, W @ X, rtol=1e-5)

@@ -27,6 +27,8 @@ Probes:
 - ``costs.panel_fit``: whole calls of such an SpMM in panels, its weight 50 % pruned and a
   128-column panel of its dense operand 1.5 times the core's cache: panels of 128
   columns, or narrowed until they fit that cache (`policy.costs.panel_columns`).
+- ``costs.panels_in_sequence``: the same calls at every core, each after a copy on the
+  call's OpenMP threads: panels shared among workers or one after another on all threads.
 - ``costs.panel_min_bytes``: whole calls of a float32 SpMM with 1024 columns whose dense
   operand is 1.5 times the core's cache: from what size of the dense operands a call
   runs in packed column panels (`policy.costs.panels_pay`). On a CPU whose shared cache
@@ -72,6 +74,8 @@ class Probe:
     builds: tuple[tuple[str, Build], ...]
     #: timed calls per value, setting and round (fewer for a long probe call)
     calls: int = 7
+    #: the option matters only with several threads: timed at every core only
+    parallel_only: bool = False
 
 
 @functools.cache
@@ -204,6 +208,25 @@ def _wide(changes: dict[str, Any], threads: int) -> Callable[[], object]:
     return _whole_calls(trial, threads, _pruned(768, rows, 1024, 17))
 
 
+def _sequence(changes: dict[str, Any], threads: int) -> Callable[[], object]:
+    """The panel-width probe's calls, each after a copy on the call's OpenMP threads (as in
+    a model, where a torch op runs before each layer and leaves its threads spinning):
+    panels shared among workers, or in sequence on all threads."""
+    from ..runtime.copies import contiguous_copy
+
+    rows = max(768, min(6144, int(1.5 * machine().core_cache) // (128 * 4)))
+    data = _pruned(768, rows, 1024, 17)
+    trial = {"costs.panel_min_bytes": 0, **changes}
+    calls = _whole_calls(trial, threads, data)
+    Xt = data["X"].T  # a strided view: copied by compiled code on the OpenMP threads
+
+    def call() -> object:
+        contiguous_copy(Xt, threads)
+        return calls()
+
+    return call
+
+
 #: the SpMV probes: random rows and a banded matrix (the two kinds of stream a prefetch may
 #: help or hinder)
 _SPMVS = (("random", _spmv), ("banded", _banded))
@@ -218,6 +241,13 @@ PROBES = (
         "SpMM float32 calls in panels, 50 % pruned, a panel 1.5x the core's cache",
         (("", _wide),),
         calls=3,
+    ),
+    Probe(
+        "costs.panels_in_sequence",
+        "SpMM float32 calls in panels, 50 % pruned, after an OpenMP copy",
+        (("", _sequence),),
+        calls=3,
+        parallel_only=True,
     ),
 )
 
@@ -263,7 +293,11 @@ def calibrate(
     for probe in probes:
         values = calibrated.CHOICES[probe.option]
         # each setting: a probe kernel at a thread count; a value must win in every one
-        settings = [(label, build, n) for label, build in probe.builds for n in counts]
+        ns = tuple(n for n in counts if n > 1) if probe.parallel_only else counts
+        settings = [(label, build, n) for label, build in probe.builds for n in ns]
+        if not settings:  # one core: the option cannot matter here
+            chosen[probe.option] = values[0]
+            continue
         calls: dict[tuple[int, int], Callable[[], object]] = {}
         samples: dict[tuple[int, int], list[float]] = {}
         for at, value in enumerate(values):

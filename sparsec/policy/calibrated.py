@@ -49,6 +49,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "tile.prefetch_distance": (6, 0, 12),
     "costs.panel_min_bytes": (4 << 20, 1 << 20),
     "costs.panel_fit": (False, True),
+    "costs.panels_in_sequence": (False, True),
 }
 #: seconds a background calibration's lock holds before another process may start one
 LOCK_S = 3600.0

@@ -136,6 +136,14 @@ def panel_columns(
     return width
 
 
+def panels_in_sequence() -> bool:
+    """Whether a call's panels run one after another, each on all the call's threads,
+    rather than shared among as many workers, each on one thread: the host's calibration
+    (``costs.panels_in_sequence``), else workers (measured: docs/decisions.md, "Column
+    panels, packed")."""
+    return bool(calibrated.cost("panels_in_sequence", False))
+
+
 def bands_pay(
     columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], out_elements: int
 ) -> bool:

@@ -30,6 +30,7 @@ from ..backends import Generated
 from ..base.target import Target
 from ..frontend.semirings import semiring
 from ..middle.spec import Spec
+from ..policy import costs
 from ..policy.costs import Columns
 from ..tensors.buffers import aligned_empty
 from ..tensors.halves import readable, result_dtype, rounded, storage_fill
@@ -201,7 +202,8 @@ class Executable:
     def run_panels(self, prepared: Prepared, threads: int | None, width: int) -> np.ndarray:
         """The dense output in panels of ``width`` columns of j: each carrier's panel is
         packed contiguous, the kernel runs on it, and its output panel is copied into
-        place. With several threads the panels are shared among that many workers, each
+        place. With several threads the panels are shared among that many workers (or run
+        in sequence on all of them, `policy.costs.panels_in_sequence`), each
         packing, running (on its share of the threads) and placing its own, so the copies
         run in parallel too. Every output element gets the same additions in the same
         order, whichever worker computes it."""
@@ -211,7 +213,10 @@ class Executable:
         out = np.empty(self._level_shape(prepared), dtype=result_dtype(prepared.dtype))
         starts = range(0, n, width)
         total = resolve_threads(threads)
-        workers = min(total, len(starts))
+        # in sequence, each panel on all the call's threads, where the host's calibration
+        # found it faster (`costs.panels_in_sequence`): the kernel's OpenMP team is the one
+        # a torch op just left spinning, where extra workers compete with it for the cores
+        workers = 1 if costs.panels_in_sequence() else min(total, len(starts))
 
         def panel(start: int) -> None:
             cols = min(width, n - start)
