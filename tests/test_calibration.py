@@ -89,7 +89,16 @@ def test_decisions_use_the_stored_choice(calibrating: list[Any]) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    ["missing", "not json", "truncated", "version", "foreign", "unknown option", "bad value"],
+    [
+        "missing",
+        "not json",
+        "truncated",
+        "version",
+        "foreign",
+        "unknown option",
+        "bad value",
+        "bad type",
+    ],
 )
 def test_a_damaged_calibration_falls_back_to_the_defaults(
     calibrating: list[Any], damage: str
@@ -111,8 +120,10 @@ def test_a_damaged_calibration_falls_back_to_the_defaults(
             payload["key"] = "skylake-000000000000"
         elif damage == "unknown option":
             payload["options"]["prefetch_everything"] = True
-        else:
+        elif damage == "bad value":
             payload["options"]["stream_locality"] = 7
+        else:  # false == 0, but a hint printed as False would not compile
+            payload["options"]["stream_locality"] = False
         write_entry(where, json.dumps(payload).encode())
     calibrated._cache.clear()
     assert calibrated.load() is None and calibrated.overrides() == {}

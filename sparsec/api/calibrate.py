@@ -267,8 +267,8 @@ def wall_timer(option: str, value: Any, threads: int, call: Callable[[], object]
 
 @dataclass(frozen=True)
 class Calibration:
-    """What a calibration chose (option -> value) and the medians (ms) by option, value
-    and thread count that chose it (each the lower quartile of its calls)."""
+    """What a calibration chose (option -> value) and the times (ms: each the lower
+    quartile of its calls) by option, value and setting that chose it."""
 
     chosen: dict[str, Any]
     measured: dict[str, dict[str, dict[str, float]]]

@@ -14,7 +14,7 @@ shared by two kinds of CPU keeps one file for each.
   defaults again, never an error.
 
 Only the options in `CHOICES` are calibrated, each to one of its listed values; the
-file names the value chosen and the medians that chose it, for the notes.
+file names the value chosen and the times that chose it, for the notes.
 """
 
 from __future__ import annotations
@@ -76,10 +76,10 @@ def path(on: Machine | None = None) -> Path:
 
 
 def save(chosen: dict[str, Any], measured: dict[str, Any], on: Machine | None = None) -> Path:
-    """Store ``chosen`` (option -> value, each from `CHOICES`) with the medians that chose
+    """Store ``chosen`` (option -> value, each from `CHOICES`) with the times that chose
     it, whole (an atomic rename); returns the path."""
     for name, value in chosen.items():
-        if name not in CHOICES or value not in CHOICES[name]:
+        if not is_choice(name, value):
             raise ValueError(f"{name}={value!r} is not a calibrated choice")
     payload = {
         "version": VERSION,
@@ -110,9 +110,15 @@ def load(on: Machine | None = None) -> dict[str, Any] | None:
     options = payload.get("options")
     if payload.get("key") != key(on) or not isinstance(options, dict):
         return None
-    if any(n not in CHOICES or v not in CHOICES[n] for n, v in options.items()):
+    if not all(is_choice(n, v) for n, v in options.items()):
         return None
     return payload
+
+
+def is_choice(name: str, value: Any) -> bool:
+    """Whether ``value`` is one of option ``name``'s values, of its type too (JSON's
+    ``false`` is no hint 0, and a hint printed as ``False`` would not compile)."""
+    return name in CHOICES and any(type(value) is type(c) and value == c for c in CHOICES[name])
 
 
 def pass_options(on: Machine | None = None) -> dict[str, Any]:
