@@ -238,13 +238,9 @@ def calibration() -> str:
 def calibrate_first() -> None:
     """Calibrate this host now where calibration is on and none is stored, so no
     background calibration (`sparsec.policy.calibrated`) runs beside the timings."""
-    from sparsec.policy import calibrated
+    from sparsec.api.calibrate import calibrate_first as ensure
 
-    if calibrated.enabled() and calibrated.load() is None:
-        from sparsec.api.calibrate import calibrate
-
-        done = calibrate(say=lambda line: print(f"[calibrate] {line}", file=sys.stderr))
-        print(f"[calibrate] stored ({done.seconds:.1f} s)", file=sys.stderr)
+    ensure(say=lambda line: print(f"[calibrate] {line}", file=sys.stderr))
 
 
 def _cpu_model() -> str:

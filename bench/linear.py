@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +35,15 @@ import numpy as np
 
 from sparsec.policy.machine import machine
 
-from .common import Table, environment, measure_rounds, progress, settle, write_results
+from .common import (
+    Table,
+    environment,
+    measure_rounds,
+    progress,
+    settle,
+    torch_threads,
+    write_results,
+)
 
 TOKENS = 1024
 SPARSITIES = (0.5, 0.7, 0.9)
@@ -58,18 +65,6 @@ SHAPES = (
     Shape("minilm-up", 384, 1536),
     Shape("minilm-down", 1536, 384),
 )
-
-
-@contextmanager
-def _threads(n: int) -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def contenders(shape: Shape, sparsity: float, tokens: int, threads: int, seed: int = 0) -> tuple[
@@ -149,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             for t in counts:
                 detail = f"{shape.in_features}->{shape.out_features}"
                 progress(f"{shape.name} {detail} {sparsity:.0%} at {t} thread(s)")
-                with _threads(t), torch.no_grad():
+                with torch_threads(t), torch.no_grad():
                     fns, nnz = contenders(shape, sparsity, tokens, t)
                     start = os.getloadavg()[0]
                     timed = measure_rounds(fns, warmup=2, repeats=10)

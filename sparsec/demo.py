@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 import sparsec
+from sparsec.api.calibrate import calibrate_first
 from sparsec.policy.machine import busy, machine
 from sparsec.runtime.binding import configured_threads, default_threads
 
@@ -82,21 +83,9 @@ def _speedup(base_ms: float, ms: float) -> str:
     return f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.2g}x"
 
 
-def _calibrate_first() -> None:
-    """Calibrate this CPU now where it has no calibration (and calibration is on), so the
-    timings below use its choices and no background calibration runs beside them."""
-    from sparsec.policy import calibrated
-
-    if calibrated.enabled() and calibrated.load() is None:
-        from sparsec.api.calibrate import calibrate
-
-        print("calibrating this CPU once (sparsec tune; SPARSEC_TUNE=0 skips it) ...")
-        done = calibrate()
-        print(f"stored in {calibrated.path()} ({done.seconds:.1f} s)\n")
-
-
 def main() -> None:
-    _calibrate_first()
+    if calibrate_first() is not None:
+        print()
     rows = []
     seen: list[float] = []
 

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..policy import calibrated
-from ..policy.decision import DEFAULTS, PassOptions, with_options
+from ..policy.decision import DEFAULTS, PassOptions, option_of, with_options
 from ..policy.machine import machine
 
 #: a value replaces the default only when this much faster at every thread count
@@ -189,9 +189,10 @@ def _call(
     prepared = k.binder.prepare(inputs, threads)
     default = k._decide(prepared.dtype)
     changed = tuple(
-        (name, _field(options, name))
+        (name, option_of(options, name))
         for name in calibrated.CHOICES
-        if not name.startswith("costs.") and _field(options, name) != _field(default.passes, name)
+        if not name.startswith("costs.")
+        and option_of(options, name) != option_of(default.passes, name)
     )
     decided = replace(default, passes=replace(options, run=default.passes.run), tuned=changed)
     executable = k._candidate(decided, prepared.dtype, prepared.index_dtype)
@@ -250,12 +251,6 @@ PROBES = (
         parallel_only=True,
     ),
 )
-
-
-def _field(options: PassOptions, name: str) -> Any:
-    if name.startswith("tile."):
-        return getattr(options.tile, name.removeprefix("tile."))
-    return getattr(options, name)
 
 
 def wall_timer(option: str, value: Any, threads: int, call: Callable[[], object]) -> float:
@@ -332,6 +327,18 @@ def calibrate(
     if save:
         calibrated.save(chosen, measured)
     return Calibration(chosen, measured, time.perf_counter() - began)
+
+
+def calibrate_first(say: Callable[[str], None] = print) -> Calibration | None:
+    """Calibrate this CPU now where calibration is on and none is stored (a timed run does,
+    so that its timings use the host's choices and no background calibration runs beside
+    them); None where nothing was to do."""
+    if not calibrated.enabled() or calibrated.load() is not None:
+        return None
+    say("calibrating this CPU once (sparsec tune; SPARSEC_TUNE=0 skips it) ...")
+    done = calibrate()
+    say(f"stored in {calibrated.path()} ({done.seconds:.1f} s)")
+    return done
 
 
 def _best(values: int, settings: int, medians: dict[tuple[int, int], float]) -> int:

@@ -119,6 +119,13 @@ def with_options(options: PassOptions, changes: dict[str, Any]) -> PassOptions:
     return replace(options, tile=replace(options.tile, **tile), **own)
 
 
+def option_of(options: PassOptions, name: str) -> Any:
+    """The value of the option ``name`` in ``options`` (`with_options`'s names)."""
+    if name.startswith("tile."):
+        return getattr(options.tile, name.removeprefix("tile."))
+    return getattr(options, name)
+
+
 def host_options() -> PassOptions:
     """`DEFAULTS` with the host's calibrated choices (none where calibration is off or
     not stored: `policy.calibrated`)."""

@@ -19,7 +19,7 @@ from ..base.target import C
 from ..middle.commands import Command, name_supply
 from ..middle.spec import Spec
 from . import calibrated
-from .decision import Decision, decide
+from .decision import Decision, decide, option_of
 
 #: the position-space candidates' chunk of nonzeros per task
 POSITION_CHUNK = 2048
@@ -76,8 +76,7 @@ def _option_candidates(default: Decision) -> list[Decision]:
     for name, values in calibrated.CHOICES.items():
         if name.startswith("costs."):
             continue
-        owner = default.passes.tile if name.startswith("tile.") else default.passes
-        now = getattr(owner, name.removeprefix("tile."))
+        now = option_of(default.passes, name)
         for value in values:
             if value != now:
                 found.append(default.tuning(**{name.replace("tile.", "tile_", 1): value}))
