@@ -64,9 +64,15 @@ def key(on: Machine | None = None) -> str:
     """The calibration's key for ``on`` (the current machine): its resolved target and a
     digest of its CPU model and flags (two CPUs of one target name differ in caches)."""
     m = on or machine()
+    return _key(m.target, m.flags)
+
+
+@functools.cache
+def _key(march: str, flags: frozenset[str]) -> str:
+    """`key`, computed once per target and flags (every decision and wide call asks)."""
     model = _model_name()
-    digest = hashlib.sha256(f"{model}|{' '.join(sorted(m.flags))}".encode()).hexdigest()[:12]
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in m.target) or "unknown"
+    digest = hashlib.sha256(f"{model}|{' '.join(sorted(flags))}".encode()).hexdigest()[:12]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in march) or "unknown"
     return f"{safe}-{digest}"
 
 
