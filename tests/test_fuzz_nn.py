@@ -1,7 +1,8 @@
 """Differential fuzz of `sparsec.nn` against the dense masked layer in torch (issue 36, "close
 the blind spot"): `SparseLinear` forward and backward over random shapes (1-row and 1-column
 weights included), sparsities (0 and 1 included), with and without bias, float32 and
-float64, inputs of 1, 2 and 3 dimensions; and `sparsify` on small models.
+float64, inputs of 1, 2 and 3 dimensions, whole rows and column blocks of 1 to 12 inputs
+(the L1 data cache drawn small); and `sparsify` on small models.
 
 The reference is written from the documented contract, not from sparsec's code paths: the
 layer stores W's ``round((1 - s) * numel)`` entries of largest magnitude (ties: the lower
@@ -15,6 +16,8 @@ Fast suite: `FAST` cases (fixed seeds); ``-m slow``: `SLOW` cases.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 
 import sparsec.nn
 from sparsec.nn import SparseLinear
+from sparsec.policy.machine import use
 
 FAST, SLOW = 240, 3000
 SPARSITIES = (0.0, 1.0, 0.5, 0.9, 0.3, 0.75)
@@ -49,7 +53,7 @@ def _expected_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
 
 
 def one_case(rng: np.random.Generator) -> str:
-    out_f, in_f = (int(rng.integers(1, 8)) for _ in range(2))
+    out_f, in_f = int(rng.integers(1, 8)), int(rng.integers(1, 13))
     sparsity = SPARSITIES[rng.integers(len(SPARSITIES))] if rng.random() < 0.6 else rng.random()
     bias = bool(rng.random() < 0.5)
     dtype = (torch.float32, torch.float64)[rng.integers(2)]
@@ -63,7 +67,14 @@ def one_case(rng: np.random.Generator) -> str:
         if bias:
             lin.bias.copy_(torch.from_numpy(rng.integers(-3, 4, out_f)).to(dtype))
     given = sparsity if rng.random() < 0.85 else None  # None: keep the nonzeros
-    layer = SparseLinear.from_linear(lin, given)
+    # the column blocks follow the L1 data cache (costs.column_block): tiny ones make blocks
+    # of 1 to 4 inputs at these widths; calls in blocks from 1 token or from the host's count
+    l1 = (None, 64, 1024, 1536, 2048)[rng.integers(5)]
+    with use(l1_data=l1) if l1 is not None else contextlib.nullcontext():
+        layer = SparseLinear.from_linear(lin, given)
+    if rng.random() < 0.5:
+        layer.block_tokens = 1
+    what += f" block={layer.block} from {layer.block_tokens} tokens"
     mask = _dense_mask(layer)
     weight = lin.weight.detach()
     want_mask = weight != 0 if given is None else _expected_mask(weight, given)

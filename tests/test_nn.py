@@ -14,6 +14,8 @@ import sparsec
 import sparsec.nn
 from sparsec.api.torch_op import Components, identity, torch_op
 from sparsec.nn import SparseLinear, magnitude_mask, report, sparsify
+from sparsec.policy import costs
+from sparsec.policy.machine import use
 
 HAS_GRADIENTS = importlib.util.find_spec("sparsec.api.gradient") is not None
 needs_gradients = pytest.mark.skipif(
@@ -163,6 +165,72 @@ def test_a_mismatched_pattern_is_a_clear_error():
     bad["crd"] = bad["crd"] + 8
     with pytest.raises(sparsec.StorageError, match=r"in \[0, 8\)"):
         layer.load_state_dict(bad)
+
+
+# ---------------------------------------------------------------- column blocks
+
+
+def test_column_blocks_follow_the_l1_cache_and_divide_the_inputs():
+    """A block of a packed panel's rows (128 columns) fills the L1 data cache; the divisor
+    of the inputs nearest that within a factor of two, else one block."""
+    with use(l1_data=48 << 10):
+        assert costs.column_block(1536, 4) == 96  # 96 x 128 float32: 48 KB
+        assert costs.column_block(1536, 8) == 48
+        assert costs.column_block(1000, 4) == 100  # no divisor is 96: the nearest
+        assert costs.column_block(997, 4) == 997  # a prime: one block
+        assert costs.column_block(64, 4) == 64  # fits whole
+        assert costs.block_tokens(384, 4) == 33  # 384 x 32 float32 fit in 48 KB
+    with use(l1_data=32 << 10):
+        assert costs.column_block(1536, 4) == 64
+
+
+def test_a_layer_in_column_blocks_equals_the_masked_linear():
+    """384 float64 inputs in blocks of 48 (the L1 of 48 KB), a row and a whole block empty,
+    integer values: the output and the gradients exactly as dense torch's."""
+    lin = pruned_linear(384, 40, 0.5, seed=4)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randint(-3, 4, lin.weight.shape) * (lin.weight != 0))
+        lin.weight[:, 48:96] = 0.0  # block 1 stores nothing
+        lin.bias.copy_(torch.randint(-3, 4, lin.bias.shape))
+    with use(l1_data=48 << 10):
+        layer = SparseLinear.from_linear(lin)
+    assert (layer.block, layer.block_tokens) == (48, 17)
+    assert layer.kernel.generated().loop_order == ("b", "o", "k", "t")
+    for tokens in (1, 16, 17, 300):  # whole rows below 17 tokens, blocks from there
+        x = torch.randint(-3, 4, (tokens, 384), dtype=torch.float64, requires_grad=True)
+        twin = dense_twin(layer)
+        x_ref = x.detach().clone().requires_grad_(True)
+        y, y_ref = layer(x), twin(x_ref)
+        torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+        dy = torch.randint(-2, 3, y.shape, dtype=torch.float64)
+        layer.zero_grad()
+        y.backward(dy)
+        y_ref.backward(dy)
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=0)
+        mask = layer.to_dense().detach() != 0
+        torch.testing.assert_close(layer.values.grad, twin.weight.grad[mask], rtol=0, atol=0)
+        torch.testing.assert_close(layer.bias.grad, twin.bias.grad, rtol=0, atol=0)
+
+
+def test_a_pattern_changed_in_place_or_loaded_is_followed_in_blocks():
+    """The blocks are derived from pos/crd: a pattern changed in place through torch, or
+    adopted from a state_dict, is the one the next call uses."""
+    with use(l1_data=64):
+        layer = SparseLinear.from_linear(pruned_linear(8, 6, 0.0, seed=5), 0.5)
+        other = SparseLinear.from_linear(pruned_linear(8, 6, 0.0, seed=6), 0.5)
+    layer.block_tokens = 1
+    assert layer.block < 8
+    x = torch.randn(5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        layer(x)  # blocks derived
+        layer.pos.copy_(other.pos)
+        layer.crd.copy_(other.crd)
+        layer.values.copy_(other.values)
+        layer.bias.copy_(other.bias)
+        torch.testing.assert_close(layer(x), other(x))
+        again = SparseLinear.from_linear(pruned_linear(8, 6, 0.3, seed=7))
+        layer.load_state_dict(again.state_dict())
+        torch.testing.assert_close(layer(x), again(x))
 
 
 # ---------------------------------------------------------------- sparsify

@@ -22,6 +22,14 @@ a panel of Xt in the core's cache. An activation fused into the statement,
 ``relu(W*Xt + b)``, forces the scalar-temporary form again, so the activation (a function
 of the language: relu, tanh, ...) is applied to the op's output by torch, elementwise.
 The output is Yt's transpose, a view: a following SparseLinear's transpose of it is free.
+
+Where the activations outgrow the core's L1 data cache, the product runs over W in column
+blocks (`sparsec.policy.costs.column_block`): ``Yt(o,t) = W(b,o,k) * Xt(b,k,t)``, W stored
+``dds`` (block b of the inputs, output o, input k = i - b*B compressed) and Xt viewed as
+(blocks, B, tokens), each block's rows of Xt kept in L1 while every output row gathers
+from them (docs/decisions.md, "SparseLinear in column blocks"). That pattern is derived
+once from (pos, crd) and kept as buffers beside them, with the permutation that takes the
+values from CSR order to its order; the parameter stays in CSR order.
 """
 
 from __future__ import annotations
@@ -34,9 +42,20 @@ import torch
 from ..api.kernel import Kernel, kernel
 from ..api.torch_op import Components, torch_op
 from ..base.errors import DTypeError, InputError, ShapeError, StorageError
+from ..policy import costs
 
 #: the layer's product; torch adds the bias to its output
 _OP = torch_op(kernel("Yt(o,t) = W(o,i) * Xt(i,t)", {"W": "csr"}))
+#: the product over W in column blocks; each block's output rows are shared among the
+#: threads (the default schedule would run the blocks on threads, each adding into its own
+#: copy of Yt)
+_BLOCKED = torch_op(
+    kernel(
+        "Yt(o,t) = W(b,o,k) * Xt(b,k,t)",
+        {"W": "dds"},
+        schedule="parallelize(o,CPUThread,NoRaces)",
+    )
+)
 
 #: the language's one-argument functions (sparsec/frontend/functions.py) as torch's
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -66,6 +85,10 @@ class SparseLinear(torch.nn.Module):
 
     pos: torch.Tensor
     crd: torch.Tensor
+    #: the pattern in column blocks (`_derive_blocks`): not saved, derived from pos/crd
+    block_pos: torch.Tensor
+    block_crd: torch.Tensor
+    block_perm: torch.Tensor
 
     def __init__(
         self,
@@ -95,6 +118,12 @@ class SparseLinear(torch.nn.Module):
         self.register_buffer("crd", crd)
         self.values = torch.nn.Parameter(values.detach().clone().reshape(-1))
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone())
+        #: inputs per column block (`costs.column_block`; in_features: one block), and the
+        #: fewest tokens of a call in blocks (`costs.block_tokens`): host facts, read here
+        #: once, so a compiled forward traces no machine query
+        self.block = costs.column_block(in_features, values.element_size())
+        self.block_tokens = costs.block_tokens(in_features, values.element_size())
+        self._derive_blocks()
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -132,8 +161,15 @@ class SparseLinear(torch.nn.Module):
 
     @property
     def kernel(self) -> Kernel:
-        """The sparsec kernel this layer calls (``generated()`` shows its loop nest)."""
-        return _OP.kernel
+        """The sparsec kernel this layer calls on many tokens (``generated()`` shows its
+        loop nest): over W in column blocks where it has more than one."""
+        return _BLOCKED.kernel if self.block < self.in_features else _OP.kernel
+
+    @property
+    def kernels(self) -> tuple[Kernel, ...]:
+        """Every kernel this layer may call (whole rows for a few tokens, column blocks
+        for many)."""
+        return (_OP.kernel, _BLOCKED.kernel) if self.block < self.in_features else (_OP.kernel,)
 
     @property
     def nnz(self) -> int:
@@ -173,18 +209,65 @@ class SparseLinear(torch.nn.Module):
             )
         lead = x.shape[:-1]
         xt = x.reshape(-1, self.in_features).t().contiguous()
-        weight = Components(
-            (self.out_features, self.in_features),
-            ((None, None), (self.pos, self.crd)),
-            self.values,
-        )
-        yt = _OP(W=weight, Xt=xt, threads=self.threads)
+        yt = self._product(xt)
         if self.bias is not None:
             yt = yt.add_(self.bias[:, None])  # the op's own fresh output: no copy
         y = yt.t().reshape(*lead, self.out_features)
         if self.activation is not None:
             y = ACTIVATIONS[self.activation](y)
         return y
+
+    def _product(self, xt: torch.Tensor) -> torch.Tensor:
+        """``Yt = W Xt`` through the op: in column blocks where Xt outgrows the L1 data
+        cache (`costs.block_tokens`), else whole rows of W."""
+        features, tokens = xt.shape
+        if self.block < features and tokens >= self.block_tokens:
+            if not torch.compiler.is_compiling() and self._blocks_of != self._pattern_key():
+                self._derive_blocks()  # pos or crd changed in place since the derivation
+            blocks = features // self.block
+            weight = Components(
+                (blocks, self.out_features, self.block),
+                ((None, None), (None, None), (self.block_pos, self.block_crd)),
+                self.values[self.block_perm],
+            )
+            return _BLOCKED(W=weight, Xt=xt.view(blocks, self.block, tokens), threads=self.threads)
+        weight = Components(
+            (self.out_features, features), ((None, None), (self.pos, self.crd)), self.values
+        )
+        return _OP(W=weight, Xt=xt, threads=self.threads)
+
+    def _pattern_key(self) -> tuple[int, ...]:
+        """What identifies the pattern's current contents: its tensors and their versions."""
+        return (
+            self.pos.data_ptr(),
+            self.pos._version,
+            self.crd.data_ptr(),
+            self.crd._version,
+            self.block,
+        )
+
+    def _derive_blocks(self) -> None:
+        """The pattern in column blocks of ``self.block`` inputs: level 2's pos and crd of
+        W(b,o,k) stored ``dds``, and the permutation that takes the values from CSR order
+        (row o, then i) to block order (b, then o, then k). pos and crd are checked (at
+        construction and at loading), so the blocks are a valid pattern too."""
+        out_features, block = self.out_features, self.block
+        with torch.no_grad():
+            rows = torch.repeat_interleave(
+                torch.arange(out_features, device=self.crd.device), torch.diff(self.pos.long())
+            )
+            cols = self.crd.long()
+            key = cols.div(block, rounding_mode="floor") * out_features + rows
+            perm = torch.sort(key, stable=True).indices  # a row's crd rise: k rises too
+            segments = (self.in_features // block) * out_features
+            pos = torch.zeros(segments + 1, dtype=torch.int64, device=self.crd.device)
+            pos[1:] = torch.cumsum(torch.bincount(key, minlength=segments), 0)
+        self.register_buffer("block_pos", pos.to(self.pos.dtype), persistent=False)
+        self.register_buffer(
+            "block_crd", cols.remainder(block)[perm].to(self.crd.dtype), persistent=False
+        )
+        self.register_buffer("block_perm", perm, persistent=False)
+        self._blocks_of = self._pattern_key()
 
     # ------------------------------------------------------------------ state
     def _load_from_state_dict(
@@ -208,6 +291,7 @@ class SparseLinear(torch.nn.Module):
             )
             self.pos = pos.to(self.pos.device)
             self.crd = crd.to(self.crd.device)
+            self._derive_blocks()
             if values.shape != self.values.shape:
                 self.values = torch.nn.Parameter(self.values.new_empty(values.shape))
         super()._load_from_state_dict(

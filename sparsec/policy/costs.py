@@ -198,6 +198,32 @@ def depth_rows(
     return depth
 
 
+def column_block(features: int, itemsize: int, on: Machine | None = None) -> int:
+    """Inputs per column block of a pruned layer's weight over ``features`` inputs
+    (`sparsec.nn.SparseLinear`), or ``features`` for one block.
+
+    The layer's product runs over W stored a block of its input columns at a time,
+    ``Yt(o,t) = W(b,o,k) * Xt(b,k,t)``: while every output row gathers from block b, only
+    block b's rows of a packed panel of Xt are live. A block of them the size of the core's
+    L1 data cache (`Machine.l1_data`) at a panel's PANEL_COLUMNS columns stays in L1 across
+    all output rows, where a whole panel is gathered from L2; each block's entries of W are
+    stored together, one stream. The block must divide ``features`` (Xt is viewed as
+    (blocks, block, tokens)): the divisor nearest the L1 fit within a factor of two, else
+    one block (measured: docs/decisions.md, "SparseLinear in column blocks")."""
+    fit = max(1, (on or machine()).l1_data // (PANEL_COLUMNS * itemsize))
+    near = [d for d in range(max(1, fit // 2), 2 * fit + 1) if features % d == 0]
+    if not near or features <= fit:
+        return features
+    return min(near, key=lambda d: (abs(d - fit), d))
+
+
+def block_tokens(features: int, itemsize: int, on: Machine | None = None) -> int:
+    """The fewest tokens from which a call runs in column blocks (`column_block`): where the
+    activations (``features`` x tokens) outgrow the L1 data cache. Below that every gather
+    hits L1 anyway, and each block would cost a parallel region of its own."""
+    return (on or machine()).l1_data // (features * itemsize) + 1
+
+
 @dataclass(frozen=True, slots=True)
 class Columns:
     """The column layouts open to one kernel's calls, and the choice for each call.

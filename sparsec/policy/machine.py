@@ -20,7 +20,8 @@ register: 16, 32 for AVX2, 64 for AVX-512), ``flags`` (CPU flags joined by ``+``
 other work; fixed instead of measured, ``busy=0`` turns the load adaptation off), ``memory``,
 ``half`` (the 16-bit value dtypes the C compiler supports, joined by ``+``: ``float16``,
 ``bfloat16``; ``half=none`` for neither; by default the compiler is asked, `c_half_types`),
-``l1way`` (one way of the L1 data cache, its size over its ways, in bytes with K/M/G).
+``l1way`` (one way of the L1 data cache, its size over its ways, in bytes with K/M/G),
+``l1`` (the L1 data cache, bytes).
 
 The simulated facts steer sparsec's decisions only: kernels are still compiled for, and run
 on, the real CPU (the compile cache's key holds what the compiler really targets).
@@ -49,8 +50,9 @@ from .compiler import compiler_target as compiler_target  # re-exported: build a
 ENV = "SPARSEC_MACHINE"
 
 
-#: one way of the L1 data cache where the host does not say: 32 KB in 8 ways, as on most
-#: x86 cores
+#: the L1 data cache, and one way of it, where the host does not say: 32 KB in 8 ways, as
+#: on most x86 cores
+DEFAULT_L1_DATA = 32 << 10
 DEFAULT_L1_WAY = 4 << 10
 
 
@@ -79,6 +81,8 @@ class Machine:
     #: bytes of one way of the core's L1 data cache (its size over its ways): addresses this
     #: far apart share its sets (`sc_prefetch_row` in the kernel template)
     l1_way: int = DEFAULT_L1_WAY
+    #: bytes of the core's L1 data cache (`costs.column_block`)
+    l1_data: int = DEFAULT_L1_DATA
 
 
 #: the fields of a `Machine` by their ``SPARSEC_MACHINE`` keys
@@ -94,6 +98,7 @@ _KEYS = {
     "memory": "memory",
     "half": "half",
     "l1way": "l1_way",
+    "l1": "l1_data",
 }
 _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 #: assumed when the host does not say (no sysfs): a small machine's caches
@@ -123,7 +128,7 @@ def host() -> Machine:
     """The host's own facts, read once per process."""
     cpus = _cpus()
     flags = _cpu_flags()
-    core, last, l1_way = _caches(min(cpus) if cpus else 0)
+    core, last, l1_way, l1_data = _caches(min(cpus) if cpus else 0)
     _meter()  # the first reading of the load, so the first call finds a window to measure
     return Machine(
         core_cache=core,
@@ -133,6 +138,7 @@ def host() -> Machine:
         flags=flags,
         target=native_target(),
         l1_way=l1_way,
+        l1_data=l1_data,
         memory=(
             os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
             if "SC_PHYS_PAGES" in getattr(os, "sysconf_names", ())
@@ -201,7 +207,15 @@ def _replace(base: Machine, facts: dict[str, Any]) -> Machine:
         elif name in ("flags", "half"):
             facts[name] = frozenset(value)
     made = dataclasses.replace(base, **facts)
-    positive = ("core_cache", "last_level_cache", "cores", "vector_bytes", "memory", "l1_way")
+    positive = (
+        "core_cache",
+        "last_level_cache",
+        "cores",
+        "vector_bytes",
+        "memory",
+        "l1_way",
+        "l1_data",
+    )
     for name in (n for n in positive if getattr(made, n) is not None):  # memory: unknown
         value = getattr(made, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -270,11 +284,11 @@ def _quota(cpus: int) -> int:
     return limit
 
 
-def _caches(cpu: int) -> tuple[int, int, int]:
-    """(the core's L2, the last-level cache, one way of its L1 data cache) of ``cpu`` in
-    bytes, from Linux sysfs."""
+def _caches(cpu: int) -> tuple[int, int, int, int]:
+    """(the core's L2, the last-level cache, one way of its L1 data cache, that cache) of
+    ``cpu`` in bytes, from Linux sysfs."""
     sizes: dict[int, int] = {}
-    l1_way = DEFAULT_L1_WAY
+    l1_way, l1_data = DEFAULT_L1_WAY, DEFAULT_L1_DATA
     root = Path(f"/sys/devices/system/cpu/cpu{cpu}/cache")
     try:
         entries = sorted(root.glob("index*"))
@@ -290,13 +304,14 @@ def _caches(cpu: int) -> tuple[int, int, int]:
         if kind != "Instruction":
             sizes[level] = max(size, sizes.get(level, 0))
         if level == 1 and kind == "Data":
+            l1_data = size
             try:
                 l1_way = size // int((entry / "ways_of_associativity").read_text()) or l1_way
             except (OSError, ValueError, ZeroDivisionError):
                 pass
     core = sizes.get(2, DEFAULT_CORE_CACHE)
     last = sizes[max(sizes)] if sizes and max(sizes) >= 2 else DEFAULT_LAST_LEVEL_CACHE
-    return core, last, l1_way
+    return core, last, l1_way, l1_data
 
 
 def _cpu_flags() -> frozenset[str]:

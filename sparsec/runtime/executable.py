@@ -32,7 +32,7 @@ from ..frontend.semirings import semiring
 from ..middle.spec import Spec
 from ..policy import costs
 from ..policy.costs import Columns
-from ..tensors.buffers import aligned_empty
+from ..tensors.buffers import aligned_copy, aligned_empty
 from ..tensors.halves import readable, result_dtype, rounded, storage_fill
 from ..tensors.tensor import Tensor
 from . import device, gpu_sparse, sparse_out
@@ -222,7 +222,7 @@ class Executable:
             cols = min(width, n - start)
             values = dict(prepared.values)
             for name in self.columns.carriers:
-                values[name] = np.ascontiguousarray(values[name][..., start : start + cols])
+                values[name] = aligned_copy(values[name][..., start : start + cols])
             part = replace(prepared, values=values, dims={**prepared.dims, j: cols})
             out[..., start : start + cols] = self.run(part, total // workers)
 

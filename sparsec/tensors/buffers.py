@@ -32,6 +32,18 @@ ALIGN_FROM_BYTES = 1 << 20
 ALIGNMENT = 64
 
 
+def aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``array`` whose first value sits on a 64-byte boundary, at any
+    size: a packed panel's rows then start on cache lines, where numpy's 16-byte alignment
+    splits every vector load of a row of 64-byte multiples over two lines."""
+    size = array.dtype.itemsize
+    raw = np.empty(array.size + ALIGNMENT // size, array.dtype)
+    start = (-address(raw) % ALIGNMENT) // size
+    out = raw[start : start + array.size].reshape(array.shape)
+    np.copyto(out, array)
+    return out
+
+
 def aligned_empty(n: int, dtype: np.dtype) -> np.ndarray:
     """An uninitialised 1-D array of ``n`` values of ``dtype``. From `ALIGN_FROM_BYTES` on,
     its first value sits on a 64-byte boundary: numpy's large allocations are only 16-byte
