@@ -4,9 +4,10 @@ sparse, stored CSR, as a torch module that trains and compiles.
 ``SparseLinear.from_linear`` keeps the largest 10 % of the weights (the pattern: pos/crd
 buffers; the values: a parameter). Its call is ``Yt(o,t) = W(o,i) * Xt(i,t)``, the bias
 added by torch, with W in column blocks where the tokens' activations outgrow the L1 cache:
-``Yt(o,t) = W(b,o,k) * Xt(b,k,t)``, i = b*B + k. The loop nest (b, o, k, t) walks each
-stored row of a block of W and streams a contiguous row of Xt (all tokens) per nonzero,
-while block b's rows of Xt stay in L1. torch runs the same pruned layer dense; both
+``Yt(o,t) = W(b,o,k) * Xt(b,k,t)``, i = b*B + k. The loop nest (o0, b, o1, k, t) takes
+the output rows in chunks of 64 (o = 64*o0 + o1), walks each chunk's stored rows block by
+block, and streams a contiguous row of Xt (all tokens) per nonzero, while block b's rows of
+Xt stay in L1. torch runs the same pruned layer dense; both
 are timed on one thread and on all cores. ``sparsec.nn.sparsify(model, 0.9)`` does the same
 to every Linear of a model.
 

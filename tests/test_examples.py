@@ -21,7 +21,7 @@ EXAMPLES = [
     # (script, substrings its output must contain)
     ("spmv_mtx.py", ["small.mtx: 36 x 36, 156 stored nonzeros", "matches scipy.sparse"]),
     ("mttkrp_tns.py", ["small.tns: 12 x 10 x 8", "ok: matches dense torch", "int sparsec_kernel("]),
-    ("pruned_layer.py", ["90% sparse", "loop order b, o, k, t", "matches torch dense"]),
+    ("pruned_layer.py", ["90% sparse", "loop order o0, b, o1, k, t", "matches torch dense"]),
     ("formats.py", ["dcsr", "j -> i", "all four agree with scipy"]),
     (
         "gpu_kernels.py",

@@ -14,7 +14,8 @@ import sparsec
 import sparsec.nn
 from sparsec.api.torch_op import Components, identity, torch_op
 from sparsec.nn import SparseLinear, magnitude_mask, report, sparsify
-from sparsec.policy import costs
+from sparsec.nn import linear as linear_module
+from sparsec.policy import calibrated, costs
 from sparsec.policy.machine import use
 
 HAS_GRADIENTS = importlib.util.find_spec("sparsec.api.gradient") is not None
@@ -195,7 +196,7 @@ def test_a_layer_in_column_blocks_equals_the_masked_linear():
     with use(l1_data=48 << 10):
         layer = SparseLinear.from_linear(lin)
     assert (layer.block, layer.block_tokens) == (48, 17)
-    assert layer.kernel.generated().loop_order == ("b", "o", "k", "t")
+    assert layer.kernel.generated().loop_order == ("o0", "b", "o1", "k", "t")
     for tokens in (1, 16, 17, 300):  # whole rows below 17 tokens, blocks from there
         x = torch.randint(-3, 4, (tokens, 384), dtype=torch.float64, requires_grad=True)
         twin = dense_twin(layer)
@@ -210,6 +211,49 @@ def test_a_layer_in_column_blocks_equals_the_masked_linear():
         mask = layer.to_dense().detach() != 0
         torch.testing.assert_close(layer.values.grad, twin.weight.grad[mask], rtol=0, atol=0)
         torch.testing.assert_close(layer.bias.grad, twin.bias.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_blocks_and_whole_rows_give_the_same_bits(dtype):
+    """Both ways add each row's entries in rising i: the choice between them is speed."""
+    with use(l1_data=48 << 10):
+        layer = SparseLinear.from_linear(pruned_linear(768, 70, 0.6, dtype=dtype, seed=8))
+    assert layer.block < 768
+    xt = torch.randn(768, 200, dtype=dtype)
+    with torch.no_grad():
+        assert torch.equal(layer._run(xt, True), layer._run(xt, False))
+
+
+@pytest.mark.parametrize("blocks_faster", [True, False])
+def test_blocks_or_whole_rows_as_measured_on_the_host(blocks_faster, monkeypatch):
+    """With host measurements on, the first call of a size class of tokens times both ways
+    (a fake clock here) and keeps the faster; later calls of that class run it untimed."""
+    monkeypatch.setattr(calibrated, "enabled", lambda: True)
+    now = [0.0]
+    monkeypatch.setattr(linear_module, "clock", lambda: now[0])
+    runs: list[bool] = []
+    real_run = SparseLinear._run
+
+    def run(self, xt, blocked):
+        runs.append(blocked)
+        now[0] += 1.0 if blocked == blocks_faster else 3.0
+        return real_run(self, xt, blocked)
+
+    monkeypatch.setattr(SparseLinear, "_run", run)
+    with use(l1_data=1 << 10):
+        layer = SparseLinear.from_linear(pruned_linear(64, 8, 0.5, seed=9))
+    x = torch.randn(40, 64, dtype=torch.float64)
+    twin = dense_twin(layer)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), twin(x))
+        assert layer.blocks_measured == {40 .bit_length(): blocks_faster}
+        assert runs == [True, False, True, False, blocks_faster]
+        runs.clear()
+        torch.testing.assert_close(layer(x[:33]), twin(x[:33]))  # the same class: 33..63
+        assert runs == [blocks_faster]
+        assert layer.block_tokens == 3
+        layer(x[:2])  # below block_tokens: whole rows, nothing measured
+        assert runs[-1] is False and len(layer.blocks_measured) == 1
 
 
 def test_a_pattern_changed_in_place_or_loaded_is_followed_in_blocks():

@@ -34,6 +34,8 @@ values from CSR order to its order; the parameter stays in CSR order.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,20 +44,22 @@ import torch
 from ..api.kernel import Kernel, kernel
 from ..api.torch_op import Components, torch_op
 from ..base.errors import DTypeError, InputError, ShapeError, StorageError
-from ..policy import costs
+from ..policy import calibrated, costs
 
 #: the layer's product; torch adds the bias to its output
 _OP = torch_op(kernel("Yt(o,t) = W(o,i) * Xt(i,t)", {"W": "csr"}))
-#: the product over W in column blocks; each block's output rows are shared among the
-#: threads (the default schedule would run the blocks on threads, each adding into its own
-#: copy of Yt)
+#: the product over W in column blocks: chunks of 64 output rows shared among the threads,
+#: each chunk walking all blocks (no barrier between blocks; the default schedule would run
+#: the blocks on threads, each adding into its own copy of Yt)
 _BLOCKED = torch_op(
     kernel(
         "Yt(o,t) = W(b,o,k) * Xt(b,k,t)",
         {"W": "dds"},
-        schedule="parallelize(o,CPUThread,NoRaces)",
+        schedule="split(o,o0,o1,64), reorder(o0,b,o1,k,t), parallelize(o0,CPUThread,NoRaces)",
     )
 )
+#: the clock `SparseLinear._in_blocks` times both ways with (tests set a fake one)
+clock = time.perf_counter
 
 #: the language's one-argument functions (sparsec/frontend/functions.py) as torch's
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -89,6 +93,11 @@ class SparseLinear(torch.nn.Module):
     block_pos: torch.Tensor
     block_crd: torch.Tensor
     block_perm: torch.Tensor
+    #: what the blocks and the values kept in block order were made from (`_pattern_key`,
+    #: `_block_values`)
+    _blocks_of: tuple[int, ...]
+    _gathered_of: tuple[Any, ...] | None
+    _gathered_from: Any
 
     def __init__(
         self,
@@ -123,6 +132,8 @@ class SparseLinear(torch.nn.Module):
         #: once, so a compiled forward traces no machine query
         self.block = costs.column_block(in_features, values.element_size())
         self.block_tokens = costs.block_tokens(in_features, values.element_size())
+        #: whether blocks measured faster, by size class of tokens (`_in_blocks`)
+        self.blocks_measured: dict[int, bool] = {}
         self._derive_blocks()
 
     # ------------------------------------------------------------------ building
@@ -218,23 +229,70 @@ class SparseLinear(torch.nn.Module):
         return y
 
     def _product(self, xt: torch.Tensor) -> torch.Tensor:
-        """``Yt = W Xt`` through the op: in column blocks where Xt outgrows the L1 data
-        cache (`costs.block_tokens`), else whole rows of W."""
+        """``Yt = W Xt`` through the op: in column blocks where `_in_blocks` says so, else
+        whole rows of W."""
+        return self._run(xt, self._in_blocks(xt))
+
+    def _run(self, xt: torch.Tensor, blocked: bool) -> torch.Tensor:
         features, tokens = xt.shape
-        if self.block < features and tokens >= self.block_tokens:
+        if blocked:
             if not torch.compiler.is_compiling() and self._blocks_of != self._pattern_key():
                 self._derive_blocks()  # pos or crd changed in place since the derivation
             blocks = features // self.block
             weight = Components(
                 (blocks, self.out_features, self.block),
                 ((None, None), (None, None), (self.block_pos, self.block_crd)),
-                self.values[self.block_perm],
+                self._block_values(),
             )
-            return _BLOCKED(W=weight, Xt=xt.view(blocks, self.block, tokens), threads=self.threads)
+            Xt = xt.view(blocks, self.block, tokens)
+            return _BLOCKED(W=weight, Xt=Xt, threads=self.threads)
         weight = Components(
             (self.out_features, features), ((None, None), (self.pos, self.crd)), self.values
         )
         return _OP(W=weight, Xt=xt, threads=self.threads)
+
+    def _in_blocks(self, xt: torch.Tensor) -> bool:
+        """Whether a call runs in column blocks: where W has several and the activations
+        outgrow the L1 data cache (`costs.block_tokens`), and where blocks measured faster.
+
+        Both ways add each row's entries in the same order (rising i, a block after
+        another), so the choice changes the speed only, and it is measured on the host: at
+        the first call of each size class of tokens (a power of two), each way twice, the
+        faster kept (`clock` times them). Blocks lose where the whole rows' gathers run well
+        from L2 (BERT-base's 3072 -> 768 at 90 % on a Zen 5 core: docs/decisions.md,
+        "SparseLinear in column blocks"). Without host measurements (``SPARSEC_TUNE=0``,
+        `sparsec.policy.calibrated`) or while traced, blocks are taken."""
+        features, tokens = xt.shape
+        if self.block >= features or tokens < self.block_tokens:
+            return False
+        if torch.compiler.is_compiling() or not calibrated.enabled():
+            return True
+        size = tokens.bit_length()
+        if size not in self.blocks_measured:
+            spent: dict[bool, float] = {True: math.inf, False: math.inf}
+            with torch.no_grad():
+                for _ in range(2):
+                    for blocked in spent:
+                        start = clock()
+                        self._run(xt, blocked)
+                        spent[blocked] = min(spent[blocked], clock() - start)
+            self.blocks_measured[size] = spent[True] <= spent[False]
+        return self.blocks_measured[size]
+
+    def _block_values(self) -> torch.Tensor:
+        """The values in block order: gathered at every call that records a gradient or is
+        traced, else kept while the values and the blocks are unchanged (inference calls
+        then skip a pass over the values)."""
+        values = self.values
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and values.requires_grad):
+            return values[self.block_perm]
+        key = (values.data_ptr(), values._version, self._blocks_of)
+        if self._gathered_of != key:
+            self._gathered = values.detach()[self.block_perm]
+            self._gathered_of = key
+            # held, so no other tensor can take the address while the key names it
+            self._gathered_from = values.untyped_storage()
+        return self._gathered
 
     def _pattern_key(self) -> tuple[int, ...]:
         """What identifies the pattern's current contents: its tensors and their versions."""
@@ -268,6 +326,11 @@ class SparseLinear(torch.nn.Module):
         )
         self.register_buffer("block_perm", perm, persistent=False)
         self._blocks_of = self._pattern_key()
+        # held, so no other tensor can take their addresses while the key names them
+        self._blocks_from = (self.pos.untyped_storage(), self.crd.untyped_storage())
+        self._gathered_of = None
+        self._gathered = perm.new_empty(0)
+        self._gathered_from = None
 
     # ------------------------------------------------------------------ state
     def _load_from_state_dict(
