@@ -246,7 +246,7 @@ def test_blocks_or_whole_rows_as_measured_on_the_host(blocks_faster, monkeypatch
     twin = dense_twin(layer)
     with torch.no_grad():
         torch.testing.assert_close(layer(x), twin(x))
-        assert layer.blocks_measured == {40 .bit_length(): blocks_faster}
+        assert layer.blocks_measured == {(40).bit_length(): blocks_faster}
         assert runs == [True, False, True, False, blocks_faster]
         runs.clear()
         torch.testing.assert_close(layer(x[:33]), twin(x[:33]))  # the same class: 33..63
