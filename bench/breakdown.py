@@ -90,7 +90,9 @@ def clocked(model: Any) -> Iterator[Clock]:
     from sparsec.nn import SparseLinear
 
     clock = Clock()
-    kernels = {id(m.kernel): m.kernel for m in model.modules() if isinstance(m, SparseLinear)}
+    kernels = {
+        id(k): k for m in model.modules() if isinstance(m, SparseLinear) for k in m.kernels
+    }
     saved: list[tuple[Any, Any, Any]] = []
     for kernel in kernels.values():
         for loaded in _loaded(kernel):
