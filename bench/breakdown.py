@@ -90,9 +90,7 @@ def clocked(model: Any) -> Iterator[Clock]:
     from sparsec.nn import SparseLinear
 
     clock = Clock()
-    kernels = {
-        id(k): k for m in model.modules() if isinstance(m, SparseLinear) for k in m.kernels
-    }
+    kernels = {id(k): k for m in model.modules() if isinstance(m, SparseLinear) for k in m.kernels}
     saved: list[tuple[Any, Any, Any]] = []
     for kernel in kernels.values():
         for loaded in _loaded(kernel):
