@@ -199,6 +199,7 @@ def environment() -> dict[str, Any]:
             "vector_bytes": facts.vector_bytes,
             "target": facts.target,
             "l1_way": facts.l1_way,
+            "l1_data": facts.l1_data,
         }
     except Exception as err:  # record, never fail a benchmark over metadata
         env["sparsec_machine"] = f"unknown ({err})"

@@ -90,6 +90,44 @@ def test_packed_panels_start_on_a_cache_line(small_panels, monkeypatch):
     assert seen == [0] * 5
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_misaligned_gathered_operand_is_copied_onto_a_cache_line(dtype, monkeypatch):
+    """A call run whole whose X is off a 64-byte boundary (rows of whole cache lines, many
+    gathers per byte) gets X copied onto one, on the first call and on the repeated one
+    (which the fast path hands to the general path); an aligned X, or one gathered too
+    little, is passed as it is. The results are exact either way."""
+    copies = []
+    real = EXECUTABLE.aligned_copy
+
+    def spy(array):
+        copies.append(array.shape)
+        return real(array)
+
+    monkeypatch.setattr(EXECUTABLE, "aligned_copy", spy)
+    rng = np.random.default_rng(11)
+    w = rng.integers(-3, 4, (40, 30)) * (rng.random((40, 30)) < 0.5)
+    w[7] = 0
+    x = rng.integers(-3, 4, (30, 64)).astype(dtype)
+    raw = np.empty(x.size + 64, dtype)
+    at = (-BUFFERS.address(raw) % 64) // raw.itemsize
+    aligned = raw[at : at + x.size].reshape(x.shape)
+    off = raw[at + 16 // raw.itemsize : at + 16 // raw.itemsize + x.size].reshape(x.shape)
+    aligned[...], tensor = x, sparsec.as_tensor(w.astype(dtype), "csr")
+    k = sparsec.Kernel(SPMM, {"W": "csr"})
+    assert k.columns.carriers == ("X",)
+    want = w @ x
+    for _ in range(2):
+        np.testing.assert_array_equal(k(W=tensor, X=aligned), want)
+    assert copies == []
+    off[...] = x
+    for _ in range(2):
+        np.testing.assert_array_equal(k(W=tensor, X=off), want)
+    assert copies == [(30, 64)] * 2
+    monkeypatch.setattr(COSTS, "REALIGN_MIN_REUSE", 1 << 30)  # gathered too little
+    np.testing.assert_array_equal(k(W=tensor, X=off), want)
+    assert len(copies) == 2
+
+
 @pytest.mark.parametrize(("threads", "workers", "inner"), [(2, 2, 1), (3, 3, 1), (8, 5, 1)])
 def test_panels_are_shared_among_workers(threads, workers, inner, small_panels, monkeypatch):
     """5 panels on ``threads`` threads: min(threads, 5) workers, each running its panels'

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..base.target import Target
 from ..middle.spec import Spec
+from ..tensors.buffers import address
 from ..tensors.tensor import Tensor
 from . import calibrated
 from .machine import Machine, machine
@@ -59,6 +60,9 @@ PANEL_MIN_WIDTH = 64
 PANEL_MIN_BYTES = 4 << 20
 PANEL_MIN_REUSE = 48
 PANEL_MIN_REUSE_BEYOND_CACHE = 10
+#: a dense operand gathered by rows is copied onto a cache line where it is off one and at
+#: least this many bytes are gathered from the operands per byte copied (`misaligned`)
+REALIGN_MIN_REUSE = 16
 #: column bands (`sparsec.passes.bands`, `bands_pay`), for calls that do not run in panels:
 #: register tiles per band (4 tiles of 8 AVX2 vectors: 1 KB of each row), the dense
 #: operands' size beyond which bands may pay, and the bytes gathered per output byte they
@@ -91,6 +95,24 @@ def column_traffic(
     size = carried[0].itemsize
     gathered = sum(v.nnz for v in values.values() if isinstance(v, Tensor)) * columns * size
     return sum(a.nbytes for a in carried), gathered, size
+
+
+def misaligned(
+    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any]
+) -> tuple[str, ...]:
+    """The dense operands along the panel index a call copies onto a cache line first
+    (`sparsec.tensors.buffers.aligned_copy`): those whose first value is off a 64-byte
+    boundary (numpy's large arrays are 16-byte aligned) while their rows are whole cache
+    lines, so that every vector load of every row splits over two lines, in a call that
+    gathers at least REALIGN_MIN_REUSE bytes from them per byte copied (measured:
+    docs/decisions.md, "Packed panels start on a cache line")."""
+    off = tuple(
+        n for n in carriers if address(values[n]) % 64 and values[n].strides[-1] * columns % 64 == 0
+    )
+    if not off:
+        return ()
+    carried_bytes, gathered, _ = column_traffic(columns, carriers, values)
+    return off if gathered >= REALIGN_MIN_REUSE * carried_bytes else ()
 
 
 def panels_pay(

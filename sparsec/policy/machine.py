@@ -207,15 +207,8 @@ def _replace(base: Machine, facts: dict[str, Any]) -> Machine:
         elif name in ("flags", "half"):
             facts[name] = frozenset(value)
     made = dataclasses.replace(base, **facts)
-    positive = (
-        "core_cache",
-        "last_level_cache",
-        "cores",
-        "vector_bytes",
-        "memory",
-        "l1_way",
-        "l1_data",
-    )
+    # every integer fact is positive (memory may be unknown)
+    positive = [f.name for f in dataclasses.fields(Machine) if f.type in ("int", "int | None")]
     for name in (n for n in positive if getattr(made, n) is not None):  # memory: unknown
         value = getattr(made, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

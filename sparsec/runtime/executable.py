@@ -272,6 +272,10 @@ class Executable:
             out = self._launch_gpu(prepared, out)
         else:
             values, dims = prepared.values, prepared.dims
+            j = self.columns.index
+            if j is not None:
+                off = costs.misaligned(dims[j], self.columns.carriers, values)
+                values = {**values, **{n: aligned_copy(values[n]) for n in off}}
             args = arguments(
                 self.slots,
                 values,

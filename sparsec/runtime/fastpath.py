@@ -146,10 +146,13 @@ def _source(
         constants["CARRIERS"] = columns.carriers
         constants["INDICES"] = tuple(extent)
         dims = f"dict(zip(INDICES, ({', '.join(extent.values())},)))"
+        off = " or ".join(f"x{local[c].removeprefix('v')} % 64" for c in columns.carriers)
         lines += [
             f"wide = {extent[j]} >= costs.PANEL_MIN_COLUMNS",
             f"if wide and costs.panels_pay({extent[j]}, CARRIERS, inputs, {size}):",
             "    return None  # the general path runs it in column panels",
+            f"if ({off}) and costs.misaligned({extent[j]}, CARRIERS, inputs):",
+            "    return None  # the general path copies them onto a cache line",
         ]
         if Source.BAND in sources:
             lines.append(f"band = COLUMNS.band_tiles({dims}, inputs) if wide else 0")
