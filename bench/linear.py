@@ -12,9 +12,12 @@ and N threads (torch's and sparsec's thread counts set alike):
 - dense: ``torch.nn.functional.linear(x, W, b)``, x of shape (tokens, in);
 - sparse: ``layer(x)``, everything a caller pays: the transpose of x, the torch op, the
   kernel, the bias, the output's layout;
-- kernel: the raw kernel ``Y(o,t) = W(o,i) * X(i,t)`` (W csr with the layer's pattern, X the
-  transposed activations made once, contiguous) called on numpy arrays: what the sparse
-  path costs without anything around it, so ``sparse - kernel`` is the overhead.
+- kernel: the kernel the layer calls on this many tokens, alone, on the layer's layout of W
+  (column blocks, ``Yt(o,t) = W(b,o,k) * Xt(b,k,t)``, where it has them, else CSR
+  ``Yt(o,t) = W(o,i) * Xt(i,t)``) and the transposed activations made once, contiguous,
+  called on numpy arrays: what the sparse path costs without anything around it, so
+  ``sparse - kernel`` is the overhead. Where the layer measured whole rows faster (its
+  first call times both), the column times whole rows too.
 
 The table gives medians in ms, dense/sparse (> 1: sparse faster) against the issue's targets
 (>= 1.2x at 50 %, >= 2x at 70 %, >= 5x at 90 %), the kernel's share of the sparse time, and
@@ -83,10 +86,14 @@ def contenders(shape: Shape, sparsity: float, tokens: int, threads: int, seed: i
     weight = layer.to_dense().detach().contiguous()
     bias = linear.bias.detach()
     x = torch.randn(tokens, shape.in_features)
-    # the kernel the layer calls on this many tokens, on its own layout of W, Xt made once
+    # the kernel the layer calls on this many tokens (its first call chooses between blocks
+    # and whole rows, `SparseLinear.blocks_measured`), on its layout of W, Xt made once
+    with torch.no_grad():
+        layer(x)
     values = layer.values.detach()
     xt = x.t().contiguous().numpy()
-    if layer.block < shape.in_features and tokens >= layer.block_tokens:
+    blocked = layer.blocks_measured.get(tokens.bit_length(), True)
+    if layer.block < shape.in_features and tokens >= layer.block_tokens and blocked:
         blocks = shape.in_features // layer.block
         raw = layer.kernel
         w = sparsec.Tensor.from_arrays(
