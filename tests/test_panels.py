@@ -18,6 +18,7 @@ import sparsec
 COSTS = sys.modules["sparsec.policy.costs"]
 EXECUTABLE = sys.modules["sparsec.runtime.executable"]
 BUFFERS = sys.modules["sparsec.tensors.buffers"]
+COPIES = sys.modules["sparsec.runtime.copies"]
 SPMM = "C(i,j) = W(i,k) * X(k,j)"
 
 
@@ -126,6 +127,43 @@ def test_a_misaligned_gathered_operand_is_copied_onto_a_cache_line(dtype, monkey
     monkeypatch.setattr(COSTS, "REALIGN_MIN_REUSE", 1 << 30)  # gathered too little
     np.testing.assert_array_equal(k(W=tensor, X=off), want)
     assert len(copies) == 2
+
+
+@pytest.mark.parametrize("whole", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_transposed_operand_is_packed_as_it_is(whole, dtype, small_panels, monkeypatch):
+    """X passed as a transposed view (the activations tokens first, read as Xt): the binder
+    keeps its strides, each panel is packed from it by the compiled band copy onto a cache
+    line, and a call run whole gets it C-ordered first; the result is the C-ordered X's,
+    bit for bit, in 2 and 3 dimensions."""
+    if whole:
+        monkeypatch.setattr(COSTS, "PANEL_MIN_BYTES", 1 << 62)
+    monkeypatch.setattr(COPIES, "STRIDED_COPY_BYTES", 0)
+    packed = []
+    real = COPIES._band_copy
+
+    def spy(array, threads, out):
+        packed.append(BUFFERS.address(out) % 64)
+        return real(array, threads, out)
+
+    monkeypatch.setattr(COPIES, "_band_copy", spy)
+    rng = np.random.default_rng(12)
+    w = (rng.integers(-3, 4, (23, 30)) * (rng.random((23, 30)) < 0.4)).astype(dtype)
+    w[4] = 0
+    tokens_first = rng.integers(-3, 4, (40, 30)).astype(dtype)
+    view = tokens_first.T  # (30, 40): rows 1 apart, columns 30 apart
+    assert not view.flags.c_contiguous
+    k = sparsec.Kernel(SPMM, {"W": "csr"})
+    tensor = sparsec.as_tensor(w, "csr")
+    want = k(W=tensor, X=np.ascontiguousarray(view))
+    np.testing.assert_array_equal(k(W=tensor, X=view), want)
+    np.testing.assert_array_equal(want, w @ view)
+    assert packed and set(packed) == {0}
+    k3 = sparsec.Kernel("C(i,j) = W(b,i,k) * X(b,k,j)", {"W": "dds"})
+    w3 = sparsec.as_tensor(np.ascontiguousarray(w.reshape(23, 5, 6).transpose(1, 0, 2)), "dds")
+    view3 = view.reshape(5, 6, 40)  # a view: the leading axes nest
+    assert np.shares_memory(view3, tokens_first)
+    np.testing.assert_array_equal(k3(W=w3, X=view3), want)
 
 
 @pytest.mark.parametrize(("threads", "workers", "inner"), [(2, 2, 1), (3, 3, 1), (8, 5, 1)])

@@ -88,6 +88,9 @@ class TorchOp:
             for t in kernel.binder.wanted
         )
         self.output_indices = tuple(kernel.assignment.lhs.indices)
+        #: the arguments the runtime may pack in column panels (`Columns.carriers`)
+        carriers = set(kernel.columns.carriers)
+        self._carriers = frozenset(t.argument for t in kernel.binder.wanted if t.name in carriers)
         #: each operand's name and the flat slot of its values (a sparse one's vals, a dense
         #: one itself): the slots that take a gradient
         self.value_slots = tuple(
@@ -204,9 +207,12 @@ class TorchOp:
 
         inputs, _ = self.unflatten(args)
         threads = args[-1] if args[-1] >= 0 else None
+        # a dense operand the runtime may pack in column panels keeps its strides: a panel is
+        # packed straight from a transposed view (`Binder._carriers`)
+        kept = self._carriers
         out = self.kernel(
             threads=threads,
-            **{k: v if isinstance(v, Tensor) else _host(v) for k, v in inputs.items()},
+            **{k: v if isinstance(v, Tensor) else _host(v, k in kept) for k, v in inputs.items()},
         )
         return torch.from_numpy(np.ascontiguousarray(out))
 
@@ -231,9 +237,16 @@ class TorchOp:
         return tensors[0].new_empty(shape, dtype=dtype)
 
 
-def _host(t: Any) -> np.ndarray:
-    """A torch CPU tensor as a C-contiguous numpy view (copied only if strided)."""
-    return t.detach().contiguous().numpy()
+def _host(t: Any, strided: bool = False) -> np.ndarray:
+    """A torch CPU tensor as a C-contiguous numpy view (copied only if strided), or, with
+    ``strided``, a numpy view at its own strides where they are positive."""
+    t = t.detach()
+    if strided and all(s > 0 for s in t.stride()) and t.dtype.is_floating_point:
+        try:
+            return t.numpy()
+        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16)
+            pass
+    return t.contiguous().numpy()
 
 
 _LOCK = threading.Lock()

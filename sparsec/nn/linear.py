@@ -219,7 +219,9 @@ class SparseLinear(torch.nn.Module):
                 "(cast one of them, e.g. layer.to(x.dtype))"
             )
         lead = x.shape[:-1]
-        xt = x.reshape(-1, self.in_features).t().contiguous()
+        # Xt as a view: the runtime packs its column panels straight from it, and makes it
+        # C-ordered itself where a call runs whole (`sparsec.runtime.copies`)
+        xt = x.reshape(-1, self.in_features).t()
         yt = self._product(xt)
         if self.bias is not None:
             yt = yt.add_(self.bias[:, None])  # the op's own fresh output: no copy

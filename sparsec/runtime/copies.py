@@ -13,6 +13,7 @@ large copy by numpy, in slabs on a pool of Python threads (`PARALLEL_COPY_BYTES`
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ import numpy as np
 from ..base.errors import CompileError
 from ..base.resources import data_dir
 from ..policy.machine import machine
+from ..tensors.buffers import aligned_array, aligned_copy
 from .build import compile_cached
 
 #: a copy of at least this many bytes is made by several threads, in slabs of its first axis
@@ -55,10 +57,11 @@ def contiguous_copy(array: np.ndarray, threads: int = 1) -> np.ndarray:
     ``threads`` threads in slabs of its first axis when it is large."""
     if array.flags.c_contiguous:
         return array
-    if array.nbytes >= STRIDED_COPY_BYTES and _across_rows(array):
-        copied = _band_copy(array, threads)
+    flat = _as_2d(array)
+    if array.nbytes >= STRIDED_COPY_BYTES and flat is not None and _across_rows(flat):
+        copied = _band_copy(flat, threads, np.empty(flat.shape, flat.dtype))
         if copied is not None:
-            return copied
+            return copied.reshape(array.shape)
     rows = array.shape[0] if array.ndim else 0
     parts = min(threads, rows)
     if parts < 2 or array.nbytes < PARALLEL_COPY_BYTES:
@@ -93,13 +96,36 @@ def _across_rows(array: np.ndarray) -> bool:
     return array.strides[1] != size
 
 
-def _band_copy(array: np.ndarray, threads: int) -> np.ndarray | None:
-    """``array`` C-ordered by the compiled band copy; None where it cannot be built (no C
-    compiler: a CUDA-only installation), and numpy copies."""
+def packed_copy(array: np.ndarray, threads: int = 1) -> np.ndarray:
+    """``array`` C-ordered, on a 64-byte boundary, whatever its strides: a packed panel of a
+    dense operand (`Executable.run_panels`). A panel of an operand passed transposed (the
+    tokens-first activations of `sparsec.nn.SparseLinear`, read as Xt(i,t)) is packed by the
+    compiled band copy straight from it, so the operand is never transposed whole."""
+    flat = _as_2d(array)
+    if flat is not None and not array.flags.c_contiguous and _across_rows(flat):
+        copied = _band_copy(flat, threads, aligned_array(flat.shape, flat.dtype))
+        if copied is not None:
+            return copied.reshape(array.shape)
+    return aligned_copy(array)
+
+
+def _as_2d(array: np.ndarray) -> np.ndarray | None:
+    """``array`` as a 2-D view, its leading axes merged (their strides nest), or None."""
+    if array.ndim < 2:
+        return None
+    strides, shape = array.strides, array.shape
+    if any(strides[a] != strides[a + 1] * shape[a + 1] for a in range(array.ndim - 2)):
+        return None
+    rows = math.prod(shape[:-1])
+    return np.lib.stride_tricks.as_strided(array, (rows, shape[-1]), strides[-2:])
+
+
+def _band_copy(array: np.ndarray, threads: int, out: np.ndarray) -> np.ndarray | None:
+    """``array`` written C-ordered into ``out`` by the compiled band copy; None where it
+    cannot be built (no C compiler: a CUDA-only installation), and numpy copies."""
     copy = _copy_fn(array.itemsize)
     if copy is None:
         return None
-    out = np.empty(array.shape, array.dtype)
     rs, cs = (s // array.itemsize for s in array.strides)
     copy(array.ctypes.data, out.ctypes.data, *array.shape, rs, cs, max(1, threads))
     return out

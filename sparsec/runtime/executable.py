@@ -38,6 +38,7 @@ from ..tensors.tensor import Tensor
 from . import device, gpu_sparse, sparse_out
 from .args import Source, arguments, slots
 from .binding import VALUE_DTYPES, resolve_threads
+from .copies import packed_copy
 from .inputs import Prepared
 from .loaded import Loaded, load, status_error
 from .sparse_out import SparseOutput
@@ -148,6 +149,12 @@ class Executable:
         width = self.columns.width(prepared.dims, prepared.values)
         if width:
             return self.run_panels(prepared, threads, width)
+        # the binder keeps the panel operands at their strides (`Binder._carriers`): whole,
+        # the kernel reads them C-ordered
+        strided = [n for n in self.columns.carriers if not prepared.values[n].flags.c_contiguous]
+        if strided:
+            copied = {n: packed_copy(prepared.values[n], resolve_threads(threads)) for n in strided}
+            prepared = replace(prepared, values={**prepared.values, **copied})
         return self.run_whole(prepared, threads)
 
     def _level_shape(self, prepared: Prepared) -> tuple[int, ...]:
@@ -218,13 +225,15 @@ class Executable:
         # a torch op just left spinning, where extra workers compete with it for the cores
         workers = 1 if costs.panels_in_sequence() else min(total, len(starts))
 
+        inner = total // workers
+
         def panel(start: int) -> None:
             cols = min(width, n - start)
             values = dict(prepared.values)
             for name in self.columns.carriers:
-                values[name] = aligned_copy(values[name][..., start : start + cols])
+                values[name] = packed_copy(values[name][..., start : start + cols], inner)
             part = replace(prepared, values=values, dims={**prepared.dims, j: cols})
-            out[..., start : start + cols] = self.run(part, total // workers)
+            out[..., start : start + cols] = self.run(part, inner)
 
         if workers == 1:
             for start in starts:

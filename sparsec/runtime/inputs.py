@@ -19,6 +19,7 @@ import numpy as np
 from ..base.errors import DTypeError, InputError, ShapeError
 from ..base.target import Target
 from ..middle.spec import Derived, Folded, Spec, TensorVar
+from ..policy.costs import Columns
 from ..policy.dtypes import check_c_dtype
 from ..tensors.convert import derive_dense
 from ..tensors.halves import HALF, bfloat16_bits, readable, rounded, to_storage
@@ -110,6 +111,7 @@ class Binder:
         "statement",
         "_renamed",
         "_direct",
+        "_carriers",
         "derived",
     )
 
@@ -136,6 +138,10 @@ class Binder:
         self._renamed = any(t.argument != t.name for t in self.wanted)
         #: the passed tensors the kernel reads as they are (not only through a derived copy)
         self._direct = frozenset(t.name for t in spec.inputs) | {spec.output.name}
+        #: the dense operands a call may run in column panels, kept at their strides: a
+        #: panel is packed from the operand as passed (a transposed view included), and a
+        #: call run whole copies it C-ordered first (`Executable.run`)
+        self._carriers = frozenset(Columns.of(spec, target).carriers)
         wanted = {t.name: t for t in self.wanted}
         #: (tensor, axis of the converted value, index) for every access of every input (a
         #: tensor used twice, as in A(k,i)*A(k,j), ties both index lists to its shape);
@@ -204,7 +210,7 @@ class Binder:
                 values[t.name] = self._device_input(t, value, dtype, index_dtype)
                 device = True
             else:
-                direct = t.name in self._direct
+                direct = t.name in self._direct and t.name not in self._carriers
                 values[t.name] = convert_input(t, value, dtype, index_dtype, direct)
         if self.index_dtype is None and index_dtype == "int32":
             # A large input may have forced int64: bring every sparse input to one width.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Any
 
 import numpy as np
@@ -32,14 +33,20 @@ ALIGN_FROM_BYTES = 1 << 20
 ALIGNMENT = 64
 
 
-def aligned_copy(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``array`` whose first value sits on a 64-byte boundary, at any
+def aligned_array(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-ordered array whose first value sits on a 64-byte boundary, at any
     size: a packed panel's rows then start on cache lines, where numpy's 16-byte alignment
     splits every vector load of a row of 64-byte multiples over two lines."""
-    size = array.dtype.itemsize
-    raw = np.empty(array.size + ALIGNMENT // size, array.dtype)
-    start = (-address(raw) % ALIGNMENT) // size
-    out = raw[start : start + array.size].reshape(array.shape)
+    dtype = np.dtype(dtype)
+    n = math.prod(shape)
+    raw = np.empty(n + ALIGNMENT // dtype.itemsize, dtype)
+    start = (-address(raw) % ALIGNMENT) // dtype.itemsize
+    return raw[start : start + n].reshape(shape)
+
+
+def aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A C-ordered copy of ``array`` on a 64-byte boundary (`aligned_array`)."""
+    out = aligned_array(array.shape, array.dtype)
     np.copyto(out, array)
     return out
 
