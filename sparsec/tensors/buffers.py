@@ -40,7 +40,7 @@ def aligned_array(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     dtype = np.dtype(dtype)
     n = math.prod(shape)
     raw = np.empty(n + ALIGNMENT // dtype.itemsize, dtype)
-    start = (-address(raw) % ALIGNMENT) // dtype.itemsize
+    start = (-address(raw) % ALIGNMENT) // dtype.itemsize  # numpy aligns to the value size
     return raw[start : start + n].reshape(shape)
 
 
@@ -55,9 +55,6 @@ def aligned_empty(n: int, dtype: np.dtype) -> np.ndarray:
     """An uninitialised 1-D array of ``n`` values of ``dtype``. From `ALIGN_FROM_BYTES` on,
     its first value sits on a 64-byte boundary: numpy's large allocations are only 16-byte
     aligned, and the kernels' non-temporal output stores need whole vectors on theirs."""
-    size = dtype.itemsize
-    if n * size < ALIGN_FROM_BYTES:
+    if n * dtype.itemsize < ALIGN_FROM_BYTES:
         return np.empty(n, dtype)
-    raw = np.empty(n + ALIGNMENT // size, dtype)
-    start = (-address(raw) % ALIGNMENT) // size  # numpy aligns to the value size at least
-    return raw[start : start + n]
+    return aligned_array((n,), dtype)
