@@ -98,13 +98,15 @@ def test_a_misaligned_gathered_operand_is_copied_onto_a_cache_line(dtype, monkey
     (which the fast path hands to the general path); an aligned X, or one gathered too
     little, is passed as it is. The results are exact either way."""
     copies = []
-    real = EXECUTABLE.aligned_copy
+    real = EXECUTABLE.packed_copy
 
-    def spy(array):
+    def spy(array, threads=1):
         copies.append(array.shape)
-        return real(array)
+        copied = real(array, threads)
+        assert BUFFERS.address(copied) % 64 == 0
+        return copied
 
-    monkeypatch.setattr(EXECUTABLE, "aligned_copy", spy)
+    monkeypatch.setattr(EXECUTABLE, "packed_copy", spy)
     rng = np.random.default_rng(11)
     w = rng.integers(-3, 4, (40, 30)) * (rng.random((40, 30)) < 0.5)
     w[7] = 0

@@ -32,7 +32,7 @@ from ..frontend.semirings import semiring
 from ..middle.spec import Spec
 from ..policy import costs
 from ..policy.costs import Columns
-from ..tensors.buffers import aligned_copy, aligned_empty
+from ..tensors.buffers import aligned_empty
 from ..tensors.halves import readable, result_dtype, rounded, storage_fill
 from ..tensors.tensor import Tensor
 from . import device, gpu_sparse, sparse_out
@@ -149,12 +149,6 @@ class Executable:
         width = self.columns.width(prepared.dims, prepared.values)
         if width:
             return self.run_panels(prepared, threads, width)
-        # the binder keeps the panel operands at their strides (`Binder._carriers`): whole,
-        # the kernel reads them C-ordered
-        strided = [n for n in self.columns.carriers if not prepared.values[n].flags.c_contiguous]
-        if strided:
-            copied = {n: packed_copy(prepared.values[n], resolve_threads(threads)) for n in strided}
-            prepared = replace(prepared, values={**prepared.values, **copied})
         return self.run_whole(prepared, threads)
 
     def _level_shape(self, prepared: Prepared) -> tuple[int, ...]:
@@ -283,8 +277,13 @@ class Executable:
             values, dims = prepared.values, prepared.dims
             j = self.columns.index
             if j is not None:
-                off = costs.misaligned(dims[j], self.columns.carriers, values)
-                values = {**values, **{n: aligned_copy(values[n]) for n in off}}
+                # the panel operands, which the binder keeps at their strides
+                # (`Binder._carriers`), C-ordered, and on a cache line where that pays
+                carriers = self.columns.carriers
+                packed = {n for n in carriers if not values[n].flags.c_contiguous}
+                packed.update(costs.misaligned(dims[j], carriers, values))
+                copied = {n: packed_copy(values[n], resolve_threads(threads)) for n in packed}
+                values = {**values, **copied}
             args = arguments(
                 self.slots,
                 values,
