@@ -1,14 +1,26 @@
 /* sparsec's copies of dense operands (`sparsec.runtime.copies`): a 2-D array read at any
    element strides (rs between rows, cs between columns), written C-ordered into `out`, on
-   `threads` OpenMP threads. Each thread copies the same rows of every band of columns; a
-   band is one cache line of an output row, so its reads follow BAND source streams and its
-   writes fill whole lines (numpy's copy of a transpose reads a column of the source for
-   every output row). Values are copied as bits: any dtype of the width. */
+   `threads` OpenMP threads. Values are copied as bits: any dtype of the width.
+
+   The general copy works in bands: each thread copies the same rows of every band of
+   columns; a band is one cache line of an output row, so its reads follow BAND source
+   streams and its writes fill whole lines (numpy's copy of a transpose reads a column of
+   the source for every output row).
+
+   A source that runs along the output's rows (rs == 1: the transpose of a C-ordered array,
+   as SparseLinear's tokens-first activations read as Xt(i, t)) of 4- or 8-byte values is
+   copied in blocks instead: one cache line of source rows (16 or 8 of them) by one vector
+   of columns, each block loaded as whole vectors along the source's rows, transposed in
+   registers and stored as whole vectors along the output's. Every source line is then read
+   once, and every load and store is a vector. Unless the output's rows are a multiple of
+   2 KB apart: then a block's rows fall into one or two sets of the L1 data cache (its ways
+   are 4 KB on x86 cores), and the bands, which finish each output line before the next,
+   are faster (docs/decisions.md, "Transposed operands copied in register blocks"). */
 #include <stdint.h>
 
-#define SC_COPY2D(name, T, BAND)                                                          \
-  void name(const T* restrict in, T* restrict out, int64_t rows, int64_t cols, int64_t rs, \
-            int64_t cs, int threads) {                                                    \
+#define SC_COPY2D_BANDS(name, T, BAND)                                                    \
+  static void name(const T* restrict in, T* restrict out, int64_t rows, int64_t cols,     \
+                   int64_t rs, int64_t cs, int threads) {                                 \
     _Pragma("omp parallel num_threads(threads) if(threads > 1)")                          \
     for (int64_t cb = 0; cb < cols; cb += BAND) {                                         \
       int64_t ce = cb + BAND < cols ? cb + BAND : cols;                                   \
@@ -19,6 +31,103 @@
     }                                                                                     \
   }
 
-SC_COPY2D(sparsec_copy2d_2, uint16_t, 32)
-SC_COPY2D(sparsec_copy2d_4, uint32_t, 16)
-SC_COPY2D(sparsec_copy2d_8, uint64_t, 8)
+SC_COPY2D_BANDS(sc_bands_2, uint16_t, 32)
+SC_COPY2D_BANDS(sc_bands_4, uint32_t, 16)
+SC_COPY2D_BANDS(sc_bands_8, uint64_t, 8)
+
+/* the blocked transpose needs __builtin_shufflevector (clang, GCC 12 and later); without
+   it every copy takes the bands */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define SC_BLOCKS 1
+/* 32-byte vectors of lanes; the `u` forms load and store at any element boundary */
+typedef uint32_t sc_w8 __attribute__((vector_size(32)));
+typedef uint32_t sc_w8u __attribute__((vector_size(32), aligned(4)));
+typedef uint64_t sc_d4 __attribute__((vector_size(32)));
+typedef uint64_t sc_d4u __attribute__((vector_size(32), aligned(8)));
+
+/* out(r, c) = in(r + c * cs) for r, c in 0..7: 8 source columns (8 lanes each, along r)
+   become 8 output rows (along c) by three rounds of two-vector shuffles */
+static inline void sc_block8(const uint32_t* in, uint32_t* out, int64_t cs, int64_t cols) {
+  sc_w8 a[8], t[8], u[8];
+  for (int k = 0; k < 8; k++) a[k] = *(const sc_w8u*)(in + k * cs);
+  for (int k = 0; k < 8; k += 2) {  /* pairs of lanes of columns k, k+1 */
+    t[k] = __builtin_shufflevector(a[k], a[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[k + 1] = __builtin_shufflevector(a[k], a[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int k = 0; k < 8; k += 4) {  /* quads: columns k..k+3 of two rows per half */
+    u[k] = __builtin_shufflevector(t[k], t[k + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[k + 1] = __builtin_shufflevector(t[k], t[k + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    u[k + 2] = __builtin_shufflevector(t[k + 1], t[k + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[k + 3] = __builtin_shufflevector(t[k + 1], t[k + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  for (int k = 0; k < 4; k++) {  /* row k from the low halves, row k + 4 from the high */
+    *(sc_w8u*)(out + k * cols) = __builtin_shufflevector(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    *(sc_w8u*)(out + (k + 4) * cols) =
+        __builtin_shufflevector(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
+/* the same for 8-byte values: 4 source columns of 4 lanes become 4 output rows */
+static inline void sc_block4(const uint64_t* in, uint64_t* out, int64_t cs, int64_t cols) {
+  sc_d4 a0 = *(const sc_d4u*)in, a1 = *(const sc_d4u*)(in + cs);
+  sc_d4 a2 = *(const sc_d4u*)(in + 2 * cs), a3 = *(const sc_d4u*)(in + 3 * cs);
+  sc_d4 t0 = __builtin_shufflevector(a0, a1, 0, 4, 2, 6);
+  sc_d4 t1 = __builtin_shufflevector(a0, a1, 1, 5, 3, 7);
+  sc_d4 t2 = __builtin_shufflevector(a2, a3, 0, 4, 2, 6);
+  sc_d4 t3 = __builtin_shufflevector(a2, a3, 1, 5, 3, 7);
+  *(sc_d4u*)out = __builtin_shufflevector(t0, t2, 0, 1, 4, 5);
+  *(sc_d4u*)(out + cols) = __builtin_shufflevector(t1, t3, 0, 1, 4, 5);
+  *(sc_d4u*)(out + 2 * cols) = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+  *(sc_d4u*)(out + 3 * cols) = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+}
+
+/* blocks of LINE output rows (one cache line of each source column) by B columns, B x B
+   register transposes inside; the rows past the last whole block and the columns past the
+   last whole vector are copied one value at a time */
+#define SC_COPY2D_BLOCKS(name, T, B, LINE, BLOCK)                                          \
+  static void name(const T* restrict in, T* restrict out, int64_t rows, int64_t cols,      \
+                   int64_t cs, int threads) {                                              \
+    int64_t rt = rows / LINE * LINE, ct = cols / B * B;                                    \
+    _Pragma("omp parallel for schedule(static) num_threads(threads) if(threads > 1)")      \
+    for (int64_t r0 = 0; r0 < rt; r0 += LINE) {                                            \
+      for (int64_t c0 = 0; c0 < ct; c0 += B)                                               \
+        for (int64_t r = r0; r < r0 + LINE; r += B) BLOCK(in + r + c0 * cs, out + r * cols + c0, cs, cols); \
+      for (int64_t r = r0; r < r0 + LINE; r++)                                             \
+        for (int64_t c = ct; c < cols; c++) out[r * cols + c] = in[r + c * cs];            \
+    }                                                                                      \
+    for (int64_t r = rt; r < rows; r++)                                                    \
+      for (int64_t c = 0; c < cols; c++) out[r * cols + c] = in[r + c * cs];               \
+  }
+
+SC_COPY2D_BLOCKS(sc_blocks_4, uint32_t, 8, 16, sc_block8)
+SC_COPY2D_BLOCKS(sc_blocks_8, uint64_t, 4, 8, sc_block4)
+#else
+#define SC_BLOCKS 0
+#endif
+
+void sparsec_copy2d_2(const uint16_t* restrict in, uint16_t* restrict out, int64_t rows,
+                      int64_t cols, int64_t rs, int64_t cs, int threads) {
+  sc_bands_2(in, out, rows, cols, rs, cs, threads);
+}
+
+void sparsec_copy2d_4(const uint32_t* restrict in, uint32_t* restrict out, int64_t rows,
+                      int64_t cols, int64_t rs, int64_t cs, int threads) {
+#if SC_BLOCKS
+  if (rs == 1 && cols * 4 % 2048 != 0) {
+    sc_blocks_4(in, out, rows, cols, cs, threads);
+    return;
+  }
+#endif
+  sc_bands_4(in, out, rows, cols, rs, cs, threads);
+}
+
+void sparsec_copy2d_8(const uint64_t* restrict in, uint64_t* restrict out, int64_t rows,
+                      int64_t cols, int64_t rs, int64_t cs, int threads) {
+#if SC_BLOCKS
+  if (rs == 1 && cols * 8 % 2048 != 0) {
+    sc_blocks_8(in, out, rows, cols, cs, threads);
+    return;
+  }
+#endif
+  sc_bands_8(in, out, rows, cols, rs, cs, threads);
+}

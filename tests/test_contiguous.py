@@ -196,6 +196,30 @@ def test_band_copies_equal_numpys(dtype, threads, monkeypatch):
         np.testing.assert_array_equal(got, np.ascontiguousarray(view), err_msg=what)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "float16"])
+def test_transposes_copied_in_register_blocks_equal_numpys(dtype, threads, monkeypatch):
+    """A source that runs along the output's rows (the transpose of a C-ordered array) is
+    copied in blocks, a cache line of rows by a vector of columns transposed in registers
+    (4- and 8-byte values; 2-byte ones take the bands): bit for bit numpy's at whole blocks,
+    with rows and columns left over, from an offset that puts no load on a vector boundary,
+    and at more threads than blocks. Both copies that use it are checked: the C-ordered one
+    and the packed one on a cache line."""
+    from sparsec.runtime import copies as convert
+
+    monkeypatch.setattr(convert, "STRIDED_COPY_BYTES", 0)
+    shapes = [(16, 8), (32, 16), (48, 24), (17, 9), (15, 7), (64, 3), (3, 64), (1, 100), (100, 1)]
+    for rows, cols in shapes:
+        n = (cols + 1) * (rows + 3)
+        base = (np.arange(n) % 1021 - 510).astype(dtype).reshape(cols + 1, rows + 3)
+        for view in (base[:cols, :rows].T, base[1:, 3:].T):
+            assert view.strides[0] == view.itemsize and convert._across_rows(view)
+            want = np.ascontiguousarray(view)
+            for got in (convert.contiguous_copy(view, threads), convert.packed_copy(view, threads)):
+                assert got.flags.c_contiguous and got.dtype == view.dtype
+                np.testing.assert_array_equal(got, want, err_msg=f"{rows}x{cols}")
+
+
 def test_copies_the_band_copy_does_not_take_are_numpys(monkeypatch):
     """Reversed, unaligned and 16-byte values, and more than two axes, go to numpy."""
     from sparsec.runtime import copies as convert
