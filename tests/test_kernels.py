@@ -498,6 +498,32 @@ def test_the_fast_path_is_written_for_its_kernel_without_user_text(rng):
     assert twice == once and once == pytest.approx(float(a @ b), rel=1e-12)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_panel_operand_passed_transposed_takes_the_fast_path(dtype, monkeypatch, rng):
+    """SparseLinear passes its activations as a transposed view, Xt = X(t,i).T. The fast
+    path takes such a panel operand (`Columns.carriers`): it makes it C-ordered by the
+    compiled copy and calls the kernel, with no turn through the general path, and gives
+    the general path's values bit for bit, also for a view off a vector boundary."""
+    from sparsec.runtime.executable import Executable
+
+    k = sparsec.Kernel("C(i,j) = W(i,k) * X(k,j)", {"W": "csr"}, dtype=dtype)
+    w = sparse_array((45, 37), rng, integer=True).astype(dtype)
+    tensor = sparsec.as_tensor(w, "csr")
+    tokens_first = rng.integers(-3, 4, size=(83, 40)).astype(dtype)
+    want = w @ tokens_first[:, :37].T
+    general = k(W=tensor, X=tokens_first[:, :37].T, threads=2)
+    assert k._fast is not None
+    runs = []
+    real = Executable.run
+    monkeypatch.setattr(Executable, "run", lambda self, *a: runs.append(1) or real(self, *a))
+    for view in (tokens_first[:, :37].T, tokens_first[1:, 3:].T):
+        assert not view.flags.c_contiguous
+        got = k(W=tensor, X=view, threads=2)
+        np.testing.assert_array_equal(got, w @ view)
+    assert runs == []
+    np.testing.assert_array_equal(general, want)
+
+
 def test_the_fast_path_passes_its_arguments_packed_unless_a_scalar_is_among_them(rng):
     """A C kernel without scalar value parameters also exports ``sparsec_kernel_packed``,
     which reads the ABI's arguments from one int64 array; the fast path calls it (one

@@ -219,12 +219,9 @@ class SparseLinear(torch.nn.Module):
                 "(cast one of them, e.g. layer.to(x.dtype))"
             )
         lead = x.shape[:-1]
-        # Xt as a view where the call may run in column panels: the runtime packs each panel
-        # straight from it (`sparsec.runtime.copies.packed_copy`). Fewer tokens never do,
-        # and a C-ordered Xt takes the runtime's fast path
+        # Xt as a view: the runtime packs each column panel straight from it, or, run whole,
+        # makes it C-ordered by the same compiled copy (`sparsec.runtime.copies.packed_copy`)
         xt = x.reshape(-1, self.in_features).t()
-        if xt.shape[1] < costs.PANEL_MIN_COLUMNS:
-            xt = xt.contiguous()
         yt = self._product(xt)
         if self.bias is not None:
             yt = yt.add_(self.bias[:, None])  # the op's own fresh output: no copy

@@ -29,6 +29,7 @@ from ..tensors.halves import HALF
 from ..tensors.tensor import Tensor
 from .args import Source
 from .binding import INDEX_DTYPES, MAX_THREADS, VALUE_DTYPES, resolve_threads, use_threads  # noqa: F401
+from .copies import packed_copy  # noqa: F401 - called by the generated source
 from .executable import Executable
 from .inputs import Binder, Prepared
 from .loaded import status_error  # noqa: F401 - raised by the generated source
@@ -98,6 +99,7 @@ def _source(
     local: dict[str, str] = {}  # tensor name -> its local (v0, v1, ...)
     dense = {t.name: t.is_dense for t in binder.wanted}
     extent: dict[str, str] = {}  # index -> the local holding its extent (d0, d1, ...)
+    carriers = set(executable.columns.carriers)
     for n, t in enumerate(binder.wanted):
         v = local[t.name] = f"v{n}"
         constants[f"N{n}"] = t.name
@@ -107,8 +109,10 @@ def _source(
         elif t.is_dense:
             test = (
                 f"type({v}) is not np.ndarray or ({v}.dtype is not DT and {v}.dtype != DT) "
-                f"or {v}.ndim != {t.order} or not {v}.flags.c_contiguous"
+                f"or {v}.ndim != {t.order}"
             )
+            if t.name not in carriers:  # a panel operand may come strided: copied below
+                test += f" or not {v}.flags.c_contiguous"
         else:
             constants[f"F{n}"] = canonical(t.format)
             test = (
@@ -169,6 +173,17 @@ def _source(
     lines += [
         "th = (use_threads(threads) if type(threads) is int and 0 < threads <= MAX_THREADS"
         " else resolve_threads(threads))",
+    ]
+    for name in sorted(carriers & set(local)):
+        # a panel operand passed strided (SparseLinear's transposed activations) is made
+        # C-ordered on a cache line by the compiled copy, as the general path's whole run does
+        v, m = local[name], local[name].removeprefix("v")
+        lines += [
+            f"if not {v}.flags.c_contiguous:",
+            f"    {v} = packed_copy({v}, th)",
+            f"    x{m} = address({v})",
+        ]
+    lines += [
         f"if {size} * ITEMSIZE < ALIGN_FROM_BYTES:",
         f"    out = np.empty(({''.join(d + ', ' for d in shape)}), DT)",
         "else:",
