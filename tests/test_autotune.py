@@ -135,3 +135,76 @@ def test_a_table_written_before_decisions_is_read(cache, rng, monkeypatch):
     monkeypatch.setattr(autotune, "tune", no_tuning)
     np.testing.assert_allclose(k(A=a, x=x, threads=2), a.to_dense() @ x)
     assert k.schedule.startswith(f"auto: {text} (")
+
+
+class _Timed:
+    """A stand-in executable: each run advances the fake clock by its cost, times the
+    machine's slowdown at that moment (``slow(call number)``)."""
+
+    def __init__(self, cost, clock):
+        self.cost, self.clock = cost, clock
+
+    def run(self, prepared, threads):
+        self.clock.calls += 1
+        self.clock.now += self.cost * self.clock.slow(self.clock.calls)
+        return np.zeros(3)
+
+
+class _Clock:
+    def __init__(self, slow):
+        self.now, self.calls, self.slow = 0.0, 0, slow
+
+    def __call__(self):
+        return self.now
+
+
+class _Candidate:
+    def __init__(self, label):
+        self.label = label
+
+
+def _tune(costs, slow, monkeypatch):
+    clock = _Clock(slow)
+    monkeypatch.setattr(autotune, "clock", clock)
+    decisions = [_Candidate(None if name == "default" else name) for name in costs]
+    build = lambda d: _Timed(costs[d.label or "default"], clock)  # noqa: E731
+    return autotune.tune(build, decisions, None, 2)
+
+
+def test_candidates_are_timed_in_interleaved_rounds(monkeypatch):
+    """A machine that runs slower for its first calls (a clock ramping up, a burst of load)
+    must not decide: timed one after another, the default would take every slow call and
+    the last candidate none, and the equal last one would win; timed in rotating rounds,
+    the truly faster one does."""
+    costs = {"default": 1.0, "faster": 0.8, "same": 1.0}
+    result = _tune(costs, lambda n: 3.0 if n <= 12 else 1.0, monkeypatch)
+    assert result["schedule"] == "faster"
+    assert result["medians_ms"] == pytest.approx({k: v * 1e3 for k, v in costs.items()})
+
+
+@pytest.mark.parametrize(("cost", "wins"), [(0.95, False), (0.85, True)])
+def test_a_candidate_within_the_margin_keeps_the_default(cost, wins, monkeypatch):
+    """Candidates whose code differs only in layout time a few % apart: a candidate must
+    beat the default by `MARGIN` to replace it."""
+    result = _tune({"default": 1.0, "other": cost}, lambda n: 1.0, monkeypatch)
+    assert result["schedule"] == ("other" if wins else None)
+
+
+def test_repeated_calls_decide_nothing_again(cache, rng, monkeypatch):
+    """A kind of call already decided runs its executable: no key, candidates or table are
+    computed again (they cost more than a small kernel); another thread count is another
+    kind, and a changed calibration decides again."""
+    a = sparsec.Tensor.from_dense(sparse_array((80, 60), rng), "csr")
+    x = rng.standard_normal(60)
+    k = sparsec.kernel(SPMV, {"A": "csr"}, schedule="auto")
+    seen = []
+    real = tuning.candidates
+    monkeypatch.setattr(tuning, "candidates", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    for _ in range(3):
+        np.testing.assert_allclose(k(A=a, x=x, threads=2), a.to_dense() @ x)
+    assert len(seen) == 1
+    k(A=a, x=x, threads=1)
+    assert len(seen) == 2
+    with calibrated.trying({"stream_locality": None}):
+        np.testing.assert_allclose(k(A=a, x=x, threads=1), a.to_dense() @ x)
+    assert len(seen) == 3

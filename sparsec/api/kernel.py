@@ -26,7 +26,7 @@ from ..middle.derive import contiguous, derive
 from ..middle.regroup import regroup
 from ..middle.spec import FormatsArg, Spec, make_spec
 from ..pipeline import generate, generate_cuda, lower_serially
-from ..policy import decision, tuning
+from ..policy import calibrated, decision, tuning
 from ..policy.costs import Columns
 from ..policy.schedules import vector_rows
 from ..runtime import fastpath, nvrtc
@@ -102,6 +102,9 @@ class Kernel:
         self._tuned: dict[str, dict[str, Any]] = {}
         self._last_tuned: dict[str, Any] | None = None
         self._candidates: dict[tuple[decision.Decision, str, str], Executable] = {}
+        #: auto: each kind of call seen (dtypes, threads, `autotune.signature`, calibration)
+        #: -> its executable and tuning result, so a repeated call decides nothing again
+        self._auto_runs: dict[tuple[Any, ...], tuple[Executable, dict[str, Any]]] = {}
         if not on.openmp and schedule == "serial":
             raise ScheduleError(
                 "schedule 'serial' is for the C target; CUDA kernels map loops to GPU units"
@@ -275,6 +278,19 @@ class Kernel:
             return self.executable(prepared.dtype, prepared.index_dtype, prepared)
         dtype, index_dtype = prepared.dtype, prepared.index_dtype
         n = resolve_threads(threads)
+        # a kind of call already decided in this process (under the same calibration) runs
+        # its executable with no key, candidates or table to look at again
+        kind = (
+            dtype,
+            index_dtype,
+            n,
+            autotune.signature(prepared.values),
+            tuple(sorted(calibrated.overrides().items())),
+        )
+        known = self._auto_runs.get(kind)
+        if known is not None:
+            self._last_tuned = known[1]
+            return known[0]
         entry = autotune.key(self.assignment, self.spec, prepared.values, dtype, index_dtype, n)
         decisions = tuning.candidates(self.spec, self.generated().loop_order, self._decide(dtype))
         # the recorded winner (`autotune.winner`); where there is none, or no candidate
@@ -287,7 +303,9 @@ class Kernel:
             autotune.record(entry, found)
             chosen = autotune.winner(found, decisions) or decisions[0]
         self._tuned[entry] = self._last_tuned = found
-        return self._candidate(chosen, dtype, index_dtype)
+        executable = self._candidate(chosen, dtype, index_dtype)
+        self._auto_runs[kind] = (executable, found)
+        return executable
 
     def _candidate(self, decided: decision.Decision, dtype: str, index_dtype: str) -> Executable:
         """schedule="auto" or a lane-group mapping: the executable of one decision (kept)."""
