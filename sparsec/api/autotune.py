@@ -82,7 +82,7 @@ def key(
 def signature(inputs: Mapping[str, Any]) -> tuple[tuple[Any, ...], ...]:
     """The inputs' kind, as the key reads it: each input's shape, and a sparse one's nonzero
     count rounded to a power of two (hashable: a kernel remembers its choice by it)."""
-    found = []
+    found: list[tuple[Any, ...]] = []
     for name in sorted(inputs):
         v = inputs[name]
         if isinstance(v, Tensor):
