@@ -220,6 +220,33 @@ def test_transposes_copied_in_register_blocks_equal_numpys(dtype, threads, monke
                 np.testing.assert_array_equal(got, want, err_msg=f"{rows}x{cols}")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_transposed_dense_operand_is_bound_by_the_compiled_copy(threads, monkeypatch, rng):
+    """A dense operand passed as a transposed view that the kernel reads C-ordered (the
+    gradient kernels read SparseLinear's activations so) is made C-ordered by the compiled
+    copy on the call's threads, not by numpy's copy of a transpose (a source column read for
+    every output row: 3.5 ms against 1.2 for a 1536 x 1024 float32 one); the result is the
+    C-ordered operand's, bit for bit."""
+    from sparsec.runtime import binding
+
+    seen = []
+    real = binding.contiguous_copy
+
+    def spy(array, threads):
+        seen.append((array.flags.c_contiguous, threads))
+        return real(array, threads)
+
+    monkeypatch.setattr(binding, "contiguous_copy", spy)
+    k = sparsec.Kernel("y(i) = A(i,j) * X(j,t) * v(t)", {"A": "csr"}, dtype="float32")
+    a = sparsec.as_tensor(sparse_array((40, 300), rng, integer=True).astype(np.float32), "csr")
+    tokens_first = rng.integers(-3, 4, size=(200, 300)).astype(np.float32)
+    v = rng.integers(-2, 3, size=200).astype(np.float32)
+    got = k(A=a, X=tokens_first.T, v=v, threads=threads)
+    assert (False, threads) in seen
+    np.testing.assert_array_equal(got, k(A=a, X=np.ascontiguousarray(tokens_first.T), v=v))
+    np.testing.assert_array_equal(got, a.to_dense() @ (tokens_first.T @ v))
+
+
 def test_copies_the_band_copy_does_not_take_are_numpys(monkeypatch):
     """Reversed, unaligned and 16-byte values, and more than two axes, go to numpy."""
     from sparsec.runtime import copies as convert

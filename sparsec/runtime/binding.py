@@ -26,6 +26,7 @@ from ..policy.machine import LOAD_INTERVAL_S, Machine, busy, machine, threads_fo
 from ..tensors.halves import HALF, STORAGE, to_storage
 from ..tensors.stored import Stored, stored
 from ..tensors.tensor import Tensor, as_tensor
+from .copies import contiguous_copy
 
 #: value dtype name -> the host dtype of its kernel's value arrays (16-bit storage for
 #: float16/bfloat16: numpy float16, and the bits as uint16 for bfloat16)
@@ -189,16 +190,22 @@ def widen(value: Any) -> Any:
 
 
 def convert_input(
-    t: TensorVar, value: Any, dtype: str, index_dtype: str, contiguous: bool = True
+    t: TensorVar,
+    value: Any,
+    dtype: str,
+    index_dtype: str,
+    contiguous: bool = True,
+    threads: int = 1,
 ) -> Any:
     """One input in the kernel's layout: float for scalars, ndarray for dense, Tensor else.
     ``contiguous`` off: a dense one only read through a derived copy (a transpose the
-    runtime makes anyway) keeps its strides, so the copy is made once, from it."""
+    runtime makes anyway) keeps its strides, so the copy is made once, from it. A dense
+    one's C-ordered copy, where it needs one, is made by up to ``threads`` threads."""
     where = f"input {t.name!r}"
     if t.order == 0:
         return _scalar(value, where)
     if t.is_dense:
-        return _dense(t, value, dtype, where, contiguous)
+        return _dense(t, value, dtype, where, contiguous, threads)
     _reject_dtype(value, where)
     half = dtype in HALF
     np_dtype = FLOAT32 if half else VALUE_DTYPES[dtype]
@@ -266,9 +273,13 @@ def _reject_dtype(value: Any, where: str) -> None:
         raise DTypeError(f"{where}: {shown} values are not supported; use float32 or float64")
 
 
-def _dense(t: TensorVar, value: Any, dtype: str, where: str, contiguous: bool = True) -> np.ndarray:
+def _dense(
+    t: TensorVar, value: Any, dtype: str, where: str, contiguous: bool = True, threads: int = 1
+) -> np.ndarray:
     """A dense operand as an array *in level order* of the kernel's value dtype: C-ordered,
-    unless ``contiguous`` is off (`convert_input`)."""
+    unless ``contiguous`` is off (`convert_input`). A transposed view is copied by the
+    compiled copy (`contiguous_copy`; numpy's copy of a transpose reads a source column for
+    every output row)."""
     if type(value) is not np.ndarray:
         if isinstance(value, Tensor):
             value = value.to_dense()
@@ -302,7 +313,7 @@ def _dense(t: TensorVar, value: Any, dtype: str, where: str, contiguous: bool = 
         return to_storage(value, dtype)
     if not contiguous:
         return np.asarray(value, dtype=VALUE_DTYPES[dtype])
-    return np.ascontiguousarray(value, dtype=VALUE_DTYPES[dtype])
+    return contiguous_copy(np.asarray(value, dtype=VALUE_DTYPES[dtype]), threads)
 
 
 def _torch_strided() -> Any:

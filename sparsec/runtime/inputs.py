@@ -211,7 +211,7 @@ class Binder:
                 device = True
             else:
                 direct = t.name in self._direct and t.name not in self._carriers
-                values[t.name] = convert_input(t, value, dtype, index_dtype, direct)
+                values[t.name] = convert_input(t, value, dtype, index_dtype, direct, threads)
         if self.index_dtype is None and index_dtype == "int32":
             # A large input may have forced int64: bring every sparse input to one width.
             if any(isinstance(v, Tensor) and v.index_dtype == INT64 for v in values.values()):
