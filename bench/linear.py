@@ -1,6 +1,6 @@
 """Pruned linear layers: `sparsec.nn.SparseLinear` against dense ``F.linear``, forward only.
 
-    python -m bench.linear [--quick] [--threads N] [--shape NAME ...]
+    python -m bench.linear [--quick] [--threads N] [--shape NAME ...] [--structure S]
 
 Shapes (in -> out features, float32, 1024 tokens): BERT-base's FFN up (768 -> 3072) and down
 (3072 -> 768), MiniLM's (384 -> 1536, 1536 -> 384). Each weight is a random ``nn.Linear``
@@ -19,8 +19,11 @@ and N threads (torch's and sparsec's thread counts set alike):
   ``sparse - kernel`` is the overhead. Where the layer measured whole rows faster (its
   first call times both), the column times whole rows too.
 
-The table gives medians in ms, dense/sparse (> 1: sparse faster) against the issue's targets
-(>= 1.2x at 50 %, >= 2x at 70 %, >= 5x at 90 %), the kernel's share of the sparse time, and
+``--structure`` prunes in N:M groups (``2:4``, at 50 % only) or whole blocks (``1x8``,
+``4x4``) instead of by magnitude alone (`sparsec.nn.masks`; issue 39's targets: >= 1.3x for
+2:4, >= 1.5x at 50 % and >= 6x at 90 % for blocks). The table gives medians in ms,
+dense/sparse (> 1: sparse faster) against the issue's targets (unstructured, issue 38:
+>= 1.2x at 50 %, >= 2x at 70 %, >= 5x at 90 %), the kernel's share of the sparse time, and
 the kernel's useful rate (2 x stored entries x tokens flops per call) as a fraction of the
 measured peak FMA rate (`bench.roofline.peak_flops`) at that thread count. Results:
 bench/results/linear.json with the machine's facts and load.
@@ -52,6 +55,13 @@ TOKENS = 1024
 SPARSITIES = (0.5, 0.7, 0.9)
 #: dense/sparse the issue asks for at each sparsity (issue 38, section 3)
 TARGETS = {0.5: 1.2, 0.7: 2.0, 0.9: 5.0}
+#: --structure: how `SparseLinear.from_linear` prunes, its sparsities, and issue 39's targets
+STRUCTURES: dict[str, tuple[dict[str, Any], tuple[float, ...], dict[float, float]]] = {
+    "none": ({}, SPARSITIES, TARGETS),
+    "2:4": ({"pattern": "2:4"}, (0.5,), {0.5: 1.3}),
+    "1x8": ({"block": (1, 8)}, SPARSITIES, {0.5: 1.5, 0.9: 6.0}),
+    "4x4": ({"block": (4, 4)}, SPARSITIES, {0.5: 1.5, 0.9: 6.0}),
+}
 RAW = "Yt(o,t) = W(o,i) * Xt(i,t)"
 
 
@@ -70,9 +80,14 @@ SHAPES = (
 )
 
 
-def contenders(shape: Shape, sparsity: float, tokens: int, threads: int, seed: int = 0) -> tuple[
-    dict[str, Callable[[], Any]], int
-]:  # fmt: skip
+def contenders(
+    shape: Shape,
+    sparsity: float,
+    tokens: int,
+    threads: int,
+    seed: int = 0,
+    structure: dict[str, Any] | None = None,
+) -> tuple[dict[str, Callable[[], Any]], int]:
     """The three callables of one case (checked against each other first) and the layer's
     stored entries."""
     import torch
@@ -82,7 +97,9 @@ def contenders(shape: Shape, sparsity: float, tokens: int, threads: int, seed: i
 
     torch.manual_seed(seed)
     linear = torch.nn.Linear(shape.in_features, shape.out_features)
-    layer = SparseLinear.from_linear(linear, sparsity, threads=threads)
+    structure = structure or {}
+    given = None if "pattern" in structure else sparsity
+    layer = SparseLinear.from_linear(linear, given, threads=threads, **structure)
     weight = layer.to_dense().detach().contiguous()
     bias = linear.bias.detach()
     x = torch.randn(tokens, shape.in_features)
@@ -146,14 +163,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shape", action="append", choices=[s.name for s in SHAPES], help="only these shapes"
     )
+    parser.add_argument(
+        "--structure", choices=list(STRUCTURES), default="none", help="N:M groups or blocks"
+    )
     args = parser.parse_args(argv)
+    structure, structure_sparsities, targets = STRUCTURES[args.structure]
     settle(not args.quick)
     top = args.threads or machine().cores
     counts = sorted({1, top})
     shapes = [s for s in SHAPES if s.name in (args.shape or [s.name])]
-    tokens, sparsities = TOKENS, SPARSITIES
+    tokens, sparsities = TOKENS, structure_sparsities
     if args.quick:
-        shapes, tokens, sparsities = [SHAPES[2]], 128, (0.5, 0.9)
+        shapes, tokens = [SHAPES[2]], 128
+        sparsities = tuple(s for s in sparsities if s in (0.5, 0.9))
     peaks = {t: peak_flops("float32", t, 0.05 if args.quick else 0.3) for t in counts}
     table = Table(
         ["case", "sparsity", "threads", "dense ms", "sparse ms", "kernel ms", "kernel share",
@@ -166,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
                 detail = f"{shape.in_features}->{shape.out_features}"
                 progress(f"{shape.name} {detail} {sparsity:.0%} at {t} thread(s)")
                 with torch_threads(t), torch.no_grad():
-                    fns, nnz = contenders(shape, sparsity, tokens, t)
+                    fns, nnz = contenders(shape, sparsity, tokens, t, structure=structure)
                     start = os.getloadavg()[0]
                     timed = measure_rounds(fns, warmup=2, repeats=10)
                 load = os.getloadavg()[0]
                 ms = {name: timing.median_ms for name, timing in timed.items()}
-                ratio, target = ms["dense"] / ms["sparse"], TARGETS.get(sparsity)
+                ratio, target = ms["dense"] / ms["sparse"], targets.get(sparsity)
                 gflops = 2 * nnz * tokens / ms["kernel"] / 1e6
                 met = "-" if target is None else ("yes" if ratio >= target else "no")
                 table.add(f"{shape.name} {detail}", f"{sparsity:.0%}", t, ms["dense"],
@@ -181,14 +203,19 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({
                     "shape": shape.name, "in_features": shape.in_features,
                     "out_features": shape.out_features, "tokens": tokens,
-                    "sparsity": sparsity, "nnz": nnz, "threads": t, "medians_ms": ms,
+                    "sparsity": sparsity, "structure": args.structure, "nnz": nnz,
+                    "threads": t, "medians_ms": ms,
                     "dense_over_sparse": ratio, "target": target, "met": met == "yes",
                     "kernel_share": ms["kernel"] / ms["sparse"], "kernel_gflops": gflops,
                     "of_peak": gflops / peaks[t], "load_average": {"start": start, "end": load},
                     "timings": {name: timing.summary() for name, timing in timed.items()},
                 })  # fmt: skip
     env = environment()
-    print(f"SparseLinear vs dense F.linear, float32, {tokens} tokens, forward; {env['processor']}")
+    pruned = "" if args.structure == "none" else f", pruned in {args.structure}"
+    print(
+        f"SparseLinear vs dense F.linear, float32, {tokens} tokens, forward{pruned}; "
+        f"{env['processor']}"
+    )
     print(
         "peak FMA (measured): "
         + ", ".join(f"{v:.1f} GFLOP/s at {t}T" for t, v in peaks.items())
@@ -199,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         " where it uses them) on Xt made once; share: kernel / sparse"
     )
     print(table.render())
+    name = "linear" if args.structure == "none" else f"linear-{args.structure.replace(':', 'of')}"
     path = write_results(
-        "linear-quick" if args.quick else "linear",
+        f"{name}-quick" if args.quick else name,
         {"environment": env, "tokens": tokens, "peak_gflops": peaks, "rows": rows},
     )
     progress(f"wrote {path}")

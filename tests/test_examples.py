@@ -146,6 +146,14 @@ def test_bench_linear_quick_smoke() -> None:
     assert "minilm-up 384->1536" in done.stdout and "50%" in done.stdout and "90%" in done.stdout
 
 
+def test_bench_linear_structured_quick_smoke() -> None:
+    """`--structure`: the layer pruned in whole blocks (issue 39's pruning), same table."""
+    done = _run(["-m", "bench", "linear", "--quick", "--threads", "2", "--structure", "4x4"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    assert "pruned in 4x4" in done.stdout and "dense/sparse" in done.stdout
+    assert "50%" in done.stdout and "90%" in done.stdout and "6.0x" in done.stdout
+
+
 def test_bench_bert_quick_smoke() -> None:
     done = _run(["-m", "bench", "bert", "--quick", "--threads", "2"])
     assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"

@@ -2,7 +2,8 @@
 the blind spot"): `SparseLinear` forward and backward over random shapes (1-row and 1-column
 weights included), sparsities (0 and 1 included), with and without bias, float32 and
 float64, inputs of 1, 2 and 3 dimensions, whole rows and column blocks of 1 to 12 inputs
-(the L1 data cache drawn small); and `sparsify` on small models.
+(the L1 data cache drawn small); layers pruned in N:M groups and whole blocks (issue 39);
+and `sparsify` on small models.
 
 The reference is written from the documented contract, not from sparsec's code paths: the
 layer stores W's ``round((1 - s) * numel)`` entries of largest magnitude (ties: the lower
@@ -143,12 +144,88 @@ def sparsify_case(rng: np.random.Generator) -> str:
     return what
 
 
+def _expected_structured(weight: torch.Tensor, sparsity, block, nm) -> torch.Tensor:
+    """The documented structured choices (`sparsec.nn.masks`), by plain Python sorts: the N
+    largest magnitudes of every M consecutive inputs of a row, or whole r x c blocks by L2
+    norm (the nonzero blocks with sparsity None); ties to the lower index."""
+    rows, cols = weight.shape
+    mask = torch.zeros(rows, cols, dtype=torch.bool)
+    w = weight.abs().tolist()
+    if nm is not None:
+        n, m = nm
+        for i in range(rows):
+            for g in range(0, cols, m):
+                for k in sorted(range(m), key=lambda k: (-w[i][g + k], k))[:n]:
+                    mask[i, g + k] = True
+        return mask
+    r, c = block
+    grid = [(bi, bj) for bi in range(rows // r) for bj in range(cols // c)]
+    norm = [
+        sum(w[bi * r + a][bj * c + b] ** 2 for a in range(r) for b in range(c)) for bi, bj in grid
+    ]
+    if sparsity is None:
+        kept = [n for n in range(len(grid)) if norm[n] > 0]
+    else:
+        kept = sorted(range(len(grid)), key=lambda n: (-norm[n], n))[
+            : int(round((1 - sparsity) * len(grid)))
+        ]
+    for n in kept:
+        bi, bj = grid[n]
+        mask[bi * r : (bi + 1) * r, bj * c : (bj + 1) * c] = True
+    return mask
+
+
+def structured_case(rng: np.random.Generator) -> str:
+    """A layer pruned in N:M groups or whole blocks (issue 39): the pattern against the
+    documented rule, and the forward and gradients against the masked dense layer."""
+    dtype = (torch.float32, torch.float64)[rng.integers(2)]
+    nm = block = None
+    if rng.random() < 0.5:
+        m = int(rng.integers(1, 9))
+        nm = (int(rng.integers(1, m + 1)), m)
+        out_f, in_f = int(rng.integers(1, 7)), m * int(rng.integers(1, 4))
+        kw = {"pattern": f"{nm[0]}:{nm[1]}"}
+        sparsity = None if rng.random() < 0.7 else 1 - nm[0] / nm[1]
+    else:
+        block = (int(rng.integers(1, 5)), int(rng.integers(1, 9)))
+        out_f, in_f = block[0] * int(rng.integers(1, 4)), block[1] * int(rng.integers(1, 4))
+        kw = {"block": block}
+        sparsity = None if rng.random() < 0.15 else SPARSITIES[rng.integers(len(SPARSITIES))]
+    what = f"out={out_f} in={in_f} {kw} s={sparsity} {dtype}"
+    lin = torch.nn.Linear(in_f, out_f, dtype=dtype)
+    with torch.no_grad():
+        lin.weight.copy_(torch.from_numpy(rng.integers(-3, 4, (out_f, in_f))).to(dtype))
+        lin.bias.copy_(torch.from_numpy(rng.integers(-3, 4, out_f)).to(dtype))
+    layer = SparseLinear.from_linear(lin, sparsity, **kw)
+    mask = _dense_mask(layer)
+    weight = lin.weight.detach()
+    want = _expected_structured(weight, sparsity, block, nm)
+    assert torch.equal(mask, want), f"{what}: pattern {mask} != documented {want}"
+    x = torch.from_numpy(rng.integers(-3, 4, (int(rng.integers(1, 5)), in_f))).to(dtype)
+    x.requires_grad_(True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    w_ref = weight.clone().requires_grad_(True)
+    y, y_ref = layer(x), F.linear(x_ref, w_ref * mask, lin.bias.detach())
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
+    dy = torch.from_numpy(rng.integers(-2, 3, tuple(y.shape))).to(dtype)
+    y.backward(dy)
+    y_ref.backward(dy)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=0, msg=lambda m: f"{what}: dx {m}")
+    assert w_ref.grad is not None
+    torch.testing.assert_close(
+        layer.values.grad, w_ref.grad[mask], rtol=0, atol=0, msg=lambda m: f"{what}: dW {m}"
+    )
+    return what
+
+
 def _run(seed: int, count: int) -> int:
     rng = np.random.default_rng(seed)
     for _ in range(count):
         one_case(rng)
         if rng.random() < 0.1:
             sparsify_case(rng)
+        if rng.random() < 0.25:
+            structured_case(rng)
     return count
 
 

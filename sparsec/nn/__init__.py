@@ -3,6 +3,8 @@ imported on its own: ``import sparsec.nn``; ``import sparsec`` stays free of tor
 
     import sparsec.nn
     sparsec.nn.sparsify(model, 0.9, min_features=64)   # every eligible nn.Linear, in place
+    sparsec.nn.sparsify(model, pattern="2:4")          # or 2 of every 4 inputs, or
+    sparsec.nn.sparsify(model, 0.9, block=(1, 8))      # whole blocks of 1 x 8
     for row in sparsec.nn.report(model): print(row)
 
 `SparseLinear` (sparsec/nn/linear.py) holds the pattern and values of one layer and calls
@@ -17,9 +19,19 @@ from dataclasses import dataclass
 import torch
 
 from ..base.errors import InputError
-from .linear import ACTIVATIONS, SparseLinear, magnitude_mask
+from .linear import ACTIVATIONS, SparseLinear
+from .masks import block_mask, check_block, fits, magnitude_mask, nm_mask, parse_pattern
 
-__all__ = ["ACTIVATIONS", "LayerReport", "SparseLinear", "magnitude_mask", "report", "sparsify"]
+__all__ = [
+    "ACTIVATIONS",
+    "LayerReport",
+    "SparseLinear",
+    "block_mask",
+    "magnitude_mask",
+    "nm_mask",
+    "report",
+    "sparsify",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +53,21 @@ class LayerReport:
 
 def sparsify(
     model: torch.nn.Module,
-    sparsity: float | None,
+    sparsity: float | None = None,
     *,
+    block: tuple[int, int] | None = None,
+    pattern: str | None = None,
     min_features: int = 1,
     threads: int | None = None,
 ) -> torch.nn.Module:
     """Swap, in place, every ``nn.Linear`` of ``model`` (the model itself included if it is
     one: then the new layer is returned) whose in and out features are both at least
     ``min_features`` for a `SparseLinear` magnitude-pruned to ``sparsity`` (None: keep
-    each layer's zeros). The projections of ``nn.MultiheadAttention`` stay dense (it reads
-    their weights, never calls them). Returns the model; `report` lists what was swapped."""
+    each layer's zeros): in whole ``block = (r, c)`` blocks, or to an N:M ``pattern`` such
+    as ``"2:4"`` (`sparsec.nn.masks`). A layer whose shape the blocks or groups do not
+    divide stays dense, as a layer under ``min_features`` does. The projections of
+    ``nn.MultiheadAttention`` stay dense (it reads their weights, never calls them).
+    Returns the model; `report` lists what was swapped."""
     if not isinstance(model, torch.nn.Module):
         hint = (
             ": to prune a weight tensor use sparsec.nn.magnitude_mask(weight, sparsity)"
@@ -63,24 +80,34 @@ def sparsify(
         )
     if min_features < 1:
         raise InputError(f"min_features must be at least 1, got {min_features}")
+    if block is not None and pattern is not None:
+        raise InputError("give block or pattern, not both (an N:M pattern is along each row)")
+    if block is not None:
+        check_block(block)
+    if pattern is not None:
+        parse_pattern(pattern)
 
     def eligible(m: torch.nn.Module) -> bool:
         return (
             isinstance(m, torch.nn.Linear)
             and min(m.in_features, m.out_features) >= min_features
             and m.weight.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+            and fits((m.out_features, m.in_features), block, pattern)
         )
+
+    def pruned(m: torch.nn.Linear) -> SparseLinear:
+        return SparseLinear.from_linear(m, sparsity, threads=threads, block=block, pattern=pattern)
 
     if eligible(model):
         assert isinstance(model, torch.nn.Linear)
-        return SparseLinear.from_linear(model, sparsity, threads=threads)
+        return pruned(model)
     for parent in list(model.modules()):
         if isinstance(parent, torch.nn.MultiheadAttention):
             continue  # its forward reads out_proj.weight directly, never calls the module
         for child_name, child in list(parent.named_children()):
             if eligible(child):
                 assert isinstance(child, torch.nn.Linear)
-                layer = SparseLinear.from_linear(child, sparsity, threads=threads)
+                layer = pruned(child)
                 setattr(parent, child_name, layer.to(child.weight.device))
     return model
 

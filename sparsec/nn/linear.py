@@ -45,6 +45,7 @@ from ..api.kernel import Kernel, kernel
 from ..api.torch_op import Components, torch_op
 from ..base.errors import DTypeError, InputError, ShapeError, StorageError
 from ..policy import calibrated, costs
+from .masks import structured_mask
 
 #: the layer's product; torch adds the bias to its output
 _OP = torch_op(kernel("Yt(o,t) = W(o,i) * Xt(i,t)", {"W": "csr"}))
@@ -144,15 +145,17 @@ class SparseLinear(torch.nn.Module):
         sparsity: float | None = None,
         activation: str | None = None,
         threads: int | None = None,
+        *,
+        block: tuple[int, int] | None = None,
+        pattern: str | None = None,
     ) -> SparseLinear:
         """The layer of ``linear``: its nonzeros (sparsity None) or its
         ``round((1 - sparsity) * numel)`` largest weights by magnitude (ties: lower flat
-        index first), stored even where they are zero."""
+        index first), stored even where they are zero. With ``pattern="N:M"``, the N
+        largest of every M consecutive inputs of each row; with ``block=(r, c)``, whole
+        r x c blocks of largest L2 norm (`sparsec.nn.masks`)."""
         weight = _linear_weight(linear)
-        if sparsity is None:
-            mask = weight != 0
-        else:
-            mask = magnitude_mask(weight, sparsity)
+        mask = structured_mask(weight, sparsity, block, pattern)
         rows, cols = mask.nonzero(as_tuple=True)  # row-major: CSR order
         out_features, in_features = weight.shape
         wide = max(out_features, in_features, rows.numel()) >= 2**31 - 1
@@ -362,19 +365,6 @@ class SparseLinear(torch.nn.Module):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-
-
-def magnitude_mask(weight: torch.Tensor, sparsity: float) -> torch.Tensor:
-    """The ``round((1 - sparsity) * numel)`` entries of largest magnitude (ties: the lower
-    flat index kept first), exactly that many, as a bool mask."""
-    if not 0.0 <= sparsity <= 1.0:
-        raise InputError(f"sparsity must be in [0, 1], got {sparsity}")
-    flat = weight.detach().abs().reshape(-1)
-    keep = int(round((1.0 - sparsity) * flat.numel()))
-    order = torch.sort(flat, descending=True, stable=True).indices[:keep]
-    mask = torch.zeros(flat.numel(), dtype=torch.bool, device=weight.device)
-    mask[order] = True
-    return mask.reshape(weight.shape)
 
 
 def _linear_weight(linear: Any) -> torch.Tensor:
