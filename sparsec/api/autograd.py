@@ -92,7 +92,7 @@ def _function() -> Any:
             if grad.layout != torch.strided:
                 grad = grad.to_dense()
             inputs = {**how.others, **ctx.detached}
-            found = gradients(how.kernel, inputs, grad.contiguous(), wanted, how.threads)
+            found = gradients(how.kernel, inputs, grad, wanted, how.threads)
             return (
                 None,
                 *(_shaped(found[n], ctx.detached[n]) if n in found else None for n in how.names),

@@ -187,7 +187,7 @@ class TorchOp:
             found |= gradients(
                 self.kernel,
                 inputs,
-                grad.contiguous(),
+                grad,  # made C-ordered there, once, by the compiled copy
                 derived,
                 threads=threads if threads >= 0 else None,
             )
