@@ -271,9 +271,10 @@ def _detached(x: Any) -> Any:
 
 def _c_ordered(dy: Any, threads: int | None) -> Any:
     """The output's gradient C-ordered once for every gradient kernel that reads it, by the
-    compiled copy where it is a strided float array (SparseLinear's arrives transposed: torch's
-    copy of a 1024 x 1536 float32 transpose took 0.66 ms, the compiled one 0.23 at 2
-    threads); other torch tensors by torch, anything else as it is (the binder converts it)."""
+    compiled copy where it is a strided float array (SparseLinear's arrives transposed, and
+    torch's copy of a transpose is the slower: docs/decisions.md, "A dense operand is bound
+    C-ordered by the compiled copy"); other torch tensors by torch, anything else as it is
+    (the binder converts it)."""
     from ..runtime.binding import resolve_threads
     from ..runtime.copies import contiguous_copy
 
