@@ -101,6 +101,12 @@ static inline void sc_block4(const uint64_t* in, uint64_t* out, int64_t cs, int6
 
 SC_COPY2D_BLOCKS(sc_blocks_4, uint32_t, 8, 16, sc_block8)
 SC_COPY2D_BLOCKS(sc_blocks_8, uint64_t, 4, 8, sc_block4)
+
+/* whether a copy of `size`-byte values takes the register blocks: a source along the
+   output's rows, and output rows not a multiple of 2 KB apart (see the top) */
+static inline int sc_in_blocks(int64_t rs, int64_t cols, int64_t size) {
+  return rs == 1 && cols * size % 2048 != 0;
+}
 #else
 #define SC_BLOCKS 0
 #endif
@@ -113,7 +119,7 @@ void sparsec_copy2d_2(const uint16_t* restrict in, uint16_t* restrict out, int64
 void sparsec_copy2d_4(const uint32_t* restrict in, uint32_t* restrict out, int64_t rows,
                       int64_t cols, int64_t rs, int64_t cs, int threads) {
 #if SC_BLOCKS
-  if (rs == 1 && cols * 4 % 2048 != 0) {
+  if (sc_in_blocks(rs, cols, 4)) {
     sc_blocks_4(in, out, rows, cols, cs, threads);
     return;
   }
@@ -124,7 +130,7 @@ void sparsec_copy2d_4(const uint32_t* restrict in, uint32_t* restrict out, int64
 void sparsec_copy2d_8(const uint64_t* restrict in, uint64_t* restrict out, int64_t rows,
                       int64_t cols, int64_t rs, int64_t cs, int threads) {
 #if SC_BLOCKS
-  if (rs == 1 && cols * 8 % 2048 != 0) {
+  if (sc_in_blocks(rs, cols, 8)) {
     sc_blocks_8(in, out, rows, cols, cs, threads);
     return;
   }
