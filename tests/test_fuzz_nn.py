@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mask_oracle import block_reference, nm_reference
 
 import sparsec.nn
 from sparsec.nn import SparseLinear
@@ -84,14 +85,28 @@ def one_case(rng: np.random.Generator) -> str:
     assert layer.sparsity == pytest.approx(1 - int(mask.sum()) / (out_f * in_f)), what
 
     x = torch.from_numpy(rng.integers(-3, 4, (*lead, in_f))).to(dtype).requires_grad_(True)
+    _matches_dense(layer, lin, mask, x, rng, what)
+    return what
+
+
+def _matches_dense(
+    layer: SparseLinear,
+    lin: torch.nn.Linear,
+    mask: torch.Tensor,
+    x: torch.Tensor,
+    rng: np.random.Generator,
+    what: str,
+) -> None:
+    """``layer(x)`` and every gradient (input, stored values, bias) against
+    ``F.linear(x, W * mask, b)`` on ``lin``'s weight and bias, exactly."""
     x_ref = x.detach().clone().requires_grad_(True)
-    w_ref = weight.clone().requires_grad_(True)
-    b_ref = None if not bias else lin.bias.detach().clone().requires_grad_(True)
+    w_ref = lin.weight.detach().clone().requires_grad_(True)
+    b_ref = None if lin.bias is None else lin.bias.detach().clone().requires_grad_(True)
     y = layer(x)
     y_ref = F.linear(x_ref, w_ref * mask, b_ref)
-    assert y.shape == y_ref.shape and y.dtype == dtype, what
+    assert y.shape == y_ref.shape and y.dtype == x.dtype, what
     torch.testing.assert_close(y, y_ref, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
-    dy = torch.from_numpy(rng.integers(-2, 3, tuple(y.shape))).to(dtype)
+    dy = torch.from_numpy(rng.integers(-2, 3, tuple(y.shape))).to(x.dtype)
     y.backward(dy)
     y_ref.backward(dy)
     torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=0, msg=lambda m: f"{what}: dx {m}")
@@ -99,12 +114,11 @@ def one_case(rng: np.random.Generator) -> str:
     torch.testing.assert_close(
         layer.values.grad, w_ref.grad[mask], rtol=0, atol=0, msg=lambda m: f"{what}: dW {m}"
     )
-    if bias:
-        assert layer.bias is not None and b_ref is not None
+    if b_ref is not None:
+        assert layer.bias is not None
         torch.testing.assert_close(
             layer.bias.grad, b_ref.grad, rtol=0, atol=0, msg=lambda m: f"{what}: db {m}"
         )
-    return what
 
 
 def sparsify_case(rng: np.random.Generator) -> str:
@@ -144,37 +158,6 @@ def sparsify_case(rng: np.random.Generator) -> str:
     return what
 
 
-def _expected_structured(weight: torch.Tensor, sparsity, block, nm) -> torch.Tensor:
-    """The documented structured choices (`sparsec.nn.masks`), by plain Python sorts: the N
-    largest magnitudes of every M consecutive inputs of a row, or whole r x c blocks by L2
-    norm (the nonzero blocks with sparsity None); ties to the lower index."""
-    rows, cols = weight.shape
-    mask = torch.zeros(rows, cols, dtype=torch.bool)
-    w = weight.abs().tolist()
-    if nm is not None:
-        n, m = nm
-        for i in range(rows):
-            for g in range(0, cols, m):
-                for k in sorted(range(m), key=lambda k: (-w[i][g + k], k))[:n]:
-                    mask[i, g + k] = True
-        return mask
-    r, c = block
-    grid = [(bi, bj) for bi in range(rows // r) for bj in range(cols // c)]
-    norm = [
-        sum(w[bi * r + a][bj * c + b] ** 2 for a in range(r) for b in range(c)) for bi, bj in grid
-    ]
-    if sparsity is None:
-        kept = [n for n in range(len(grid)) if norm[n] > 0]
-    else:
-        kept = sorted(range(len(grid)), key=lambda n: (-norm[n], n))[
-            : int(round((1 - sparsity) * len(grid)))
-        ]
-    for n in kept:
-        bi, bj = grid[n]
-        mask[bi * r : (bi + 1) * r, bj * c : (bj + 1) * c] = True
-    return mask
-
-
 def structured_case(rng: np.random.Generator) -> str:
     """A layer pruned in N:M groups or whole blocks (issue 39): the pattern against the
     documented rule, and the forward and gradients against the masked dense layer."""
@@ -199,22 +182,12 @@ def structured_case(rng: np.random.Generator) -> str:
     layer = SparseLinear.from_linear(lin, sparsity, **kw)
     mask = _dense_mask(layer)
     weight = lin.weight.detach()
-    want = _expected_structured(weight, sparsity, block, nm)
+    want = (
+        nm_reference(weight, *nm) if nm is not None else block_reference(weight, sparsity, *block)
+    )
     assert torch.equal(mask, want), f"{what}: pattern {mask} != documented {want}"
     x = torch.from_numpy(rng.integers(-3, 4, (int(rng.integers(1, 5)), in_f))).to(dtype)
-    x.requires_grad_(True)
-    x_ref = x.detach().clone().requires_grad_(True)
-    w_ref = weight.clone().requires_grad_(True)
-    y, y_ref = layer(x), F.linear(x_ref, w_ref * mask, lin.bias.detach())
-    torch.testing.assert_close(y, y_ref, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
-    dy = torch.from_numpy(rng.integers(-2, 3, tuple(y.shape))).to(dtype)
-    y.backward(dy)
-    y_ref.backward(dy)
-    torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=0, msg=lambda m: f"{what}: dx {m}")
-    assert w_ref.grad is not None
-    torch.testing.assert_close(
-        layer.values.grad, w_ref.grad[mask], rtol=0, atol=0, msg=lambda m: f"{what}: dW {m}"
-    )
+    _matches_dense(layer, lin, mask, x.requires_grad_(True), rng, what)
     return what
 
 

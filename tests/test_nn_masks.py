@@ -1,5 +1,6 @@
 """Structured pruning (`sparsec.nn.masks`, issue 39): N:M groups and whole blocks, checked
-against references written from the documented rule with plain Python sorts, on integer
+against the oracle written from the documented rule with plain Python sorts
+(tests/mask_oracle.py), on integer
 weights full of ties; the layers they make against dense torch; and every refusal."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mask_oracle import block_reference, nm_reference
 
 import sparsec.nn
 from sparsec.base.errors import InputError
@@ -18,41 +20,12 @@ def _weight(rng, shape, dtype=torch.float64):
     return torch.from_numpy(rng.integers(-3, 4, shape)).to(dtype)
 
 
-def _nm_reference(weight, n, m):
-    rows, cols = weight.shape
-    mask = torch.zeros(rows, cols, dtype=torch.bool)
-    for r in range(rows):
-        for g in range(0, cols, m):
-            group = [abs(float(weight[r, g + k])) for k in range(m)]
-            for k in sorted(range(m), key=lambda k: (-group[k], k))[:n]:
-                mask[r, g + k] = True
-    return mask
-
-
-def _block_reference(weight, sparsity, r, c):
-    rows, cols = weight.shape
-    blocks = [(bi, bj) for bi in range(rows // r) for bj in range(cols // c)]
-    norm = {
-        b: sum(float(weight[b[0] * r + i, b[1] * c + j]) ** 2 for i in range(r) for j in range(c))
-        for b in blocks
-    }
-    if sparsity is None:
-        kept = [b for b in blocks if norm[b] > 0]
-    else:
-        order = sorted(range(len(blocks)), key=lambda n: (-norm[blocks[n]], n))
-        kept = [blocks[n] for n in order[: int(round((1 - sparsity) * len(blocks)))]]
-    mask = torch.zeros(rows, cols, dtype=torch.bool)
-    for bi, bj in kept:
-        mask[bi * r : (bi + 1) * r, bj * c : (bj + 1) * c] = True
-    return mask
-
-
 @pytest.mark.parametrize(("n", "m"), [(2, 4), (1, 4), (4, 8), (1, 1), (3, 3), (1, 2)])
 def test_nm_masks_keep_the_largest_of_every_group(n, m, rng):
     for rows, groups in [(1, 1), (5, 3), (8, 16)]:
         weight = _weight(rng, (rows, groups * m))
         mask = nm_mask(weight, n, m)
-        assert torch.equal(mask, _nm_reference(weight, n, m))
+        assert torch.equal(mask, nm_reference(weight, n, m))
         assert torch.equal(mask.reshape(rows, groups, m).sum(-1), torch.full((rows, groups), n))
 
 
@@ -63,7 +36,7 @@ def test_block_masks_keep_whole_blocks_of_largest_norm(block, sparsity, rng):
     weight = _weight(rng, (r * 4, c * 3))
     weight[:r, :c] = 0  # an all-zero block, never kept when sparsity is None
     mask = block_mask(weight, sparsity, block)
-    assert torch.equal(mask, _block_reference(weight, sparsity, r, c))
+    assert torch.equal(mask, block_reference(weight, sparsity, r, c))
 
 
 def test_one_by_one_blocks_are_the_magnitude_mask(rng):
