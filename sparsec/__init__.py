@@ -26,6 +26,8 @@ from .base.errors import (
     StorageError,
 )
 from .tensors.formats import Format, parse_format
+from .tensors.mapped import MappedTensor
+from .tensors.maps import MappedFormat
 from .tensors.tensor import Tensor, as_tensor, random
 
 __version__ = "0.1.0"
@@ -39,6 +41,8 @@ __all__ = [
     "FormatError",
     "InputError",
     "Kernel",
+    "MappedFormat",
+    "MappedTensor",
     "LoweringError",
     "NotationError",
     "ParseError",

@@ -13,6 +13,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..base.target import by_name
 from ..frontend.parser import parse_expression
 from ..frontend.semantics import Semantics
 from ..middle.commands import Command, parse_commands
+from ..middle.demap import demap
 from ..middle.derive import contiguous, derive
 from ..middle.regroup import regroup
 from ..middle.spec import FormatsArg, Spec, make_spec
@@ -35,7 +37,8 @@ from ..runtime.executable import Executable
 from ..runtime.fastpath import FastPath
 from ..runtime.inputs import Binder, Prepared, dtype_name
 from ..tensors.formats import Format
-from . import autograd, autotune, check, footprint
+from ..tensors.maps import MappedFormat
+from . import autograd, autotune, check, footprint, mapped_call
 from .check import CheckResult
 from .memo import _memo_key
 from .vector import VECTOR_NOTE, by_lane_groups
@@ -77,7 +80,13 @@ class Kernel:
                 )
         try:
             self.semantics = Semantics(division, semiring, mask or "")
+            #: a statement over mapped formats (bsr, nm) is compiled over level spaces
+            self.demapped = demap(self.assignment, formats, mask or "")
+            if self.demapped is not None:
+                self.assignment, formats = self.demapped.assignment, self.demapped.formats
             self.spec: Spec = make_spec(self.assignment, formats, self.semantics)
+            if self.demapped is not None:
+                self.spec = replace(self.spec, maps=self.demapped.said())
         except SparsecError as err:
             raise err.with_source(expr) from None
         self.parallel, self.commands = _schedule(schedule)
@@ -130,14 +139,19 @@ class Kernel:
 
     # ------------------------------------------------------------- inspection
     @property
-    def formats(self) -> dict[str, Format]:
+    def formats(self) -> dict[str, Format | MappedFormat]:
         """The format of each tensor of `assignment` (what ``formats=`` rebuilds this kernel
         from: a sparse ``+=``'s ``C_old`` is the spec's own, `TensorVar.argument`)."""
         made = {d.name for d in self.spec.derived}  # computed at call time, never given
-        given = {t.name: t.format for t in self.spec.tensors if t.argument == t.name}
+        given: dict[str, Format | MappedFormat] = {
+            t.name: t.format for t in self.spec.tensors if t.argument == t.name
+        }
         given = {n: f for n, f in given.items() if n not in made}
         # a tensor read only through derived inputs is passed in its own format
         given.update((t.name, t.format) for d in self.spec.derived for t, _ in d.reads)
+        if self.demapped is not None:  # as the user gave them, maps included
+            orders = {a.name: a.order for a in parse_expression(self.expression).accesses()}
+            return {n: self.demapped.user_format(n, orders[n]) for n in given}
         return given
 
     @property
@@ -243,6 +257,12 @@ class Kernel:
 
     def __call__(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> Any:
         self.binder.no_positional(args)
+        if self.demapped is not None:
+            out = self._levels_call(mapped_call.to_levels(self.demapped, inputs), threads)
+            return mapped_call.from_levels(self.demapped, self.spec.output.name, out)
+        return self._levels_call(inputs, threads)
+
+    def _levels_call(self, inputs: dict[str, Any], threads: int | None) -> Any:
         if autograd.wants_grad(inputs):  # torch inputs that require grad: a grad_fn
             return autograd.call(self, inputs, threads)
         try:
@@ -322,6 +342,8 @@ class Kernel:
         """Run the kernel and compare with ``torch.einsum`` on densified inputs."""
         self.binder.no_positional(args)
         check.require_torch()
+        if self.demapped is not None:
+            inputs = mapped_call.to_levels(self.demapped, inputs)
         prepared = self.binder.prepare(inputs, resolve_threads(threads))
         footprint.ensure_fits(
             footprint.check_parts(self.spec, prepared.dims), f"check of {self.assignment}"
@@ -349,9 +371,12 @@ class Kernel:
         inputs would not fit in memory raise `InputError`.
         """
         wanted = self.binder.wanted
-        return check.random_inputs(
+        made, extents = check.random_inputs(
             self.assignment, self.spec, wanted, dims, seed, density, self.dtype, self.index_dtype
         )
+        if self.demapped is not None:  # as the user passes them
+            made = mapped_call.random_in_user_space(self.demapped, made)
+        return made, extents
 
     def device_launch(self, /, **inputs: Any) -> tuple[Callable[[], None], Any]:
         """For timing on a GPU (``target="cuda"``, dense output): the inputs copied to the

@@ -278,6 +278,7 @@ def header(spec: Spec, gen: Generated, target: Dialect) -> list[str]:
         _comment_safe(f"sparsec kernel: {spec.assignment}"),
         _comment_safe(f"concrete index notation: {spec.statement}"),
         f"formats: {formats}",
+        *(_comment_safe(f"levels: {line}") for line in spec.maps),
         f"loop order: {', '.join(gen.loop_order) or '(none)'}",
         f"schedule: {gen.schedule}",
         f"types: {types}",

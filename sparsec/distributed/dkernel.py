@@ -20,10 +20,11 @@ import numpy as np
 
 from ..api.check import CheckResult, require_torch, verdict
 from ..api.kernel import Kernel
-from ..base.errors import InputError, SparsecError
+from ..base.errors import FormatError, InputError, SparsecError
 from ..tensors.tensor import Tensor, as_tensor
 from . import partition as planner
 from ._dask import client_of
+from .tasks import plain_formats
 from .tensor import DistributedTensor, check_parts, default_parts, from_tensor
 
 #: times a call is run again after a failure that is not the kernel's (a worker lost mid-call:
@@ -36,6 +37,11 @@ class DistributedKernel:
 
     def __init__(self, expr: str, formats: Any = None, **options: Any) -> None:
         self.kernel = Kernel(expr, formats, **options)
+        if self.kernel.demapped is not None:
+            raise FormatError(
+                f"{expr}: sparsec.distributed does not split tensors in mapped formats (bsr, "
+                "nm) yet; convert them to csr, csc or coo for a distributed call"
+            )
         self.assignment = self.kernel.assignment
         self._args = pickle.dumps(self.kernel.__reduce__()[1])
         out = self.kernel.spec.output
@@ -54,7 +60,7 @@ class DistributedKernel:
             k = self.kernel
             if any(op.local != op.name for op in ops):
                 statement = planner.parts_statement(self.assignment, index, ops)
-                formats = dict(k.formats)
+                formats = plain_formats(k)
                 formats.update((op.local, formats[op.name]) for op in ops)
                 sem = k.semantics
                 try:
@@ -121,7 +127,7 @@ class DistributedKernel:
                 "(sd.from_scipy, sd.read_mtx, sd.open, ...) or a sparse operand"
             )
         name = max(sparse, key=lambda n: _nbytes(inputs[n]))
-        fmt = formats[name]
+        fmt = plain_formats(self.kernel)[name]
         kind, index, mode = planner.classify(
             self.assignment, self._out_order, self._out_dense, name, fmt.ordering[0]
         )
@@ -223,7 +229,7 @@ class DistributedKernel:
             inputs[name] = value.repartition(mode=mode)
         elif kind != "replicate" and not isinstance(value, DistributedTensor):
             inputs[name] = from_tensor(
-                as_tensor(value, self.kernel.formats[name]),
+                as_tensor(value, plain_formats(self.kernel)[name]),
                 parts,
                 client=client,
                 mode=mode,

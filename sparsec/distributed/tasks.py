@@ -105,10 +105,15 @@ def worker_kernel(args: bytes) -> Kernel:
     return found
 
 
+def plain_formats(k: Kernel) -> dict[str, Format]:
+    """A kernel's formats, none of them mapped (`DistributedKernel` refuses maps)."""
+    return {n: f for n, f in k.formats.items() if isinstance(f, Format)}
+
+
 def run_part(args: bytes, label: str, names: list[str], threads: int | None, *values: Any) -> Any:
     """One part on a worker: the kernel on this part's inputs; a failure names the part."""
     k = worker_kernel(args)
-    formats = k.formats
+    formats = plain_formats(k)
     inputs = {}
     for n, v in zip(names, values, strict=True):
         if isinstance(v, Tensor) and n in formats and v.format != formats[n]:

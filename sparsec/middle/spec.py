@@ -119,6 +119,9 @@ class Spec:
     #: fits the formats as given, the diagonal of a repeated index (`Derived`), and a
     #: product of dense factors over fewer variables than the entries it scales (`Folded`)
     derived: tuple[Derived | Folded, ...] = ()
+    #: a statement over mapped formats: how it was rewritten over level spaces, said in
+    #: the generated header (`sparsec.middle.demap`)
+    maps: tuple[str, ...] = ()
 
     @property
     def pattern(self) -> str:

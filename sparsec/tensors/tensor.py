@@ -44,6 +44,7 @@ from . import convert, packing
 from .buffers import address
 from .formats import Compressed, Dense, Format, Singleton, canonical, parse_format
 from .halves import HALF_TENSOR, half_name, half_request
+from .maps import MAPPED, looks_mapped
 from .ops import ArrayOps, check_dense, densify_check
 from .random import random as _random_storage
 from .storage import (
@@ -108,6 +109,19 @@ def _builds_tensor(make_storage: Callable[_P, StorageParts]) -> Callable[_P, Ten
     update_wrapper(build, make_storage, assigned=("__name__", "__qualname__", "__doc__"))
     signature = inspect.signature(make_storage).replace(return_annotation="Tensor")
     build.__signature__ = signature  # type: ignore[attr-defined]  # help() shows a Tensor
+    return build
+
+
+def _or_mapped(plain: Callable[..., Tensor], kind: str) -> Callable[..., Any]:
+    """The constructor ``plain``, which hands a mapped format to `MAPPED`."""
+
+    def build(obj: Any, format: Any = None, **options: Any) -> Any:
+        if looks_mapped(format):
+            return MAPPED[-1](kind, plain, obj, format, options)
+        return plain(obj, format, **options)
+
+    update_wrapper(build, plain, assigned=("__name__", "__qualname__", "__doc__"))
+    build.__signature__ = inspect.signature(plain)  # type: ignore[attr-defined]
     return build
 
 
@@ -303,6 +317,8 @@ class Tensor(ArrayOps):
         target may store more: the zeros its dense levels force, a padded singleton's filler.
         `eliminate_zeros` drops stored zeros explicitly.
         """
+        if looks_mapped(format):
+            return MAPPED[-1]("as", None, self, format, {"index_dtype": self.index_dtype})
         fmt = parse_format(format, self.order)
         if fmt == self.format:
             return self
@@ -367,10 +383,11 @@ class Tensor(ArrayOps):
 
     # ---- constructors: the storage builders of `packing` and `convert`, owned by a Tensor
 
-    from_dense = staticmethod(_builds_tensor(packing.from_dense))
+    # a mapped format (bsr, nm) makes a `sparsec.tensors.mapped.MappedTensor`
+    from_dense = staticmethod(_or_mapped(_builds_tensor(packing.from_dense), "dense"))
     from_arrays = staticmethod(_builds_tensor(packing.from_arrays))
-    from_scipy = staticmethod(_builds_tensor(convert.from_scipy))
-    from_torch = staticmethod(_builds_tensor(convert.from_torch))
+    from_scipy = staticmethod(_or_mapped(_builds_tensor(convert.from_scipy), "scipy"))
+    from_torch = staticmethod(_or_mapped(_builds_tensor(convert.from_torch), "torch"))
 
     @classmethod
     def from_coo(
@@ -386,6 +403,9 @@ class Tensor(ArrayOps):
     ) -> Tensor:
         """From mode-order coordinates ``(order, nnz)`` (or one array per mode) and values;
         duplicates are summed, explicit zeros kept."""
+        if looks_mapped(format):
+            options = {"shape": shape, "index_dtype": index_dtype, "dtype": dtype, "name": name}
+            return MAPPED[-1]("coo", None, (coords, values), format, options)
         return pack(coords, values, shape, format, index_dtype, dtype, name=name)
 
 
@@ -407,6 +427,9 @@ def as_tensor(
 ) -> Tensor:
     """The `Tensor` for a numpy array, scipy sparse matrix, torch tensor, Tensor, number or
     nested list. A Tensor is converted only if its format or a requested dtype differs."""
+    if looks_mapped(format) or type(obj).__name__ == "MappedTensor":
+        options = {"name": name, "index_dtype": index_dtype, "dtype": dtype}
+        return MAPPED[-1]("as", None, obj, format, options)
     if isinstance(obj, Tensor):
         converted = obj if format is None else obj.to_format(parse_format(format, obj.order, name))
         return converted.astype(dtype, index_dtype=index_dtype)
