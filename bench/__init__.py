@@ -54,6 +54,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.generate",
         "cold code generation in fresh processes: SpMV, SpMM, SpGEMM, MTTKRP, CUDA defaults",
     ),
+    "formats": (
+        "bench.formats",
+        "bsr(4,4) and nm(2,4) SpMV/SpMM vs sparsec's CSR of the same entries and scipy",
+    ),
     "gpu": ("bench.gpu", "CUDA kernels: ptxas report, bytes-moved roofline, cuSPARSE on a GPU"),
     "gpu_lanes": ("bench.gpu_lanes", "SpMV lanes per row, 2 to 128 per row, on a GPU"),
 }

@@ -259,3 +259,29 @@ def test_a_sum_whose_terms_are_all_absent_is_absent():
         k = sparsec.kernel(expr, {}, target=target)
         assert float(k(**inputs)) == 0.0
         k.check(**inputs)
+
+
+@pytest.mark.parametrize("target", ["c", "cuda-emulated"])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "O(k) = (T0(k) + T1(k,s)) / T2(k)",
+        "O(k) = (T0(k) - T1(k,s)) / T2(k)",
+        "O(k) = (T0(k) + T3(s,k)) / T2(k)",
+    ],
+)
+def test_a_sum_that_reaches_nothing_beside_an_absent_access_is_absent(expr, target):
+    """Where T0 stores nothing the lattice's case is ``Σs T1(k,s) / T2(k)``: a quotient
+    present only where the sum reaches a term. The statement's quotient is surely present
+    (T0 is an access), so no flag was kept for the sum and an empty row of T1 over a zero
+    of T2 gave 0/0 = NaN instead of 0 (found by tests/test_fuzz_formats.py); the last
+    form sums over an empty range (extent 0)."""
+    t0 = Tensor.from_dense(np.array([1.0, 0.0, 0.0]), "s")
+    t1 = Tensor.from_dense(np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 2.0]]), "ds")
+    formats = {"T0": "s", "T1": "ds"} if "T1" in expr else {"T0": "s"}
+    k = sparsec.kernel(expr, formats, target=target)
+    args = {"T0": t0, "T2": np.zeros(3)}
+    args.update({"T1": t1} if "T1" in expr else {"T3": np.zeros((0, 3))})
+    got = k(**args)
+    assert got[1] == 0.0  # T0 absent there, T1's row empty: the quotient is absent
+    k.check(**args)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..ir import nodes as ir
 from ..ir.nodes import I64, IDX, VAL
 from ..middle.spec import Spec
 
@@ -189,6 +190,8 @@ class Param:
 @dataclass(frozen=True, slots=True)
 class Signature:
     params: tuple[Param, ...]
+    #: index variables whose extent the formats fix (`Spec.static`), by name
+    static: tuple[tuple[str, int], ...] = ()
 
     def array(self, tensor: str, field: str, level: int = -1) -> str:
         for p in self.params:
@@ -204,6 +207,14 @@ class Signature:
             if p.field == "dim" and p.index == index:
                 return p.name
         raise KeyError(index)
+
+    def extent(self, index: str) -> ir.Expr:
+        """The extent of ``index`` in the kernel's code: its number where the formats fix
+        it (a block's inner index: loops the C compiler unrolls), else its parameter."""
+        for name, size in self.static:
+            if name == index:
+                return ir.IntLit(size)
+        return ir.Var(self.dim(index))
 
     @property
     def threads(self) -> str:
@@ -235,4 +246,4 @@ def signature(spec: Spec, namer: Namer) -> Signature:
         # the assemble kernel reports the number of positions of each output level here
         params.append(Param(namer.reserve("sc_sizes"), "array", I64, "sizes", writable=True))
     params.append(Param(threads, "value", INT, "threads"))
-    return Signature(tuple(params))
+    return Signature(tuple(params), spec.static)

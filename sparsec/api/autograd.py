@@ -77,7 +77,7 @@ def _function() -> Any:
         def forward(ctx: Any, how: _Call, *tensors: Any) -> Any:
             detached = dict(zip(how.names, (t.detach() for t in tensors), strict=True))
             ctx.how, ctx.detached = how, detached
-            out = how.kernel(threads=how.threads, **how.others, **detached)
+            out = how.kernel.run_levels({**how.others, **detached}, how.threads)
             if isinstance(out, Tensor):  # a sparse output, in the output's torch layout
                 return out.to_torch()
             return out

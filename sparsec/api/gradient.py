@@ -103,7 +103,7 @@ def _derive(forward: Any, wrt: str) -> GradientKernel:
     read = indices_of(found.rhs)
     kept = tuple(n for n, i in enumerate(target) if i in read)
     lhs = Access(grad_in, tuple(target[n] for n in kept))
-    formats: dict[str, str | Format] = dict(forward.formats)
+    formats: dict[str, str | Format] = dict(forward.level_formats)
     formats[grad_out] = dense(stmt.lhs.order)
     source = formats[wrt]
     sparse = isinstance(source, Format) and not source.is_dense

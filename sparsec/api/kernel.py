@@ -86,7 +86,8 @@ class Kernel:
                 self.assignment, formats = self.demapped.assignment, self.demapped.formats
             self.spec: Spec = make_spec(self.assignment, formats, self.semantics)
             if self.demapped is not None:
-                self.spec = replace(self.spec, maps=self.demapped.said())
+                fixed = tuple(self.demapped.level_dims(None).items())
+                self.spec = replace(self.spec, maps=self.demapped.said(), static=fixed)
         except SparsecError as err:
             raise err.with_source(expr) from None
         self.parallel, self.commands = _schedule(schedule)
@@ -140,18 +141,24 @@ class Kernel:
     # ------------------------------------------------------------- inspection
     @property
     def formats(self) -> dict[str, Format | MappedFormat]:
-        """The format of each tensor of `assignment` (what ``formats=`` rebuilds this kernel
-        from: a sparse ``+=``'s ``C_old`` is the spec's own, `TensorVar.argument`)."""
+        """The format of each tensor of the statement, as ``formats=`` rebuilds this kernel
+        from them (mapped formats included: `level_formats` are the compiled ones)."""
+        if self.demapped is None:
+            return dict(self.level_formats)
+        given = self.level_formats
+        orders = {a.name: a.order for a in parse_expression(self.expression).accesses()}
+        return {n: self.demapped.user_format(n, orders[n]) for n in given}
+
+    @property
+    def level_formats(self) -> dict[str, Format]:
+        """The format of each tensor of the compiled statement, `assignment` (over level
+        spaces where formats are mapped; a sparse ``+=``'s ``C_old`` is the spec's own,
+        `TensorVar.argument`)."""
         made = {d.name for d in self.spec.derived}  # computed at call time, never given
-        given: dict[str, Format | MappedFormat] = {
-            t.name: t.format for t in self.spec.tensors if t.argument == t.name
-        }
+        given = {t.name: t.format for t in self.spec.tensors if t.argument == t.name}
         given = {n: f for n, f in given.items() if n not in made}
         # a tensor read only through derived inputs is passed in its own format
         given.update((t.name, t.format) for d in self.spec.derived for t, _ in d.reads)
-        if self.demapped is not None:  # as the user gave them, maps included
-            orders = {a.name: a.order for a in parse_expression(self.expression).accesses()}
-            return {n: self.demapped.user_format(n, orders[n]) for n in given}
         return given
 
     @property
@@ -265,6 +272,11 @@ class Kernel:
     def _levels_call(self, inputs: dict[str, Any], threads: int | None) -> Any:
         if autograd.wants_grad(inputs):  # torch inputs that require grad: a grad_fn
             return autograd.call(self, inputs, threads)
+        return self.run_levels(inputs, threads)
+
+    def run_levels(self, inputs: dict[str, Any], threads: int | None) -> Any:
+        """One call on the compiled statement's own inputs (the level spaces' for mapped
+        formats), without autograd: what a call and autograd's forward run."""
         try:
             return self._call(inputs, threads)
         except StagesMissing:
@@ -370,13 +382,12 @@ class Kernel:
         inputs have ~``1 - density`` zeros and an all-zero first slice. Extents whose
         inputs would not fit in memory raise `InputError`.
         """
+        if self.demapped is not None:
+            return mapped_call.random_inputs(self, dims, seed, density)
         wanted = self.binder.wanted
-        made, extents = check.random_inputs(
+        return check.random_inputs(
             self.assignment, self.spec, wanted, dims, seed, density, self.dtype, self.index_dtype
         )
-        if self.demapped is not None:  # as the user passes them
-            made = mapped_call.random_in_user_space(self.demapped, made)
-        return made, extents
 
     def device_launch(self, /, **inputs: Any) -> tuple[Callable[[], None], Any]:
         """For timing on a GPU (``target="cuda"``, dense output): the inputs copied to the

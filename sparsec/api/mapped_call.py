@@ -16,11 +16,14 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import ShapeError
+from ..frontend.derivative import NotDifferentiable
 from ..middle.demap import Demapped, Split
 from ..tensors.formats import Format
-from ..tensors.mapped import MappedTensor, as_mapped
+from ..tensors.mapped import MappedTensor, as_mapped, pack_mapped
+from ..tensors.maps import MappedFormat
 from ..tensors.storage import LevelStorage
 from ..tensors.tensor import Tensor, as_tensor
+from ..tensors.tensor import random as random_tensor
 
 
 def to_levels(demapped: Demapped, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -45,6 +48,11 @@ def from_levels(demapped: Demapped, name: str, result: Any) -> Any:
     if split is None or result is None:
         return result
     if split.mapped is not None:
+        if not isinstance(result, Tensor):
+            raise NotDifferentiable(
+                f"{name} is stored as {split.mapped}: a call whose inputs require grad cannot "
+                "return it; give the output a format without a map"
+            )
         return MappedTensor(split.mapped.dims_of(result.shape), split.mapped, result)
     shape = split.user_shape(tuple(result.shape))
     if isinstance(result, Tensor):
@@ -111,6 +119,74 @@ def _level_format(split: Split, plain: Format) -> Format:
     return _split_format("", plain, split.blocks)
 
 
-def random_in_user_space(demapped: Demapped, inputs: dict[str, Any]) -> dict[str, Any]:
-    """`Kernel.random_inputs` of the level-space kernel, as the user passes them."""
-    return {name: from_levels(demapped, name, value) for name, value in inputs.items()}
+def random_inputs(
+    kernel: Any, dims: Any, seed: int, density: float
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """`Kernel.random_inputs` over mapped formats, as the user passes them: the mapped
+    tensors drawn here (`random_mapped`), the others drawn in their level spaces and
+    carried back; the extents are the user's."""
+    from . import check
+
+    demapped: Demapped = kernel.demapped
+    mapped = {n: s.mapped for n, s in demapped.splits.items() if s.mapped is not None}
+    wanted = tuple(t for t in kernel.binder.wanted if t.argument not in mapped)
+    made, extents = check.random_inputs(
+        kernel.assignment,
+        kernel.spec,
+        wanted,
+        demapped.level_dims(dims),
+        seed,
+        density,
+        kernel.dtype,
+        kernel.index_dtype,
+    )
+    accesses = {a.name: a for a in kernel.assignment.accesses()}
+    dtype = np.float32 if kernel.dtype == "float32" else np.float64
+    out = {}
+    for n, t in enumerate(kernel.binder.wanted):
+        fmt = mapped.get(t.argument)
+        if fmt is None:
+            out[t.argument] = from_levels(demapped, t.argument, made[t.argument])
+            continue
+        shape = fmt.dims_of(tuple(extents[v] for v in accesses[t.argument].indices))
+        rng = np.random.default_rng(seed + 7919 * (n + 1))
+        out[t.argument] = random_mapped(fmt, shape, density, rng, dtype, kernel.index_dtype)
+    return out, demapped.user_dims(extents)
+
+
+def random_mapped(
+    fmt: MappedFormat,
+    shape: tuple[int, ...],
+    density: float,
+    rng: np.random.Generator,
+    dtype: Any,
+    index_dtype: Any,
+) -> MappedTensor:
+    """A random tensor in ``fmt``: a level-space draw (``density`` of each stored level's
+    coordinates: blocks for bsr, with their zeros stored), or for a slot format each
+    group's entries drawn apart, at most the slot's width of them."""
+    if not fmt.slots():
+        inner = random_tensor(
+            fmt.level_shape(shape),
+            density,
+            fmt.inner,
+            seed=int(rng.integers(1 << 31)),
+            dtype=dtype,
+            index_dtype=index_dtype,
+        )
+        return MappedTensor(shape, fmt, inner)
+    last, group = len(shape) - 1, fmt.blocks()[len(shape) - 1]
+    width = fmt.exprs[fmt.slots()[0]].block
+    groups = int(np.prod(shape[:-1], dtype=np.int64)) * (shape[-1] // group)
+    counts = rng.binomial(width, density, size=groups)
+    picks = [rng.choice(group, size=c, replace=False) for c in counts]
+    gid = np.repeat(np.arange(groups), counts)
+    local = np.concatenate(picks).astype(np.int64) if picks else np.zeros(0, np.int64)
+    lead, g = np.divmod(gid, shape[-1] // group) if groups else (gid, gid)
+    coords = np.zeros((len(shape), len(gid)), dtype=np.int64)
+    if last:
+        coords[:last] = np.unravel_index(lead, shape[:-1])
+    coords[last] = g * group + local
+    vals = rng.uniform(-1, 1, len(gid)).astype(dtype)
+    vals[rng.random(len(gid)) < 0.1] = 0.0  # stored zeros
+    return pack_mapped(coords, vals, shape, fmt, index_dtype)

@@ -140,7 +140,7 @@ class Assembler:
         return ir.Var(self.var_names[self.vars[k]])
 
     def _dim(self, k: int) -> ir.Expr:
-        return ir.Var(self.sig.dim(self.vars[k]))
+        return self.sig.extent(self.vars[k])
 
     def _extent(self, levels: range | tuple[int, ...]) -> ir.Expr:
         """The positions of the dense ``levels`` under one parent position."""
@@ -307,7 +307,7 @@ class Assembler:
         if var is None:
             return
         copies = ir.Var(self.sig.threads) if self.mode.rowwise else None
-        size = ir.Var(self.sig.dim(var))
+        size = self.sig.extent(var)
         roles = {**GPU_WORKSPACE, **GPU_HASH}
         given = {role: name for role, (name, _) in roles.items()} if gpu else None
         self.ws, self.ws_alloc = allocate(var, size, self.namer, self.mode.counting, copies, given)

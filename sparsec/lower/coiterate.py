@@ -142,7 +142,7 @@ def coiterate(
     init += [ir.Decl(ir.I64, s.end, s.hi) for s in state.values()]
     if lattice.full:
         loop_body = _case_body(env, lattice, lattice.points, state, walk)
-        first, stop = window or (ir.IntLit(0), ir.Var(env.inputs.sig.dim(var)))
+        first, stop = window or (ir.IntLit(0), env.inputs.sig.extent(var))
         loop = ir.For(name, first, stop, loop_body)
         return ir.block(*init, loop)
     loops: list[ir.Stmt] = []
@@ -307,7 +307,7 @@ def capacity_checked(env: LowerEnv, var: str, room: ir.Expr) -> Iter[list[ir.Stm
 def _dense_loop(env: LowerEnv, point: LatticePoint, walk: Walk) -> ir.Block:
     var, ctx, sink, outermost, body = walk.var, walk.ctx, walk.sink, walk.outermost, walk.body
     name = env.decided.var_names[var]
-    trip = ir.Var(env.inputs.sig.dim(var))
+    trip = env.inputs.sig.extent(var)
     setup = loop_setup(env, Loop(var, frozenset({var}), sink, "for", trip, outermost))
     inner = ctx.bind({var: ir.Var(name)}, covered=var)
     with capacity_checked(env, var, trip) as check:

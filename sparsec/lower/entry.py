@@ -153,7 +153,7 @@ def _bound_check(env: LowerEnv, space: Space) -> None:
     assert space.bound is not None
     size, kind = space.bound
     (var,) = space.vars
-    dim = ir.Var(env.inputs.sig.dim(var))
+    dim = env.inputs.sig.extent(var)
     bad = ir.Bin("!=" if kind == "MaxExact" else ">", dim, ir.IntLit(size))
     env.found.entry_checks.append(ir.Return(BOUND_VIOLATED, bad))
     env.found.bound_messages.append(

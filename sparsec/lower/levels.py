@@ -23,7 +23,7 @@ def names(env: LowerEnv, access: Access, k: int) -> LevelNames:
     arrays = fmt.levels[k].arrays
     t = access.name
     return LevelNames(
-        ir.Var(env.inputs.sig.dim(level_indices(access, fmt)[k])),
+        env.inputs.sig.extent(level_indices(access, fmt)[k]),
         env.inputs.sig.array(t, "pos", k) if "pos" in arrays else "",
         env.inputs.sig.array(t, "crd", k) if "crd" in arrays else "",
     )

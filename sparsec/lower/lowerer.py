@@ -346,11 +346,50 @@ def _guards(env: LowerEnv) -> bool:
     ``"sparse"`` convention, ``log``, infinite input data, ``max`` of nothing under a
     semiring), and an absent factor's product is never computed (``0 * inf``). Only
     where such a node holds a nested sum: a sum under ``+`` alone needs no flag."""
-    return not env.inputs.exact and _holds_guarded(env.inputs.spec.statement.rhs)
+    if env.inputs.exact:
+        return False
+    sparse = frozenset(n for n, f in env.inputs.formats.items() if not f.is_dense)
+    return _holds_guarded(env.inputs.spec.statement.rhs, sparse)
 
 
-def _holds_guarded(expr: CExpr) -> bool:
-    return _guarded(expr) or any(_holds_guarded(c) for c in children(expr))
+def _holds_guarded(expr: CExpr, sparse: frozenset[str]) -> bool:
+    """Is a node of ``expr`` guarded in some case of the lattice: `_guarded` of the
+    case's expression, where an access of a ``sparse`` tensor may be absent (dropped from
+    a sum, so that ``(T0(k) + Σs T1(k,s)) / T2(k)`` is ``Σs T1(k,s) / T2(k)`` where T0
+    stores nothing: a quotient present only where the sum reaches a term)?"""
+    here = (
+        isinstance(expr, BinOp | Call | Neg)
+        and not (isinstance(expr, BinOp) and expr.op in ("+", "-"))
+        and not _present_in_every_case(expr, sparse)
+    )
+    return here or any(_holds_guarded(c, sparse) for c in children(expr))
+
+
+def _present_in_every_case(expr: CExpr, sparse: frozenset[str]) -> bool:
+    """`_surely_present` (not exact) in every case of the lattice: an access of a sparse
+    tensor is not, since a case may lack it."""
+    match expr:
+        case Access(name=name):
+            return name not in sparse
+        case Literal():
+            return True
+        case Zero() | Sum():
+            return False
+        case Neg(operand=x):
+            return _present_in_every_case(x, sparse)
+        case BinOp(op="*", left=left, right=right):
+            return _present_in_every_case(left, sparse) and _present_in_every_case(right, sparse)
+        case BinOp(op="+" | "-", left=left, right=right):
+            return _present_in_every_case(left, sparse) or _present_in_every_case(right, sparse)
+        case BinOp(op="/", left=left):
+            return _present_in_every_case(left, sparse)
+        case Call(fn="max" | "min", args=args):
+            return any(_present_in_every_case(a, sparse) for a in args)
+        case Call(fn=fn, args=args):
+            keeps = FUNCTIONS[fn].keeps_pattern(args)
+            return not keeps or _present_in_every_case(args[0], sparse)
+        case _:
+            return False
 
 
 def _guarded(expr: CExpr) -> bool:

@@ -181,7 +181,7 @@ def flush_runs(env: LowerEnv, run: SegmentSink, loop: str) -> list[ir.Stmt]:
 def output_size(env: LowerEnv, skip: int = 0) -> ir.Expr:
     """The elements of a dense output below its first ``skip`` levels."""
     levels = level_indices(env.inputs.lhs, env.inputs.spec.output.format)[skip:]
-    return dense_extent(ir.Var(env.inputs.sig.dim(var)) for var in levels)
+    return dense_extent(env.inputs.sig.extent(var) for var in levels)
 
 
 def zero_slice(env: LowerEnv, coord: ir.Expr) -> ir.Stmt:

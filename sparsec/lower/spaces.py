@@ -147,9 +147,9 @@ def _enter_space(env: LowerEnv, space: Space, ctx: Ctx) -> tuple[list[ir.Stmt], 
         (var,) = space.vars
         if space.bound is not None and space.bound[1] == "MaxExact":
             return [], SpaceState(ir.IntLit(0), ir.IntLit(space.bound[0]))
-        return [], SpaceState(ir.IntLit(0), ir.Var(env.inputs.sig.dim(var)))
+        return [], SpaceState(ir.IntLit(0), env.inputs.sig.extent(var))
     if space.kind == "fused":
-        size = dense_extent(ir.Var(env.inputs.sig.dim(var)) for var in space.vars)
+        size = dense_extent(env.inputs.sig.extent(var) for var in space.vars)
         return [], SpaceState(ir.IntLit(0), size)
     access = pos_access(env, space)
     fmt = env.inputs.formats[access.name]
@@ -385,7 +385,7 @@ def _dense_coords(env: LowerEnv, space: Space, x: ir.Expr) -> list[tuple[str, ir
     values: list[tuple[str, ir.Expr]] = []
     remaining = x
     for var in reversed(space.vars[1:]):
-        at = LevelNames(ir.Var(env.inputs.sig.dim(var)))
+        at = LevelNames(env.inputs.sig.extent(var))
         values.append((var, DENSE.coordinate(remaining, at, top=False)))
         parent = DENSE.parent_position(remaining, at)
         assert parent is not None

@@ -80,9 +80,7 @@ def flagged_union(
                 ir.Bin("==", crd(env, it, ir.Var(s.pos)), ir.Var(name)),
             )
             flags += [ir.Decl(ir.BOOL, s.here, at), *segment(env, it, s, ir.Var(name))]
-        loop = ir.For(
-            name, ir.IntLit(0), ir.Var(env.inputs.sig.dim(var)), ir.block(*flags, *case())
-        )
+        loop = ir.For(name, ir.IntLit(0), env.inputs.sig.extent(var), ir.block(*flags, *case()))
         return ir.block(*init, loop)
     # each step advances an iterator and appends at most one entry
     room: ir.Expr = ir.IntLit(0)
@@ -134,7 +132,7 @@ def _merge_step(env: LowerEnv, var: str, state: dict[Iterator, IterState]) -> li
     """The coordinate of this step (the least live coordinate; an exhausted iterator reads
     as the extent, past every coordinate) and each iterator's flag."""
     name = env.decided.var_names[var]
-    extent = ir.Var(env.inputs.sig.dim(var))
+    extent = env.inputs.sig.extent(var)
     stmts: list[ir.Stmt] = []
     least: ir.Expr | None = None
     for it, s in state.items():

@@ -90,7 +90,7 @@ def _split(env: LowerEnv, placed: Placement, expr: CExpr) -> tuple[CExpr, CExpr]
 
 def _extent(env: LowerEnv, vars_: tuple[str, ...]) -> ir.Expr:
     """The entries of one thread's workspace over ``vars_``: the product of their extents."""
-    return dense_extent(ir.Var(env.inputs.sig.dim(v)) for v in vars_)
+    return dense_extent(env.inputs.sig.extent(v) for v in vars_)
 
 
 def ws_slot(env: LowerEnv, vars_: tuple[str, ...], ctx: Ctx) -> ir.Expr:
@@ -98,7 +98,7 @@ def ws_slot(env: LowerEnv, vars_: tuple[str, ...], ctx: Ctx) -> ir.Expr:
     levels located row-major (``p_k = p_{k-1} * N_k + i_k``)."""
     slot: ir.Expr | None = None
     for v in vars_:
-        at = LevelNames(ir.Var(env.inputs.sig.dim(v)))
+        at = LevelNames(env.inputs.sig.extent(v))
         slot = DENSE.locate_position(slot, ctx.coords[v], at)
     assert slot is not None
     return slot

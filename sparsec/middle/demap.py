@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..base.errors import FormatError, NotationError
+from ..base.errors import FormatError, NotationError, ShapeError
 from ..frontend.notation import Access, Assignment, BinOp, Call, Expr, Neg
 from ..tensors.formats import Dense, Format, LevelFormat, parse_format
 from ..tensors.maps import DIV, MOD, PLAIN, SLOT, MappedFormat, looks_mapped, parse_mapped
@@ -72,6 +72,30 @@ class Demapped:
     blocks: dict[str, int]
     #: each split variable -> its (outer, inner) variables
     parts: dict[str, tuple[str, str]]
+    #: each slot level's variable -> its width
+    slots: dict[str, int]
+
+    def level_dims(self, dims: Mapping[str, int] | None) -> dict[str, int]:
+        """Extents of the level-space variables for the user's ``dims`` (the inner part of
+        each split variable and each slot always have theirs)."""
+        out = {v: n for v, n in (dims or {}).items() if v not in self.parts}
+        for v, (outer, inner) in self.parts.items():
+            out[inner] = self.blocks[v]
+            if dims and v in dims:
+                if dims[v] % self.blocks[v]:
+                    raise ShapeError(
+                        f"extent {v}={dims[v]} is not a multiple of its block {self.blocks[v]}"
+                    )
+                out[outer] = dims[v] // self.blocks[v]
+        out.update(self.slots)
+        return out
+
+    def user_dims(self, dims: Mapping[str, int]) -> dict[str, int]:
+        """The user's extents from the level space's."""
+        out = {v: n for v, n in dims.items() if v not in self.slots}
+        for v, (outer, inner) in self.parts.items():
+            out[v] = out.pop(outer) * out.pop(inner)
+        return out
 
     def user_format(self, name: str, order: int) -> Format | MappedFormat:
         """``name``'s format as the user gave it (dense where none was given)."""
@@ -132,6 +156,7 @@ def demap(assignment: Assignment, formats: Any, mask: str = "") -> Demapped | No
         elif fmt is not None:
             new_formats[name] = fmt
     slots = iter(range(1 << 30))
+    widths: dict[str, int] = {}
 
     def rewrite(access: Access) -> Access:
         fmt = mapped.get(access.name)
@@ -140,6 +165,7 @@ def demap(assignment: Assignment, formats: Any, mask: str = "") -> Demapped | No
             for e in fmt.exprs:
                 if e.op == SLOT:
                     names.append(_fresh(f"s{next(slots)}", taken))
+                    widths[names[-1]] = e.block
                 else:
                     v = access.indices[e.dim]
                     names.append(v if e.op == PLAIN else parts[v][0 if e.op == DIV else 1])
@@ -155,7 +181,7 @@ def demap(assignment: Assignment, formats: Any, mask: str = "") -> Demapped | No
     rewritten = replace(
         assignment, lhs=rewrite(assignment.lhs), rhs=_map_accesses(assignment.rhs, rewrite)
     )
-    return Demapped(rewritten, new_formats, user, splits, blocks, parts)
+    return Demapped(rewritten, new_formats, user, splits, blocks, parts, widths)
 
 
 def _blocks(assignment: Assignment, mapped: Mapping[str, MappedFormat]) -> dict[str, int]:
@@ -182,6 +208,15 @@ def _blocks(assignment: Assignment, mapped: Mapping[str, MappedFormat]) -> dict[
                     f"{blocks[v]} in {said[v]}: blocks along one index must agree"
                 )
             said.setdefault(v, f"{access.name} ({fmt})")
+    for access in assignment.accesses():
+        fmt = mapped.get(access.name)
+        for e in fmt.exprs if fmt is not None else ():
+            v = access.indices[e.dim] if e.op == PLAIN else ""
+            if v in blocks:
+                raise FormatError(
+                    f"index {v!r} is split by {blocks[v]} in {said[v]}, but {access.name} "
+                    f"({fmt}) stores it whole: use formats that block {v!r} alike"
+                )
     return blocks
 
 

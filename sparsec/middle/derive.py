@@ -45,7 +45,7 @@ from ..base.errors import SparsecError
 from ..frontend.concrete import concretize
 from ..frontend.notation import Access, BinOp, Call, Expr, Literal, Neg, accesses
 from ..frontend.semirings import semiring
-from ..tensors.formats import Compressed, Dense, Format, dense
+from ..tensors.formats import Compressed, Dense, Format, LevelFormat, dense
 from .order import OrderConflict, reordered
 from .schedule import every_loop, natural_loops
 from .spec import Derived, Folded, Spec, TensorVar
@@ -133,14 +133,19 @@ def contiguous(spec: Spec) -> Spec:
 
 
 def _same_entries(fmt: Format) -> Format:
-    """``fmt`` with every dense level below a sparse one made compressed. A dense level
-    under a sparse parent stores every coordinate of each stored parent (zeros included,
-    present to the lattice); moved to another mode by a re-layout it would make entries
-    present that the caller's tensor never stored (``0 * inf`` where the original had no
-    term). The copy holds exactly the caller's stored entries, explicit zeros included."""
-    levels, sparse_above = [], False
+    """``fmt`` as a copy of a re-laid-out read may store it: every dense level below a
+    sparse one made compressed, and every singleton chain too. A dense level under a sparse
+    parent stores every coordinate of each stored parent (zeros included, present to the
+    lattice); moved to another mode by a re-layout it would make entries present that the
+    caller's tensor never stored (``0 * inf`` where the original had no term). A singleton
+    holds one coordinate per parent position, which the entries of another mode order need
+    not have (ELL's ``ddp`` re-laid out as ``ddp:1,0,2``), and a non-unique level exists
+    for the singletons below it: both become compressed (unique) levels, which hold any
+    pattern. The copy holds exactly the caller's stored entries, explicit zeros included."""
+    levels: list[LevelFormat] = []
+    sparse_above = False
     for level in fmt.levels:
-        if isinstance(level, Dense) and sparse_above:
+        if not isinstance(level, Dense) or sparse_above:
             level = Compressed()
         sparse_above = sparse_above or not isinstance(level, Dense)
         levels.append(level)
@@ -235,13 +240,13 @@ def _build(spec: Spec, feeds: Mapping[int, Format]) -> Spec:
     extra = tuple(t for t in spec.tensors if t.name not in before)
     tensors = tuple(var[n] for n in used) + extra
     indices = tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices))
-    return Spec(
-        assignment,
-        concretize(assignment, semiring(spec.semantics.semiring).distributive),
-        tensors,
-        indices,
-        spec.semantics,
-        spec.derived + tuple(derived),
+    return replace(
+        spec,
+        assignment=assignment,
+        statement=concretize(assignment, semiring(spec.semantics.semiring).distributive),
+        tensors=tensors,
+        indices=indices,
+        derived=spec.derived + tuple(derived),
     )
 
 

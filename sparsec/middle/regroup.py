@@ -59,13 +59,14 @@ def regroup(spec: Spec) -> Spec:
     used = dict.fromkeys(a.name for a in assignment.accesses())
     before = {a.name for a in spec.assignment.accesses()}
     extra = tuple(t for t in spec.tensors if t.name not in before)  # a mask stays
-    return Spec(
-        assignment,
-        statement,
-        tuple(var[n] for n in used) + extra,
-        tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices)),
-        semantics,
-        spec.derived + tuple(folds),
+    return replace(
+        spec,
+        assignment=assignment,
+        statement=statement,
+        tensors=tuple(var[n] for n in used) + extra,
+        indices=tuple(dict.fromkeys(i for a in assignment.accesses() for i in a.indices)),
+        semantics=semantics,
+        derived=spec.derived + tuple(folds),
     )
 
 

@@ -122,6 +122,9 @@ class Spec:
     #: a statement over mapped formats: how it was rewritten over level spaces, said in
     #: the generated header (`sparsec.middle.demap`)
     maps: tuple[str, ...] = ()
+    #: index variables whose extent the formats fix: a block's inner index, a slot (the
+    #: generated code uses the number; the runtime binds no other, `Demapped.level_dims`)
+    static: tuple[tuple[str, int], ...] = ()
 
     @property
     def pattern(self) -> str:

@@ -21,7 +21,9 @@ A *dot loop* is a `For` that
 - reads every array at an index whose stride in the loop variable is 0 (the same element
   each iteration) or 1 (the next element): no gather (``x[crd[p]]``) and no strided walk,
   which vector lanes would serve with gathers;
-- reads at least one array with stride 1.
+- reads at least one array with stride 1;
+- may run more than ``dot_fixed`` iterations (`PassOptions`: a short loop of constant
+  bounds, a block's row, is unrolled by the C compiler instead).
 
 Only the order of the additions changes: which terms are summed, and that a NaN or
 infinity among them makes the sum NaN or infinite, does not. torch and TACO (whose
@@ -62,7 +64,7 @@ def vectorize_dots(
     scalars = {d.name for d in decls if d.type in (ir.ACC, ir.VAL)}
     # flags declared 0: set before the loop when it runs, as its iterations would
     flags = {d.name for d in decls if d.type == ir.BOOL and d.init == ir.IntLit(0)}
-    done = _block(body, count, (scalars, flags), in_vector=False, size=block)
+    done = _block(body, count, (scalars, flags), False, (block, options.dot_fixed))
     if not count[0]:
         return body, ()
     return done, (f"{count[0]} dot loop(s) summed on vector lanes in blocks of {block}",)
@@ -72,14 +74,18 @@ def vectorize_dots(
 Names = tuple[set[str], set[str]]
 
 
-def _block(b: ir.Block, count: list[int], names: Names, in_vector: bool, size: int) -> ir.Block:
+#: (``dot_block``, ``dot_fixed``) of the `PassOptions`
+Sizes = tuple[int, int]
+
+
+def _block(b: ir.Block, count: list[int], names: Names, in_vector: bool, size: Sizes) -> ir.Block:
     out: list[ir.Stmt] = []
     for s in b.body:
         if isinstance(s, ir.For) and not in_vector:
-            sums = _dot(s)
+            sums = _dot(s, size[1])
             if sums is not None and set(sums[0]) <= names[0] and set(sums[1]) <= names[1]:
                 count[0] += 1
-                out.extend(_blocked(s, *sums, uid=count[0], size=size))
+                out.extend(_blocked(s, *sums, uid=count[0], size=size[0]))
                 continue
         vector = in_vector or (
             isinstance(s, ir.For) and s.parallel is not None and s.parallel.unit == Unit.CPUVector
@@ -89,14 +95,14 @@ def _block(b: ir.Block, count: list[int], names: Names, in_vector: bool, size: i
 
 
 def _inside(
-    count: list[int], names: Names, in_vector: bool, size: int
+    count: list[int], names: Names, in_vector: bool, size: Sizes
 ) -> Callable[[ir.Block], ir.Block]:
     return lambda b: _block(b, count, names, in_vector, size)
 
 
-def _dot(loop: ir.For) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+def _dot(loop: ir.For, fixed: int) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """(the accumulators, the flags) of a dot loop, or None when ``loop`` is not one."""
-    if loop.parallel is not None or loop.unroll:
+    if loop.parallel is not None or loop.unroll or _short(loop, fixed):
         return None
     local: set[str] = set()
     sums: list[str] = []
@@ -138,6 +144,16 @@ def _dot(loop: ir.For) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     if any(free_vars(substitute(v, env)) & written for v in values):
         return None  # a term reads an accumulator: the iterations depend on each other
     return (tuple(sums), tuple(flags)) if seen_stride_one else None
+
+
+def _short(loop: ir.For, fixed: int) -> bool:
+    """Does ``loop`` run at most ``fixed`` iterations, known when the kernel is generated
+    (a block's row of a bsr(R,C) tensor, `Spec.static`)? The C compiler unrolls it: its
+    chain of additions is short, and blocks of lanes wider than it would never run."""
+    start, end = loop.start, loop.end
+    if isinstance(start, ir.IntLit) and isinstance(end, ir.IntLit):
+        return end.value - start.value <= fixed
+    return False
 
 
 def _stride(e: ir.Expr, var: str) -> int | None:

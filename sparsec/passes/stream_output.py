@@ -26,7 +26,7 @@ def stream_output(p: Passed, unit: PassInput) -> Passed:
         return p
     size: ir.Expr = ir.IntLit(1)
     for index in spec.statement.lhs.indices:
-        size = ir.mul(size, ir.Var(sig.dim(index)))
+        size = ir.mul(size, sig.extent(index))
     big: ir.Expr = ir.Bin(">=", size, STREAM_OUT_VALUES)
     if DEPTH in p.params:
         big = ir.conj(big, ir.Bin("==", ir.Var(DEPTH), ir.IntLit(0)))
@@ -38,7 +38,7 @@ def stream_output(p: Passed, unit: PassInput) -> Passed:
     # level's extent: when the array and that extent are whole vectors, every tile vector
     # is aligned, as a non-temporal store needs
     last = spec.statement.lhs.indices[spec.output.format.ordering[-1]]
-    aligned = ir.Call("rows_aligned", (ir.Var(out), ir.Var(sig.dim(last))))
+    aligned = ir.Call("rows_aligned", (ir.Var(out), sig.extent(last)))
     flag = ir.Decl(ir.I64, STREAM_OUT, ir.conj(big, aligned))
     body = ir.block(flag, stored, ir.Effect(ir.Call("store_fence", ())))
     note = f"output tiles stored non-temporally from {unit.llc} bytes"

@@ -130,7 +130,9 @@ def generate(
         # else a light count, a user's schedule, or rows out of storage order: two phases
     done = run_passes(lists.C_PASSES, lowered.body, unit)
     fields = {BAND: "band", DEPTH: "depth"}
-    sig = Signature((*sig.params, *(Param(n, "value", INT, fields[n]) for n in done.params)))
+    sig = Signature(
+        (*sig.params, *(Param(n, "value", INT, fields[n]) for n in done.params)), sig.static
+    )
     functions.append(Function(KERNEL_NAME, comment, done.body))
     said = describe_cpu(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes

@@ -113,7 +113,8 @@ def generate_cuda(
                     Param(name, "array", ty, f"ws_{role}", out, writable=True)
                     for role, (name, ty) in {**GPU_WORKSPACE, **GPU_HASH}.items()
                 ),
-            )
+            ),
+            sig.static,
         )
     schedule = describe_gpu(chosen, not commands, lowered.notes)
     if stage_note:

@@ -51,7 +51,7 @@ def _walks(spec: Spec, sig: Signature) -> Walks:
         except KeyError:
             continue  # a singleton level: no segments
         if len(indices) == 1:
-            found[p.name] = (pos, ir.Var(sig.dim(indices.pop())))
+            found[p.name] = (pos, sig.extent(indices.pop()))
     return found
 
 

@@ -84,7 +84,10 @@ class PassOptions:
     round as the sequential order does), calibrated per host. ``jam_ways``: outer iterations
     interleaved (`passes.jam`: enough chains to cover an addition's latency at two per
     cycle without running out of registers). ``dot_block``: iterations summed into one
-    value-typed partial (`passes.dots`). ``coarsen_factors``, ``coarsen_block``: columns per
+    value-typed partial (`passes.dots`); ``dot_fixed``: a dot loop of at most this many
+    iterations known when the kernel is generated (a block's row of a mapped format) is
+    left to the C compiler, which unrolls it (blocks of lanes wider than the loop would
+    never run their vector loop: 4 float32 iterations at 8 lanes). ``coarsen_factors``, ``coarsen_block``: columns per
     GPU thread in the first sweeps, then the next, then 1, and threads per block
     (`passes.coarsen`; 4 beat 1, 2 and 8 on an H100 on pruned-BERT SpMM)."""
 
@@ -95,6 +98,7 @@ class PassOptions:
     reassociate: bool = False
     jam_ways: int = 4
     dot_block: int = 256
+    dot_fixed: int = 16
     coarsen_factors: tuple[int, ...] = (4, 2)
     coarsen_block: int = 128
 
