@@ -320,3 +320,22 @@ def test_distributed_kernels_refuse_maps():
 
     with pytest.raises(FormatError, match="mapped formats"):
         sd.kernel("y(i) = A(i,j) * x(j)", {"A": "bsr(2,2)"})
+
+
+def test_the_parallel_rows_have_their_own_function_where_blocks_fix_extents():
+    """`lower.outline`: a kernel whose formats fix loop extents runs its parallel loop's
+    rows in `sparsec_rows` (the parameters' restrict kept), with the same results at 1 and
+    2 threads; a kernel without fixed extents keeps its loop, and `outline` turns it off."""
+    from sparsec.policy import calibrated
+
+    d = blocked(64, 64, 4, 4, seed=17)
+    x = np.arange(64.0)
+    k = sparsec.Kernel("y(i) = A(i,j) * x(j)", {"A": "bsr(4,4)"})
+    assert "static __attribute__((noinline)) int sparsec_rows(" in k.source
+    for threads in (1, 2):
+        _close(k(A=d, x=x, threads=threads), d @ x, "float64")
+    assert "sparsec_rows" not in sparsec.Kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}).source
+    with calibrated.trying({"outline": False}):
+        off = sparsec.Kernel("y(i) = A(i,j) * x(j)", {"A": "bsr(4,4)"})
+        assert "sparsec_rows" not in off.source
+        _close(off(A=d, x=x, threads=2), d @ x, "float64")

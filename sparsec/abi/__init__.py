@@ -49,6 +49,8 @@ APPEND_NAME = "sparsec_append"
 #: a chunked single pass's rows of one chunk (`sparsec.lower.chunks`): a static function
 #: taking the kernel's parameters and the chunk
 APPEND_ROWS_NAME = "sparsec_append_rows"
+#: the rows of the kernel's parallel loop, in a function of their own (`lower.outline`)
+ROWS_NAME = "sparsec_rows"
 CHUNK_PARAM = "sc_chunk"
 #: the kernel with its arguments in one int64 array (C kernels without a scalar input)
 PACKED_NAME = "sparsec_kernel_packed"

@@ -13,15 +13,18 @@ from ..abi import (
     CHUNK_PARAM,
     INT,
     KERNEL_NAME,
+    ROWS_NAME,
     Param,
     Signature,
 )
 from ..backends import Generated
 from ..backends.c import Function, print_c
+from ..backends.targets import C as C_TARGET
 from ..base.target import C
 from ..ir import nodes as ir
 from ..ir.visit import statements
 from ..lower import lower, names_for, wrap_chunks
+from ..lower.outline import outline_rows
 from ..middle.capacity import entry_bound_of
 from ..middle.commands import Command
 from ..middle.derive import describe as describe_derived
@@ -48,6 +51,10 @@ APPEND_CHUNKED = (
     "proved (plus a row of slack), then moved into place (sparsec.lower.chunks)"
 )
 APPEND_ROWS = "one chunk's rows of the single pass, appended into its region"
+ROWS_COMMENT = (
+    "rows lo..hi of the kernel's parallel loop, serially: a function of their own keeps the "
+    "parameters' restrict, which the body of an OpenMP loop loses (sparsec.lower.outline)"
+)
 COUNT_COMMENT = "symbolic phase: count the positions of every output level into sc_sizes"
 
 
@@ -133,7 +140,16 @@ def generate(
     sig = Signature(
         (*sig.params, *(Param(n, "value", INT, fields[n]) for n in done.params)), sig.static
     )
-    functions.append(Function(KERNEL_NAME, comment, done.body))
+    kernel_body = done.body
+    # only where the formats fix loop extents: short fixed loops are what the restrict
+    # lets GCC vectorise (docs/decisions.md, "A parallel loop's rows in a function of their own")
+    fixed = decision.passes.outline and bool(sig.static)
+    moved = outline_rows(kernel_body, sig) if fixed else None
+    if moved is not None:
+        extra = ", ".join(f"{C_TARGET.types[t]} {name}" for t, name in moved.extra)
+        functions.append(Function(ROWS_NAME, ROWS_COMMENT, moved.rows, extra))
+        kernel_body = moved.kernel
+    functions.append(Function(KERNEL_NAME, comment, kernel_body))
     said = describe_cpu(
         spec, parallel, lowered.parallel_loops, lowered.loop_order, commands, lowered.notes
     )
