@@ -17,6 +17,12 @@ with scipy's before anything is timed. Timing: `common.measure_rounds` (interlea
 pooled medians); speedups are ``contender median / sparsec mapped median``.
 
 Targets (issue 39): bsr SpMV and SpMM >= 1.5x sparsec's own CSR and >= 1.0x scipy's bsr.
+
+``formats="auto"`` (`sparsec.api.auto`) on 12 generated matrices of different structure
+(`AUTO_MATRICES`: uniform, power-law rows, banded, blocked, hypersparse, dense rows, ...),
+SpMV float64 at 1 thread: the auto kernel's call (its choice made beforehand) against CSR
+and against the best of every format timed (csr, dcsr, every bsr that divides the shape).
+Targets: geometric mean >= 1.3x over CSR, and >= 0.95x of the best found by timing all.
 """
 
 from __future__ import annotations
@@ -113,6 +119,82 @@ def run_case(case: str, dtype: str, threads: int, args: argparse.Namespace) -> d
     }
 
 
+def _from_rows(n: int, m: int, lengths: Any, rng: np.random.Generator) -> Any:
+    rows = np.repeat(np.arange(n), lengths)
+    cols = rng.integers(0, m, rows.size)
+    a = sp.csr_array((rng.uniform(-1, 1, rows.size), (rows, cols)), shape=(n, m))
+    a.sum_duplicates()
+    return a
+
+
+def _banded(n: int, half: int, rng: np.random.Generator) -> Any:
+    offsets = list(range(-half, half + 1))
+    diags = [rng.uniform(-1, 1, n - abs(o)) for o in offsets]
+    return sp.diags_array(diags, offsets=offsets, shape=(n, n), format="csr")
+
+
+def _blocks(n: int, per: int, r: int, c: int, rng: np.random.Generator) -> Any:
+    blocks = _from_rows(n // r, n // c, np.full(n // r, per), rng)
+    return sp.csr_array(sp.kron(blocks, np.ones((r, c)), format="csr"))
+
+
+def auto_matrices(scale: int, rng: np.random.Generator) -> dict[str, Any]:
+    """The 12 matrices of the auto table, n = 131,072 / ``scale`` rows."""
+    n = 131_072 // scale
+    dense_rows = _from_rows(n, n, np.full(n, 8), rng).tolil()
+    for i in rng.choice(n, 4, replace=False):
+        dense_rows[int(i), :] = rng.uniform(-1, 1, n)
+    return {
+        "uniform-10": _from_rows(n, n, np.full(n, 10), rng),
+        "uniform-40": _from_rows(n, n, np.full(n, 40), rng),
+        "power-law": _from_rows(n, n, np.minimum(rng.zipf(1.8, n), n // 8), rng),
+        "banded-5": _banded(n, 2, rng),
+        "banded-33": _banded(n, 16, rng),
+        "blocked-2x2": _blocks(n, 4, 2, 2, rng),
+        "blocked-4x4": _blocks(n, 3, 4, 4, rng),
+        "blocked-8x8": _blocks(n, 2, 8, 8, rng),
+        "rows-1x4": _blocks(n, 4, 1, 4, rng),
+        "hypersparse": _from_rows(n, n, (rng.random(n) < 0.01) * 20, rng),
+        "dense-rows": sp.csr_array(dense_rows),
+        "diagonal": _banded(n, 0, rng),
+    }
+
+
+def run_auto(args: argparse.Namespace) -> tuple[Table, list[dict[str, Any]]]:
+    """The auto table: per matrix, auto's choice against CSR and the best timed."""
+    from sparsec.policy.formats import BLOCKS
+
+    rng = np.random.default_rng(11)
+    table = Table(["matrix", "nnz", "auto chose", "best", "auto ms", "csr ms", "best ms",
+                   "x csr", "x best"])  # fmt: skip
+    rows = []
+    statement = "y(i) = A(i,j) * x(j)"
+    for name, a in auto_matrices(16 if args.quick else 1, rng).items():
+        progress(f"auto {name}")
+        x = rng.uniform(-1, 1, a.shape[1])
+        want = a @ x
+        auto = sparsec.kernel(statement, formats="auto")
+        _check(f"auto {name}", auto(A=a, x=x, threads=1), want, "float64")
+        formats = ["csr", "dcsr"] + [
+            f"bsr({r},{c})" for r, c in BLOCKS if a.shape[0] % r == 0 and a.shape[1] % c == 0
+        ]
+        fns = {"auto": lambda auto=auto, a=a, x=x: auto(A=a, x=x, threads=1)}
+        for fmt in formats:
+            t = sparsec.as_tensor(sparsec.Tensor.from_scipy(a, "csr"), fmt)
+            k = sparsec.kernel(statement, {"A": fmt})
+            _check(f"{name} {fmt}", k(A=t, x=x, threads=1), want, "float64")
+            fns[fmt] = lambda k=k, t=t, x=x: k(A=t, x=x, threads=1)
+        timings = measure_rounds(fns, repeats=args.repeats)
+        ms = {k: t.median_ms for k, t in timings.items()}
+        best = min(formats, key=lambda f: ms[f])
+        chose = auto.choices["A"]["chosen"]
+        table.add(name, a.nnz, chose, best, ms["auto"], ms["csr"], ms[best],
+                  f"{ms['csr'] / ms['auto']:.2f}x", f"{ms[best] / ms['auto']:.2f}x")  # fmt: skip
+        rows.append({"matrix": name, "nnz": a.nnz, "chose": chose, "best": best, "median_ms": ms,
+                     "choices": auto.choices, "timings": timings})  # fmt: skip
+    return table, rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench formats")
     parser.add_argument("--quick", action="store_true")
@@ -156,13 +238,27 @@ def main(argv: list[str] | None = None) -> int:
                     f"{up['scipy csr']:.2f}x",
                     None if met is None else ("met" if met else "unmet"),
                 )
+    auto_table, auto_rows = run_auto(args)
     after = os.getloadavg()
     print(
         f"# formats: {env['processor']}, {env['cpu_count']} CPUs; load {load[0]:.2f} -> "
         f"{after[0]:.2f}"
     )
     print(table.render())
-    path = write_results("formats", {"environment": env, "load": [load, after], "rows": rows})
+    over_csr = [r["median_ms"]["csr"] / r["median_ms"]["auto"] for r in auto_rows]
+    over_best = [r["median_ms"][r["best"]] / r["median_ms"]["auto"] for r in auto_rows]
+    geo = float(np.exp(np.mean(np.log(over_csr))))
+    print()
+    print(
+        "formats='auto', SpMV float64, 1 thread (targets: geomean >= 1.3x csr, each >= 0.95x best)"
+    )
+    print(auto_table.render())
+    print(
+        f"geomean over csr {geo:.2f}x ({'met' if geo >= 1.3 else 'unmet'}); worst against the "
+        f"best {min(over_best):.2f}x ({'met' if min(over_best) >= 0.95 else 'unmet'})"
+    )
+    payload = {"environment": env, "load": [load, after], "rows": rows, "auto": auto_rows}
+    path = write_results("formats", payload)
     progress(f"wrote {path}")
     return 0
 

@@ -39,6 +39,7 @@ from ..runtime.inputs import Binder, Prepared, dtype_name
 from ..tensors.formats import Format
 from ..tensors.maps import MappedFormat
 from . import autograd, autotune, check, footprint, mapped_call
+from .auto import AutoKernel, wants_auto
 from .check import CheckResult
 from .memo import _memo_key
 from .vector import VECTOR_NOTE, by_lane_groups
@@ -465,11 +466,17 @@ def kernel(
     """Compile ``expr`` (index notation) for the given formats; see `Kernel`.
 
     ``division``, ``semiring`` and ``mask`` change what the statement computes
-    (`sparsec.frontend.semantics`, docs/semantics.md).
+    (`sparsec.frontend.semantics`, docs/semantics.md). ``formats="auto"`` (or ``"auto"``
+    for one input) returns an `auto.AutoKernel`, which chooses those formats at a call.
 
     Kernels are immutable, so the same arguments return the same `Kernel` (the last
     `KERNEL_MEMO` distinct ones are kept): a repeated request costs a dictionary lookup,
     and the compiled library and the call fast path come with it."""
+    if wants_auto(formats):  # an AutoKernel: formats chosen from the data at a call
+        options = {"target": target, "schedule": schedule, "dtype": dtype}
+        options |= {"index_dtype": index_dtype, "division": division}
+        options |= {"semiring": semiring, "mask": mask}
+        return AutoKernel(expr, formats, kernel, **options)  # type: ignore[return-value]
     key = _memo_key(
         expr, formats, target, schedule, dtype, index_dtype, division, semiring, mask or ""
     )

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..policy.machine import machine
 from ..tensors.formats import Format
+from ..tensors.maps import MappedFormat
 
 _MEMO_ENVIRONMENT = (
     "SPARSEC_POISON",
@@ -27,7 +28,7 @@ def _memo_key(*args: Any) -> tuple[Any, ...] | None:
     frozen spelling (then the kernel is built anew, never confused with another)."""
 
     def freeze(v: Any) -> Any:
-        if v is None or isinstance(v, str | int | float | Format):
+        if v is None or isinstance(v, str | int | float | Format | MappedFormat):
             return (type(v).__name__, v)
         if isinstance(v, np.dtype):
             return ("dtype", v.str)
