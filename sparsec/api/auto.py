@@ -8,8 +8,8 @@ with no formats); ``{"A": "auto", ...}`` names the auto inputs beside formats gi
    the formats that can hold it (csr, dcsr, bsr(R,C)) by the bytes a pass would read;
 2. each candidate's kernel (through `sparsec.kernel`'s memo) runs the call on the input
    converted to it, and is timed in `ROUNDS` interleaved rounds of at least `ROUND_S`
-   each; the fastest median wins (a candidate the statement's rules refuse,
-   `FormatError`, is skipped);
+   each; the fastest median wins, where it beats CSR's by `MARGIN` (a candidate the
+   statement's rules refuse, `FormatError`, is skipped);
 3. the choice and the converted tensor are kept for that input object (the last `KEEP`
    inputs; a `sparsec.Tensor` or a scipy matrix is immutable to sparsec, so the same
    object is the same data), so the next call with it converts and decides nothing.
@@ -41,6 +41,10 @@ from ..tensors.tensor import Tensor, as_tensor
 ROUNDS = 3
 ROUND_S = 1e-3
 ROUND_CALLS = 100
+#: a format other than CSR is chosen only when it beats CSR's median by this fraction
+#: (as schedule="auto" keeps the default unless a candidate beats it clearly): two formats
+#: within the noise of a shared machine are not worth a conversion
+MARGIN = 0.05
 #: inputs whose choices are kept
 KEEP = 8
 
@@ -180,6 +184,9 @@ class AutoKernel:
             for fmt, got in samples.items():
                 tried[fmt]["median_ms"] = float(np.median(got)) * 1e3
             best = min(samples, key=lambda f: float(np.median(samples[f])))
+            if "csr" in samples and best != "csr":
+                if np.median(samples[best]) > (1 - MARGIN) * np.median(samples["csr"]):
+                    best = "csr"
             formats[name] = best
             converted[name] = runs[best][1]
             why[name] = {"chosen": best, "candidates": tried}
