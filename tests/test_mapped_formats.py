@@ -339,3 +339,39 @@ def test_the_parallel_rows_have_their_own_function_where_blocks_fix_extents():
         off = sparsec.Kernel("y(i) = A(i,j) * x(j)", {"A": "bsr(4,4)"})
         assert "sparsec_rows" not in off.source
         _close(off(A=d, x=x, threads=2), d @ x, "float64")
+
+
+def test_the_levels_fixed_extents_are_checked_and_extents_take_the_users_indices():
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "bsr(4,4)"})
+    wrong = sparsec.Tensor.from_dense(np.ones((2, 2, 3, 3)), "dsdd")  # blocks of 3, not 4
+    with pytest.raises(ShapeError, match="formats fix it at 4"):
+        k.run_levels({"A": wrong, "x": np.ones((2, 3))}, 1)
+    dims = k.extents({"i": 8, "j": 16})
+    assert (dims["i0"], dims["i1"], dims["j0"], dims["j1"]) == (2, 4, 4, 4)
+
+
+def test_a_mapped_tensor_has_the_tensor_operators():
+    d, e = blocked(8, 12, 2, 3, seed=18), blocked(8, 12, 2, 3, seed=19)
+    f = blocked(12, 8, 3, 4, seed=20)
+    a, b = sparsec.Tensor.from_dense(d, "bsr(2,3)"), sparsec.Tensor.from_dense(e, "bsr(2,3)")
+    c = sparsec.Tensor.from_dense(f, "bsr(3,4)")
+    x, X = np.arange(12.0), np.ones((12, 3))
+    _close(a @ x, d @ x, "float64")
+    _close(a @ X, d @ X, "float64")
+    _close(np.arange(8.0) @ a, np.arange(8.0) @ d, "float64")
+    for got, want, fmt in (
+        (a + b, d + e, "bsr(2,3)"),
+        (a * b, d * e, "bsr(2,3)"),
+        (a @ c, d @ f, "bsr(2,4)"),
+        (a.T, d.T, "bsr(3,2)"),
+        (-a, -d, "bsr(2,3)"),
+        (a * 2, 2 * d, "bsr(2,3)"),
+    ):
+        assert isinstance(got, MappedTensor) and str(got.format) == fmt
+        _close(got, want, "float64")
+    _close(a.sum(axis=1), d.sum(axis=1), "float64")
+    nm = sparsec.Tensor.from_dense(pruned(4, 8, 2, 4, seed=21), "nm(2,4)")
+    with pytest.raises(sparsec.InputError, match="transpose"):
+        nm.T  # noqa: B018
+    with pytest.raises(sparsec.InputError, match=r"bsr\(R,K\) @ bsr\(K,C\)"):
+        a @ sparsec.Tensor.from_dense(f, "csr")

@@ -52,6 +52,8 @@ from ..base.errors import DTypeError, InputError, ShapeError
 from ..policy.machine import machine
 from ..tensors import ops
 from ..tensors.formats import Format, parse_format
+from ..tensors.mapped import MappedTensor
+from ..tensors.maps import parse_mapped
 from ..tensors.stored import Stored, stored
 from ..tensors.tensor import Tensor, as_tensor
 from .kernel import kernel
@@ -68,9 +70,10 @@ def _torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def sparse_operand(x: Any) -> Tensor | None:
-    """``x`` as a sparse operand (a Tensor, scipy or torch sparse in its own format)."""
-    if isinstance(x, Tensor):
+def sparse_operand(x: Any) -> Any:
+    """``x`` as a sparse operand (a Tensor or MappedTensor, scipy or torch sparse in its
+    own format), or None."""
+    if isinstance(x, Tensor | MappedTensor):
         return x
     if type(x).__module__.startswith("scipy.sparse"):
         return as_tensor(x)
@@ -112,7 +115,7 @@ def _access(name: str, indices: Sequence[str]) -> str:
     return f"{name}({','.join(indices)})" if indices else name
 
 
-def _run(expr: str, formats: dict[str, Format], out: Format | None, **inputs: Any) -> Any:
+def _run(expr: str, formats: dict[str, Any], out: Any, **inputs: Any) -> Any:
     """Run ``expr`` (its output named ``O``) through the kernel memo; ``out``: the sparse
     result's format (an all-dense one comes back as a Tensor too)."""
     if out is not None:
@@ -172,6 +175,10 @@ def _matmul(left: Any, right: Any) -> Any:
     expr = f"{_access('O', lhs)} = {_access('A', ia)} * {_access('B', ib)}"
     formats = {n: t.format for n, t in (("A", a), ("B", b)) if t is not None}
     out = None
+    if isinstance(a, MappedTensor) or isinstance(b, MappedTensor):
+        if a is not None and b is not None:
+            out = _blocked_product(a, b)
+        return _run(expr, formats, out, A=a if a is not None else da, B=b if b is not None else db)
     if a is not None and b is not None:
         # Gustavson's order (rows of A scale rows of B into a row workspace) needs both in
         # one major order: column-major pairs run by columns, anything else by rows, a
@@ -183,6 +190,20 @@ def _matmul(left: Any, right: Any) -> Any:
         out = parse_format("csc" if column_major else "csr", 2) if len(lhs) == 2 else None
         out = out or (parse_format("s", 1) if lhs else None)
     return _run(expr, formats, out, A=a if a is not None else da, B=b if b is not None else db)
+
+
+def _blocked_product(a: Any, b: Any) -> Any:
+    """The format of the product of two sparse matrices where one is mapped: bsr(R,C) of
+    a bsr(R,K) and a bsr(K,C); any other pair is refused."""
+    ba = a.blocksize() if isinstance(a, MappedTensor) else None
+    bb = b.blocksize() if isinstance(b, MappedTensor) else None
+    if ba is None or bb is None or ba[1] != bb[0]:
+        raise InputError(
+            f"matmul of {a.format} and {b.format}: a mapped operand's product with another "
+            "sparse matrix runs for bsr(R,K) @ bsr(K,C) (a bsr(R,C) result); convert one "
+            "operand (T.to_format(...)) or write the statement with sparsec.kernel"
+        )
+    return parse_mapped(f"bsr({ba[0]},{bb[1]})", 2)
 
 
 def _row_major(t: Tensor, indices: list[str]) -> Tensor:
@@ -237,9 +258,19 @@ def _negate(t: Tensor) -> Tensor:
     return _run(f"{_access('O', idx)} = -{_access('A', idx)}", {"A": t.format}, t.format, A=t)
 
 
-def _transpose(t: Tensor) -> Tensor:
+def _transpose(t: Any) -> Any:
     """The same levels and values under the reversed mode ordering: level k stored mode
-    ``ordering[k]``, which is mode ``order - 1 - ordering[k]`` of the transpose."""
+    ``ordering[k]``, which is mode ``order - 1 - ordering[k]`` of the transpose. A bsr(R,C)
+    matrix's is bsr(C,R), its blocks transposed by a kernel (``O(j,i) = A(i,j)``)."""
+    if isinstance(t, MappedTensor):
+        block = t.blocksize()
+        if block is None:
+            raise InputError(
+                f"the transpose of a {t.format} tensor has no {t.format} layout; convert it "
+                "first (T.to_format('csr').T)"
+            )
+        out = parse_mapped(f"bsr({block[1]},{block[0]})", 2)
+        return _run("O(j,i) = A(i,j)", {"A": t.format}, out, A=t)
     fmt = Format(t.format.levels, tuple(t.order - 1 - m for m in t.format.ordering))
     flipped = Tensor(t.shape[::-1], fmt, t.levels, t.vals, t.index_dtype)
     return stored(flipped, t.value_dtype) if isinstance(t, Stored) else flipped

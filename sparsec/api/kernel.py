@@ -370,7 +370,10 @@ class Kernel:
 
     def extents(self, dims: Mapping[str, int] | None = None) -> dict[str, int]:
         """Every index's extent for `random_inputs`: ``dims`` where given, distinct small
-        defaults elsewhere (so shape mix-ups show), equal where a tensor used twice needs it."""
+        defaults elsewhere (so shape mix-ups show), equal where a tensor used twice needs it.
+        Over mapped formats: the compiled statement's, from the user's indices or its own."""
+        if self.demapped is not None:
+            dims = self.demapped.level_dims(dims)
         return check.extents(self.assignment, self.spec, dims)
 
     def random_inputs(

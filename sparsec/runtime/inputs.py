@@ -113,6 +113,7 @@ class Binder:
         "_direct",
         "_carriers",
         "derived",
+        "static",
     )
 
     def __init__(
@@ -125,6 +126,8 @@ class Binder:
     ) -> None:
         #: inputs the runtime computes from a passed tensor (`sparsec.middle.derive`)
         self.derived = spec.derived
+        #: extents the generated code holds as numbers (`Spec.static`): checked per call
+        self.static = spec.static
         sources = {d.name: tuple(t for t, _ in d.reads) for d in spec.derived}
         #: the tensors a call passes: the inputs (a derived input's sources in its place),
         #: and a sparse '+='s current output
@@ -218,6 +221,12 @@ class Binder:
                 index_dtype = "int64"
                 values = {n: widen(v) for n, v in values.items()}
         dims = self.dims(values)  # checks the extents a repeated index ties together
+        for index, size in self.static:  # extents the generated code holds as numbers
+            if dims.get(index, size) != size:
+                raise ShapeError(
+                    f"index {index} has extent {dims[index]} in the inputs, but the formats fix "
+                    f"it at {size} (a block's inner index): pass tensors in the kernel's formats"
+                )
         for d in self.derived:
             if isinstance(d, Folded):
                 values[d.name] = _fold(d, values, dtype, threads)

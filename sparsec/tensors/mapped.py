@@ -29,13 +29,16 @@ from . import packing
 from .convert import _is_scipy_sparse
 from .formats import Format, parse_format
 from .maps import MAPPED, MappedFormat, looks_mapped, parse_mapped
+from .ops import ArrayOps
 from .storage import StorageParts, _is_torch_tensor, check_shape, coerce_values, value_dtype
 from .tensor import Tensor, as_tensor
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class MappedTensor:
-    """An immutable tensor whose format maps dimensions to levels (see the module)."""
+class MappedTensor(ArrayOps):
+    """An immutable tensor whose format maps dimensions to levels (see the module). Its
+    operators (``@ + - * .T .sum``) are `Tensor`'s (`sparsec.api.array`), each a kernel
+    over the format."""
 
     shape: tuple[int, ...]
     format: MappedFormat
