@@ -357,48 +357,17 @@ def _holds_guarded(expr: CExpr, sparse: frozenset[str]) -> bool:
     case's expression, where an access of a ``sparse`` tensor may be absent (dropped from
     a sum, so that ``(T0(k) + Σs T1(k,s)) / T2(k)`` is ``Σs T1(k,s) / T2(k)`` where T0
     stores nothing: a quotient present only where the sum reaches a term)?"""
-    here = (
-        isinstance(expr, BinOp | Call | Neg)
-        and not (isinstance(expr, BinOp) and expr.op in ("+", "-"))
-        and not _present_in_every_case(expr, sparse)
-    )
-    return here or any(_holds_guarded(c, sparse) for c in children(expr))
+    return _guarded(expr, sparse) or any(_holds_guarded(c, sparse) for c in children(expr))
 
 
-def _present_in_every_case(expr: CExpr, sparse: frozenset[str]) -> bool:
-    """`_surely_present` (not exact) in every case of the lattice: an access of a sparse
-    tensor is not, since a case may lack it."""
-    match expr:
-        case Access(name=name):
-            return name not in sparse
-        case Literal():
-            return True
-        case Zero() | Sum():
-            return False
-        case Neg(operand=x):
-            return _present_in_every_case(x, sparse)
-        case BinOp(op="*", left=left, right=right):
-            return _present_in_every_case(left, sparse) and _present_in_every_case(right, sparse)
-        case BinOp(op="+" | "-", left=left, right=right):
-            return _present_in_every_case(left, sparse) or _present_in_every_case(right, sparse)
-        case BinOp(op="/", left=left):
-            return _present_in_every_case(left, sparse)
-        case Call(fn="max" | "min", args=args):
-            return any(_present_in_every_case(a, sparse) for a in args)
-        case Call(fn=fn, args=args):
-            keeps = FUNCTIONS[fn].keeps_pattern(args)
-            return not keeps or _present_in_every_case(args[0], sparse)
-        case _:
-            return False
-
-
-def _guarded(expr: CExpr) -> bool:
+def _guarded(expr: CExpr, absent: frozenset[str] = frozenset()) -> bool:
     """Is ``expr`` a node that `_value` guards: a negation, product, quotient or function
-    that may be absent (over nested sums)? ``+`` and ``-`` combine what is present."""
+    that may be absent (over nested sums, or an access of a tensor in ``absent``)? ``+``
+    and ``-`` combine what is present."""
     return (
         isinstance(expr, BinOp | Call | Neg)
         and not (isinstance(expr, BinOp) and expr.op in ("+", "-"))
-        and not _surely_present(expr, exact=False)
+        and not _surely_present(expr, False, absent)
     )
 
 
@@ -426,35 +395,37 @@ def _function(env: LowerEnv, fn: str, args: tuple[ir.Expr, ...], stmts: list[ir.
             return ir.Call(f"fn_{fn}", args)
 
 
-def _surely_present(expr: CExpr, exact: bool) -> bool:
+def _surely_present(expr: CExpr, exact: bool, absent: frozenset[str] = frozenset()) -> bool:
     """A term of ``expr`` is present whatever its nested sums reach (see `_presence`).
     A `Zero` (an absent operand that exact lowering reads as ``0.0``, where ``inf * 0``
     is NaN) is present as the lattice's exact points are; elsewhere one is left only as
     an operand of a function (``max(0, x)``), present where the other operands are."""
     match expr:
-        case Access() | Literal():
+        case Access(name=name):
+            return name not in absent  # a lattice case may lack a tensor of ``absent``
+        case Literal():
             return True
         case Zero():
             return exact
         case Sum():
             return False
         case Neg(operand=x):
-            return _surely_present(x, exact)
+            return _surely_present(x, exact, absent)
         case BinOp(op="*", left=left, right=right):
-            return _surely_present(left, exact) and _surely_present(right, exact)
+            return _surely_present(left, exact, absent) and _surely_present(right, exact, absent)
         case BinOp(op="+" | "-", left=left, right=right):
-            return _surely_present(left, exact) or _surely_present(right, exact)
+            return _surely_present(left, exact, absent) or _surely_present(right, exact, absent)
         case BinOp(op="/", left=left, right=right):
             literal = isinstance(right, Literal) and right.value != 0
             # exact: a quotient is present everywhere; sparse: where its numerator is
-            return (exact and not literal) or _surely_present(left, exact)
+            return (exact and not literal) or _surely_present(left, exact, absent)
         case BinOp(op=op):
             raise AssertionError(f"unknown operator {op}")
         case Call(fn="max" | "min", args=args):
-            return any(_surely_present(a, exact) for a in args)
+            return any(_surely_present(a, exact, absent) for a in args)
         case Call(fn=fn, args=args):
             keeps = FUNCTIONS[fn].keeps_pattern(args)
-            return not keeps or _surely_present(args[0], exact)
+            return not keeps or _surely_present(args[0], exact, absent)
         case _:
             assert_never(expr)
 
