@@ -191,6 +191,50 @@ def structured_case(rng: np.random.Generator) -> str:
     return what
 
 
+def bsr_case(rng: np.random.Generator) -> str:
+    """A layer stored bsr(R,C) (`BlockSparseLinear`, issue 39): its kept blocks against the
+    documented block rule (every cell of a kept block stored, zeros too), and the forward
+    and every gradient against the masked dense layer; the values' gradient in the blocks'
+    storage order (block rows, then block columns, then the cells row by row)."""
+    dtype = (torch.float32, torch.float64)[rng.integers(2)]
+    r, c = int(rng.integers(1, 5)), int(rng.integers(1, 9))
+    out_f, in_f = r * int(rng.integers(1, 4)), c * int(rng.integers(1, 4))
+    sparsity = SPARSITIES[rng.integers(len(SPARSITIES))]
+    what = f"out={out_f} in={in_f} bsr({r},{c}) s={sparsity} {dtype}"
+    lin = torch.nn.Linear(in_f, out_f, bias=bool(rng.random() < 0.7), dtype=dtype)
+    with torch.no_grad():
+        lin.weight.copy_(torch.from_numpy(rng.integers(-3, 4, (out_f, in_f))).to(dtype))
+        if lin.bias is not None:
+            lin.bias.copy_(torch.from_numpy(rng.integers(-3, 4, out_f)).to(dtype))
+    layer = SparseLinear.from_linear(lin, sparsity, format=f"bsr({r},{c})")
+    assert isinstance(layer, sparsec.nn.BlockSparseLinear), what
+    weight = lin.weight.detach()
+    kept = block_reference(weight, sparsity, r, c)
+    blocks = kept.reshape(out_f // r, r, in_f // c, c).any(dim=(1, 3))
+    mask = blocks.repeat_interleave(r, 0).repeat_interleave(c, 1)
+    assert torch.equal(layer.to_dense() != 0, (weight * mask) != 0), what
+    x = torch.from_numpy(rng.integers(-3, 4, (int(rng.integers(1, 5)), in_f))).to(dtype)
+    x.requires_grad_(True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    w_ref = weight.clone().requires_grad_(True)
+    b_ref = None if lin.bias is None else lin.bias.detach().clone().requires_grad_(True)
+    y, y_ref = layer(x), F.linear(x_ref, w_ref * mask, b_ref)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
+    dy = torch.from_numpy(rng.integers(-2, 3, tuple(y.shape))).to(dtype)
+    y.backward(dy)
+    y_ref.backward(dy)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=0, msg=lambda m: f"{what}: dx {m}")
+    assert w_ref.grad is not None
+    by_block = w_ref.grad.reshape(out_f // r, r, in_f // c, c).permute(0, 2, 1, 3)
+    torch.testing.assert_close(
+        layer.values.grad, by_block[blocks].reshape(-1), rtol=0, atol=0,
+        msg=lambda m: f"{what}: dW {m}",
+    )  # fmt: skip
+    if b_ref is not None:
+        torch.testing.assert_close(layer.bias.grad, b_ref.grad, rtol=0, atol=0)
+    return what
+
+
 def _run(seed: int, count: int) -> int:
     rng = np.random.default_rng(seed)
     for _ in range(count):
@@ -199,6 +243,8 @@ def _run(seed: int, count: int) -> int:
             sparsify_case(rng)
         if rng.random() < 0.25:
             structured_case(rng)
+        if rng.random() < 0.15:
+            bsr_case(rng)
     return count
 
 

@@ -210,9 +210,11 @@ class TorchOp:
         # a dense operand the runtime may pack in column panels keeps its strides: a panel is
         # packed straight from a transposed view (`Binder._carriers`)
         kept = self._carriers
-        out = self.kernel(
-            threads=threads,
-            **{k: v if isinstance(v, Tensor) else _host(v, k in kept) for k, v in inputs.items()},
+        # the operands are the compiled statement's own (over a mapped format's levels):
+        # `run_levels`, not the call that carries a user's tensors into them
+        out = self.kernel.run_levels(
+            {k: v if isinstance(v, Tensor) else _host(v, k in kept) for k, v in inputs.items()},
+            threads,
         )
         return torch.from_numpy(np.ascontiguousarray(out))
 

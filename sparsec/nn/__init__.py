@@ -15,14 +15,18 @@ its kernel through a torch custom op (`sparsec.api.torch_op`), so the model trai
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..base.errors import InputError
+from ..tensors.mapped import resolve
+from .blocked import BlockSparseLinear
 from .linear import ACTIVATIONS, SparseLinear
 from .masks import block_mask, check_block, fits, magnitude_mask, nm_mask, parse_pattern
 
 __all__ = [
+    "BlockSparseLinear",
     "ACTIVATIONS",
     "LayerReport",
     "SparseLinear",
@@ -59,6 +63,7 @@ def sparsify(
     pattern: str | None = None,
     min_features: int = 1,
     threads: int | None = None,
+    format: str = "csr",
 ) -> torch.nn.Module:
     """Swap, in place, every ``nn.Linear`` of ``model`` (the model itself included if it is
     one: then the new layer is returned) whose in and out features are both at least
@@ -67,7 +72,9 @@ def sparsify(
     as ``"2:4"`` (`sparsec.nn.masks`). A layer whose shape the blocks or groups do not
     divide stays dense, as a layer under ``min_features`` does. The projections of
     ``nn.MultiheadAttention`` stay dense (it reads their weights, never calls them).
-    Returns the model; `report` lists what was swapped."""
+    ``format="bsr(R,C)"`` stores each layer in R x C blocks (`BlockSparseLinear`; with no
+    ``block``, the pruning keeps whole R x C blocks; a shape they do not divide stays
+    dense). Returns the model; `report` lists what was swapped."""
     if not isinstance(model, torch.nn.Module):
         hint = (
             ": to prune a weight tensor use sparsec.nn.magnitude_mask(weight, sparsity)"
@@ -86,6 +93,11 @@ def sparsify(
         check_block(block)
     if pattern is not None:
         parse_pattern(pattern)
+    stored = resolve(format, 2) if format != "csr" else None
+    if format != "csr" and (stored is None or not stored.name.startswith("bsr(")):
+        raise InputError(f"sparsify stores layers as 'csr' or 'bsr(R,C)', not {format!r}")
+    if stored is not None and block is None and pattern is None:
+        block = (stored.blocks()[0], stored.blocks()[1])
 
     def eligible(m: torch.nn.Module) -> bool:
         return (
@@ -93,10 +105,13 @@ def sparsify(
             and min(m.in_features, m.out_features) >= min_features
             and m.weight.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
             and fits((m.out_features, m.in_features), block, pattern)
+            and (stored is None or fits((m.out_features, m.in_features), _blocks(stored), None))
         )
 
-    def pruned(m: torch.nn.Linear) -> SparseLinear:
-        return SparseLinear.from_linear(m, sparsity, threads=threads, block=block, pattern=pattern)
+    def pruned(m: torch.nn.Linear) -> Any:
+        return SparseLinear.from_linear(
+            m, sparsity, threads=threads, block=block, pattern=pattern, format=format
+        )
 
     if eligible(model):
         assert isinstance(model, torch.nn.Linear)
@@ -112,10 +127,16 @@ def sparsify(
     return model
 
 
+def _blocks(fmt: Any) -> tuple[int, int]:
+    blocks = fmt.blocks()
+    return blocks[0], blocks[1]
+
+
 def report(model: torch.nn.Module) -> list[LayerReport]:
-    """Every SparseLinear of ``model``, in module order, with the sparsity it reached."""
+    """Every SparseLinear (and BlockSparseLinear) of ``model``, in module order, with the
+    sparsity it reached."""
     return [
         LayerReport(name or "(model)", m.in_features, m.out_features, m.nnz, m.sparsity)
         for name, m in model.named_modules()
-        if isinstance(m, SparseLinear)
+        if isinstance(m, SparseLinear | BlockSparseLinear)
     ]

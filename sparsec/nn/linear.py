@@ -45,6 +45,8 @@ from ..api.kernel import Kernel, kernel
 from ..api.torch_op import Components, torch_op
 from ..base.errors import DTypeError, InputError, ShapeError, StorageError
 from ..policy import calibrated, costs
+from ..tensors.mapped import resolve
+from .blocked import from_weight
 from .masks import structured_mask
 
 #: the layer's product; torch adds the bias to its output
@@ -61,6 +63,15 @@ _BLOCKED = torch_op(
 )
 #: the clock `SparseLinear._in_blocks` times both ways with (tests set a fake one)
 clock = time.perf_counter
+
+
+def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name not in ACTIVATIONS:
+        raise InputError(
+            f"unknown activation {name!r}; use one of {', '.join(ACTIVATIONS)} or None"
+        )
+    return ACTIVATIONS[name]
+
 
 #: the language's one-argument functions (sparsec/frontend/functions.py) as torch's
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -148,13 +159,26 @@ class SparseLinear(torch.nn.Module):
         *,
         block: tuple[int, int] | None = None,
         pattern: str | None = None,
-    ) -> SparseLinear:
+        format: str = "csr",
+    ) -> Any:
         """The layer of ``linear``: its nonzeros (sparsity None) or its
         ``round((1 - sparsity) * numel)`` largest weights by magnitude (ties: lower flat
         index first), stored even where they are zero. With ``pattern="N:M"``, the N
         largest of every M consecutive inputs of each row; with ``block=(r, c)``, whole
-        r x c blocks of largest L2 norm (`sparsec.nn.masks`)."""
+        r x c blocks of largest L2 norm (`sparsec.nn.masks`). ``format="bsr(R,C)"`` stores
+        W in R x C blocks (a `blocked.BlockSparseLinear`; ``block`` defaults to (R, C))."""
         weight = _linear_weight(linear)
+        bsr = resolve(format, 2) if format != "csr" else None
+        if format != "csr" and (bsr is None or not bsr.name.startswith("bsr(")):
+            raise InputError(
+                f"SparseLinear stores its weight as 'csr' or 'bsr(R,C)', not {format!r}"
+            )
+        if bsr is not None:
+            blocks = bsr.blocks()
+            mask = structured_mask(weight, sparsity, block or (blocks[0], blocks[1]), pattern)
+            bias = None if linear.bias is None else linear.bias.detach()
+            fn = None if activation is None else _activation(activation)
+            return from_weight(weight, mask, bsr, bias, fn, activation, threads)
         mask = structured_mask(weight, sparsity, block, pattern)
         rows, cols = mask.nonzero(as_tuple=True)  # row-major: CSR order
         out_features, in_features = weight.shape
