@@ -79,6 +79,12 @@ def test_the_choice_follows_the_timing_and_the_result_is_scipys(by_the_model, ma
     assert "formats chosen from the data (formats='auto'): A: " + chosen in k.source
 
 
+def test_check_runs_the_chosen_kernel():
+    a = blocked(64, 4, 4, seed=9)
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", formats="auto")
+    assert "matches" in str(k.check(A=a, x=np.ones(64)))
+
+
 def test_a_choice_is_kept_for_the_same_input(monkeypatch):
     a = blocked(128, 2, 2, seed=5)
     x = np.ones(128)

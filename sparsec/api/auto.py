@@ -147,6 +147,12 @@ class AutoKernel:
         converted = {**inputs, **state["converted"]}
         return state["kernel"](threads=threads, **converted)
 
+    def check(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
+        """`Kernel.check` of the kernel these inputs choose (chosen first, if need be)."""
+        self(threads=threads, **inputs)
+        assert self.last is not None
+        return self.last["kernel"].check(threads=threads, **{**inputs, **self.last["converted"]})
+
     def _choose(
         self, inputs: dict[str, Any], threads: int | None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
