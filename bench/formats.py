@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=65536)
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--only", choices=("kernels", "auto"), help="one of the two tables")
     args = parser.parse_args(argv if argv is not None else sys.argv[1:])
     if args.quick:
         args.n, args.repeats = 4096, 10
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         ["case", "dtype", "threads", "mapped ms", "csr ms", "scipy bsr ms", "x own csr",
          "x scipy bsr", "x scipy csr", "target"]
     )  # fmt: skip
-    for case in ("bsr-spmv", "bsr-spmm", "nm-spmv"):
+    for case in ("bsr-spmv", "bsr-spmm", "nm-spmv") if args.only != "auto" else ():
         for dtype in ("float64", "float32"):
             for threads in sorted({1, args.threads}):
                 progress(f"{case} {dtype} {threads}T")
@@ -238,13 +239,18 @@ def main(argv: list[str] | None = None) -> int:
                     f"{up['scipy csr']:.2f}x",
                     None if met is None else ("met" if met else "unmet"),
                 )
-    auto_table, auto_rows = run_auto(args)
+    auto_table, auto_rows = run_auto(args) if args.only != "kernels" else (None, [])
     after = os.getloadavg()
     print(
         f"# formats: {env['processor']}, {env['cpu_count']} CPUs; load {load[0]:.2f} -> "
         f"{after[0]:.2f}"
     )
     print(table.render())
+    if auto_table is None:
+        write_results(
+            "formats", {"environment": env, "load": [load, os.getloadavg()], "rows": rows}
+        )
+        return 0
     over_csr = [r["median_ms"]["csr"] / r["median_ms"]["auto"] for r in auto_rows]
     over_best = [r["median_ms"][r["best"]] / r["median_ms"]["auto"] for r in auto_rows]
     geo = float(np.exp(np.mean(np.log(over_csr))))

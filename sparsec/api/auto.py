@@ -35,11 +35,12 @@ from ..tensors.formats import default_sparse
 from ..tensors.mapped import MappedTensor
 from ..tensors.tensor import Tensor, as_tensor
 
-#: timed rounds per candidate, candidates interleaved; each round calls a candidate until
-#: `ROUND_S` has passed (at least once, at most `ROUND_CALLS` times): the median of the
-#: rounds' per-call means is its time
+#: timed rounds per candidate, candidates interleaved; each round calls a candidate once
+#: untimed (its operands back in cache after the others'), then until `ROUND_S` has passed
+#: (at least once, at most `ROUND_CALLS` times): the median of the rounds' per-call means
+#: is its time
 ROUNDS = 3
-ROUND_S = 1e-3
+ROUND_S = 2e-3
 ROUND_CALLS = 100
 #: a format other than CSR is chosen only when it beats CSR's median by this fraction
 #: (as schedule="auto" keeps the default unless a candidate beats it clearly): two formats
@@ -202,7 +203,9 @@ class AutoKernel:
 
 
 def _per_call(k: Any, args: dict[str, Any], threads: int | None) -> float:
-    """Seconds per call of ``k`` on ``args``, over calls that fill `ROUND_S`."""
+    """Seconds per call of ``k`` on ``args``, over calls that fill `ROUND_S` after one
+    untimed call."""
+    k(threads=threads, **args)
     calls, start = 0, time.perf_counter()
     while True:
         k(threads=threads, **args)
