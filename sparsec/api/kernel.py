@@ -475,10 +475,12 @@ def kernel(
     Kernels are immutable, so the same arguments return the same `Kernel` (the last
     `KERNEL_MEMO` distinct ones are kept): a repeated request costs a dictionary lookup,
     and the compiled library and the call fast path come with it."""
-    if wants_auto(formats):  # an AutoKernel: formats chosen from the data at a call
-        options = {"target": target, "schedule": schedule, "dtype": dtype}
-        options |= {"index_dtype": index_dtype, "division": division}
-        options |= {"semiring": semiring, "mask": mask}
+    options = {"target": target, "schedule": schedule, "dtype": dtype}
+    options |= {"index_dtype": index_dtype, "division": division}
+    options |= {"semiring": semiring, "mask": mask}
+    if wants_auto(formats):
+        # formats chosen from the data at a call: a new AutoKernel each time (its choices
+        # and `formats` are its own callers'), over memoized candidate kernels
         return AutoKernel(expr, formats, kernel, **options)  # type: ignore[return-value]
     key = _memo_key(
         expr, formats, target, schedule, dtype, index_dtype, division, semiring, mask or ""
@@ -489,17 +491,7 @@ def kernel(
             if found is not None:
                 _memo.move_to_end(key)
                 return found
-    made = Kernel(
-        expr,
-        formats,
-        target=target,
-        schedule=schedule,
-        dtype=dtype,
-        index_dtype=index_dtype,
-        division=division,
-        semiring=semiring,
-        mask=mask,
-    )
+    made = Kernel(expr, formats, **options)
     if key is not None:
         with _memo_lock:
             _memo[key] = made
