@@ -335,7 +335,9 @@ def test_the_parallel_rows_have_their_own_function_where_blocks_fix_extents():
     for threads in (1, 2):
         _close(k(A=d, x=x, threads=threads), d @ x, "float64")
     assert "sparsec_rows" not in sparsec.Kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}).source
-    with calibrated.trying({"outline": False}):
+    with calibrated.trying({"outline": "all"}):
+        assert "sparsec_rows" in sparsec.Kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}).source
+    with calibrated.trying({"outline": "off"}):
         off = sparsec.Kernel("y(i) = A(i,j) * x(j)", {"A": "bsr(4,4)"})
         assert "sparsec_rows" not in off.source
         _close(off(A=d, x=x, threads=2), d @ x, "float64")

@@ -12,12 +12,13 @@ loop runs over chunks of rows, each one call, in the schedule the loop had (`dyn
 chunks of the same size).
 
 The pipeline moves it only in kernels whose formats fix some loop extents (`Spec.static`:
-a mapped format's blocks), where it was measured to pay; elsewhere it measured even, and
-on one CSR kernel with a `bound` it made GCC 12's vectoriser fail (an internal compiler
-error), so it is not risked there. Only a loop that the function can run alone is moved: the kernel's first top-level
-CPU-thread loop, with no reduction or flags across its iterations (OpenMP clauses), which
-writes no variable declared before it, reads only integer locals declared before it
-(passed by value; a workspace allocated before it stays), and returns nothing.
+a mapped format's blocks), where it was measured to pay; on CSR SpMV it measured even,
+and on one CSR kernel with a `bound` it made GCC 12's vectoriser fail (an internal
+compiler error), so it is not risked there. Only a loop that the function can run alone
+is moved: the kernel's first top-level CPU-thread loop, with no reduction or flags across
+its iterations (OpenMP clauses), which writes no variable declared before it, reads only
+integer locals declared before it (passed by value; a workspace allocated before it
+stays), and returns nothing.
 """
 
 from __future__ import annotations

@@ -143,8 +143,9 @@ def generate(
     kernel_body = done.body
     # only where the formats fix loop extents: short fixed loops are what the restrict
     # lets GCC vectorise (docs/decisions.md, "A parallel loop's rows in a function of their own")
-    fixed = decision.passes.outline and bool(sig.static)
-    moved = outline_rows(kernel_body, sig) if fixed else None
+    where = decision.passes.outline
+    outlined = where == "all" or (where == "fixed" and bool(sig.static))
+    moved = outline_rows(kernel_body, sig) if outlined else None
     if moved is not None:
         extra = ", ".join(f"{C_TARGET.types[t]} {name}" for t, name in moved.extra)
         functions.append(Function(ROWS_NAME, ROWS_COMMENT, moved.rows, extra))

@@ -87,9 +87,11 @@ class PassOptions:
     value-typed partial (`passes.dots`); ``dot_fixed``: a dot loop of at most this many
     iterations known when the kernel is generated (a block's row of a mapped format) is
     left to the C compiler, which unrolls it (blocks of lanes wider than the loop would
-    never run their vector loop: 4 float32 iterations at 8 lanes). ``outline``: the kernel's
+    never run their vector loop: 4 float32 iterations at 8 lanes). ``outline``: where the kernel's
     parallel loop runs its rows in a function of their own, which keeps the parameters'
-    ``restrict`` that GCC's OpenMP outlining drops (`lower.outline`; off for comparisons).
+    ``restrict`` that GCC's OpenMP outlining drops (`lower.outline`): ``"fixed"`` in kernels
+    whose formats fix loop extents, ``"all"`` in every kernel, ``"off"`` in none (the last
+    two for comparisons, `bench.outline`).
     ``coarsen_factors``, ``coarsen_block``: columns per
     GPU thread in the first sweeps, then the next, then 1, and threads per block
     (`passes.coarsen`; 4 beat 1, 2 and 8 on an H100 on pruned-BERT SpMM)."""
@@ -102,7 +104,7 @@ class PassOptions:
     jam_ways: int = 4
     dot_block: int = 256
     dot_fixed: int = 16
-    outline: bool = True
+    outline: str = "fixed"
     coarsen_factors: tuple[int, ...] = (4, 2)
     coarsen_block: int = 128
 
