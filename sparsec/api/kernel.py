@@ -146,9 +146,7 @@ class Kernel:
         from them (mapped formats included: `level_formats` are the compiled ones)."""
         if self.demapped is None:
             return dict(self.level_formats)
-        given = self.level_formats
-        orders = {a.name: a.order for a in parse_expression(self.expression).accesses()}
-        return {n: self.demapped.user_format(n, orders[n]) for n in given}
+        return {n: self.demapped.user_format(n) for n in self.level_formats}
 
     @property
     def level_formats(self) -> dict[str, Format]:

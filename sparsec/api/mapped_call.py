@@ -36,7 +36,8 @@ def to_levels(demapped: Demapped, inputs: dict[str, Any]) -> dict[str, Any]:
         if split.mapped is not None:
             out[name] = as_mapped(value, split.mapped, name).inner
         elif split.plain is not None:
-            out[name] = _expand(as_tensor(value, split.plain, name=name), split, name)
+            given = as_tensor(value, split.plain, name=name)
+            out[name] = _expand(given, split, demapped.formats[name], name)
         else:
             out[name] = _reshaped(value, split, name)
     return out
@@ -102,21 +103,15 @@ def _reshaped(value: Any, split: Split, name: str) -> Any:
     return value.reshape(split.level_shape(_user_shape(value, split, name)))
 
 
-def _expand(t: Tensor, split: Split, name: str) -> Tensor:
+def _expand(t: Tensor, split: Split, fmt: Format, name: str) -> Tensor:
     """A sparse operand whose split modes sit in dense levels: its own arrays, read under
-    the level space's shape and format (two dense levels hold the positions of one)."""
+    the level space's shape and format ``fmt`` (two dense levels hold the positions of
+    one)."""
     shape = split.level_shape(_user_shape(t, split, name))
     levels: list[LevelStorage] = []
     for st, mode in zip(t.levels, t.format.ordering, strict=True):
         levels.extend([st, LevelStorage()] if split.blocks[mode] else [st])
-    fmt = _level_format(split, t.format)
     return Tensor(shape, fmt, tuple(levels), t.vals, t.index_dtype)
-
-
-def _level_format(split: Split, plain: Format) -> Format:
-    from ..middle.demap import _split_format
-
-    return _split_format("", plain, split.blocks)
 
 
 def random_inputs(

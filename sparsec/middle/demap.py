@@ -28,7 +28,7 @@ from typing import Any
 from ..base.errors import FormatError, NotationError, ShapeError
 from ..frontend.notation import Access, Assignment, BinOp, Call, Expr, Neg
 from ..tensors.formats import Dense, Format, LevelFormat, parse_format
-from ..tensors.maps import DIV, MOD, PLAIN, SLOT, MappedFormat, looks_mapped, parse_mapped
+from ..tensors.maps import DIV, PLAIN, SLOT, MappedFormat, looks_mapped, parse_mapped
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,8 @@ class Demapped:
     parts: dict[str, tuple[str, str]]
     #: each slot level's variable -> its width
     slots: dict[str, int]
+    #: each tensor of the user's statement -> its order
+    orders: dict[str, int]
 
     def level_dims(self, dims: Mapping[str, int] | None) -> dict[str, int]:
         """Extents of the level-space variables for the user's ``dims`` (the inner part of
@@ -97,14 +99,9 @@ class Demapped:
             out[v] = out.pop(outer) * out.pop(inner)
         return out
 
-    def user_format(self, name: str, order: int) -> Format | MappedFormat:
+    def user_format(self, name: str) -> Format | MappedFormat:
         """``name``'s format as the user gave it (dense where none was given)."""
-        split = self.splits.get(name)
-        if split is not None and split.mapped is not None:
-            return split.mapped
-        if split is not None:
-            return split.plain or parse_format("dense", order)
-        return self.user_formats.get(name) or parse_format("dense", order)
+        return self.user_formats.get(name) or parse_format("dense", self.orders[name])
 
     def said(self) -> tuple[str, ...]:
         """The header's lines: each split index and each mapped tensor's level space."""
@@ -181,7 +178,7 @@ def demap(assignment: Assignment, formats: Any, mask: str = "") -> Demapped | No
     rewritten = replace(
         assignment, lhs=rewrite(assignment.lhs), rhs=_map_accesses(assignment.rhs, rewrite)
     )
-    return Demapped(rewritten, new_formats, user, splits, blocks, parts, widths)
+    return Demapped(rewritten, new_formats, user, splits, blocks, parts, widths, orders)
 
 
 def _blocks(assignment: Assignment, mapped: Mapping[str, MappedFormat]) -> dict[str, int]:
@@ -278,4 +275,4 @@ def _fresh(base: str, taken: set[str]) -> str:
     return name
 
 
-__all__ = ["MOD", "Demapped", "Split", "demap"]
+__all__ = ["Demapped", "Split", "demap"]
