@@ -92,11 +92,16 @@ class AutoKernel:
             OrderedDict()
         )
         self._lock = threading.Lock()
-        #: the last call's choice: the formats, and per auto input how it was made
-        self.last: dict[str, Any] | None = None
+        #: the last call's choice and the inputs it was made for (`last`)
         self._last_call: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     # ----------------------------------------------------------------- inspection
+    @property
+    def last(self) -> dict[str, Any] | None:
+        """The last call's choice: its kernel, converted inputs, and per auto input how it
+        was made (None before any call)."""
+        return None if self._last_call is None else self._last_call[0]
+
     @property
     def formats(self) -> dict[str, Any]:
         """The formats of the last call's kernel (auto inputs: "auto" before any call)."""
@@ -127,26 +132,29 @@ class AutoKernel:
 
     # ----------------------------------------------------------------------- call
     def __call__(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
-        last = self._last_call
-        if last is not None and all(last[1][n] is inputs.get(n) for n in self.auto):
-            state = last[0]  # the same inputs as the last call: nothing to look up
-            return state["kernel"](threads=threads, **{**inputs, **state["converted"]})
-        key = tuple(id(inputs.get(n)) for n in self.auto)
-        with self._lock:
-            found = self._chosen.get(key)
-            if found is not None and all(found[1][n] is inputs.get(n) for n in self.auto):
-                self._chosen.move_to_end(key)
-        if found is None or not all(found[1][n] is inputs.get(n) for n in self.auto):
-            found = self._choose(inputs, threads)
+        found = self._last_call  # the same inputs as the last call: nothing to look up
+        if found is None or not self._made_for(found, inputs):
+            key = tuple(id(inputs.get(n)) for n in self.auto)
             with self._lock:
-                self._chosen[key] = found
-                while len(self._chosen) > KEEP:
-                    self._chosen.popitem(last=False)
-        state, _ = found
-        self.last = state
-        self._last_call = found
-        converted = {**inputs, **state["converted"]}
-        return state["kernel"](threads=threads, **converted)
+                found = self._chosen.get(key)
+                if found is not None and self._made_for(found, inputs):
+                    self._chosen.move_to_end(key)
+                else:
+                    found = None
+            if found is None:
+                found = self._choose(inputs, threads)
+                with self._lock:
+                    self._chosen[key] = found
+                    while len(self._chosen) > KEEP:
+                        self._chosen.popitem(last=False)
+            self._last_call = found
+        state = found[0]
+        return state["kernel"](threads=threads, **{**inputs, **state["converted"]})
+
+    def _made_for(self, found: tuple[dict[str, Any], dict[str, Any]], inputs: Any) -> bool:
+        """Whether a kept choice was made for these very input objects (a reused id of a
+        collected object is not the same input)."""
+        return all(found[1][n] is inputs.get(n) for n in self.auto)
 
     def check(self, /, *, threads: int | None = None, **inputs: Any) -> Any:
         """`Kernel.check` of the kernel these inputs choose (chosen first, if need be)."""
