@@ -22,7 +22,8 @@ import torch
 from ..base.errors import InputError
 from ..tensors.mapped import resolve
 from .blocked import BlockSparseLinear
-from .linear import ACTIVATIONS, SparseLinear
+from .layers import ACTIVATIONS
+from .linear import SparseLinear
 from .masks import block_mask, check_block, fits, magnitude_mask, nm_mask, parse_pattern
 
 __all__ = [

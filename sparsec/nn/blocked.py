@@ -10,16 +10,14 @@ blocks' values (every cell of a kept block trains, zeros included) and the activ
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
 from ..api.kernel import Kernel, kernel
 from ..api.torch_op import Components, TorchOp, torch_op
-from ..base.errors import DTypeError, ShapeError
+from ..base.errors import ShapeError
 from ..tensors.mapped import MappedTensor
 from ..tensors.maps import MappedFormat
+from .layers import activate, check_activation, check_input
 
 #: the op of each block size, made on first use
 _OPS: dict[tuple[int, int], TorchOp] = {}
@@ -45,11 +43,11 @@ class BlockSparseLinear(torch.nn.Module):
         self,
         weight: MappedTensor,
         bias: torch.Tensor | None,
-        activation: Callable[[torch.Tensor], torch.Tensor] | None,
-        activation_name: str | None,
+        activation: str | None,
         threads: int | None,
     ) -> None:
         super().__init__()
+        check_activation(activation)
         block = weight.blocksize()
         if block is None:
             raise ShapeError(f"BlockSparseLinear stores a bsr(R,C) weight, not {weight.format}")
@@ -61,8 +59,7 @@ class BlockSparseLinear(torch.nn.Module):
         self.register_buffer("crd", torch.from_numpy(st.crd.copy()))
         self.values = torch.nn.Parameter(torch.from_numpy(weight.inner.vals.copy()))
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().clone())
-        self._activation = activation
-        self.activation = activation_name
+        self.activation = activation
         self.threads = threads
 
     @property
@@ -97,15 +94,7 @@ class BlockSparseLinear(torch.nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ShapeError(
-                f"BlockSparseLinear expects inputs of shape (..., {self.in_features}), "
-                f"got {tuple(x.shape)}"
-            )
-        if x.dtype != self.values.dtype:
-            raise DTypeError(
-                f"BlockSparseLinear holds {self.values.dtype} values; the input is {x.dtype}"
-            )
+        check_input("BlockSparseLinear", x, self.in_features, self.values.dtype)
         r, c = self.block
         lead = x.shape[:-1]
         xt = x.reshape(-1, self.in_features).t()  # (in, tokens), a view
@@ -120,7 +109,7 @@ class BlockSparseLinear(torch.nn.Module):
         if self.bias is not None:
             yt = yt + self.bias[:, None]
         y = yt.t().reshape(*lead, self.out_features)
-        return y if self._activation is None else self._activation(y)
+        return activate(y, self.activation)
 
 
 def from_weight(
@@ -128,8 +117,7 @@ def from_weight(
     mask: torch.Tensor,
     fmt: MappedFormat,
     bias: torch.Tensor | None,
-    activation: Any,
-    activation_name: str | None,
+    activation: str | None,
     threads: int | None,
 ) -> BlockSparseLinear:
     """The layer of ``weight`` keeping the cells ``mask`` holds, stored in ``fmt`` (every
@@ -140,4 +128,4 @@ def from_weight(
     coords = torch.stack([rows, cols]).numpy()
     values = weight.detach()[rows, cols].numpy()
     stored = pack_mapped(coords, values, tuple(weight.shape), fmt)
-    return BlockSparseLinear(stored, bias, activation, activation_name, threads)
+    return BlockSparseLinear(stored, bias, activation, threads)

@@ -36,17 +36,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..api.kernel import Kernel, kernel
 from ..api.torch_op import Components, torch_op
-from ..base.errors import DTypeError, InputError, ShapeError, StorageError
+from ..base.errors import DTypeError, InputError, StorageError
 from ..policy import calibrated, costs
 from ..tensors.mapped import resolve
 from .blocked import from_weight
+from .layers import activate, check_activation, check_input
 from .masks import structured_mask
 
 #: the layer's product; torch adds the bias to its output
@@ -64,27 +64,6 @@ _BLOCKED = torch_op(
 #: the clock `SparseLinear._in_blocks` times both ways with (tests set a fake one)
 clock = time.perf_counter
 
-
-def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    if name not in ACTIVATIONS:
-        raise InputError(
-            f"unknown activation {name!r}; use one of {', '.join(ACTIVATIONS)} or None"
-        )
-    return ACTIVATIONS[name]
-
-
-#: the language's one-argument functions (sparsec/frontend/functions.py) as torch's
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": torch.relu,
-    "tanh": torch.tanh,
-    "sigmoid": torch.sigmoid,
-    "abs": torch.abs,
-    "sqrt": torch.sqrt,
-    "exp": torch.exp,
-    "log": torch.log,
-    "sin": torch.sin,
-    "cos": torch.cos,
-}
 
 _VALUE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -123,10 +102,7 @@ class SparseLinear(torch.nn.Module):
         threads: int | None = None,
     ) -> None:
         super().__init__()
-        if activation is not None and activation not in ACTIVATIONS:
-            raise InputError(
-                f"unknown activation {activation!r}; use one of {', '.join(ACTIVATIONS)} or None"
-            )
+        check_activation(activation)
         if values.dtype not in _VALUE_DTYPES:
             raise DTypeError(f"SparseLinear values must be float32 or float64, not {values.dtype}")
         self.in_features = in_features
@@ -177,8 +153,8 @@ class SparseLinear(torch.nn.Module):
             blocks = bsr.blocks()
             mask = structured_mask(weight, sparsity, block or (blocks[0], blocks[1]), pattern)
             bias = None if linear.bias is None else linear.bias.detach()
-            fn = None if activation is None else _activation(activation)
-            return from_weight(weight, mask, bsr, bias, fn, activation, threads)
+            check_activation(activation)
+            return from_weight(weight, mask, bsr, bias, activation, threads)
         mask = structured_mask(weight, sparsity, block, pattern)
         rows, cols = mask.nonzero(as_tuple=True)  # row-major: CSR order
         out_features, in_features = weight.shape
@@ -235,16 +211,7 @@ class SparseLinear(torch.nn.Module):
 
     # ------------------------------------------------------------------ calling
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ShapeError(
-                f"SparseLinear expects inputs of shape (..., {self.in_features}), "
-                f"got {tuple(x.shape)}"
-            )
-        if x.dtype != self.values.dtype:
-            raise DTypeError(
-                f"SparseLinear holds {self.values.dtype} values; the input is {x.dtype} "
-                "(cast one of them, e.g. layer.to(x.dtype))"
-            )
+        check_input("SparseLinear", x, self.in_features, self.values.dtype)
         lead = x.shape[:-1]
         # Xt as a view: the runtime packs each column panel straight from it, or, run whole,
         # makes it C-ordered by the same compiled copy (`sparsec.runtime.copies.packed_copy`)
@@ -253,9 +220,7 @@ class SparseLinear(torch.nn.Module):
         if self.bias is not None:
             yt = yt.add_(self.bias[:, None])  # the op's own fresh output: no copy
         y = yt.t().reshape(*lead, self.out_features)
-        if self.activation is not None:
-            y = ACTIVATIONS[self.activation](y)
-        return y
+        return activate(y, self.activation)
 
     def _product(self, xt: torch.Tensor) -> torch.Tensor:
         """``Yt = W Xt`` through the op: in column blocks where `_in_blocks` says so, else
