@@ -22,6 +22,7 @@ from typing import NoReturn
 from . import __version__
 from .base.errors import SparsecError
 from .base.target import TARGETS
+from .base.values import TYPES
 from .frontend.semantics import DIVISIONS, SEMIRINGS
 from .tensors.formats import FORMAT_HELP
 
@@ -131,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="extents of index variables for --check (others get small defaults)",
     )
     c.add_argument(
-        "--dtype", default="float64", choices=["float32", "float64", "float16", "bfloat16"]
+        "--dtype",
+        default="float64",
+        choices=list(TYPES),
+        help="the kernel's value type (default float64; integer types and bool compute "
+        "exactly, wrapping: docs/semantics.md, Value types)",
     )
     c.add_argument("--index-dtype", default="int32", choices=["int32", "int64"])
     c.add_argument(

@@ -87,8 +87,9 @@ struct Block {
   ucontext_t scheduler;
   ucontext_t* contexts = nullptr;
   char* done = nullptr;
-  double* slots = nullptr;
-  double* results = nullptr;
+  /* a lane's shuffled value, as its bits (any type of at most 8 bytes, exactly) */
+  unsigned long long* slots = nullptr;
+  unsigned long long* results = nullptr;
   int* arrived = nullptr;
   int* generation = nullptr;
   void (*body)(void*) = nullptr;
@@ -118,8 +119,8 @@ inline void run_fibers(int threads, void (*body)(void*), void* arg) {
   int warps = (threads + 31) / 32;
   b.contexts = static_cast<ucontext_t*>(calloc(threads, sizeof(ucontext_t)));
   b.done = static_cast<char*>(calloc(threads, 1));
-  b.slots = static_cast<double*>(calloc(threads, sizeof(double)));
-  b.results = static_cast<double*>(calloc(threads, sizeof(double)));
+  b.slots = static_cast<unsigned long long*>(calloc(threads, sizeof(unsigned long long)));
+  b.results = static_cast<unsigned long long*>(calloc(threads, sizeof(unsigned long long)));
   // a shuffle's meeting is kept at the first lane of its mask (a warp or a lane group)
   b.arrived = static_cast<int*>(calloc(warps * 32, sizeof(int)));
   b.generation = static_cast<int*>(calloc(warps * 32, sizeof(int)));
@@ -183,7 +184,7 @@ namespace sc_emu {
    for each other (fiber switches); then each reads the deposited values, as the hardware
    shuffles do. A lane missing from its own mask, or a named lane that exits before the
    meeting (a hang or undefined on a GPU), aborts. Returns the lanes that met. */
-inline unsigned meet(unsigned mask, double value) {
+inline unsigned meet(unsigned mask, unsigned long long value) {
   Block* b = running;
   int t = b->current, w = t / 32, lane = t % 32;
   int size = b->threads - w * 32 < 32 ? b->threads - w * 32 : 32;
@@ -214,18 +215,26 @@ inline unsigned meet(unsigned mask, double value) {
    the segment, or outside the mask, gives the lane its own value */
 template <class T>
 inline T __shfl_down_sync(unsigned mask, T value, int delta, int width = 32) {
-  unsigned members = sc_emu::meet(mask, (double)value);
+  unsigned long long bits = 0;
+  __builtin_memcpy(&bits, &value, sizeof(T));
+  unsigned members = sc_emu::meet(mask, bits);
   int t = sc_emu::running->current, lane = t % 32, source = lane + delta;
   int end = (lane & ~(width - 1)) + width;
   if (source >= end || source >= 32 || !((members >> source) & 1u)) return value;
-  return (T)sc_emu::running->results[t - lane + source];
+  T got;
+  __builtin_memcpy(&got, &sc_emu::running->results[t - lane + source], sizeof(T));
+  return got;
 }
 /* the value `delta` lanes down within this lane's segment, likewise */
 template <class T>
 inline T __shfl_up_sync(unsigned mask, T value, int delta, int width = 32) {
-  unsigned members = sc_emu::meet(mask, (double)value);
+  unsigned long long bits = 0;
+  __builtin_memcpy(&bits, &value, sizeof(T));
+  unsigned members = sc_emu::meet(mask, bits);
   int t = sc_emu::running->current, lane = t % 32, source = lane - delta;
   if (source < (lane & ~(width - 1)) || !((members >> source) & 1u)) return value;
-  return (T)sc_emu::running->results[t - lane + source];
+  T got;
+  __builtin_memcpy(&got, &sc_emu::running->results[t - lane + source], sizeof(T));
+  return got;
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }

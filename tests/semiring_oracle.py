@@ -42,6 +42,9 @@ RINGS: dict[
         0.0,
         True,
     ),
+    "plus_pair": (lambda a, b: a + b, lambda a, b: 1.0, 0.0, False),
+    "any_pair": (lambda a, b: float(bool(a) or bool(b)), lambda a, b: 1.0, 0.0, True),
+    "min_second": (min, lambda a, b: b, math.inf, False),
 }
 
 
@@ -133,6 +136,12 @@ class Oracle:
     def truth(self, v: float) -> float:
         return float(v != 0) if self.boolean else v
 
+    def number(self, x: object) -> float:
+        return float(x)  # type: ignore[arg-type]
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape)
+
     def node(self, node: Node, env: dict[str, int]) -> tuple[bool, float]:
         """(present, value) of ``node`` at ``env``, its own sums taken."""
         if not node.sums:
@@ -179,7 +188,7 @@ class Oracle:
         """The output's values and where it holds an entry (dense: everywhere, absent
         elements holding the identity)."""
         shape = tuple(self.extents[x] for x in free)
-        values = np.zeros(shape)
+        values = self.empty(shape)
         present = np.zeros(shape, dtype=bool)
         for at in itertools.product(*(range(n) for n in shape)):
             p, v = self.node(root, dict(zip(free, at, strict=True)))
@@ -188,7 +197,7 @@ class Oracle:
                 complement, pattern = mask
                 allowed = bool(pattern[at]) != complement
             have = current is not None and bool(current.stored[at] if current.stored.ndim else True)
-            old = float(current.values[at]) if current is not None else 0.0
+            old = self.number(current.values[at]) if current is not None else 0.0
             if not allowed:
                 p = False
                 if accumulate:  # outside the mask the current value is kept as it is
@@ -200,3 +209,73 @@ class Oracle:
             else:
                 values[at], present[at] = (v if p else 0.0), p
         return values, present
+
+
+class TypedOracle(Oracle):
+    """The oracle in an integral value type (docs/semantics.md, "Value types"), in Python
+    integers: every operation's result wraps to the type (modulo 2^bits; bool: nonzero is
+    1), a semiring's infinite identity is the type's largest (``+inf``) or smallest
+    (``-inf``) value, and ``/`` divides as the docs say (truncated toward zero; ``x / 0``
+    the largest value for ``x > 0``, the smallest for ``x < 0``, 0 for 0)."""
+
+    def __init__(
+        self,
+        ring: str,
+        operands: Mapping[str, Operand],
+        extents: Mapping[str, int],
+        dtype: str,
+    ):
+        super().__init__(ring, operands, extents)
+        self.dtype = np.dtype(dtype)
+        if self.dtype.kind == "b":
+            self.low, self.high = 0, 1
+        else:
+            info = np.iinfo(self.dtype)
+            self.low, self.high = int(info.min), int(info.max)
+        add, mul = self.add, self.mul
+        self.add = lambda a, b: self.wrap(add(a, b))
+        self.mul = lambda a, b: self.wrap(mul(a, b))
+        if math.isinf(self.identity):
+            self.identity = self.high if self.identity > 0 else self.low
+        self.identity = int(self.identity)
+
+    def wrap(self, v: float) -> int:
+        """``v`` as the type holds it (an integer: modulo 2^bits into its range)."""
+        if self.dtype.kind == "b":
+            return int(v != 0)
+        span = self.high - self.low + 1
+        return (int(v) - self.low) % span + self.low
+
+    def truth(self, v: float) -> int:
+        return int(v != 0) if self.boolean else self.wrap(v)
+
+    def divide(self, a: int, b: int) -> int:
+        if b == 0:
+            return 0 if a == 0 else (self.high if a > 0 else self.low)
+        q = abs(a) // abs(b)
+        return self.wrap(q if (a >= 0) == (b > 0) else -q)
+
+    def _core(self, node: Node, env: dict[str, int]) -> tuple[bool, float]:
+        if isinstance(node, Leaf):
+            t = self.operands[node.name]
+            at = tuple(env[x] for x in node.indices)
+            stored = bool(t.stored[at]) if t.stored.ndim else True
+            return stored, (self.truth(int(t.values[at])) if stored else 0)
+        if isinstance(node, Neg):
+            p, v = self.node(node.operand, env)
+            return p, (self.wrap(-v) if p else 0)
+        if node.op == "/":  # present where the numerator is (docs/semantics.md, Division)
+            pa, a = self.node(node.left, env)
+            _, b = self.node(node.right, env)
+            return pa, (self.divide(int(a), int(b)) if pa else 0)
+        if node.op == "-":
+            pa, a = self.node(node.left, env)
+            pb, b = self.node(node.right, env)
+            return (pa or pb), self.wrap((a if pa else 0) - (b if pb else 0))
+        return super()._core(node, env)
+
+    def number(self, x: object) -> int:
+        return int(x)  # type: ignore[call-overload]
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape, dtype=np.int64).astype(object)  # Python ints: any width

@@ -140,7 +140,8 @@ def test_a_singleton_output_level_without_a_compressed_parent(expr, fmt, fix):
         ({"index_dtype": [1]}, "index dtype [1] is not a dtype; use 'int32' or 'int64'"),
         # float16 and bfloat16 are value dtypes since issue 22 (tests/test_half.py)
         ({"dtype": "complex64"}, "value dtype 'complex64' is not supported"),
-        ({"dtype": torch.int16}, "value dtype 'int16' is not supported"),
+        # the integer types and bool are value dtypes since issue 40 (tests/test_value_types.py)
+        ({"dtype": torch.complex128}, "value dtype 'complex128' is not supported"),
         ({"index_dtype": "int16"}, "index dtype 'int16' is not supported"),
     ],
 )
@@ -158,6 +159,9 @@ def test_bad_dtype_arguments(kwargs, fragment):
         ({"index_dtype": torch.int32}, (None, "int32")),
         ({"dtype": torch.float16}, ("float16", None)),
         ({"dtype": "bfloat16"}, ("bfloat16", None)),
+        ({"dtype": torch.int16}, ("int16", None)),
+        ({"dtype": np.bool_}, ("bool", None)),
+        ({"dtype": "u8"}, ("uint64", None)),
     ],
 )
 def test_dtype_arguments_in_every_spelling(kwargs, want):

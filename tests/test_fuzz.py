@@ -1,6 +1,7 @@
 """Property-based fuzzing against dense torch (hypothesis): random well-typed expressions,
 random formats and mode orderings, random extents including 0 and 1, random densities
-including 0 % and 100 %, both value and index dtypes, the C target and the CUDA emulation,
+including 0 % and 100 %, both value and index dtypes (a quarter of the cases in an integer
+or bool type, compared exactly; issue 40), the C target and the CUDA emulation,
 with and without random schedules (legal or not). Also what the outside fuzzer found defects
 with: sparse outputs in any supported format and mode ordering, divisions whose numerator
 is a parenthesised sum, GPU warp mappings with every race strategy (Atomics across warps),
@@ -9,8 +10,10 @@ kernels that went through pickle after a call.
 
 Every case must match `torch.einsum` on the densified inputs (`Kernel.check`) or raise a
 documented `SparsecError`: `LoweringError` when no loop order fits the chosen mode
-orderings, `ScheduleError` for an illegal schedule or a CUDA kernel without a GPU mapping.
-Never a crash, never a mismatch.
+orderings, `ScheduleError` for an illegal schedule or a CUDA kernel without a GPU mapping,
+`DTypeError` exactly where `refused_in` says the docs refuse the statement in its integral
+type. Never a crash, never a mismatch; integral cases compare exactly with the reference
+computed in their type.
 
 Profiles: the CI run draws 300 cases from a fixed seed (``derandomize``); the ``slow``
 marker runs 10,000 (``pytest -n 2 -m slow tests/test_fuzz.py``). The cases are drawn through
@@ -23,6 +26,7 @@ from __future__ import annotations
 import gc
 import pickle
 import random
+import re
 
 import numpy as np
 import pytest
@@ -32,7 +36,8 @@ from hypothesis import strategies as st
 from test_schedule import random_schedule
 
 import sparsec
-from sparsec.base.errors import LoweringError, ScheduleError
+from sparsec.base.errors import DTypeError, LoweringError, ScheduleError
+from sparsec.base.values import INTEGRAL
 from sparsec.frontend.notation import accesses
 
 #: shrunk failures, kept as tests: (expression, formats, dims, target, schedule, seed)
@@ -80,7 +85,7 @@ def random_case(r: random.Random) -> dict:
     if free and r.random() < 0.3:  # sometimes a sparse output, in any mode ordering
         formats["O"] = random_output_format(r, len(free))
     target = "cuda-emulated" if r.random() < 0.25 else "c"
-    return {
+    case = {
         "expr": expr,
         "formats": formats,
         "dims": {i: r.choice([0, 1, 2, 3, 5, 7]) for i in used},
@@ -95,6 +100,22 @@ def random_case(r: random.Random) -> dict:
         "seed": r.randint(0, 10**6),
         "r": r,
     }
+    if r.random() < 0.25:  # an integral type (issue 40): exact, wrapping
+        case["dtype"] = r.choice(INTEGRAL)
+    return case
+
+
+def refused_in(expr: str, dtype: str) -> bool:
+    """Whether docs/semantics.md ("Value types") refuses ``expr`` in ``dtype``: a literal
+    that is not a value of an integral type (0.5; for bool anything but 0 and 1), and for
+    bool a '-' or '/'. Read from the text, not from sparsec's check."""
+    if dtype not in INTEGRAL:
+        return False
+    rhs = expr.split("=", 1)[1]
+    literals = {float(x) for x in re.findall(r"(?<![\w.])\d+(?:\.\d+)?", rhs)}
+    if dtype == "bool":
+        return bool(literals - {0.0, 1.0}) or "-" in rhs or "/" in rhs
+    return any(not x.is_integer() for x in literals)
 
 
 def run_case(case: dict) -> None:
@@ -126,6 +147,7 @@ def _run(case: dict) -> None:
                     c.replace("CPUThread", "GPUThread").replace("CPUVector", "GPUBlock")
                     for c in schedule
                 ]
+    refused = refused_in(expr, case["dtype"])
     try:
         k = sparsec.kernel(
             expr,
@@ -135,10 +157,14 @@ def _run(case: dict) -> None:
             dtype=case["dtype"],
             index_dtype=case["index_dtype"],
         )
+    except DTypeError as err:
+        assert refused, err  # only what the docs refuse in an integral type
+        return
     except ScheduleError:
         # an illegal schedule, or a CUDA kernel without a GPU mapping
         assert schedule is not None or case["target"] != "c"
         return
+    assert not refused, f"{expr} in {case['dtype']} was not refused"
     inputs, _ = k.random_inputs(case["dims"], seed=case["seed"], density=case["density"])
     note(f"schedule: {schedule}; applied: {k.schedule}")
     if case["from_coo"]:

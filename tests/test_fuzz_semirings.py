@@ -23,10 +23,22 @@ import random
 
 import numpy as np
 import pytest
-from semiring_oracle import RINGS, Leaf, Neg, Node, Op, Operand, Oracle, children, place
+from semiring_oracle import (
+    RINGS,
+    Leaf,
+    Neg,
+    Node,
+    Op,
+    Operand,
+    Oracle,
+    TypedOracle,
+    children,
+    place,
+)
 
 import sparsec
 from sparsec.base.errors import ScheduleError
+from sparsec.base.values import INTEGRAL
 from sparsec.middle.order import OrderConflict
 
 INDICES = "ijkl"
@@ -56,9 +68,13 @@ def _tree(r: random.Random, depth: int, ops: str, tensors: dict[str, tuple[str, 
     return node
 
 
-def random_statement(r: random.Random, ring: str, depth: int) -> dict:
+def random_statement(r: random.Random, ring: str, depth: int, dtype: str = "") -> dict:
     tensors: dict[str, tuple[str, ...]] = {}
     ops = "*+-" if ring == "plus_times" else "*+"
+    if dtype == "bool":
+        ops = "*+"  # bool has no '-' or '/' (refused: tests/test_value_types.py)
+    elif dtype and ring == "plus_times":
+        ops = "*+-/"  # an integral type's division (x / 0 included)
     root = _tree(r, depth, ops, tensors)
     used = sorted({x for ix in tensors.values() for x in ix})
     free = tuple(r.sample(used, r.randint(0, min(2, len(used))))) if used else ()
@@ -78,6 +94,7 @@ def random_statement(r: random.Random, ring: str, depth: int) -> dict:
     return dict(
         expr=expr, root=root, tensors=tensors, free=free, formats=formats, out=out,
         mask=mask, accumulate=accumulate, target=target, extents=extents, ring=ring,
+        dtype=dtype,
     )  # fmt: skip
 
 
@@ -108,7 +125,11 @@ def _leaves(node: Node) -> list[Leaf]:
     return [leaf for c in children(node) for leaf in _leaves(c)]
 
 
-def _values(rng: np.random.Generator, shape: tuple[int, ...], ring: str, inf: bool) -> np.ndarray:
+def _values(
+    rng: np.random.Generator, shape: tuple[int, ...], ring: str, inf: bool, dtype: str = ""
+) -> np.ndarray:
+    if dtype:
+        return _typed_values(rng, shape, dtype)
     if ring == "or_and":
         return rng.integers(0, 3, shape).astype(float)
     v = rng.integers(-3, 4, shape).astype(float)
@@ -117,24 +138,41 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], ring: str, inf: bo
     return v
 
 
+def _typed_values(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Values of an integral type: small integers (negative ones wrapped for unsigned
+    types), and one in five the type's extremes, so sums and products overflow."""
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    info = np.iinfo(np.dtype(dtype))
+    extremes = np.array([info.min, info.min + 1, info.max - 1, info.max], dtype=dtype)
+    small = rng.integers(-3, 4, shape).astype(np.int64).astype(dtype)
+    return np.where(rng.random(shape) < 0.2, rng.choice(extremes, shape), small).astype(dtype)
+
+
 def _operand(
-    rng: np.random.Generator, shape: tuple[int, ...], fmt: str, ring: str, inf: bool
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    fmt: str,
+    ring: str,
+    inf: bool,
+    dtype: str = "",
 ) -> tuple[Operand, object]:
     """The oracle's view and the kernel's input: a dense array, or a Tensor in ``fmt``
     built from its stored entries (explicit zeros among them)."""
-    values = _values(rng, shape, ring, inf)
+    values = _values(rng, shape, ring, inf, dtype)
     if fmt == "dense":
         return Operand(values, np.ones(shape, dtype=bool)), values
     stored = rng.random(shape) < rng.choice([0.0, 0.3, 0.6, 1.0])
     coords = np.array(np.nonzero(stored), dtype=np.int64).reshape(len(shape), -1)
     tensor = sparsec.Tensor.from_coo(coords, values[stored], shape, fmt)
-    return Operand(np.where(stored, values, 0.0), stored), tensor
+    return Operand(np.where(stored, values, values.dtype.type(0)), stored), tensor
 
 
 def run_case(case: dict, seed: int, inf: bool = False) -> None:
     """Compile ``case``, call it on `DRAWS` data draws and compare with the oracle."""
-    ring, formats, free = case["ring"], case["formats"], case["free"]
+    ring, formats, free, dtype = case["ring"], case["formats"], case["free"], case["dtype"]
     what = f"{case['expr']} {formats} ring={ring} mask={case['mask']!r} {case['target']}"
+    what += f" {dtype}" if dtype else ""
     kwargs = {"mask": case["mask"]} if case["mask"] else {}
     try:
         k = sparsec.kernel(case["expr"], formats, semiring=ring, target=case["target"], **kwargs)
@@ -155,37 +193,48 @@ def run_case(case: dict, seed: int, inf: bool = False) -> None:
         operands, inputs = {}, {}
         for name, ix in case["tensors"].items():
             shape = tuple(ext[x] for x in ix)
-            operands[name], inputs[name] = _operand(rng, shape, formats[name], ring, name in safe)
+            operands[name], inputs[name] = _operand(
+                rng, shape, formats[name], ring, name in safe, dtype
+            )
         shape = tuple(ext[x] for x in free)
         mask = None
         if case["mask"]:
             fmt = case["out"] if case["out"] != "dense" else ("csr" if len(shape) == 2 else "s")
-            pattern, inputs["M"] = _operand(rng, shape, fmt, ring, False)
+            pattern, inputs["M"] = _operand(rng, shape, fmt, ring, False, dtype)
             mask = (case["mask"].startswith("~"), pattern.stored)
         current = None
         if case["accumulate"]:
-            current, inputs["O"] = _operand(rng, shape, case["out"], ring, False)
-        oracle = Oracle(ring, operands, ext)
+            current, inputs["O"] = _operand(rng, shape, case["out"], ring, False, dtype)
+        oracle = TypedOracle(ring, operands, ext, dtype) if dtype else Oracle(ring, operands, ext)
         want, present = oracle.output(case["root"], free, case["accumulate"], current, mask)
         with np.errstate(all="ignore"):
             got = k(**inputs)
         note = f"{what} extents={ext} seed={seed}"
+        if dtype:  # the inputs' type, computed in it exactly (Python integers compared)
+            assert np.asarray(got.vals if isinstance(got, sparsec.Tensor) else got).dtype == dtype
         if isinstance(got, sparsec.Tensor):
             coords, vals = got.coords()
             pattern = np.zeros(shape, dtype=bool)
             pattern[tuple(coords)] = True
             np.testing.assert_array_equal(pattern, present, err_msg=f"pattern: {note}")
-            np.testing.assert_array_equal(got.to_dense()[present], want[present], err_msg=note)
+            dense = got.to_dense().astype(object) if dtype else got.to_dense()
+            np.testing.assert_array_equal(dense[present], want[present], err_msg=note)
         else:
-            identity = RINGS[ring][2]
-            np.testing.assert_array_equal(np.asarray(got), np.where(present, want, identity), note)
+            identity = oracle.identity
+            dense = np.asarray(got).astype(object) if dtype else np.asarray(got)
+            np.testing.assert_array_equal(dense, np.where(present, want, identity), note)
 
 
 def _cases(family: str, count: int, depth: int) -> list[tuple[int, dict]]:
     """``count`` statements of ``family`` (trees of ``depth``: 2 in the fast suite, whose
     cost is compiling them, 3 in the slow one), from a fixed seed."""
     r = random.Random(f"{family}-{depth}-36")
-    rings = list(RINGS) if family == "semirings" else ["plus_times"]
+    rings = list(RINGS) if family in ("semirings", "types") else ["plus_times"]
+    if family == "types":  # issue 40: every semiring in every integral type
+        return [
+            (n, random_statement(r, rings[n % len(rings)], depth, INTEGRAL[n % len(INTEGRAL)]))
+            for n in range(count)
+        ]
     return [(n, random_statement(r, rings[n % len(rings)], depth)) for n in range(count)]
 
 
@@ -193,14 +242,14 @@ def _run(family: str, n: int, case: dict) -> None:
     run_case(case, seed=n, inf=family == "placement")
 
 
-@pytest.mark.parametrize("family", ["semirings", "placement"])
+@pytest.mark.parametrize("family", ["semirings", "placement", "types"])
 def test_fuzz_fast(family: str) -> None:
     for n, case in _cases(family, FAST, depth=2):
         _run(family, n, case)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["semirings", "placement"])
+@pytest.mark.parametrize("family", ["semirings", "placement", "types"])
 @pytest.mark.parametrize("part", range(6))
 def test_fuzz_slow(family: str, part: int) -> None:
     for n, case in _cases(family, SLOW, depth=3)[part::6]:

@@ -505,7 +505,8 @@ def test_compacted_outputs_and_lane_groups_in_16_bits(dtype):
 def test_integer_operands_follow_one_rule_in_numpy_and_torch(library, int_dtype):
     """Issue 36 item 20: numpy's int32 made a float32 kernel float64 while torch's kept
     float32; one rule now (torch's, docs/semantics.md Value types): integer and bool
-    arrays take no part, whichever library holds them, and alone they give float64."""
+    arrays take no part beside floating ones, whichever library holds them; alone they
+    compute in their own promoted type (issue 40), as numpy and torch do."""
     A = np.array([[1.0, 0.0], [0.0, 2.0]], dtype=np.float32)
     x = np.array([3, 1], dtype=int_dtype)
     if library == "torch":
@@ -515,7 +516,8 @@ def test_integer_operands_follow_one_rule_in_numpy_and_torch(library, int_dtype)
     assert str(got.dtype).removeprefix("torch.") == "float32"
     assert got.tolist() == ([3.0, 2.0] if int_dtype != "bool" else [1.0, 2.0])
     alone = k(A=A.to(torch.int64) if library == "torch" else A.astype(np.int64), x=x)
-    assert str(alone.dtype).removeprefix("torch.") == "float64"
+    assert str(alone.dtype).removeprefix("torch.") == "int64"
+    assert alone.tolist() == ([3, 2] if int_dtype != "bool" else [1, 2])
     T = sparsec.Tensor.from_dense(np.asarray(A), "csr")
     assert (T @ x).dtype == k(A=T, x=x).dtype  # the operators take the same rule
     assert str((T @ x).dtype).removeprefix("torch.") == "float32"

@@ -93,7 +93,9 @@ VALID_STORAGE = [
 def test_valid_storage(fmt, levels, vals):
     t = Tensor.from_arrays((3, 4), fmt, levels, vals, name="A")
     assert_same(t, CSR_3x4)
-    assert t.index_dtype == np.int32 and t.dtype == np.float64
+    # integer values stay integers (issue 40), float ones (CSR_3x4's) float64
+    want = np.float64 if np.asarray(vals).dtype.kind == "f" else np.int64
+    assert t.index_dtype == np.int32 and t.dtype == want
 
 
 def test_valid_storage_segments_restart():
@@ -165,9 +167,9 @@ BROKEN = [
     ("crd-2d", (3, 4), "csr", [None, (CSR_POS, [[0, 3, 1]])], [1, 2, 3], StorageError,
      "crd must be 1-d"),
     ("vals-float16", (3, 4), "csr", [None, (CSR_POS, CSR_CRD)], np.ones(3, np.float16),
-     DTypeError, "float16 values are not supported; use float32 or float64"),
+     DTypeError, "float16 values are not supported; use float32, float64, an integer type or bool"),
     ("vals-complex", (3, 4), "csr", [None, (CSR_POS, CSR_CRD)], np.ones(3, complex), DTypeError,
-     "tensor 'A': complex128 values are not supported; use float32 or float64"),
+     "tensor 'A': complex128 values are not supported; use float32, float64, an integer type or bool"),
     ("crd-float", (3, 4), "csr", [None, (CSR_POS, [0.0, 3.0, 1.0])], [1, 2, 3], DTypeError,
      "crd has dtype float64; index arrays must be integers"),
     ("pos-bool", (3, 4), "csr", [None, (np.array([0, 1, 1, 1], bool), [0])], [1], DTypeError,
@@ -209,15 +211,15 @@ def test_trusted_constructor_checks_structure():
     pos, crd = np.array([0, 2, 2, 3], np.int32), np.array([0, 3, 1], np.int64)
     with pytest.raises(DTypeError, match="all index arrays of the tensor must be int32"):
         Tensor((3, 4), parse_format("csr", 2), (LevelStorage(), LevelStorage(pos, crd)), np.ones(3))
-    with pytest.raises(DTypeError, match="int64 values are not supported"):
-        Tensor((2,), parse_format("d", 1), (LevelStorage(),), np.ones(2, np.int64))
+    with pytest.raises(DTypeError, match="float16 values are not supported"):
+        Tensor((2,), parse_format("d", 1), (LevelStorage(),), np.ones(2, np.float16))
 
 
 def test_from_arrays_converts_index_dtypes():
     levels = [None, (np.array([0, 2, 2, 3], np.uint8), np.array([0, 3, 1], np.int16))]
     t = Tensor.from_arrays((3, 4), "csr", levels, np.array([1, 2, 3]))
     assert t.index_dtype == np.int32 and t.levels[1].pos.dtype == np.int32
-    assert t.dtype == np.float64  # integer values become float64
+    assert t.dtype == np.int64  # integer values stay integers (issue 40)
     t64 = Tensor.from_arrays((3, 4), "csr", levels, [1, 2, 3], index_dtype="int64")
     assert t64.levels[1].crd.dtype == np.int64 and t64.index_dtype == np.int64
     t32 = Tensor.from_arrays((3, 4), "csr", levels, [1, 2, 3], dtype=np.float32)
@@ -286,8 +288,9 @@ def test_bad_index_dtype_spec(bad):
 @pytest.mark.parametrize(
     "array,dtype,expected",
     [
-        (np.array([1, 0]), None, np.float64),
-        (np.array([True, False]), None, np.float64),
+        (np.array([1, 0]), None, np.int64),  # integers and bool are kept (issue 40)
+        (np.array([True, False]), None, np.bool_),
+        (np.array([1.0, 0.0]), "uint8", np.uint8),
         (np.array([1.0, 0.0], np.float32), None, np.float32),
         (np.array([1.0, 0.0]), "float32", np.float32),
         (np.array([1.0, 0.0], np.float16), "float32", np.float32),
@@ -307,7 +310,7 @@ def test_value_dtypes(array, dtype, expected):
         (np.ones(2, complex), None, "complex128 values are not supported"),
         (np.ones(2, complex), "float64", "complex128 values are not supported"),
         (torch.ones(2, dtype=torch.complex64), None, "complex64 values are not supported"),
-        (np.ones(2), "int32", "value dtype int32 is not supported"),
+        (np.ones(2), "complex64", "value dtype complex64 is not supported"),
         (np.array(["a", "b"]), None, "values are not supported"),
     ],
 )
@@ -937,10 +940,11 @@ def test_mtx_symmetric_pattern_integer_and_array(tmp_path):
         "%%MatrixMarket matrix coordinate pattern general\n2 2 1\n1 2\n"
     )
     assert_same(load_mtx(tmp_path / "p.mtx"), np.array([[0, 1.0], [0, 0]]))
+    assert load_mtx(tmp_path / "p.mtx").dtype == np.bool_  # a pattern: bool (issue 40)
     (tmp_path / "i.mtx").write_text(
         "%%MatrixMarket matrix coordinate integer general\n1 2 1\n1 2 7\n"
     )
-    assert load_mtx(tmp_path / "i.mtx").dtype == np.float64
+    assert load_mtx(tmp_path / "i.mtx").dtype == np.int64  # integer files stay integers
     (tmp_path / "a.mtx").write_text("%%MatrixMarket matrix array real general\n2 1\n1.0\n0.0\n")
     assert load_mtx(tmp_path / "a.mtx").format.is_dense
 

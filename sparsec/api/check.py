@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import InputError, SparsecError
+from ..base.values import is_integral
 from ..frontend.notation import Assignment
 from ..frontend.semirings import semiring
 from ..middle.spec import Spec, TensorVar
@@ -61,10 +62,11 @@ def verdict(
     import torch
 
     from .reference import compare, reference
-    from .semiring_reference import semiring_reference
+    from .semiring_reference import in_type, semiring_reference
 
     if prepared.device and np.ndim(got):
         got = device.cupy_device().asnumpy(got)  # compared on the host
+    integral = is_integral(prepared.dtype)
     dense, stored = {}, {}
     for t in wanted:
         v = prepared.values[t.name]
@@ -80,12 +82,17 @@ def verdict(
             v = readable(v, prepared.dtype)  # bfloat16 storage: its values, as float32
             if t.format.ordering != tuple(range(t.order)):
                 v = np.transpose(v, np.argsort(t.format.ordering))  # back to mode order
-        dense[t.argument] = torch.from_numpy(np.array(v, dtype=np.float64))
+        # an integral kernel's reference computes in its type (exactly, wrapping)
+        dense[t.argument] = torch.from_numpy(
+            np.array(v, dtype=prepared.dtype if integral else np.float64)
+        )
     current = dense.pop(spec.output.name, None)
     stored.pop(spec.output.name, None)
     ring = semiring(spec.semantics.semiring)
     against = "dense torch" if ring.is_default else f"the dense {ring.name} reference (numpy)"
-    if ring.is_default:
+    if integral:
+        against = f"the dense {ring.name} reference in {prepared.dtype} (numpy)"
+    if ring.is_default and not integral:
         division = spec.semantics.division
         want = reference(assignment, dense, prepared.dims, current, stored, division).numpy()
     else:
@@ -97,9 +104,11 @@ def verdict(
             ring,
             None if current is None else current.numpy(),
             sparse_output=not spec.output.format.is_dense,
+            dtype=prepared.dtype if integral else "float64",
         )
     if spec.semantics.mask:
-        want = _masked(want, spec, stored, current, ring.identity)
+        identity = in_type(ring.identity, np.dtype(prepared.dtype if integral else "float64"))
+        want = _masked(want, spec, stored, current, identity)
     if isinstance(got, Tensor):
         got.validate(spec.output.name)  # the assembled storage keeps every invariant
     err = compare(np.asarray(got), want, prepared.dtype, f"kernel {assignment}", against)
@@ -177,12 +186,19 @@ def random_inputs(
     dtype = "float32" if dtype in HALF else dtype or "float64"
     accesses = {a.name: a for a in (*spec.assignment.accesses(), *assignment.accesses())}
     inputs: dict[str, Any] = {}
+    integral = is_integral(dtype)
     for n, t in enumerate(wanted):
         shape = tuple(dims[i] for i in accesses[t.name].indices)
         if t.order == 0:
-            inputs[t.argument] = float(rng.uniform(0.5, 2.0))
+            if integral:  # 1 to 3 (bool: True)
+                inputs[t.argument] = np.asarray(rng.integers(1, 4)).astype(dtype).item()
+            else:
+                inputs[t.argument] = float(rng.uniform(0.5, 2.0))
         elif t.is_dense:
-            arr = np.where(rng.random(shape) < max(density, 0.5), rng.uniform(-1, 1, shape), 0.0)
+            # an integral kernel's: nonzero integers in [-4, 4] (wrapped for unsigned types)
+            drawn = rng.integers(1, 5, shape) * rng.choice([-1, 1], shape) if integral else None
+            values = rng.uniform(-1, 1, shape) if drawn is None else drawn
+            arr = np.where(rng.random(shape) < max(density, 0.5), values, 0)
             if shape[0] > 2:
                 arr[rng.integers(shape[0])] = 0.0
             inputs[t.argument] = arr.astype(dtype)

@@ -30,6 +30,7 @@ from ..middle.spec import FormatsArg, Spec, make_spec
 from ..pipeline import generate, generate_cuda, lower_serially
 from ..policy import calibrated, decision, tuning
 from ..policy.costs import Columns
+from ..policy.dtypes import check_value_type
 from ..policy.schedules import vector_rows
 from ..runtime import fastpath, nvrtc
 from ..runtime.binding import INDEX_DTYPES, VALUE_DTYPES, resolve_threads
@@ -123,6 +124,8 @@ class Kernel:
         self._generated: dict[tuple[str, str], Generated] = {}
         self.dtype = dtype_name(dtype, VALUE_DTYPES, "value dtype")
         self.index_dtype = dtype_name(index_dtype, INDEX_DTYPES, "index dtype")
+        if self.dtype is not None:  # what the statement cannot mean in it, refused now
+            check_value_type(self.spec.assignment, self.dtype)
         if self.commands or on.gpu:
             self.generated()  # a schedule (or GPU mapping) is checked now, not at the first call
         #: the GPU default's rows that a call may give to lane groups (CSR-vector)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..base.errors import CheckError
+from ..base.values import is_integral
 from ..frontend.concrete import exact, unbounded
 from ..frontend.functions import FUNCTIONS
 from ..frontend.notation import Access, Assignment, BinOp, Call, Expr, Literal, Neg, accesses
@@ -300,6 +301,8 @@ def compare(
 ) -> float:
     """Max abs error of ``got`` against ``want`` (computed by ``against``); raises
     `CheckError` beyond tolerance."""
+    if is_integral(dtype):
+        return _compare_exactly(np.asarray(got), np.asarray(want), dtype, what, against)
     got64 = np.asarray(got, dtype=np.float64)
     want64 = np.asarray(want, dtype=np.float64)
     if got64.shape != want64.shape:
@@ -325,3 +328,22 @@ def compare(
         )
     ok = ~(np.isnan(diff))
     return float(np.max(diff[ok], initial=0.0))
+
+
+def _compare_exactly(
+    got: np.ndarray, want: np.ndarray, dtype: str, what: str, against: str
+) -> float:
+    """An integral result: equal to ``want`` in every element, or `CheckError` (0.0)."""
+    if got.shape != want.shape:
+        raise CheckError(f"{what}: result shape {got.shape} != reference shape {want.shape}")
+    if got.dtype != np.dtype(dtype):
+        raise CheckError(f"{what}: result dtype {got.dtype}, expected {dtype}")
+    bad = got != want.astype(dtype)
+    if bad.any():
+        worst = np.unravel_index(int(np.argmax(bad)), got.shape)
+        at = ",".join(map(str, worst))
+        raise CheckError(
+            f"{what}: result differs from {against} at [{at}]: got {got[worst]!r}, expected "
+            f"{want[worst]!r} (exact, {dtype}); {int(bad.sum())} of {bad.size} elements differ"
+        )
+    return 0.0

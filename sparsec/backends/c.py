@@ -87,7 +87,7 @@ def print_c(
     wide = adds_into_output(gen.dtype, gen.signature, *bodies)
     gen = replace(gen, wide_output=wide)
     storage = storage_arrays(gen.dtype, gen.signature, *bodies, wide=wide)
-    printer = Printer(C, threads=gen.signature.threads, storage=storage)
+    printer = Printer(C, threads=gen.signature.threads, storage=storage, dtype=gen.dtype)
     packed = _packed(gen)
     calls = (
         e.fn

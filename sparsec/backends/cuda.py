@@ -34,7 +34,7 @@ def print_cuda(spec: Spec, gen: Generated) -> Generated:
     gen = replace(gen, wide_output=wide)
     storage = storage_arrays(gen.dtype, gen.signature, *bodies, wide=wide)
     dialect = DIALECTS[gen.target.language]  # CUDA's (another GPU API's: its own)
-    printer = Printer(dialect, threads=gen.signature.threads, storage=storage)
+    printer = Printer(dialect, threads=gen.signature.threads, storage=storage, dtype=gen.dtype)
     grid = printer.expr(launch.grid) if launch.grid is not None else "(set by the runtime)"
     lines = header(spec, gen, dialect)
     lines.insert(

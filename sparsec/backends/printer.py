@@ -18,6 +18,7 @@ import jinja2
 import jinja2.bccache
 
 from ..base.resources import cache_dir, data_dir, read_entry, write_entry
+from ..base.values import is_integral, value_type
 from ..ir import nodes as ir
 from ..middle.spec import Spec
 from .generated import Generated
@@ -27,9 +28,9 @@ from .targets import (  # noqa: F401 - the targets, re-exported for the backends
     DIALECTS,
     GPU_STRIDES,
     HALF_DTYPES,
+    INTEGRAL_FUNCTIONS,
     SEMIRING_UPDATES,
     SEMIRING_VALUES,
-    VALUE_TYPES,
     C,
     Dialect,
     adds_into_output,
@@ -64,13 +65,20 @@ class Printer:
     convert; with any, every other value (locals, literals, workspaces) is a float."""
 
     def __init__(
-        self, target: Dialect, threads: str = "sc_threads", storage: frozenset[str] = frozenset()
+        self,
+        target: Dialect,
+        threads: str = "sc_threads",
+        storage: frozenset[str] = frozenset(),
+        dtype: str = "float64",
     ) -> None:
         self.t = target
         self.threads = threads
         self.storage = storage
         #: the type of value locals and literals
         self.value_type = "sc_acc_t" if storage else target.types[ir.VAL]
+        #: an integral kernel: integer literals, its limits for infinities, its functions
+        self.integral = is_integral(dtype)
+        self.calls = {**target.calls, **INTEGRAL_FUNCTIONS} if self.integral else target.calls
 
     def _type(self, ty: str, name: str = "") -> str:
         """``ty``'s spelling for a declaration of ``name``: a value in the accumulator type
@@ -108,7 +116,7 @@ class Printer:
                 if atomic:
                     if isinstance(target, ir.Var) and not self.t.atomic_locals:
                         raise AssertionError(f"internal: an atomic update of the local {lhs}")
-                    return [pad + line for line in self.t.atomic(lhs, op, rhs)]
+                    return [pad + line for line in self.t.atomic(lhs, op, rhs, self.integral)]
                 return [f"{pad}{lhs} {op} {rhs};"]
             case ir.For(var=var, start=start, end=end, body=body, parallel=par, unroll=unroll):
                 opening = self.t.loop_head(
@@ -165,6 +173,11 @@ class Printer:
                 return name
             case ir.IntLit(value=v):
                 return str(v)
+            case ir.FloatLit(value=v) if self.integral:
+                # an integral type's infinities are its limits (`values.ValueType`)
+                if math.isinf(v):
+                    return "SC_VAL_LOW" if v < 0 else "SC_VAL_HIGH"
+                return f"(({self.value_type}){_int_literal(int(v))})"
             case ir.FloatLit(value=v) if math.isinf(v):
                 # a semiring's identity: C and CUDA have no infinity literal
                 return f"(({self.value_type})({'-' if v < 0 else ''}1.0 / 0.0))"
@@ -182,7 +195,7 @@ class Printer:
             case ir.Unary(op=op, operand=x):
                 return f"{op}{self._wrap(x, PRECEDENCE['unary'], strict=True)}"
             case ir.Call(fn=fn, args=args):
-                return f"{self.t.calls.get(fn, fn)}({', '.join(self.expr(a) for a in args)})"
+                return f"{self.calls.get(fn, fn)}({', '.join(self.expr(a) for a in args)})"
             case ir.Select(cond=c, then=a, other=b):
                 p = PRECEDENCE["?:"]
                 return f"{self._wrap(c, p, True)} ? {self._wrap(a, p, True)} : {self._wrap(b, p, True)}"
@@ -270,9 +283,11 @@ def header(spec: Spec, gen: Generated, target: Dialect) -> list[str]:
         + (f" ({t.format.spelling})" if str(t.format) != t.format.spelling else "")
         for t in spec.tensors
     )
-    values = VALUE_TYPES.get(gen.dtype) or (
+    values = target.value_types.get(gen.dtype) or (
         f"{gen.dtype} stored as {target.half_types[gen.dtype]}, computed in float"
     )
+    if is_integral(gen.dtype):
+        values += f" ({gen.dtype}, wrapping)"
     types = f"values {values}, indices {target.index_types[gen.index_dtype]}"
     return [
         _comment_safe(f"sparsec kernel: {spec.assignment}"),
@@ -295,6 +310,22 @@ def _semiring_line(spec: Spec) -> list[str]:
     return [f"semiring: {name} (absent entries are its add's identity)"]
 
 
+def _limits(dtype: str) -> tuple[str, str] | None:
+    """An integral dtype's smallest and largest values as C constants (None for others):
+    a semiring's infinite identity in it (the templates' ``SC_VAL_LOW``/``SC_VAL_HIGH``)."""
+    if not is_integral(dtype):
+        return None
+    vt = value_type(dtype)
+    return _int_literal(vt.low), _int_literal(vt.high)
+
+
+def _int_literal(value: int) -> str:
+    """``value`` as a C integer constant of a type that holds it (-2^63 has no literal)."""
+    if value == -(1 << 63):
+        return "(-9223372036854775807LL - 1)"
+    return f"{value}ULL" if value >= 1 << 63 else f"{value}LL"
+
+
 def render(target: Dialect, lines: list[str], gen: Generated, **fields: object) -> str:
     """``target``'s translation unit for ``gen`` (its types and parameters): the template
     filled with the header comment ``lines`` and ``fields`` (printed bodies and the
@@ -305,11 +336,12 @@ def render(target: Dialect, lines: list[str], gen: Generated, **fields: object) 
         .get_template(target.template)
         .render(
             header=lines,
-            val_type=target.half_types[gen.dtype] if half else VALUE_TYPES[gen.dtype],
+            val_type=target.half_types[gen.dtype] if half else target.value_types[gen.dtype],
             acc_type=target.acc_types[gen.dtype],
             idx_type=target.index_types[gen.index_dtype],
             params=[param(target, p, gen) for p in gen.signature.params],
             half=gen.dtype if half else "",
+            integral=_limits(gen.dtype),
             **fields,
         )
     )

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..abi import INT, Param, Signature
+from ..base.values import INTEGRAL, TYPES
 from ..ir import nodes as ir
 from ..middle.commands import Unit
 from ..policy.compiler import C_HALF_TYPES
@@ -33,6 +34,9 @@ CALLS = {
         "max",
         "vmin",
         "vmax",
+        "vdiv",
+        "pair",
+        "second",
         "sort_reached",
         "mark",
         "mark_bits",
@@ -114,9 +118,8 @@ _SHARED_TYPES = {
     INT: "int",
 }
 
-#: dtype -> the value type (``ir.VAL``), on every target; a 16-bit dtype's is its target's
-#: storage type (`Dialect.half_types`)
-VALUE_TYPES = {"float32": "float", "float64": "double"}
+#: an integral kernel's spellings of the functions it has (the templates define each)
+INTEGRAL_FUNCTIONS = {"fn_abs": "sc_iabs", "fn_max": "sc_imax", "fn_min": "sc_imin"}
 #: the 16-bit value dtypes: stored in 16 bits, loaded with ``sc_ld`` into the accumulator
 #: type (float), which every local, literal and sum uses, and stored back with ``sc_st``
 #: (round to nearest even); the templates define both per dtype
@@ -161,6 +164,8 @@ class Dialect:
     unroll: str
     #: the lines of an atomic ``{target} {op} {value}``
     atomic_lines: tuple[str, ...]
+    #: `atomic_lines` for an integral kernel's values (empty: the same)
+    integral_atomic_lines: tuple[str, ...] = ()
     #: the update operators an atomic may use (empty: any)
     atomic_ops: tuple[str, ...] = ()
     #: the lines of an atomic semiring update (``min=``, ``max=``, ``or=``), which no
@@ -178,6 +183,8 @@ class Dialect:
     indent: str = "  "
     #: the translation unit's skeleton (in ``templates/``)
     template: str = ""
+    #: dtype -> the value type (``ir.VAL``); a 16-bit dtype's is in `half_types`
+    value_types: Mapping[str, str] = field(default_factory=dict)
     #: dtype -> the type reductions accumulate in (``ir.ACC``)
     acc_types: Mapping[str, str] = field(default_factory=dict)
     #: index dtype -> the index type (``ir.IDX``)
@@ -213,11 +220,13 @@ class Dialect:
             case _:
                 raise ValueError(f"target {self.name} cannot run {par.unit} loops")
 
-    def atomic(self, lhs: str, op: str, value: str) -> list[str]:
-        """The lines of the atomic update ``lhs op value`` (``lhs``: a C lvalue)."""
+    def atomic(self, lhs: str, op: str, value: str, integral: bool = False) -> list[str]:
+        """The lines of the atomic update ``lhs op value`` (``lhs``: a C lvalue) of a
+        kernel's values (``integral``: of an integral type)."""
         if self.atomic_ops and op not in self.atomic_ops:
             raise ValueError(f"no atomic {op!r} on {self.name}")
-        return [line.format(target=lhs, op=op, value=value) for line in self.atomic_lines]
+        lines = (integral and self.integral_atomic_lines) or self.atomic_lines
+        return [line.format(target=lhs, op=op, value=value) for line in lines]
 
     def loop_head(
         self, var: str, start: str, end: str, par: ir.Parallel | None, unroll: int, threads: str
@@ -253,9 +262,17 @@ C = Dialect(
     openmp=True,
     calls={**CALLS, **C_FUNCTIONS},
     template="kernel.c.j2",
+    value_types={name: t.c for name, t in TYPES.items() if t.c},
     # float32 sums in double: as fast as summing in float (the conversion is off the add
     # chain) and exact far longer (docs/decisions.md, "float32 sums accumulate in double")
-    acc_types={"float32": "double", "float64": "double", "float16": "float", "bfloat16": "float"},
+    acc_types={
+        "float32": "double",
+        "float64": "double",
+        "float16": "float",
+        "bfloat16": "float",
+        # an integral kernel computes in its own type: every operation wraps, as numpy's
+        **{name: TYPES[name].c for name in INTEGRAL},
+    },
     index_types={"int32": "int32_t", "int64": "int64_t"},
     # the compiler's own types where it has them (`policy.machine.c_half_types`)
     half_types=C_HALF_TYPES,
@@ -269,6 +286,8 @@ CUDA = Dialect(
     restrict="__restrict__",
     unroll="#pragma unroll {}",
     atomic_lines=("atomicAdd(&{target}, {value});",),
+    # no atomicAdd takes 8- or 16-bit values: the template's compare-and-swap loop
+    integral_atomic_lines=("sc_add_atomic(&{target}, {value});",),
     atomic_ops=("+=",),
     # compare-and-swap loops of the template (``kernel.cu.j2``; the emulation's shim too)
     semiring_atomics={
@@ -280,10 +299,17 @@ CUDA = Dialect(
     strides=cuda_strides,
     calls={**CALLS, **CUDA_FUNCTIONS},
     template="kernel.cu.j2",
+    value_types={name: t.cuda for name, t in TYPES.items() if t.cuda},
     # the value type: unlike the C target's, since most GPUs run double arithmetic at 1/32
     # to 1/64 of the float rate, which would make float32 SpMM several times slower; sums
     # across a GPU mapping's threads are also split into shorter per-thread parts
-    acc_types={"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float"},
+    acc_types={
+        "float32": "float",
+        "float64": "double",
+        "float16": "float",
+        "bfloat16": "float",
+        **{name: TYPES[name].cuda for name in INTEGRAL},
+    },
     index_types={"int32": "int", "int64": "long long"},
     # the bits, converted by the template's sc_ld/sc_st (NVRTC has no cuda_fp16.h built in)
     half_types={"float16": "unsigned short", "bfloat16": "unsigned short"},

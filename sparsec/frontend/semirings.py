@@ -29,8 +29,9 @@ from .notation import Access, BinOp, Call, Expr, Literal, Neg
 @dataclass(frozen=True, slots=True)
 class Semiring:
     """One semiring: ``add`` and ``multiply`` are operator keys of the lowering
-    (``"+" "*" "min" "max" "or" "and"``); ``np_add``/``np_mul`` the numpy ufunc names a
-    dense reference reduces and broadcasts with."""
+    (``"+" "*" "min" "max" "or" "and" "pair" "second"``); ``np_add``/``np_mul`` the numpy
+    ufunc names a dense reference reduces and broadcasts with (``pair`` and ``second``:
+    `semiring_reference`'s own)."""
 
     name: str
     add: str
@@ -59,6 +60,13 @@ SEMIRING_TABLE: dict[str, Semiring] = {
         Semiring("max_times", "max", "*", -math.inf, "maximum", "multiply", distributive=False),
         Semiring("min_times", "min", "*", math.inf, "minimum", "multiply", distributive=False),
         Semiring("or_and", "or", "and", 0.0, "logical_or", "logical_and", boolean=True),
+        # GraphBLAS's structural multiplies: ``pair`` is 1 wherever both operands are
+        # present (their values unread), ``second`` is its right operand's value. Neither
+        # distributes over every add (``pair(x, a + b)`` is 1, not 2), so no sum is lifted
+        # across them
+        Semiring("plus_pair", "+", "pair", 0.0, "add", "pair", distributive=False),
+        Semiring("any_pair", "or", "pair", 0.0, "logical_or", "pair", True, False),
+        Semiring("min_second", "min", "second", math.inf, "minimum", "second", distributive=False),
     )
 }
 

@@ -282,7 +282,7 @@ def _nested_sum(env: LowerEnv, expr: Sum, ctx: Ctx, acc: str) -> list[ir.Stmt]:
 
 
 #: the one of each semiring multiply (`Semiring.multiply`): a mask's value
-MULTIPLICATIVE_ONE = {"*": 1.0, "+": 0.0, "and": 1.0}
+MULTIPLICATIVE_ONE = {"*": 1.0, "+": 0.0, "and": 1.0, "pair": 1.0, "second": 1.0}
 
 
 def _value(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.Expr:
@@ -327,6 +327,9 @@ def _value_of(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
             if op in ("*", "+"):
                 # the semiring's multiply and add (plus_times: ``*`` and ``+`` themselves)
                 return combine(env.inputs.ring, op, a, b)
+            if op == "/":
+                # the templates' division of values (an integral type's never traps)
+                return ir.Call("vdiv", (a, b))
             return ir.Bin(op, a, b)
         case Call(fn=fn, args=args):
             return _function(env, fn, tuple(_value(env, a, ctx, stmts) for a in args), stmts)
@@ -390,7 +393,7 @@ def _function(env: LowerEnv, fn: str, args: tuple[ir.Expr, ...], stmts: list[ir.
         case "sigmoid":
             one = ir.FloatLit(1.0)
             exp = ir.Call("fn_exp", (ir.Unary("-", args[0]),))
-            return ir.Bin("/", one, ir.Bin("+", one, exp))
+            return ir.Call("vdiv", (one, ir.Bin("+", one, exp)))
         case _:
             return ir.Call(f"fn_{fn}", args)
 

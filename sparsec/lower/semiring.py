@@ -48,6 +48,10 @@ def combine(ring: Semiring, op: str, a: ir.Expr, b: ir.Expr) -> ir.Expr:
             return ir.Bin("||", a, b)
         case "and":
             return ir.Bin("&&", a, b)
+        case "pair" | "second":
+            # the templates' sc_pair (1) and sc_second (b): both operands stay in the IR,
+            # so a guarded operand's presence is carried up (`union._hoist`)
+            return ir.Call(kind, (a, b))
         case _:
             raise AssertionError(f"unknown semiring operator {kind}")
 

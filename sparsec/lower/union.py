@@ -226,12 +226,16 @@ def _hoist(e: ir.Expr, guards: Guards, ring: Semiring) -> tuple[ir.Expr, ir.Expr
         case ir.Bin(op="!=", left=x, right=ir.FloatLit(value=0.0)) if ring.boolean:
             value, cond = _hoist(x, guards, ring)
             return ir.Bin("!=", value, ir.FloatLit(0.0)), cond
-        case ir.Bin(op=op, left=left, right=right) if op == _PRODUCT[ring.multiply]:
+        case ir.Call(fn="pair" | "second" as fn, args=(left, right)) if fn == ring.multiply:
+            (a, ca), (b, cb) = _hoist(left, guards, ring), _hoist(right, guards, ring)
+            conds = [c for c in (ca, cb) if c is not None]
+            return ir.Call(fn, (a, b)), ir.conj(*conds) if conds else None
+        case ir.Bin(op=op, left=left, right=right) if op == _PRODUCT.get(ring.multiply):
             (a, ca), (b, cb) = _hoist(left, guards, ring), _hoist(right, guards, ring)
             conds = [c for c in (ca, cb) if c is not None]
             return ir.Bin(op, a, b), ir.conj(*conds) if conds else None
-        case ir.Bin(op="/", left=left, right=right):
+        case ir.Call(fn="vdiv", args=(left, right)):
             a, ca = _hoist(left, guards, ring)
-            return ir.Bin("/", a, _settle(right, guards, ring)), ca
+            return ir.Call("vdiv", (a, _settle(right, guards, ring))), ca
         case _:
             return map_children(e, lambda c: _settle(c, guards, ring)), None

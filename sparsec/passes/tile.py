@@ -43,7 +43,7 @@ from .stages import REMAINDER, built, checked, guard
 #: and values per tile
 VLEN = ir.Var("SC_VLEN")
 TILE = ir.Var("SC_TILE")
-_OPS = frozenset("+-*/")
+_OPS = frozenset("+-*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +288,8 @@ class _Tiler:
                 return ir.Call("vload", (address,))
             case ir.Bin(op=op, left=a, right=b) if op in _OPS:
                 return ir.Bin(op, self.vector(a, lane), self.vector(b, lane))
+            case ir.Call(fn="vdiv", args=(a, b)):  # a division of values: lane by lane
+                return ir.Call("vdiv", (self.vector(a, lane), self.vector(b, lane)))
             case ir.Unary(op="-", operand=x):
                 return ir.Unary("-", self.vector(x, lane))
             case ir.FloatLit():

@@ -21,7 +21,6 @@ from typing import Any
 from ..base.target import Target
 from ..middle.commands import Command
 from ..middle.spec import Spec
-from ..tensors.halves import HALF
 from . import calibrated
 
 #: a parallel CPU loop's dynamic schedule: about this many chunks per thread, so skewed
@@ -231,7 +230,9 @@ def decide(
     threads unless ``parallel`` is off) for ``dtype`` values. A user's schedule keeps two
     phases and, on the GPU, is printed with no pass."""
     if not target.gpu:
-        run = frozenset() if dtype in HALF else C_PASSES
+        # the passes' register tiles, streams and dot products are built for float32 and
+        # float64 values (16-bit and integral kernels run the lowering as it is)
+        run = C_PASSES if dtype in ("float32", "float64") else frozenset()
         default = parallel and not _parallelizes(commands)
     else:
         run, default = (frozenset() if commands else CUDA_PASSES), False

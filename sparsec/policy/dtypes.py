@@ -1,10 +1,15 @@
-"""The value dtypes C kernels can store on this machine: asked by code generation and by
-each call (`sparsec.runtime.inputs`), since generated code and compiled kernels are cached
-across machines' facts."""
+"""The value dtypes a kernel can compute in: the 16-bit types C kernels can store on this
+machine, asked by code generation and by each call (`sparsec.runtime.inputs`), since
+generated code and compiled kernels are cached across machines' facts; and what a
+statement may say in an integral type (`check_value_type`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from ..base.errors import DTypeError
+from ..base.values import is_integral, value_type
+from ..frontend.notation import Assignment, BinOp, Call, Expr, Literal, Neg
 from ..tensors.halves import HALF
 from .compiler import C_HALF_TYPES
 from .machine import c_half_types
@@ -20,3 +25,50 @@ def check_c_dtype(dtype: str) -> None:
             f"one has {' and '.join(sorted(c_half_types())) or 'neither'}): cast the inputs "
             "to float32, pass dtype='float32', or use target='cuda-emulated'"
         )
+
+
+#: the functions an integral kernel computes in its own type (the others are floating)
+INTEGRAL_FUNCTIONS = ("abs", "max", "min", "relu", "sign")
+
+
+def check_value_type(assignment: Assignment, dtype: str) -> None:
+    """A `DTypeError` where ``assignment`` has no meaning in the integral type ``dtype``
+    (docs/semantics.md, "Value types"): a function computed in floating point, a literal
+    that is not a value of the type, and for bool a ``-`` or ``/`` (numpy refuses a bool
+    subtraction; ``+`` is or and ``*`` is and)."""
+    if not is_integral(dtype):
+        return
+    hint = "pass dtype='float64' (or inputs of a floating type) to compute in floating point"
+    for node in _nodes(assignment.rhs):
+        match node:
+            case Call(fn=fn) if fn not in INTEGRAL_FUNCTIONS:
+                raise DTypeError(
+                    f"{fn}(...) computes in floating point, and this kernel's values are "
+                    f"{dtype}, whose functions are {', '.join(INTEGRAL_FUNCTIONS)}: {hint}"
+                )
+            case Literal(value=v) if not _holds(dtype, v):
+                raise DTypeError(f"the literal {v!r} is not a value of {dtype}: {hint}")
+            case Neg() | BinOp(op="-" | "/") if dtype == "bool":
+                what = "negation" if isinstance(node, Neg) else f"'{node.op}'"
+                raise DTypeError(
+                    f"{what} has no meaning on bool values ('+' is or, '*' is and): cast the "
+                    "inputs to an integer type or pass dtype='int64'"
+                )
+
+
+def _holds(dtype: str, v: float) -> bool:
+    vt = value_type(dtype)
+    return float(v).is_integer() and vt.low <= v <= vt.high
+
+
+def _nodes(expr: Expr) -> Iterator[Expr]:
+    yield expr
+    match expr:
+        case Neg(operand=x):
+            yield from _nodes(x)
+        case BinOp(left=left, right=right):
+            yield from _nodes(left)
+            yield from _nodes(right)
+        case Call(args=args):
+            for a in args:
+                yield from _nodes(a)

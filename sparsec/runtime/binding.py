@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import DTypeError, InputError, ShapeError, SparsecError
+from ..base.values import integral_name, is_integral, promote, value_type
 from ..middle.spec import TensorVar
 from ..policy import machine as policy_machine
 from ..policy.machine import LOAD_INTERVAL_S, Machine, busy, machine, threads_for
@@ -135,37 +136,62 @@ _NARROW = {"float16": 0, "bfloat16": 0, "float32": 1}
 
 
 def _value_dtype_of(value: Any) -> str | None:
-    """The name of ``value``'s floating value dtype; None when it has none: integer and
-    bool arrays (numpy, scipy, torch), nested lists and numbers take no part in a call's
-    promotion (torch's rule), whatever library holds them."""
+    """The name of ``value``'s value dtype (floating, integer or bool); None for nested
+    lists and numbers, which take part in a call's promotion by their kind only
+    (`_scalar_kind`), and for what has no such dtype."""
     if isinstance(value, Stored):
         return value.value_dtype  # a 16-bit tensor promotes as its type
     if isinstance(value, Tensor):
         return value.vals.dtype.name
     dt: Any = getattr(value, "dtype", None)
     if isinstance(dt, np.dtype):
-        return dt.name if dt.kind == "f" else None
-    return None if dt is None else _TORCH_FLOATS.get(str(dt))
+        return dt.name if dt.kind == "f" else integral_name(dt)
+    if dt is None:
+        return None
+    return _TORCH_FLOATS.get(str(dt)) or integral_name(dt)
+
+
+def _scalar_kind(value: Any) -> str:
+    """A number's or nested list's kind ("f" floating, else "i"): a float scalar makes a
+    call of integer arrays compute in float64, as numpy's weak scalars do."""
+    if isinstance(value, (float, np.floating)):
+        return "f"
+    if isinstance(value, (list, tuple)) or type(value) is np.ndarray:
+        try:
+            return "f" if np.asarray(value).dtype.kind == "f" else "i"
+        except (ValueError, TypeError):
+            return "i"
+    return "i"
 
 
 def common_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
-    """The value dtype of a call, as torch promotes: over the inputs of a floating dtype
-    only (`_value_dtype_of`), float16 (bfloat16) when every one is float16 (bfloat16);
-    float32 when every one is float16, bfloat16 or float32; float64 otherwise, and when
-    none has a floating dtype. The one rule for numpy, scipy, torch and Tensor inputs."""
-    found: set[str] = set()
+    """The value dtype of a call. Where any input has a floating dtype, as torch promotes
+    over those inputs only: float16 (bfloat16) when every one is float16 (bfloat16); float32
+    when every one is float16, bfloat16 or float32; float64 otherwise. Where none has, as
+    numpy promotes the integer and bool ones (`values.promote`), or float64 when a number
+    or nested list is a float, or nothing has a dtype. The one rule for numpy, scipy, torch
+    and Tensor inputs (docs/semantics.md, "Value types")."""
+    floats: set[str] = set()
+    integral: list[str] = []
+    weak_float = False
     for t in wanted:
-        if t.order:
-            dt = _value_dtype_of(inputs[t.name])
-            if dt is not None and dt not in _NARROW:
-                return "float64"
-            if dt is not None:
-                found.add(dt)
-    if not found:
+        value = inputs[t.name]
+        dt = _value_dtype_of(value)
+        if dt is None:
+            weak_float = weak_float or _scalar_kind(value) == "f"
+        elif is_integral(dt):
+            integral.append(dt)
+        elif t.order and dt not in _NARROW:
+            return "float64"
+        elif t.order:
+            floats.add(dt)
+        else:
+            weak_float = True  # a float 0-d array is a scalar
+    if floats:
+        return floats.pop() if len(floats) == 1 else "float32"
+    if weak_float or not integral:
         return "float64"
-    if len(found) == 1:
-        return found.pop()
-    return "float32"
+    return promote(integral)
 
 
 def common_index_dtype(wanted: tuple[TensorVar, ...], inputs: Mapping[str, Any]) -> str:
@@ -203,7 +229,7 @@ def convert_input(
     one's C-ordered copy, where it needs one, is made by up to ``threads`` threads."""
     where = f"input {t.name!r}"
     if t.order == 0:
-        return _scalar(value, where)
+        return _scalar(value, where, dtype)
     if t.is_dense:
         return _dense(t, value, dtype, where, contiguous, threads)
     _reject_dtype(value, where)
@@ -244,19 +270,40 @@ def convert_input(
     return stored(value, dtype) if half else value
 
 
-def _scalar(value: Any, where: str) -> float:
-    if isinstance(value, float):
+def _scalar(value: Any, where: str, dtype: str) -> float | int:
+    """A scalar operand as the kernel's C argument: a float, or for an integral kernel an
+    int of its type (a float that is not such an integer, or an integer out of the type's
+    range, is refused rather than truncated or wrapped, as numpy refuses it)."""
+    if isinstance(value, float) and not is_integral(dtype):
         return value
     if is_torch(value):
         value = value.detach().cpu().numpy()
-    if isinstance(value, bool) or not isinstance(value, (int, np.number, np.ndarray)):
+    flag = isinstance(value, (bool, np.bool_)) and dtype != "bool"  # True is no number
+    if flag or not isinstance(value, (int, float, np.number, np.bool_, np.ndarray)):
         raise InputError(f"{where} is a scalar operand: pass a number, not {type(value).__name__}")
     arr = np.asarray(value)
     if arr.ndim != 0:
         raise ShapeError(f"{where} is a scalar operand but has shape {arr.shape}")
-    if arr.dtype.kind not in "fiu":
-        raise DTypeError(f"{where}: {arr.dtype} values are not supported; use float32 or float64")
-    return float(arr)
+    if arr.dtype.kind not in "biuf":
+        raise DTypeError(f"{where}: {arr.dtype} values are not supported; {_TYPES_HINT}")
+    if not is_integral(dtype):
+        return float(arr)
+    number = arr.item()
+    vt = value_type(dtype)
+    if isinstance(number, float) and not number.is_integer():
+        raise DTypeError(
+            f"{where}: {number!r} is not a value of {dtype}; pass dtype='float64' to compute "
+            "in floating point"
+        )
+    if not vt.low <= number <= vt.high:
+        raise DTypeError(
+            f"{where}: {number!r} is out of the range of {dtype} ({vt.low} to {vt.high}); "
+            "pass a wider dtype="
+        )
+    return int(number)
+
+
+_TYPES_HINT = "use a floating, integer or bool type"
 
 
 _BAD_TORCH = ("torch.complex64", "torch.complex128")
@@ -270,7 +317,7 @@ def _reject_dtype(value: Any, where: str) -> None:
     text = str(dt)
     if text in _BAD_TORCH or (isinstance(dt, np.dtype) and dt.kind not in "fiub"):
         shown = text[6:] if text.startswith("torch.") else text
-        raise DTypeError(f"{where}: {shown} values are not supported; use float32 or float64")
+        raise DTypeError(f"{where}: {shown} values are not supported; {_TYPES_HINT}")
 
 
 def _dense(

@@ -56,6 +56,9 @@ REQUIRED_CXXFLAGS = ("-shared", "-fPIC", "-std=c++20")
 #: those it needs beyond the C library (LEAN_LINK; the OpenMP runtime comes with -fopenmp)
 FULL_LINK = ("-lm",)
 LEAN_LINK = ("-nodefaultlibs", "-lm", "-lgcc")
+#: an integral kernel's flags: signed arithmetic wraps, as numpy's (float kernels keep the
+#: compiler's freedom over their index arithmetic)
+WRAP_FLAGS = ("-fwrapv",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +154,12 @@ _loaded: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
 
 
-def compile_cached(source: str, language: str = "c") -> ctypes.CDLL:
-    """The loaded shared library for ``source``, compiled at most once per cache."""
+def compile_cached(source: str, language: str = "c", flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The loaded shared library for ``source``, compiled at most once per cache, with
+    ``flags`` beyond the toolchain's (an integral kernel's ``-fwrapv``: `WRAP_FLAGS`)."""
     tc = toolchain(language)
+    if flags:
+        tc = replace(tc, flags=tc.flags + flags)
     key = cache_key(source, tc)
     with _lock:
         lib = _loaded.get(key)

@@ -24,7 +24,7 @@ from ..abi import GPU_WORKSPACE, KERNEL_NAME
 from ..base.errors import DTypeError, ShapeError, SparsecError
 from ..base.resources import data_dir
 from ..ir import nodes as ir
-from ..tensors.halves import bfloat16_bits, compute_dtype
+from ..tensors.halves import bfloat16_bits, compute_dtype, compute_fill
 from ..tensors.tensor import Tensor
 from .args import ADDRESSES, HOST, Form, Slot, Source, arguments, named
 
@@ -297,7 +297,7 @@ def _workspace(
     for role, (_, kind) in GPU_WORKSPACE.items():
         size = max(1, grid * block * per.get(role, 0))
         # values start at the add's identity (a semiring's), as the C target fills its own
-        fill = generated.launch.fill if role == "vals" else 0
+        fill = compute_fill(generated.launch.fill, generated.dtype) if role == "vals" else 0
         outputs[(f"ws_{role}", -1)] = xp.full(size, fill, dtype=kinds[kind])
     return grid, block
 

@@ -25,7 +25,7 @@ import numpy as np
 from ..policy import costs  # noqa: F401 - read by the generated source
 from ..tensors.buffers import ALIGN_FROM_BYTES, address, aligned_empty  # noqa: F401
 from ..tensors.formats import canonical
-from ..tensors.halves import HALF
+from ..tensors.halves import HALF, storage_fill
 from ..tensors.tensor import Tensor
 from .args import Source
 from .binding import INDEX_DTYPES, MAX_THREADS, VALUE_DTYPES, resolve_threads, use_threads  # noqa: F401
@@ -190,7 +190,9 @@ def _source(
         f"    out = aligned_empty({size}, DT).reshape(({''.join(d + ', ' for d in shape)}))",
     ]
     if executable.poison:
-        lines.append("out.fill(np.nan)  # test mode: an element the kernel fails to write shows")
+        # test mode: an element the kernel fails to write shows
+        constants["POISON"] = storage_fill(np.nan, prepared.dtype)
+        lines.append("out.fill(POISON)")
     args = []
     for n, slot in enumerate(slots):
         match slot.source:

@@ -34,6 +34,7 @@ from ..abi import (
 from ..backends import Generated
 from ..base.errors import ShapeError, SparsecError, StagesMissing
 from ..base.target import Target
+from ..base.values import is_integral
 from . import build, device
 
 #: the line before a kernel's source that builds only its single pass (`Loaded`)
@@ -45,6 +46,8 @@ _VALUE_CTYPES = {
     "float64": ctypes.c_double,
     "float16": ctypes.c_float,
     "bfloat16": ctypes.c_float,
+    "bool": ctypes.c_bool,
+    **{f"{u}int{b}": getattr(ctypes, f"c_{u}int{b}") for u in ("", "u") for b in (8, 16, 32, 64)},
 }
 
 
@@ -115,7 +118,7 @@ def load(generated: Generated, target: Target, sparse_output: bool) -> Loaded:
         device.cupy_device()  # "no CUDA device" before anything else
         return Loaded(generated, None)
     if target.emulated:
-        lib = build.compile_cached(device.emulation_source(generated), "c++")
+        lib = build.compile_cached(device.emulation_source(generated), "c++", _flags(generated))
         launcher = [ctypes.c_int64, ctypes.c_int, *types]
         fn = _entry(lib, LAUNCH_NAME, launcher)
         if not sparse_output:
@@ -123,13 +126,13 @@ def load(generated: Generated, target: Target, sparse_output: bool) -> Loaded:
         return Loaded(generated, fn, _entry(lib, LAUNCH_ASSEMBLE_NAME, launcher))
 
     def phases() -> tuple[Any, Any, Any]:
-        lib = build.compile_cached(generated.source)
+        lib = build.compile_cached(generated.source, "c", _flags(generated))
         fn = _entry(lib, KERNEL_NAME, types)
         packed = _entry(lib, PACKED_NAME, [ctypes.c_char_p]) if generated.packed else None
         return fn, _entry(lib, ASSEMBLE_NAME, types) if sparse_output else None, packed
 
     if sparse_output and generated.append not in ("", KERNEL_NAME):
-        lib = build.compile_cached(f"{APPEND_ONLY}\n{generated.source}")
+        lib = build.compile_cached(f"{APPEND_ONLY}\n{generated.source}", "c", _flags(generated))
         return Loaded(generated, None, append=_entry(lib, generated.append, types), later=phases)
     fn, assemble, packed = phases()
     append = fn if generated.append == KERNEL_NAME else None
@@ -141,6 +144,10 @@ def _entry(lib: ctypes.CDLL, name: str, argtypes: list[Any]) -> Any:
     fn.argtypes = argtypes
     fn.restype = ctypes.c_int
     return fn
+
+
+def _flags(generated: Generated) -> tuple[str, ...]:
+    return build.WRAP_FLAGS if is_integral(generated.dtype) else ()
 
 
 def ctype(p: Param, dtype: str) -> Any:

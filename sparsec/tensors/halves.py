@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..base.values import INTEGRAL_STORAGE
+
 #: the 16-bit value dtypes, by name
 HALF = ("float16", "bfloat16")
 #: each value dtype's host storage dtype (the array a kernel's ``vals`` parameter points to)
@@ -24,6 +26,7 @@ STORAGE: dict[str, np.dtype] = {
     "float64": np.dtype(np.float64),
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(np.uint16),
+    **INTEGRAL_STORAGE,
 }
 
 
@@ -115,11 +118,36 @@ def result_dtype(dtype: str) -> np.dtype:
     return np.dtype(np.float32) if dtype == "bfloat16" else STORAGE[dtype]
 
 
+#: the tests' poison (NaN for floats) in an integral type: a value no small-integer
+#: computation of theirs produces, so an element a kernel fails to write shows
+INTEGRAL_POISON = 0x5A5A5A5A5A5A5A5A
+
+
 def storage_fill(value: float, dtype: str) -> Any:
-    """A scalar to fill a storage array of ``dtype`` with ``value`` (a uint16 for bfloat16)."""
+    """A scalar to fill a storage array of ``dtype`` with ``value`` (a uint16 for bfloat16;
+    in an integral type, an infinity is the type's limit and NaN the tests' poison)."""
+    if dtype in INTEGRAL_STORAGE:
+        return _integral_fill(value, INTEGRAL_STORAGE[dtype])
     if dtype != "bfloat16":
         return value
     return np.uint16(to_storage(np.float32(value), dtype).reshape(-1)[0])
+
+
+def compute_fill(value: float, dtype: str) -> Any:
+    """``value`` (an identity: 0 or an infinity) in the type a ``dtype`` kernel computes in
+    (float for 16-bit types; an integral type's limits for infinities)."""
+    return _integral_fill(value, INTEGRAL_STORAGE[dtype]) if dtype in INTEGRAL_STORAGE else value
+
+
+def _integral_fill(value: float, dt: np.dtype) -> Any:
+    if dt.kind == "b":
+        return bool(value != 0)  # NaN: True
+    info = np.iinfo(dt)
+    if np.isnan(value):
+        return dt.type(INTEGRAL_POISON & int(info.max))
+    if np.isinf(value):
+        return dt.type(info.max if value > 0 else info.min)
+    return dt.type(int(value))
 
 
 def torch_dtype(dtype: str) -> Any:

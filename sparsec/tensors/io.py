@@ -165,7 +165,9 @@ def load_mtx(
     index_dtype: Any = None,
     dtype: Any = None,
 ) -> Tensor:
-    """Read a Matrix Market file (coordinate or array; symmetric and pattern via scipy)."""
+    """Read a Matrix Market file (coordinate or array; symmetric and pattern via scipy).
+    Values keep the file's field: ``real`` float64, ``integer`` int64, ``pattern`` bool
+    (GraphBLAS's reading of a graph's adjacency); ``dtype`` converts them."""
     import scipy.io
     import scipy.sparse
 
@@ -174,8 +176,13 @@ def load_mtx(
         raise InputError(f"cannot read {path}: no such file")
     try:
         matrix = scipy.io.mmread(path)
+        field = scipy.io.mminfo(path)[4]
     except (ValueError, OSError, EOFError, IndexError, TypeError) as err:
         raise InputError(f"{path}: not a Matrix Market file: {err}") from None
+    if dtype is None and field == "pattern":
+        dtype = np.bool_
+    elif dtype is None and field == "integer":
+        dtype = np.int64
     try:
         if scipy.sparse.issparse(matrix):
             fmt = default_sparse(2) if format is None else format

@@ -131,7 +131,7 @@ def random(
         if shape
         else reduced
     )
-    if integer:
+    if integer or vdt.kind in "biu":  # an integral dtype's values are integers
         values = (rng.integers(1, 5, size=nnz) * rng.choice([-1, 1], size=nnz)).astype(vdt)
     else:
         values = rng.uniform(-1.0, 1.0, size=nnz).astype(vdt)

@@ -20,13 +20,18 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import DTypeError, FormatError, ShapeError, StorageError
+from ..base.values import INTEGRAL
 from .formats import Compressed, Dense, Format, LevelFormat, Singleton
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
-VALUE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_SUPPORTED = "use float32 or float64"
+VALUE_DTYPES: tuple[np.dtype, ...] = (
+    np.dtype(np.float32),
+    np.dtype(np.float64),
+    *(np.dtype(name) for name in INTEGRAL),
+)
+_SUPPORTED = "use float32, float64, an integer type or bool"
 
 
 # --------------------------------------------------------------------------- storage
@@ -90,7 +95,7 @@ def _supported_dtype(spec: Any, allowed: tuple[np.dtype, ...], role: str) -> np.
 
 
 def value_dtype(spec: Any) -> np.dtype | None:
-    """float32/float64 from a name, numpy or torch dtype; ``None`` stays ``None``."""
+    """One of `VALUE_DTYPES` from a name, numpy or torch dtype; ``None`` stays ``None``."""
     return _supported_dtype(spec, VALUE_DTYPES, "value")
 
 
@@ -120,8 +125,9 @@ def choose_index_dtype(
 
 
 def coerce_values(values: Any, requested: np.dtype | None, name: str = "") -> np.ndarray:
-    """Values as float32/float64: integers and bools become float64 (or ``requested``);
-    complex is always refused, float16/bfloat16/other floats unless ``requested`` casts them."""
+    """Values as one of `VALUE_DTYPES` (float32, float64, the integer types and bool, kept as
+    they are), or as ``requested``; complex is always refused, float16/bfloat16/other floats
+    unless ``requested`` casts them."""
     array = np.asarray(values)
     kind = array.dtype.kind
     if kind == "c" or kind not in "biuf":
@@ -130,8 +136,6 @@ def coerce_values(values: Any, requested: np.dtype | None, name: str = "") -> np
         return array.astype(requested, copy=False)
     if array.dtype in VALUE_DTYPES:
         return array
-    if kind in "biu":
-        return array.astype(np.float64)
     raise DTypeError(f"{_who(name)}{array.dtype} values are not supported; {_SUPPORTED}")
 
 
