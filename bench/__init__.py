@@ -30,6 +30,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.language",
         "division, sums under +, n-operand sums, semirings vs reciprocal, scipy, GraphBLAS",
     ),
+    "graphs": (
+        "bench.graphs",
+        "sparsec.graph on R-MAT vs python-graphblas (LAGraph) and csgraph; bool vs float64 BFS",
+    ),
     "taco": (
         "bench.taco",
         "side by side with TACO (its C++ API, and its C with -march=native), 1 and 2 threads",

@@ -119,9 +119,8 @@ class Printer:
                     return [pad + line for line in self.t.atomic(lhs, op, rhs, self.integral)]
                 return [f"{pad}{lhs} {op} {rhs};"]
             case ir.For(var=var, start=start, end=end, body=body, parallel=par, unroll=unroll):
-                opening = self.t.loop_head(
-                    var, self.expr(start), self.expr(end), par, unroll, self.threads
-                )
+                bound = self._wrap(end, PRECEDENCE["<"], strict=True)  # `var < bound`
+                opening = self.t.loop_head(var, self.expr(start), bound, par, unroll, self.threads)
                 head = [pad + line for line in opening]
                 return head + self.stmts(body, depth + 1) + [f"{pad}}}"]
             case ir.While(cond=cond, body=body):

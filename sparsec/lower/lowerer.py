@@ -322,6 +322,13 @@ def _value_of(env: LowerEnv, expr: CExpr, ctx: Ctx, stmts: list[ir.Stmt]) -> ir.
             return ir.FloatLit(0.0)
         case Neg(operand=x):
             return ir.Unary("-", _value(env, x, ctx, stmts))
+        case (
+            BinOp(op="*", left=Access(name=name), right=other)
+            | BinOp(op="*", left=other, right=Access(name=name))
+        ) if name in env.inputs.spec.patterns:
+            # a structural mask only filters: its product leaves the value as it is (under
+            # ``pair`` a product with the mask's one would be 1, not the value)
+            return _value(env, other, ctx, stmts)
         case BinOp(op=op, left=left, right=right):
             a, b = _value(env, left, ctx, stmts), _value(env, right, ctx, stmts)
             if op in ("*", "+"):

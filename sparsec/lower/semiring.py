@@ -13,8 +13,10 @@ it:
   a compare-and-swap loop on CUDA);
 * every accumulator's start, a value location declared or reset to ``0.0``, starts at
   the add's identity instead, and every zeroed value array (``calloc``) is filled with it;
-* an OpenMP ``reduction(+:...)`` loop runs on one thread (OpenMP's ``min`` reduction
-  starts each thread from the type's largest finite value, not from ``inf``).
+* a serial loop that only ors into one local stops once it is true (`_stop_once_true`);
+* an OpenMP ``reduction(+:...)`` loop runs on one thread where the add is not ``+``
+  (OpenMP's ``min`` reduction starts each thread from the type's largest finite value,
+  not from ``inf``).
 
 A warp's shuffle reduction (``warp_sum``, `output.store_shared`) becomes the add's
 (``warp_min``, ``warp_max``, ``warp_or``: the CUDA template's shuffle loops). The pipeline
@@ -97,8 +99,11 @@ class _Rewrite:
                 return [replace(s, op=self.update)]
             case ir.Alloc(type=ty, name=name, count=count) if ty in _VALUE_TYPES:
                 return [s, self._fill(name, count)]
-            case ir.For(parallel=par) if par is not None and par.reduction:
+            case ir.For(parallel=None) if self.update == "or=":
+                return [_stop_once_true(replace(s, body=self.block(s.body)))]
+            case ir.For(parallel=par) if par is not None and par.reduction and self.update != "+=":
                 # OpenMP's min/max reductions start from the largest finite value, not inf
+                # (an add that is + keeps OpenMP's reduction: plus_pair)
                 return [replace(s, parallel=None, body=self.block(s.body))]
             case _:
                 return [map_blocks(s, self.block)]
@@ -112,3 +117,37 @@ class _Rewrite:
             q, ir.IntLit(0), count, ir.block(ir.Assign(ir.Load(name, ir.Var(q)), self.identity))
         )
         return ir.If(((ir.Var(name), ir.block(fill)),))
+
+
+def _stop_once_true(loop: ir.For) -> ir.For:
+    """A serial loop whose only effect is ``acc or= ...`` into one local ``acc`` stops once
+    ``acc`` is true (or's terminal value, as GraphBLAS's terminal monoids): its bound reads
+    ``acc ? var : end``, so the test fails at the next iteration. A pull BFS step then
+    scans a row only up to its first frontier neighbour."""
+    found = _only_or_into(loop.body)
+    if not found:
+        return loop
+    stop = ir.Select(ir.Var(found), ir.Var(loop.var), loop.end)
+    return replace(loop, end=stop)
+
+
+def _only_or_into(body: ir.Block) -> str | None:
+    """The one local every ``or=`` of ``body`` updates, where that is all ``body`` does
+    besides declaring locals and branching; None otherwise."""
+    targets: set[str] = set()
+    for s in body.body:
+        match s:
+            case ir.Decl() | ir.Comment():
+                continue
+            case ir.Assign(target=ir.Var(name=name), op="or=", atomic=False):
+                targets.add(name)
+            case ir.If(branches=branches, orelse=orelse):
+                blocks = [b for _, b in branches] + ([orelse] if orelse is not None else [])
+                for b in blocks:
+                    inner = _only_or_into(b)
+                    if inner is None and b.body:
+                        return None
+                    targets |= {inner} if inner else set()
+            case _:
+                return None
+    return targets.pop() if len(targets) == 1 else None

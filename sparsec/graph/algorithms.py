@@ -1,0 +1,456 @@
+"""LAGraph's basic algorithms, each a short loop over index-notation kernels with masks and
+semirings (docs/semantics.md: Semirings, Masks, Value types). A graph is its adjacency
+matrix: ``A(i,j)`` stored is an edge from ``i`` to ``j`` (`Graph`).
+
+* `bfs`: levels (and parents) from a source, push or pull per level by the frontier's
+  edges against the unvisited vertices' (Beamer's direction-optimising rule): push is
+  ``y(j) = A(i,j) * q(i)`` over the frontier's rows under ``any_pair``, pull is
+  ``y(j) = R(j,i) * q(i)`` over the unvisited rows (mask ``U``) of the reverse graph
+  ``R`` (A itself where A is symmetric) under ``or_and``, each row's scan stopping at its
+  first frontier neighbour; parents
+  take the least frontier neighbour (``min_second`` on vertex ids), in int64.
+* `sssp`: Bellman-Ford under ``min_plus``, relaxing only from the vertices whose distance
+  changed (``t(j) = A(i,j) * d(i)`` over a sparse frontier).
+* `pagerank`: LAGraph's PageRank (``r(j) = A(i,j) * w(i)`` with ``w = r / deg``, sinks
+  spread over every vertex).
+* `triangles`: ``t = L(i,j) * L(i,k) * L(j,k)`` on the strictly lower triangle ``L`` of
+  ones (the masked ``L .* (L @ L.T)`` summed in one kernel), exact in int64; or LAGraph's
+  Sandia_LUT, ``C(i,j) = L(i,k) * L(j,k)`` under ``plus_pair`` masked by ``L``, summed.
+* `connected_components`: FastSV's hooking (``g(i) = A(i,j) * f(j)`` under ``min_second``)
+  with shortcutting, until the labels settle; each component is labelled by its least
+  vertex.
+* `betweenness`: Brandes' algorithm for a batch of sources at once: path counts pushed
+  forward over the frontier's rows, dependencies pushed back level by level.
+
+Every kernel is compiled once per process (`sparsec.kernel` keeps them) and runs on
+``threads`` threads (None: the default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..api.kernel import Kernel, kernel
+from ..base.errors import InputError
+from ..tensors.tensor import Tensor, as_tensor
+
+#: the kernels, by name: (statement, formats, semiring, mask, dtype)
+KERNELS: dict[str, tuple[str, dict[str, str], str, str, str | None]] = {
+    "push": ("y(j) = A(i,j) * q(i)", {"A": "csr", "q": "s", "y": "dense"}, "any_pair", "", "bool"),
+    "pull": (
+        "y(j) = A(j,i) * q(i)",
+        {"A": "csr", "q": "dense", "y": "dense", "U": "s"},
+        "or_and",
+        "U",
+        "bool",
+    ),
+    "push_parent": (
+        "p(j) = A(i,j) * q(i)",
+        {"A": "csr", "q": "s", "p": "dense"},
+        "min_second",
+        "",
+        "int64",
+    ),
+    "pull_parent": (
+        "p(j) = A(j,i) * q(i)",
+        {"A": "csr", "q": "dense", "p": "dense", "U": "s"},
+        "min_second",
+        "U",
+        "int64",
+    ),
+    "relax": ("t(j) = A(i,j) * d(i)", {"A": "csr", "d": "s", "t": "dense"}, "min_plus", "", None),
+    "rank": (
+        "r(j) = A(i,j) * w(i)",
+        {"A": "csr", "w": "dense", "r": "dense"},
+        "plus_times",
+        "",
+        "float64",
+    ),
+    # L holds ones: plus_times distributes, so the three-way product is summed whole (under
+    # plus_pair the sum over i would close inside L(i,j) * L(i,k) first, docs/semantics.md).
+    # P is L again, named apart so that the threads share out L's entries (its positions),
+    # not its rows: a power-law graph's merge work sits in a few rows
+    "triangles": (
+        "t = P(i,j) * L(i,k) * L(j,k)",
+        {"P": "csr", "L": "csr"},
+        "plus_times",
+        "",
+        "int64",
+    ),
+    # LAGraph's Sandia_LUT: C<L> = L * L', counted by plus_pair (values unread)
+    "sandia": (
+        "C(i,j) = L(i,k) * L(j,k)",
+        {"L": "csr", "C": "csr", "M": "csr"},
+        "plus_pair",
+        "M",
+        "int64",
+    ),
+    "hook": (
+        "g(i) = A(i,j) * f(j)",
+        {"A": "csr", "f": "dense", "g": "dense"},
+        "min_second",
+        "",
+        "int64",
+    ),
+    "spread": (
+        "T(j,s) = A(i,j) * F(i,s)",
+        {"A": "csr", "F": "sd", "T": "dense"},
+        "plus_times",
+        "",
+        "float64",
+    ),
+}
+
+
+#: the kernels with a schedule of their own (else the default's)
+SCHEDULES = {
+    "triangles": "fuse(i,j,f), pos(f,fp,P), split(fp,c,fp2,1024), "
+    "parallelize(c,CPUThread,ParallelReduction)",
+}
+
+
+def graph_kernel(name: str, dtype: str | None = None) -> Kernel:
+    """The kernel called ``name`` in `KERNELS` (compiled once per process), in its type or
+    ``dtype``."""
+    statement, formats, ring, mask, own = KERNELS[name]
+    options: dict[str, Any] = {"semiring": ring, "dtype": dtype or own}
+    if mask:
+        options["mask"] = mask
+    if name in SCHEDULES:
+        options["schedule"] = SCHEDULES[name]
+    return kernel(statement, formats, **options)
+
+
+@dataclass
+class Graph:
+    """A graph's adjacency matrix ``A`` (``A(i,j)`` stored: an edge ``i -> j``; its values
+    are the weights `sssp` reads), with the copies algorithms read kept: its pattern as
+    bool and int64 CSR, its out-degrees, its strictly lower triangle. Build one and pass
+    it to several algorithms; any matrix scipy, torch or `sparsec.Tensor` holds is
+    accepted where a `Graph` is (and made into one)."""
+
+    matrix: Tensor
+    _copies: dict[str, Tensor] = field(default_factory=dict, repr=False)
+
+    def __init__(self, adjacency: Any) -> None:
+        matrix = adjacency.matrix if isinstance(adjacency, Graph) else as_tensor(adjacency, "csr")
+        if matrix.order != 2 or matrix.shape[0] != matrix.shape[1]:
+            raise InputError(
+                f"a graph's adjacency matrix is square; this one has shape {matrix.shape}"
+            )
+        self.matrix = matrix.to_format("csr")
+        self._copies = {}
+        self._symmetric: bool | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.matrix.shape[0])
+
+    @property
+    def degrees(self) -> np.ndarray:
+        """Each vertex's out-degree (stored entries of its row), int64."""
+        pos = self.matrix.levels[1].pos
+        assert pos is not None
+        return np.diff(pos).astype(np.int64)
+
+    def pattern(self, dtype: str = "bool") -> Tensor:
+        """The adjacency pattern, every stored entry 1, in ``dtype`` (kept)."""
+        found = self._copies.get(dtype)
+        if found is None:
+            m = self.matrix
+            found = Tensor(m.shape, m.format, m.levels, np.ones(m.nnz, dtype=dtype), m.index_dtype)
+            self._copies[dtype] = found
+        return found
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether every edge's reverse is an edge too (decided once)."""
+        if self._symmetric is None:
+            coords, _ = self.matrix.coords()
+            n = self.n
+            keys = coords[0].astype(np.int64) * n + coords[1]
+            reverse = np.sort(coords[1].astype(np.int64) * n + coords[0])
+            self._symmetric = bool(np.array_equal(keys, reverse))
+        return self._symmetric
+
+    def reverse(self, dtype: str = "bool") -> Tensor:
+        """The transpose's pattern (edges followed backwards) in ``dtype``: the pattern
+        itself for a symmetric graph (kept)."""
+        if self.symmetric:
+            return self.pattern(dtype)
+        key = f"reverse-{dtype}"
+        found = self._copies.get(key)
+        if found is None:
+            coords, _ = self.matrix.coords()
+            ones = np.ones(self.matrix.nnz, dtype=dtype)
+            found = Tensor.from_coo(coords[::-1], ones, self.matrix.shape, "csr")
+            self._copies[key] = found
+        return found
+
+    def lower(self) -> Tensor:
+        """The strictly lower triangle's pattern (``i > j``), int64 ones in CSR (kept), of
+        the graph relabelled by degree, highest first: a row then holds only neighbours of
+        a higher degree, so none is long (at most ``sqrt(2m)`` entries) and merging two
+        rows costs little, as LAGraph's degree presort does for power-law graphs."""
+        found = self._copies.get("lower")
+        if found is None:
+            coords, _ = self.matrix.coords()
+            label = np.empty(self.n, dtype=np.int64)
+            label[np.argsort(-self.degrees, kind="stable")] = np.arange(self.n)
+            coords = label[coords]
+            below = coords[0] > coords[1]
+            found = Tensor.from_coo(
+                coords[:, below],
+                np.ones(int(below.sum()), dtype=np.int64),
+                self.matrix.shape,
+                "csr",
+            )
+            self._copies["lower"] = found
+        return found
+
+
+def as_graph(adjacency: Any) -> Graph:
+    return adjacency if isinstance(adjacency, Graph) else Graph(adjacency)
+
+
+def _vertex(g: Graph, source: Any) -> int:
+    if isinstance(source, bool) or not isinstance(source, (int, np.integer)):
+        raise InputError(f"source must be a vertex number, not {source!r}")
+    if not 0 <= int(source) < g.n:
+        raise InputError(f"source {source} is not a vertex of a graph of {g.n} vertices")
+    return int(source)
+
+
+def _sparse_vector(n: int, where: np.ndarray, values: np.ndarray) -> Tensor:
+    """A sparse vector of ``values`` at ``where`` (sorted, distinct: as `np.flatnonzero`
+    gives them, so nothing is sorted again)."""
+    index = where.astype(np.int32 if n < 2**31 else np.int64, copy=False)
+    pos = np.array([0, index.size], dtype=index.dtype)
+    return Tensor.from_arrays((n,), "s", [(pos, index)], values)
+
+
+#: Beamer's direction switch: pull while the frontier's edges exceed the unvisited
+#: vertices' edges / ALPHA, push again once the frontier has fewer than n / BETA vertices
+ALPHA, BETA = 14, 24
+
+
+def bfs(
+    graph: Any,
+    source: int,
+    *,
+    parents: bool = False,
+    dtype: str = "bool",
+    threads: int | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Breadth-first search from ``source``: each vertex's level (the source's 0, -1 where
+    unreachable), and with ``parents`` also a parent of each reached vertex (its least
+    neighbour one level up; the source is its own, -1 where unreachable), both int64.
+    Edges are followed from ``i`` to ``j`` where ``A(i,j)`` is stored. ``dtype``: the
+    type the levels' frontier kernels compute in (bool, the fewest bytes; any other value
+    type gives the same levels); parents compute in int64."""
+    g = as_graph(graph)
+    n, src = g.n, _vertex(g, source)
+    degrees = g.degrees
+    levels = np.full(n, -1, dtype=np.int64)
+    levels[src] = 0
+    parent = np.full(n, -1, dtype=np.int64) if parents else None
+    if parent is not None:
+        parent[src] = src
+    frontier = np.array([src], dtype=np.int64)
+    unvisited_edges = int(degrees.sum()) - int(degrees[src])
+    pulling, depth = False, 0
+    dtype = "int64" if parents else dtype
+    # push reads the frontier's rows of A; pull the unvisited rows of A's transpose
+    a, reverse = g.pattern(dtype), g.reverse(dtype)
+    while frontier.size:
+        depth += 1
+        frontier_edges = int(degrees[frontier].sum())
+        if pulling:
+            pulling = frontier.size * BETA >= n
+        else:
+            pulling = frontier_edges * ALPHA > unvisited_edges
+        if pulling:
+            # the unvisited vertices, the mask of the rows pulled (a row's scan stops at
+            # its first frontier neighbour: or's terminal value)
+            unseen = np.flatnonzero(levels < 0)
+            unvisited = _sparse_vector(n, unseen, np.ones(unseen.size, dtype=dtype))
+            if parent is None:
+                q = np.zeros(n, dtype=dtype)
+                q[frontier] = True
+                pull = graph_kernel("pull", dtype)
+                reached = pull(A=reverse, q=q, U=unvisited, threads=threads) != 0
+                found = np.flatnonzero(reached)
+            else:
+                q = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+                q[frontier] = frontier
+                p = graph_kernel("pull_parent")(A=reverse, q=q, U=unvisited, threads=threads)
+                found = np.flatnonzero(p < np.iinfo(np.int64).max)
+                found = found[levels[found] < 0]
+                parent[found] = p[found]
+        elif parent is None:
+            q_sparse = _sparse_vector(n, frontier, np.ones(frontier.size, dtype=dtype))
+            reached = graph_kernel("push", dtype)(A=a, q=q_sparse, threads=threads)
+            found = np.flatnonzero((reached != 0) & (levels < 0))
+        else:
+            q_sparse = _sparse_vector(n, frontier, frontier)
+            p = graph_kernel("push_parent")(A=a, q=q_sparse, threads=threads)
+            found = np.flatnonzero((p < np.iinfo(np.int64).max) & (levels < 0))
+            parent[found] = p[found]
+        levels[found] = depth
+        unvisited_edges -= int(degrees[found].sum())
+        frontier = found
+    return (levels, parent) if parent is not None else levels
+
+
+def sssp(graph: Any, source: int, *, threads: int | None = None) -> np.ndarray:
+    """Single-source shortest path lengths from ``source`` over the weights ``A(i,j)``
+    (Bellman-Ford under ``min_plus``, relaxing from the vertices whose distance changed):
+    in the weights' type, exact for integers; unreachable vertices hold ``+inf`` (an
+    integer type's largest value). A negative cycle reachable from the source is an
+    `InputError`."""
+    g = as_graph(graph)
+    n, src = g.n, _vertex(g, source)
+    weights = g.matrix
+    dtype = weights.vals.dtype
+    far = np.iinfo(dtype).max if dtype.kind in "iu" else np.inf
+    if dtype.kind == "b":
+        raise InputError("sssp reads edge weights: pass integer or floating values, not bool")
+    distance = np.full(n, far, dtype=dtype)
+    distance[src] = 0
+    changed = np.array([src], dtype=np.int64)
+    for _ in range(n):
+        if not changed.size:
+            return distance
+        d = _sparse_vector(n, changed, distance[changed])
+        t = graph_kernel("relax")(A=weights, d=d, threads=threads)
+        better = np.flatnonzero(t < distance)
+        distance[better] = t[better]
+        changed = better
+    if changed.size:
+        raise InputError("the graph has a negative cycle reachable from the source")
+    return distance
+
+
+def pagerank(
+    graph: Any,
+    damping: float = 0.85,
+    *,
+    tolerance: float = 1e-4,
+    iterations: int = 100,
+    threads: int | None = None,
+) -> np.ndarray:
+    """PageRank as LAGraph's ``LAGr_PageRank`` (the GAP benchmark's formulation with its
+    sinks handled): ``r = (1 - d) / n + d * (A^T (r / outdeg) + sinks / n)`` from ``1 /
+    n``, where ``sinks`` is the rank of the vertices without out-edges, spread over every
+    vertex (as networkx does; GAP lets it leak), until the L1 change is at most
+    ``tolerance`` or after ``iterations``. float64, summing to 1."""
+    g = as_graph(graph)
+    n = g.n
+    if not 0 <= damping <= 1:
+        raise InputError(f"damping must be in [0, 1], not {damping}")
+    degrees = g.degrees.astype(np.float64)
+    inverse = np.divide(1.0, degrees, out=np.zeros(n), where=degrees > 0)
+    rank = np.full(n, 1.0 / max(n, 1))
+    teleport = (1.0 - damping) / max(n, 1)
+    a = g.pattern("float64")
+    sink = degrees == 0
+    for _ in range(iterations):
+        spread = graph_kernel("rank")(A=a, w=rank * inverse, threads=threads)
+        new = teleport + damping * (spread + rank[sink].sum() / n)
+        change = float(np.abs(new - rank).sum())
+        rank = new
+        if change <= tolerance:
+            break
+    return rank
+
+
+def triangles(graph: Any, *, method: str = "fused", threads: int | None = None) -> int:
+    """The number of triangles of an undirected graph (a symmetric ``A``; self-loops and
+    the values ignored), each ``k < j < i`` once, in int64: ``method="fused"`` sums
+    ``L(i,j) * L(i,k) * L(j,k)`` over the strictly lower triangle ``L`` of ones in one
+    kernel; ``"sandia"`` is LAGraph's Sandia_LUT, the masked ``plus_pair`` product
+    ``C<L> = L * L'`` (a sparse output with L's pattern), then its values summed."""
+    g = as_graph(graph)
+    lower = g.lower()
+    if method == "fused":
+        return int(graph_kernel("triangles")(P=lower, L=lower, threads=threads))
+    if method == "sandia":
+        counts = graph_kernel("sandia")(L=lower, M=lower, threads=threads)
+        return int(counts.vals.sum())
+    raise InputError(f"method must be 'fused' or 'sandia', not {method!r}")
+
+
+def connected_components(graph: Any, *, threads: int | None = None) -> np.ndarray:
+    """The connected components of an undirected graph (a symmetric ``A``): each vertex's
+    label is the least vertex of its component (int64). FastSV's loop: every vertex hooks
+    to its neighbours' least label (``min_second``), then labels jump to their labels'
+    labels (shortcutting) until none changes."""
+    g = as_graph(graph)
+    a = g.pattern("int64")
+    label = np.arange(g.n, dtype=np.int64)
+    while True:
+        least = graph_kernel("hook")(A=a, f=label, threads=threads)
+        new = np.minimum(label, least)
+        # hook each label's root to the least label a member of its tree saw
+        np.minimum.at(new, label, new)
+        while True:  # shortcut: every label points at its root
+            jumped = new[new]
+            if np.array_equal(jumped, new):
+                break
+            new = jumped
+        if np.array_equal(new, label):
+            return label
+        label = new
+
+
+def betweenness(graph: Any, sources: Any, *, threads: int | None = None) -> np.ndarray:
+    """Brandes' betweenness centrality from a batch of ``sources`` (LAGraph's
+    ``LAGr_Betweenness``): for each vertex, the sum over the sources ``s`` and targets
+    ``t`` of the share of shortest ``s``-``t`` paths through it (the sources' own
+    dependencies excluded; unnormalised, each ordered pair counted, as LAGraph). Paths
+    are counted forward level by level over the frontier's rows (``T(j,s) = A(i,j) *
+    F(i,s)``), dependencies pushed back the same way. float64."""
+    g = as_graph(graph)
+    n = g.n
+    batch = np.atleast_1d(np.asarray(sources, dtype=np.int64))
+    for s in batch:
+        _vertex(g, s)
+    width = batch.size
+    a = g.pattern("float64")
+    spread = graph_kernel("spread")
+    paths = np.zeros((n, width))
+    paths[batch, np.arange(width)] = 1.0
+    frontier_rows = [np.unique(batch)]
+    depth = np.full((n, width), -1, dtype=np.int64)
+    depth[batch, np.arange(width)] = 0
+    level = 0
+    while True:
+        rows = frontier_rows[-1]
+        block = paths[rows] * (depth[rows] == level)
+        f = Tensor.from_arrays(
+            (n, width), "sd", [(np.array([0, rows.size]), rows), None], block.reshape(-1)
+        )
+        counts = spread(A=a, F=f, threads=threads)
+        new = (counts > 0) & (depth < 0)
+        if not new.any():
+            break
+        level += 1
+        depth[new] = level
+        paths[new] = counts[new]
+        frontier_rows.append(np.flatnonzero(new.any(axis=1)))
+    dependency = np.zeros((n, width))
+    for at in range(level, 0, -1):
+        rows = frontier_rows[at]
+        on = depth[rows] == at
+        block = np.where(on, (1.0 + dependency[rows]) / np.where(on, paths[rows], 1.0), 0.0)
+        w = Tensor.from_arrays(
+            (n, width), "sd", [(np.array([0, rows.size]), rows), None], block.reshape(-1)
+        )
+        back = spread(A=g.reverse("float64"), F=w, threads=threads)  # A W: edges backwards
+        up = depth == at - 1
+        dependency += np.where(up, back * paths, 0.0)
+    dependency[batch, np.arange(width)] = 0.0
+    return dependency.sum(axis=1)
