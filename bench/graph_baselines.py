@@ -263,11 +263,14 @@ def pagerank(
 def triangles(G: gb.Matrix) -> int:
     """The number of triangles of the undirected graph ``G`` (self loops ignored).
 
-    The masked SpGEMM of LAGraph's ``LAGr_TriangleCount`` with its lower triangle: ``L`` is
-    ``G``'s strictly lower triangle, ``C<L.S> = L plus.pair L'``, and the count is the sum
-    of ``C``: ``C(i, j)`` (``j < i``) counts the common neighbours ``k < j``, so each
+    A masked SpGEMM on the lower triangle, as LAGraph's ``LAGr_TriangleCount`` does: ``L``
+    is ``G``'s strictly lower triangle, ``C<L.S> = L plus.pair L'``, and the count is the
+    sum of ``C``: ``C(i, j)`` (``j < i``) counts the common neighbours ``k < j``, so each
     triangle ``k < j < i`` is counted once. SuiteSparse computes it by masked dot products
-    of rows of ``L`` (LAGraph's ``Sandia_LUT``, ``(L * U') .* L``, is the same product).
+    of rows of ``L`` with rows of ``L``. LAGraph's ``Sandia_LUT`` is the same masked
+    dot-product method on ``(L * U') .* L``, i.e. ``(L * L) .* L`` (the middle vertex's
+    edges taken the other way round): the same count. ``L`` is extracted inside the timed
+    call, as LAGraph does; no degree sort.
     """
     n = _square(G)
     L = G.select(select.tril, -1).new()

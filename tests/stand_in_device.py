@@ -99,6 +99,13 @@ _SCALARS = {
     np.dtype(np.uint64): ("unsigned long long", ctypes.c_uint64),
     np.dtype(np.float32): ("float", ctypes.c_float),
     np.dtype(np.float64): ("double", ctypes.c_double),
+    # an integral kernel's scalar operands (issue 40)
+    np.dtype(np.int8): ("signed char", ctypes.c_int8),
+    np.dtype(np.int16): ("short", ctypes.c_int16),
+    np.dtype(np.uint8): ("unsigned char", ctypes.c_uint8),
+    np.dtype(np.uint16): ("unsigned short", ctypes.c_uint16),
+    np.dtype(np.uint32): ("unsigned int", ctypes.c_uint32),
+    np.dtype(np.bool_): ("bool", ctypes.c_bool),
 }
 
 

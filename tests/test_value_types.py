@@ -215,3 +215,16 @@ def test_tensor_operators_keep_the_type():
     assert (a @ np.array([1, 1], dtype=np.int32)).dtype == np.int32
     assert (a + a).vals.dtype == np.int32
     assert (a @ np.array([0.5, 1.0])).dtype == np.float64
+
+
+def test_a_sum_moved_across_a_literal_division_is_refused_in_integers():
+    # (Σj A x) / 2 is computed as Σj (A x / 2) for real numbers (docs: Reductions); integer
+    # division truncates each term, so an integral kernel refuses rather than differ
+    with pytest.raises(DTypeError, match="moved across a division by a literal"):
+        sparsec.kernel("y(i) = A(i,j) * x(j) / 2", {"A": "csr"}, dtype="int32")
+    k = sparsec.kernel("y(i) = A(i,j) * x(j) / 2", {"A": "csr"})
+    with pytest.raises(DTypeError, match="divide the result after the call"):
+        k(A=np.eye(2, dtype=np.int32), x=np.ones(2, dtype=np.int32))
+    # a division inside the sum's term is no move: exact in the type
+    t = sparsec.kernel("o = (T0(i) / 2) * T1(i)", {}, dtype="int32")
+    assert t(T0=np.array([3, 5], dtype=np.int32), T1=np.array([1, 1], dtype=np.int32)) == 3

@@ -30,7 +30,7 @@ from ..middle.spec import FormatsArg, Spec, make_spec
 from ..pipeline import generate, generate_cuda, lower_serially
 from ..policy import calibrated, decision, tuning
 from ..policy.costs import Columns
-from ..policy.dtypes import check_value_type
+from ..policy.dtypes import check_lifted_division, check_value_type
 from ..policy.schedules import vector_rows
 from ..runtime import fastpath, nvrtc
 from ..runtime.binding import INDEX_DTYPES, VALUE_DTYPES, resolve_threads
@@ -39,7 +39,7 @@ from ..runtime.fastpath import FastPath
 from ..runtime.inputs import Binder, Prepared, dtype_name
 from ..tensors.formats import Format
 from ..tensors.maps import MappedFormat
-from . import autograd, autotune, check, footprint, mapped_call
+from . import autograd, autotune, check, fills, footprint, mapped_call
 from .auto import AutoKernel, wants_auto
 from .check import CheckResult
 from .memo import _memo_key
@@ -126,6 +126,7 @@ class Kernel:
         self.index_dtype = dtype_name(index_dtype, INDEX_DTYPES, "index dtype")
         if self.dtype is not None:  # what the statement cannot mean in it, refused now
             check_value_type(self.spec.assignment, self.dtype)
+            check_lifted_division(self.spec.statement, self.dtype)
         if self.commands or on.gpu:
             self.generated()  # a schedule (or GPU mapping) is checked now, not at the first call
         #: the GPU default's rows that a call may give to lane groups (CSR-vector)
@@ -266,10 +267,30 @@ class Kernel:
 
     def __call__(self, /, *args: Any, threads: int | None = None, **inputs: Any) -> Any:
         self.binder.no_positional(args)
+        swapped = fills.dense_for_fills(self, inputs) if self.demapped is None else None
+        if swapped is not None:  # a fill that takes part: those operands read dense
+            variant, inputs = swapped
+            return variant(**inputs, threads=threads)
         if self.demapped is not None:
             out = self._levels_call(mapped_call.to_levels(self.demapped, inputs), threads)
             return mapped_call.from_levels(self.demapped, self.spec.output.name, out)
         return self._levels_call(inputs, threads)
+
+    def dense_variant(self, names: frozenset[str]) -> Kernel:
+        """This statement with the operands ``names`` dense (`fills.dense_for_fills`)."""
+        sem = self.semantics
+        formats: dict[str, Any] = {**self.formats, **{name: "dense" for name in names}}
+        return kernel(  # the memo's: made once
+            self.expression,
+            formats,
+            target=self.target,
+            schedule=self._schedule_arg,
+            dtype=self.dtype,
+            index_dtype=self.index_dtype,
+            division=sem.division,
+            semiring=sem.semiring,
+            mask=sem.mask or None,
+        )
 
     def _levels_call(self, inputs: dict[str, Any], threads: int | None) -> Any:
         if autograd.wants_grad(inputs):  # torch inputs that require grad: a grad_fn
@@ -356,6 +377,10 @@ class Kernel:
         """Run the kernel and compare with ``torch.einsum`` on densified inputs."""
         self.binder.no_positional(args)
         check.require_torch()
+        swapped = fills.dense_for_fills(self, inputs) if self.demapped is None else None
+        if swapped is not None:
+            variant, inputs = swapped
+            return variant.check(**inputs, threads=threads)
         if self.demapped is not None:
             inputs = mapped_call.to_levels(self.demapped, inputs)
         prepared = self.binder.prepare(inputs, resolve_threads(threads))

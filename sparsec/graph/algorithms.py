@@ -434,14 +434,19 @@ def betweenness(graph: Any, sources: Any, *, threads: int | None = None) -> np.n
             (n, width), "sd", [(np.array([0, rows.size]), rows), None], block.reshape(-1)
         )
         counts = spread(A=a, F=f, threads=threads)
-        new = (counts > 0) & (depth < 0)
-        if not new.any():
+        # the rows reached (one pass over the counts), then only those rows are read
+        hit = np.flatnonzero(counts.any(axis=1))
+        reached = counts[hit]
+        new = (reached > 0) & (depth[hit] < 0)
+        grows = new.any(axis=1)
+        if not grows.any():
             break
         level += 1
-        depth[new] = level
-        paths[new] = counts[new]
-        frontier_rows.append(np.flatnonzero(new.any(axis=1)))
+        depth[hit] = np.where(new, level, depth[hit])
+        paths[hit] = np.where(new, reached, paths[hit])
+        frontier_rows.append(hit[grows])
     dependency = np.zeros((n, width))
+    reverse = g.reverse("float64")
     for at in range(level, 0, -1):
         rows = frontier_rows[at]
         on = depth[rows] == at
@@ -449,8 +454,9 @@ def betweenness(graph: Any, sources: Any, *, threads: int | None = None) -> np.n
         w = Tensor.from_arrays(
             (n, width), "sd", [(np.array([0, rows.size]), rows), None], block.reshape(-1)
         )
-        back = spread(A=g.reverse("float64"), F=w, threads=threads)  # A W: edges backwards
-        up = depth == at - 1
-        dependency += np.where(up, back * paths, 0.0)
+        back = spread(A=reverse, F=w, threads=threads)  # A W: edges backwards
+        ups = frontier_rows[at - 1]  # the rows one level up
+        up = depth[ups] == at - 1
+        dependency[ups] += np.where(up, back[ups] * paths[ups], 0.0)
     dependency[batch, np.arange(width)] = 0.0
     return dependency.sum(axis=1)

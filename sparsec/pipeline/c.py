@@ -34,7 +34,7 @@ from ..passes.bands import BAND, DEPTH
 from ..passes.flags import count_in_closed_form, fold_flag_loops, light_count
 from ..passes.protocol import PassInput, run_passes
 from ..policy.decision import Decision, Output, decide
-from ..policy.dtypes import check_c_dtype, check_value_type
+from ..policy.dtypes import check_c_dtype, check_lifted_division, check_value_type
 from ..policy.machine import machine
 from ..policy.schedules import cpu_default, describe_cpu
 from ..tensors.layout import AssemblyMode, OutputLayout
@@ -73,6 +73,7 @@ def generate(
     output strategy takes one pass, ``sparsec_append``."""
     check_c_dtype(dtype)
     check_value_type(spec.assignment, dtype)
+    check_lifted_division(spec.statement, dtype)
     decision = decision or decide(spec, C, commands=commands, parallel=parallel, dtype=dtype)
     commands, parallel = decision.commands, decision.parallel
     make_names = names_for(spec)

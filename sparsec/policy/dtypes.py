@@ -5,11 +5,14 @@ statement may say in an integral type (`check_value_type`)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 from ..base.errors import DTypeError
 from ..base.values import is_integral, value_type
-from ..frontend.notation import Assignment, BinOp, Call, Expr, Literal, Neg
+from ..frontend.concrete import Statement, Sum
+from ..frontend.notation import Access, Assignment, BinOp, Call, Expr, Literal, Neg
 from ..tensors.halves import HALF
 from .compiler import C_HALF_TYPES
 from .machine import c_half_types
@@ -54,6 +57,50 @@ def check_value_type(assignment: Assignment, dtype: str) -> None:
                     f"{what} has no meaning on bool values ('+' is or, '*' is and): cast the "
                     "inputs to an integer type or pass dtype='int64'"
                 )
+
+
+def check_lifted_division(statement: Statement, dtype: str) -> None:
+    """A `DTypeError` where a sum was moved across a division by a literal (docs/
+    semantics.md, Reductions: ``(Σk X) / 2`` computed as ``Σk X / 2``), in an integral
+    type: exact for real numbers, but a truncating division does not distribute over a
+    sum (``1/2 + 1/2`` is 0, ``(1 + 1)/2`` is 1)."""
+    if not is_integral(dtype):
+        return
+    sums = [(statement.top_sums, statement.rhs)]
+    sums += [(x.indices, x.body) for x in _concrete_nodes(statement.rhs) if isinstance(x, Sum)]
+    for indices, body in sums:
+        for node in _concrete_nodes(body):
+            if not (isinstance(node, BinOp) and node.op == "/" and isinstance(node.right, Literal)):
+                continue
+            inside = _uses(node.left)
+            moved = [i for i in indices if inside[i] and inside[i] == _uses(body)[i]]
+            if moved:
+                raise DTypeError(
+                    f"this {dtype} kernel would divide each term of the sum over "
+                    f"{', '.join(moved)} by {node.right.value!r} (the sum is moved across a "
+                    "division by a literal, exact for real numbers only: integer division "
+                    "truncates each term): divide the result after the call, or pass "
+                    "dtype='float64'"
+                )
+
+
+def _uses(expr: Any) -> Counter[str]:
+    return Counter(i for a in _concrete_nodes(expr) if isinstance(a, Access) for i in a.indices)
+
+
+def _concrete_nodes(expr: Any) -> Iterator[Any]:
+    yield expr
+    match expr:
+        case Neg(operand=x):
+            yield from _concrete_nodes(x)
+        case BinOp(left=left, right=right):
+            yield from _concrete_nodes(left)
+            yield from _concrete_nodes(right)
+        case Call(args=args):
+            for a in args:
+                yield from _concrete_nodes(a)
+        case Sum(body=body):
+            yield from _concrete_nodes(body)
 
 
 def _holds(dtype: str, v: float) -> bool:

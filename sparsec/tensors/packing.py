@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from .storage import (
     _position_counts,
     _torch_numpy,
     _who,
+    check_fill,
     check_shape,
     choose_index_dtype,
     coerce_values,
@@ -250,9 +252,12 @@ def from_dense(
     index_dtype: Any = None,
     dtype: Any = None,
     name: str = "",
+    fill_value: Any = None,
 ) -> StorageParts:
-    """From a numpy array, torch dense tensor or nested list; zeros are not stored except
-    where a dense level forces them. Default format: dense."""
+    """From a numpy array, torch dense tensor or nested list; entries equal to
+    ``fill_value`` (None: zeros, read as the kernel's absent value) are not stored except
+    where a dense level forces them, and the tensor's absent entries are ``fill_value``.
+    Default format: dense."""
     requested = value_dtype(dtype)
     if _is_torch_tensor(array):
         array = _torch_numpy(array, requested, name)
@@ -273,9 +278,14 @@ def from_dense(
         levels = tuple(LevelStorage() for _ in fmt.levels)
         validate_storage(shape, fmt, levels, vals, idt, name)
         return StorageParts(shape, fmt, levels, vals, idt)
-    nonzero = np.nonzero(level_major)  # sorted in level order already
+    fill = check_fill(fill_value, values.dtype, name)
+    if not fill:
+        nonzero = np.nonzero(level_major)  # sorted in level order already
+    else:  # the entries that differ from the fill (NaN from a NaN fill too)
+        nonzero = np.nonzero(~np.isnan(level_major) if fill != fill else level_major != fill)
     coords = [c.astype(np.int64, copy=False) for c in nonzero]
-    return _levels_from_coo(coords, level_major[nonzero], shape, fmt, idt, name, presorted=True)
+    parts = _levels_from_coo(coords, level_major[nonzero], shape, fmt, idt, name, presorted=True)
+    return replace(parts, fill_value=fill)
 
 
 def _user_level(entry: Any, level: LevelFormat, where: str) -> tuple[Any, Any]:

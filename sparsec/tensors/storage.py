@@ -59,6 +59,7 @@ class StorageParts:
     levels: tuple[LevelStorage, ...]
     vals: np.ndarray
     index_dtype: np.dtype
+    fill_value: Any = None
 
 
 # --------------------------------------------------------------------------- dtypes and shapes
@@ -391,3 +392,30 @@ def _check_chain_order(fmt: Format, levels: Sequence[LevelStorage], k: int, wher
         f"{where}coordinate tuples (levels {head}..{k}) out of order: {first} at position {i} "
         f"then {second} (tuples must be lexicographically sorted)"
     )
+
+
+def check_fill(fill: Any, dtype: np.dtype, name: str = "") -> Any:
+    """``fill`` (the value of a tensor's absent entries; None: the reading kernel's absent
+    value) as a Python number of ``dtype``'s kind: a real number, for an integral dtype an
+    integer of its range (bool: 0 or 1); else `DTypeError`."""
+    if fill is None:
+        return None
+    if isinstance(fill, np.generic):
+        fill = fill.item()
+    if not isinstance(fill, (bool, int, float)):
+        raise DTypeError(f"{_who(name)}fill_value must be a number, not {type(fill).__name__}")
+    if dtype.kind in "biu":
+        low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        if not float(fill).is_integer() or not low <= fill <= high:
+            raise DTypeError(
+                f"{_who(name)}fill_value {fill!r} is not a value of {dtype} ({low} to {high})"
+            )
+        return bool(fill) if dtype.kind == "b" else int(fill)
+    return float(fill)
+
+
+def same_fill(a: Any, b: Any) -> bool:
+    """Whether two fill values are the same (NaN is NaN; None only None)."""
+    if a is None or b is None:
+        return a is b
+    return bool(a == b or (a != a and b != b))

@@ -89,7 +89,9 @@ def stored(t: Tensor, dtype: str) -> Tensor:
     if made is None:
         bits = to_storage(t.vals, dtype)
         bits.flags.writeable = False
-        made = found[dtype] = Stored(t.shape, t.format, t.levels, t.vals, t.index_dtype, bits)
+        made = found[dtype] = Stored(
+            t.shape, t.format, t.levels, t.vals, t.index_dtype, stored=bits
+        )
     return made
 
 

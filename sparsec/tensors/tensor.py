@@ -57,10 +57,12 @@ from .storage import (
     _cast,
     _check_structure,
     _position_counts,
+    check_fill,
     check_shape,
     choose_index_dtype,
     coerce_values,
     index_dtype_of,
+    same_fill,
     validate_storage,
     value_dtype,
 )
@@ -92,7 +94,9 @@ _P = ParamSpec("_P")
 
 def _own(parts: StorageParts) -> Tensor:
     """The `Tensor` taking ownership of (freezing) storage its producer has validated."""
-    return Tensor(parts.shape, parts.format, parts.levels, parts.vals, parts.index_dtype)
+    return Tensor(
+        parts.shape, parts.format, parts.levels, parts.vals, parts.index_dtype, parts.fill_value
+    )
 
 
 def _builds_tensor(make_storage: Callable[_P, StorageParts]) -> Callable[_P, Tensor]:
@@ -138,6 +142,11 @@ class Tensor(ArrayOps):
     levels: tuple[LevelStorage, ...]
     vals: np.ndarray
     index_dtype: np.dtype = None  # type: ignore[assignment]  # resolved in __post_init__
+    #: the value of every absent entry (pydata sparse's and Finch's ``fill_value``), what
+    #: `to_dense` writes there; None: the absent value of the kernel reading it (0, or a
+    #: semiring's identity), 0 in `to_dense`. A kernel reads a tensor whose fill is another
+    #: value as dense (docs/semantics.md, "Fill values")
+    fill_value: Any = None
     #: addresses of the (immutable) storage arrays, filled on first use by the kernel runtime
     _addresses: dict[tuple[str, int], int] | None = field(
         default=None, init=False, repr=False, compare=False
@@ -167,6 +176,7 @@ class Tensor(ArrayOps):
         else:
             object.__setattr__(self, "index_dtype", np.dtype(self.index_dtype))
         _check_structure(self.shape, self.format, self.levels, self.vals, self.index_dtype, "")
+        object.__setattr__(self, "fill_value", check_fill(self.fill_value, self.vals.dtype))
         for array in (*(a for st in self.levels for a in st.arrays()), self.vals):
             array.flags.writeable = False
 
@@ -175,7 +185,8 @@ class Tensor(ArrayOps):
         belong to the process (and the arrays) they were taken from. The copy is built by
         the trusted constructor, which freezes its arrays (a pickle brings them back
         writable) and fills the caches anew on first use."""
-        return (type(self), (self.shape, self.format, self.levels, self.vals, self.index_dtype))
+        fields = (self.shape, self.format, self.levels, self.vals, self.index_dtype)
+        return (type(self), (*fields, self.fill_value))
 
     # ---- properties
 
@@ -239,9 +250,10 @@ class Tensor(ArrayOps):
         return tuple(self.shape[m] for m in self.format.ordering)
 
     def __repr__(self) -> str:
+        fill = "" if self.fill_value is None else f", fill_value={self.fill_value!r}"
         return (
             f"Tensor(shape={self.shape}, format={self.format}, nnz={self.nnz}, "
-            f"dtype={self.dtype}, index_dtype={self.index_dtype})"
+            f"dtype={self.dtype}, index_dtype={self.index_dtype}{fill})"
         )
 
     def validate(self, name: str = "") -> Tensor:
@@ -262,9 +274,22 @@ class Tensor(ArrayOps):
         if self.format.is_dense:
             level_major = self.vals.reshape(self.level_shape)
             return np.array(level_major.transpose(np.argsort(self.format.ordering)), order="C")
-        out = np.zeros(self.shape, dtype=self.dtype)
+        out = np.full(self.shape, self.fill_value or 0, dtype=self.dtype)
         out[tuple(self._mode_coords())] = self.vals
         return out
+
+    def with_fill_value(self, fill_value: Any) -> Tensor:
+        """The same stored entries, with ``fill_value`` as every absent entry's value."""
+        if same_fill(fill_value, self.fill_value):
+            return self
+        return Tensor(self.shape, self.format, self.levels, self.vals, self.index_dtype, fill_value)
+
+    def _no_fill(self, into: str) -> None:
+        if self.fill_value:
+            raise FormatError(
+                f"{into} stores absent entries as 0, and this tensor's are {self.fill_value!r}: "
+                "call to_dense(), or with_fill_value(0) to read them as 0"
+            )
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         if copy is False:
@@ -277,6 +302,7 @@ class Tensor(ArrayOps):
         """A scipy sparse array: csr_array for csr, csc_array for csc, coo_array otherwise."""
         import scipy.sparse as sp
 
+        self._no_fill("a scipy sparse array")
         if self.order != 2:
             raise FormatError(
                 f"to_scipy needs an order-2 tensor (a matrix); this one has order {self.order}"
@@ -295,6 +321,7 @@ class Tensor(ArrayOps):
 
         if self.format.is_dense:
             return torch.from_numpy(self.to_dense())
+        self._no_fill("a torch sparse tensor")
         values = torch.from_numpy(self.vals.copy())
         with warnings.catch_warnings():  # "sparse CSR support is in beta"
             warnings.simplefilter("ignore", UserWarning)
@@ -323,18 +350,28 @@ class Tensor(ArrayOps):
         if fmt == self.format:
             return self
         wanted = self.index_dtype if self.index_dtype == np.int64 else None
-        return pack(self._mode_coords(), self.vals, self.shape, fmt, wanted, self.dtype)
+        coords, vals = self._mode_coords(), self.vals
+        if fmt.is_dense and self.fill_value:  # every entry stored: the fill written there
+            coords, vals = (
+                np.indices(self.shape).reshape(self.order, -1),
+                self.to_dense().reshape(-1),
+            )
+        packed = pack(coords, vals, self.shape, fmt, wanted, self.dtype)
+        return packed.with_fill_value(self.fill_value)
 
     def eliminate_zeros(self) -> Tensor:
-        """This tensor without its stored zeros, in the same format (scipy's name); the
-        same object when it stores none. Zeros that a dense level forces (or a padded
-        singleton's filler) stay: the format stores them wherever it stores a parent."""
-        keep = self.vals != 0
+        """This tensor without its stored entries equal to its fill value (zeros, scipy's
+        name, for the usual fill 0), in the same format; the same object when it stores
+        none. Those a dense level forces (or a padded singleton's filler) stay: the format
+        stores them wherever it stores a parent."""
+        fill = self.fill_value or 0
+        keep = ~np.isnan(self.vals) if fill != fill else self.vals != fill
         if keep.all():
             return self
         coords = self._mode_coords()[:, keep]
         wanted = self.index_dtype if self.index_dtype == np.int64 else None
-        return pack(coords, self.vals[keep], self.shape, self.format, wanted, self.dtype)
+        kept = pack(coords, self.vals[keep], self.shape, self.format, wanted, self.dtype)
+        return kept.with_fill_value(self.fill_value)
 
     def derived(self, indices: tuple[str, ...], format: Format) -> Tensor:
         """This tensor read as ``indices`` and stored in ``format`` (`convert.derive_entries`:
@@ -373,7 +410,9 @@ class Tensor(ArrayOps):
             LevelStorage(*(None if a is None else _cast(a, idt) for a in (st.pos, st.crd)))
             for st in self.levels
         )
-        return Tensor(self.shape, self.format, levels, _cast(self.vals, vdt), idt)
+        fill = self.fill_value
+        fill = None if fill is None else np.asarray(fill).astype(vdt).item()  # as the values
+        return Tensor(self.shape, self.format, levels, _cast(self.vals, vdt), idt, fill)
 
     def _mode_coords(self) -> np.ndarray:
         out = np.empty((self.order, self.nnz), dtype=np.int64)
@@ -400,13 +439,15 @@ class Tensor(ArrayOps):
         index_dtype: Any = None,
         dtype: Any = None,
         name: str = "",
+        fill_value: Any = None,
     ) -> Tensor:
         """From mode-order coordinates ``(order, nnz)`` (or one array per mode) and values;
-        duplicates are summed, explicit zeros kept."""
+        duplicates are summed, explicit zeros kept; absent entries are ``fill_value``."""
         if looks_mapped(format):
             options = {"shape": shape, "index_dtype": index_dtype, "dtype": dtype, "name": name}
             return MAPPED[-1]("coo", None, (coords, values), format, options)
-        return pack(coords, values, shape, format, index_dtype, dtype, name=name)
+        packed = pack(coords, values, shape, format, index_dtype, dtype, name=name)
+        return packed.with_fill_value(fill_value)
 
 
 pack = _builds_tensor(packing.pack)
