@@ -61,12 +61,14 @@ SEMIRING_TABLE: dict[str, Semiring] = {
         Semiring("min_times", "min", "*", math.inf, "minimum", "multiply", distributive=False),
         Semiring("or_and", "or", "and", 0.0, "logical_or", "logical_and", boolean=True),
         # GraphBLAS's structural multiplies: ``pair`` is 1 wherever both operands are
-        # present (their values unread), ``second`` is its right operand's value. Neither
-        # distributes over every add (``pair(x, a + b)`` is 1, not 2), so no sum is lifted
-        # across them
+        # present (their values unread), ``second`` is its right operand's value. They
+        # distribute over an idempotent add (``min(second(x, a), second(x, b))`` is
+        # ``second(x, min(a, b))``, and ``second(min(a, b), c)`` is ``c = min(c, c)``), not
+        # over + (``pair(x, a + b)`` is 1, not 2), so under plus_pair no sum crosses them
         Semiring("plus_pair", "+", "pair", 0.0, "add", "pair", distributive=False),
-        Semiring("any_pair", "or", "pair", 0.0, "logical_or", "pair", True, False),
-        Semiring("min_second", "min", "second", math.inf, "minimum", "second", distributive=False),
+        Semiring("any_pair", "or", "pair", 0.0, "logical_or", "pair", boolean=True),
+        Semiring("min_second", "min", "second", math.inf, "minimum", "second"),
+        Semiring("or_second", "or", "second", 0.0, "logical_or", "second", boolean=True),
     )
 }
 

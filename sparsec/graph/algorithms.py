@@ -6,7 +6,7 @@ matrix: ``A(i,j)`` stored is an edge from ``i`` to ``j`` (`Graph`).
   edges against the unvisited vertices' (Beamer's direction-optimising rule): push is
   ``y(j) = A(i,j) * q(i)`` over the frontier's rows under ``any_pair``, pull is
   ``y(j) = R(j,i) * q(i)`` over the unvisited rows (mask ``U``) of the reverse graph
-  ``R`` (A itself where A is symmetric) under ``or_and``, each row's scan stopping at its
+  ``R`` (A itself where A is symmetric) under ``or_second``, each row's scan stopping at its
   first frontier neighbour; parents
   take the least frontier neighbour (``min_second`` on vertex ids), in int64.
 * `sssp`: Bellman-Ford under ``min_plus``, relaxing only from the vertices whose distance
@@ -43,7 +43,7 @@ KERNELS: dict[str, tuple[str, dict[str, str], str, str, str | None]] = {
     "pull": (
         "y(j) = A(j,i) * q(i)",
         {"A": "csr", "q": "dense", "y": "dense", "U": "s"},
-        "or_and",
+        "or_second",  # q's truth; A's values (all 1) never read
         "U",
         "bool",
     ),
@@ -424,7 +424,8 @@ def betweenness(graph: Any, sources: Any, *, threads: int | None = None) -> np.n
     paths = np.zeros((n, width))
     paths[batch, np.arange(width)] = 1.0
     frontier_rows = [np.unique(batch)]
-    depth = np.full((n, width), -1, dtype=np.int64)
+    # each (vertex, source)'s level; -1 unreached (levels past 32767 would need more bits)
+    depth = np.full((n, width), -1, dtype=np.int16)
     depth[batch, np.arange(width)] = 0
     level = 0
     while True:
@@ -436,15 +437,21 @@ def betweenness(graph: Any, sources: Any, *, threads: int | None = None) -> np.n
         counts = spread(A=a, F=f, threads=threads)
         # the rows reached (one pass over the counts), then only those rows are read
         hit = np.flatnonzero(counts.any(axis=1))
-        reached = counts[hit]
-        new = (reached > 0) & (depth[hit] < 0)
+        at_hit = depth[hit]
+        new = (at_hit < 0) & (counts[hit] > 0)
         grows = new.any(axis=1)
         if not grows.any():
             break
         level += 1
-        depth[hit] = np.where(new, level, depth[hit])
-        paths[hit] = np.where(new, reached, paths[hit])
-        frontier_rows.append(hit[grows])
+        rows_new = hit[grows]
+        fresh = new[grows]
+        at_hit = at_hit[grows]
+        at_hit[fresh] = level
+        depth[rows_new] = at_hit
+        kept = paths[rows_new]
+        kept[fresh] = counts[rows_new][fresh]
+        paths[rows_new] = kept
+        frontier_rows.append(rows_new)
     dependency = np.zeros((n, width))
     reverse = g.reverse("float64")
     for at in range(level, 0, -1):

@@ -141,6 +141,8 @@ def _only_or_into(body: ir.Block) -> str | None:
                 continue
             case ir.Assign(target=ir.Var(name=name), op="or=", atomic=False):
                 targets.add(name)
+            case ir.Assign(target=ir.Var(), op="=", value=ir.IntLit(value=1)):
+                continue  # a "reached" flag: already set when the loop stops
             case ir.If(branches=branches, orelse=orelse):
                 blocks = [b for _, b in branches] + ([orelse] if orelse is not None else [])
                 for b in blocks:
