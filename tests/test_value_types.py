@@ -228,3 +228,16 @@ def test_a_sum_moved_across_a_literal_division_is_refused_in_integers():
     # a division inside the sum's term is no move: exact in the type
     t = sparsec.kernel("o = (T0(i) / 2) * T1(i)", {}, dtype="int32")
     assert t(T0=np.array([3, 5], dtype=np.int32), T1=np.array([1, 1], dtype=np.int32)) == 3
+
+
+def test_a_sum_moved_across_a_plus_multiply_is_refused_in_integers():
+    # min(a + s, b + s) is min(a, b) + s for real numbers; once a sum wraps it is not, so
+    # an integral min_plus kernel whose sum the compiler would move across + s is refused
+    with pytest.raises(DTypeError, match="moved across a product whose multiply is \\+"):
+        sparsec.kernel("y(i) = A(i,j) * x(j) * s", {"A": "csr"}, semiring="min_plus", dtype="int64")
+    plain = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "csr"}, semiring="min_plus", dtype="int64")
+    assert plain(A=np.array([[1, 2]]), x=np.array([5, 1])).tolist() == [3]
+    masked = sparsec.kernel(  # a mask only filters: its product moves nothing
+        "O(j) = T(i,j)", {"T": "coo", "O": "s"}, semiring="max_plus", mask="~M", dtype="uint32"
+    )
+    assert masked.source

@@ -59,16 +59,22 @@ def check_value_type(assignment: Assignment, dtype: str) -> None:
                 )
 
 
-def check_lifted_division(statement: Statement, dtype: str) -> None:
-    """A `DTypeError` where a sum was moved across a division by a literal (docs/
-    semantics.md, Reductions: ``(Σk X) / 2`` computed as ``Σk X / 2``), in an integral
-    type: exact for real numbers, but a truncating division does not distribute over a
-    sum (``1/2 + 1/2`` is 0, ``(1 + 1)/2`` is 1)."""
+def check_lifted_sums(
+    statement: Statement, dtype: str, multiply: str = "*", masks: frozenset[str] = frozenset()
+) -> None:
+    """A `DTypeError` where, in an integral type, a sum was moved (docs/semantics.md,
+    Reductions) across what does not distribute over it in wrapping or truncating
+    arithmetic: a division by a literal (``1/2 + 1/2`` is 0, ``(1 + 1)/2`` is 1), or a
+    factor of a semiring whose multiply is ``+`` (``max(a, b) + c`` is not ``max(a + c, b
+    + c)`` once a sum wraps). Exact for real numbers, so float kernels are unaffected.
+    ``masks``: the statement's mask patterns, which a sum may cross."""
     if not is_integral(dtype):
         return
     sums = [(statement.top_sums, statement.rhs)]
     sums += [(x.indices, x.body) for x in _concrete_nodes(statement.rhs) if isinstance(x, Sum)]
     for indices, body in sums:
+        if not indices:
+            continue
         for node in _concrete_nodes(body):
             if not (isinstance(node, BinOp) and node.op == "/" and isinstance(node.right, Literal)):
                 continue
@@ -82,6 +88,32 @@ def check_lifted_division(statement: Statement, dtype: str) -> None:
                     "truncates each term): divide the result after the call, or pass "
                     "dtype='float64'"
                 )
+        crossed = [c for i in indices if (c := _crossed(body, i)) is not None]
+        # a mask only filters (`spec.patterns`): a sum crossing it changes no value
+        crossed = [c for c in crossed if not (isinstance(c, Access) and c.name in masks)]
+        if multiply == "+" and crossed:
+            raise DTypeError(
+                f"this {dtype} kernel would add {crossed[0]} to each term of the sum over "
+                f"{', '.join(indices)} (the sum is moved across a product whose multiply is "
+                "+, exact for real numbers only: a wrapping sum changes the min or max): "
+                "pass dtype='float64', or a wider integer type"
+            )
+
+
+def _crossed(body: Any, index: str) -> Any:
+    """The factor a sum over ``index`` at ``body`` was moved across: where the body is a
+    product (through unary minus) whose uses of ``index`` all lie in one operand, the sum's
+    place is inside that operand, so it crossed the other; None where it was placed here."""
+    match body:
+        case Neg(operand=x):
+            return _crossed(x, index)
+        case BinOp(op="*", left=left, right=right):
+            in_left, in_right = _uses(left)[index] > 0, _uses(right)[index] > 0
+            if in_left and in_right:
+                return None
+            return right if in_left else left
+        case _:
+            return None
 
 
 def _uses(expr: Any) -> Counter[str]:

@@ -140,8 +140,8 @@ def compute_fill(value: float, dtype: str) -> Any:
 
 
 def _integral_fill(value: float, dt: np.dtype) -> Any:
-    if dt.kind == "b":
-        return bool(value != 0)  # NaN: True
+    if dt.kind == "b":  # bool's limits: -inf is false, +inf true (NaN, the poison: true)
+        return bool(value > 0) if np.isinf(value) else bool(value != 0)
     info = np.iinfo(dt)
     if np.isnan(value):
         return dt.type(INTEGRAL_POISON & int(info.max))
