@@ -11,8 +11,8 @@ from typing import Any
 
 from ..base.errors import DTypeError
 from ..base.values import is_integral, value_type
-from ..frontend.concrete import Statement, Sum
-from ..frontend.notation import Access, Assignment, BinOp, Call, Expr, Literal, Neg
+from ..frontend.concrete import Statement, Sum, children, index_counts
+from ..frontend.notation import Access, Assignment, BinOp, Call, Literal, Neg
 from ..tensors.halves import HALF
 from .compiler import C_HALF_TYPES
 from .machine import c_half_types
@@ -42,7 +42,7 @@ def check_value_type(assignment: Assignment, dtype: str) -> None:
     if not is_integral(dtype):
         return
     hint = "pass dtype='float64' (or inputs of a floating type) to compute in floating point"
-    for node in _nodes(assignment.rhs):
+    for node in _concrete_nodes(assignment.rhs):
         match node:
             case Call(fn=fn) if fn not in INTEGRAL_FUNCTIONS:
                 raise DTypeError(
@@ -117,37 +117,16 @@ def _crossed(body: Any, index: str) -> Any:
 
 
 def _uses(expr: Any) -> Counter[str]:
-    return Counter(i for a in _concrete_nodes(expr) if isinstance(a, Access) for i in a.indices)
+    return index_counts(expr)
 
 
 def _concrete_nodes(expr: Any) -> Iterator[Any]:
+    """``expr`` and every subexpression (notation or concrete: the same node classes)."""
     yield expr
-    match expr:
-        case Neg(operand=x):
-            yield from _concrete_nodes(x)
-        case BinOp(left=left, right=right):
-            yield from _concrete_nodes(left)
-            yield from _concrete_nodes(right)
-        case Call(args=args):
-            for a in args:
-                yield from _concrete_nodes(a)
-        case Sum(body=body):
-            yield from _concrete_nodes(body)
+    for child in children(expr):
+        yield from _concrete_nodes(child)
 
 
 def _holds(dtype: str, v: float) -> bool:
     vt = value_type(dtype)
     return float(v).is_integer() and vt.low <= v <= vt.high
-
-
-def _nodes(expr: Expr) -> Iterator[Expr]:
-    yield expr
-    match expr:
-        case Neg(operand=x):
-            yield from _nodes(x)
-        case BinOp(left=left, right=right):
-            yield from _nodes(left)
-            yield from _nodes(right)
-        case Call(args=args):
-            for a in args:
-                yield from _nodes(a)
