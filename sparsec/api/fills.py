@@ -41,7 +41,10 @@ def reads_as_absent(value: Tensor, kernel: Kernel) -> bool:
 def dense_for_fills(kernel: Kernel, inputs: dict[str, Any]) -> tuple[Kernel, dict[str, Any]] | None:
     """Where a sparse `Tensor` input's fill is not the kernel's absent value: the same
     statement with those operands dense (made once per kernel and set of names), and the
-    inputs with them densified (their fill written); None where every fill fits."""
+    inputs with them densified (their fill written); None where every fill fits (at once
+    where no input declares one: this runs on every call)."""
+    if all(getattr(value, "fill_value", None) is None for value in inputs.values()):
+        return None
     patterns = kernel.spec.patterns
     output = kernel.spec.output.name
     names = {t.argument: t.name for t in kernel.binder.wanted}

@@ -22,7 +22,6 @@ from ..base.errors import InputError, NotationError, ScheduleError, SparsecError
 from ..base.target import by_name
 from ..frontend.parser import parse_expression
 from ..frontend.semantics import Semantics
-from ..frontend.semirings import SEMIRING_TABLE
 from ..middle.commands import Command, parse_commands
 from ..middle.demap import demap
 from ..middle.derive import contiguous, derive
@@ -31,7 +30,7 @@ from ..middle.spec import FormatsArg, Spec, make_spec
 from ..pipeline import generate, generate_cuda, lower_serially
 from ..policy import calibrated, decision, tuning
 from ..policy.costs import Columns
-from ..policy.dtypes import check_lifted_sums, check_value_type
+from ..policy.dtypes import check_kernel_type
 from ..policy.schedules import vector_rows
 from ..runtime import fastpath, nvrtc
 from ..runtime.binding import INDEX_DTYPES, VALUE_DTYPES, resolve_threads
@@ -126,9 +125,7 @@ class Kernel:
         self.dtype = dtype_name(dtype, VALUE_DTYPES, "value dtype")
         self.index_dtype = dtype_name(index_dtype, INDEX_DTYPES, "index dtype")
         if self.dtype is not None:  # what the statement cannot mean in it, refused now
-            check_value_type(self.spec.assignment, self.dtype)
-            ring = SEMIRING_TABLE[self.semantics.semiring]
-            check_lifted_sums(self.spec.statement, self.dtype, ring.multiply, self.spec.patterns)
+            check_kernel_type(self.spec, self.dtype)
         if self.commands or on.gpu:
             self.generated()  # a schedule (or GPU mapping) is checked now, not at the first call
         #: the GPU default's rows that a call may give to lane groups (CSR-vector)

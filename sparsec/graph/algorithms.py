@@ -437,8 +437,8 @@ def betweenness(graph: Any, sources: Any, *, threads: int | None = None) -> np.n
         counts = spread(A=a, F=f, threads=threads)
         # the rows reached (one pass over the counts), then only those rows are read
         hit = np.flatnonzero(counts.any(axis=1))
-        at_hit = depth[hit]
-        new = (at_hit < 0) & (counts[hit] > 0)
+        at_hit, reached = depth[hit], counts[hit]
+        new = (at_hit < 0) & (reached > 0)
         grows = new.any(axis=1)
         if not grows.any():
             break
@@ -449,7 +449,7 @@ def betweenness(graph: Any, sources: Any, *, threads: int | None = None) -> np.n
         at_hit[fresh] = level
         depth[rows_new] = at_hit
         kept = paths[rows_new]
-        kept[fresh] = counts[rows_new][fresh]
+        kept[fresh] = reached[grows][fresh]
         paths[rows_new] = kept
         frontier_rows.append(rows_new)
     dependency = np.zeros((n, width))

@@ -21,7 +21,6 @@ from ..backends import Generated
 from ..backends.c import Function, print_c
 from ..backends.targets import C as C_TARGET
 from ..base.target import C
-from ..frontend.semirings import semiring
 from ..ir import nodes as ir
 from ..ir.visit import statements
 from ..lower import lower, names_for, wrap_chunks
@@ -35,7 +34,7 @@ from ..passes.bands import BAND, DEPTH
 from ..passes.flags import count_in_closed_form, fold_flag_loops, light_count
 from ..passes.protocol import PassInput, run_passes
 from ..policy.decision import Decision, Output, decide
-from ..policy.dtypes import check_c_dtype, check_lifted_sums, check_value_type
+from ..policy.dtypes import check_c_dtype, check_kernel_type
 from ..policy.machine import machine
 from ..policy.schedules import cpu_default, describe_cpu
 from ..tensors.layout import AssemblyMode, OutputLayout
@@ -73,9 +72,7 @@ def generate(
     which only counts the output's positions into ``sc_sizes``, and where the decision's
     output strategy takes one pass, ``sparsec_append``."""
     check_c_dtype(dtype)
-    check_value_type(spec.assignment, dtype)
-    multiply = semiring(spec.semantics.semiring).multiply
-    check_lifted_sums(spec.statement, dtype, multiply, spec.patterns)
+    check_kernel_type(spec, dtype)
     decision = decision or decide(spec, C, commands=commands, parallel=parallel, dtype=dtype)
     commands, parallel = decision.commands, decision.parallel
     make_names = names_for(spec)

@@ -21,7 +21,7 @@ from ..middle.spec import Spec
 from ..middle.staging import needs_staging, staged, staging_format
 from ..passes.protocol import PassInput, run_passes
 from ..policy.decision import Decision, decide
-from ..policy.dtypes import check_lifted_sums, check_value_type
+from ..policy.dtypes import check_kernel_type
 from ..policy.schedules import describe_gpu, gpu_candidates
 from ..tensors.layout import AssemblyMode
 from . import lists
@@ -72,9 +72,7 @@ def generate_cuda(
     """The CUDA source of ``spec``'s kernel as ``decision`` (by default `decide`'s for
     ``commands``) says: its commands or the default GPU mapping, then its passes. A sparse
     output not filled row by row is computed into its rowwise staging output (`staging`)."""
-    check_value_type(spec.assignment, dtype)
-    multiply = semiring(spec.semantics.semiring).multiply
-    check_lifted_sums(spec.statement, dtype, multiply, spec.patterns)
+    check_kernel_type(spec, dtype)
     decision = decision or decide(spec, target, commands=commands)
     commands = decision.commands
     stage_note = ""

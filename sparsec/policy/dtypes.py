@@ -1,7 +1,7 @@
 """The value dtypes a kernel can compute in: the 16-bit types C kernels can store on this
 machine, asked by code generation and by each call (`sparsec.runtime.inputs`), since
 generated code and compiled kernels are cached across machines' facts; and what a
-statement may say in an integral type (`check_value_type`)."""
+statement may say in an integral type (`check_kernel_type`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from ..base.errors import DTypeError
 from ..base.values import is_integral, value_type
 from ..frontend.concrete import Statement, Sum, children, index_counts
 from ..frontend.notation import Access, Assignment, BinOp, Call, Literal, Neg
+from ..frontend.semirings import semiring
+from ..middle.spec import Spec
 from ..tensors.halves import HALF
 from .compiler import C_HALF_TYPES
 from .machine import c_half_types
@@ -32,6 +34,15 @@ def check_c_dtype(dtype: str) -> None:
 
 #: the functions an integral kernel computes in its own type (the others are floating)
 INTEGRAL_FUNCTIONS = ("abs", "max", "min", "relu", "sign")
+
+
+def check_kernel_type(spec: Spec, dtype: str) -> None:
+    """What ``spec``'s statement cannot mean in ``dtype``, refused (`check_value_type`,
+    `check_lifted_sums`): where a kernel is made with a type, and where code is generated
+    for one."""
+    check_value_type(spec.assignment, dtype)
+    multiply = semiring(spec.semantics.semiring).multiply
+    check_lifted_sums(spec.statement, dtype, multiply, spec.patterns)
 
 
 def check_value_type(assignment: Assignment, dtype: str) -> None:
