@@ -24,8 +24,9 @@ scipy/numpy references. Per kernel:
    (``time.perf_counter``), TACO around the C call in the driver (steady clock): TACO's
    figure holds no call overhead, sparsec's does.
 
-Ratios are TACO ms / sparsec ms (> 1: sparsec faster) of the pooled samples' medians, with
-the range of the rounds' own ratios beside them (a wide range: a busy spell hit a block);
+Ratios are TACO ms / sparsec ms (> 1: sparsec faster): the median of the rounds' own
+ratios (each round times the two back to back), with their range beside it (a wide
+range: a busy spell hit a block); the ms columns are the pooled samples' medians;
 the load column is the 1-minute load average seen during the kernel's rounds, and the CPU
 model heads the table: a figure is a fact about that CPU under that load. With the load
 above the core count, the 2-thread figures say little.
@@ -56,7 +57,10 @@ from .common import Table, Timing, environment, progress, write_results
 from .taco_cases import CASES, Case, check
 from .taco_data import ensure, folder, read
 
-ROUNDS = 3
+#: rounds per kernel: on a 2-vCPU VM whose speed halves for seconds at a time, three
+#: rounds put a contender's median in one spell as often as not (ratios of 0.58x and 1.02x
+#: for the same two loops in two runs); five give each round's ratio a majority
+ROUNDS = 5
 QUICK = ("spmv_rand", "add")
 #: TACO's own flags for its C (Module::compile), then the native build's
 TACO_CFLAGS = "-O3 -ffast-math -std=c99"
@@ -282,12 +286,24 @@ def _rounds(blocks: dict[str, Any], threads: list[int], rounds: int) -> dict[str
     return {"timings": timings, "load": {"min": min(loads), "max": max(loads), "seen": loads}}
 
 
+def round_ratios(theirs: dict[str, Any], mine: dict[str, Any]) -> list[float]:
+    """Each round's ratio of the two contenders' medians (their blocks ran back to back)."""
+    pairs = zip(theirs["round_medians_ms"], mine["round_medians_ms"], strict=True)
+    return [a / b for a, b in pairs]
+
+
+def ratio_of(theirs: dict[str, Any], mine: dict[str, Any]) -> float:
+    """The ratio reported: the median of the rounds' own ratios, each a pair of blocks timed
+    back to back (a slow spell that covers one contender's block in one round moves one
+    ratio of five; it moves the pooled medians' ratio whenever it covers more of one
+    contender's rounds than of the other's)."""
+    return statistics.median(round_ratios(theirs, mine))
+
+
 def _ratio(theirs: dict[str, Any], mine: dict[str, Any]) -> str:
-    """The ratio of the pooled medians, and the range of the rounds' own ratios."""
-    ratio = f"{theirs['median_ms'] / mine['median_ms']:.2f}x"
-    each = [
-        a / b for a, b in zip(theirs["round_medians_ms"], mine["round_medians_ms"], strict=True)
-    ]
+    """`ratio_of`, and the range of the rounds' own ratios."""
+    each = round_ratios(theirs, mine)
+    ratio = f"{ratio_of(theirs, mine):.2f}x"
     return ratio if len(each) < 2 else f"{ratio} ({min(each):.2f}-{max(each):.2f})"
 
 

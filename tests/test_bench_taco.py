@@ -77,3 +77,15 @@ def test_the_check_refuses_a_different_result() -> None:
     holes[3, 4] = np.nan
     assert check(dense, dense, float32=True) is None
     assert "NaN" in str(check(holes, dense, float32=False))
+
+
+def test_the_ratio_is_the_median_of_the_rounds_own_ratios() -> None:
+    """A slow spell (2x) over three of TACO's five blocks and one of sparsec's, that one in a
+    round where TACO's was slow too: the pooled medians say 2.0x, the rounds' own ratios
+    1.0x in three rounds of five."""
+    from bench.taco import ratio_of
+
+    theirs = {"median_ms": 2.0, "round_medians_ms": [2.0, 2.0, 2.0, 1.0, 1.0]}
+    mine = {"median_ms": 1.0, "round_medians_ms": [2.0, 1.0, 1.0, 1.0, 1.0]}
+    assert theirs["median_ms"] / mine["median_ms"] == 2.0  # what the pooled ratio said
+    assert ratio_of(theirs, mine) == pytest.approx(1.0)

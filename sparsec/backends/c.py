@@ -72,6 +72,7 @@ def print_c(
     llc: int,
     l1_way: int,
     stream_locality: int = 3,
+    stream_lines: int = 2,
     reassociate: bool = False,
 ) -> Generated:
     """``gen`` with its source: the C translation unit of ``functions`` (each takes the
@@ -81,8 +82,8 @@ def print_c(
     sizes the narrower tiles' stages from it); ``llc``: the last-level cache's bytes, the
     output size from which tiles are stored non-temporally; ``l1_way``: one way of the L1 data cache's bytes
     (rows gathered a multiple of it apart are not prefetched into it); ``stream_locality``:
-    the locality hint (0 to 3) of a stream loop's prefetches (`passes.streams`);
-    ``reassociate``: the compiler may reorder the kernel's sums (`PassOptions`)."""
+    the locality hint (0 to 3) of a stream loop's prefetches (`passes.streams`), and
+    ``stream_lines`` the cache lines each prefetches; ``reassociate``: the compiler may reorder the kernel's sums (`PassOptions`)."""
     bodies = tuple(f.body for f in functions)
     wide = adds_into_output(gen.dtype, gen.signature, *bodies)
     gen = replace(gen, wide_output=wide)
@@ -123,6 +124,7 @@ def print_c(
         stream_out_bytes=llc,
         l1_way_bytes=l1_way,
         stream_locality=stream_locality,
+        stream_lines=stream_lines,
         reassociate=reassociate,
         packed=packed,
         packed_phase=bool(phases),

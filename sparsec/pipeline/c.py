@@ -180,5 +180,6 @@ def generate(
         **sizes,
         l1_way=facts.l1_way,
         stream_locality=locality,
+        stream_lines=decision.passes.stream_lines,
         reassociate=decision.passes.reassociate,
     )

@@ -38,13 +38,14 @@ from .machine import Machine, machine
 #: the environment variable: ``0`` (or ``off``) turns calibration off
 ENV = "SPARSEC_TUNE"
 #: the file format's version; a file of another is ignored
-VERSION = 1
+VERSION = 2
 #: each calibrated option and the values measured for it, the default first: a
 #: `PassOptions` field (``tile.`` for its `TileOptions`), which the kernel's code depends
 #: on, or a threshold of the runtime's cost models (``costs.``: `policy.costs`), which a
 #: call's layout depends on
 CHOICES: dict[str, tuple[Any, ...]] = {
     "stream_locality": (3, 0, None),
+    "stream_lines": (2, 1),
     "reassociate": (False, True),
     "tile.prefetch_distance": (6, 0, 12),
     "costs.panel_min_bytes": (4 << 20, 1 << 20),

@@ -77,7 +77,9 @@ class PassOptions:
     families measured: non-temporal prefetches cost an Intel server SpMV 2.4x, and hint 3
     matched no prefetch there; on Zen the three measured alike (docs/decisions.md, "Stream
     loops prefetch their crd and vals"). Host calibration (`policy.calibration`) picks it
-    per CPU. ``reassociate``: the C compiler may reorder the kernel's floating-point sums
+    per CPU. ``stream_lines``: the cache lines each such prefetch covers, 2 (a row of 10
+    doubles spans two; one was slower on Zen) or 1 (fewer instructions in a loop whose
+    gathers hit the core's cache: faster on an Intel server), calibrated per host. ``reassociate``: the C compiler may reorder the kernel's floating-point sums
     (GCC's associative math on the kernel's functions), which lets it sum a row of short
     gathers in vector lanes as TACO's -ffast-math build does; off by default (results then
     round as the sequential order does), calibrated per host. ``jam_ways``: outer iterations
@@ -99,6 +101,7 @@ class PassOptions:
     tile: TileOptions = field(default_factory=TileOptions)
     stream_distance: int = 128
     stream_locality: int | None = 3
+    stream_lines: int = 2
     reassociate: bool = False
     jam_ways: int = 4
     dot_block: int = 256
