@@ -134,4 +134,6 @@ def print_c(
         kernel_name=KERNEL_NAME,
         packed_name=PACKED_NAME,
     )
-    return replace(gen, source=source, packed=bool(packed), tile_extents=extents)
+    return replace(
+        gen, source=source, packed=bool(packed), tile_extents=extents, reassociate=reassociate
+    )

@@ -91,3 +91,6 @@ class Generated:
     #: CUDA: the emulation's launchers (`sparsec.backends.cuda.launchers`), printed after
     #: the source when the runtime builds it behind the shim (``target="cuda-emulated"``)
     launchers: str = ""
+    #: C: the unit is built with its floating-point sums reassociable
+    #: (`PassOptions.reassociate`; `sparsec.runtime.build.REASSOCIATE_FLAGS`)
+    reassociate: bool = False

@@ -59,6 +59,10 @@ LEAN_LINK = ("-nodefaultlibs", "-lm", "-lgcc")
 #: an integral kernel's flags: signed arithmetic wraps, as numpy's (float kernels keep the
 #: compiler's freedom over their index arithmetic)
 WRAP_FLAGS = ("-fwrapv",)
+#: the flags of a C kernel whose decision reassociates its sums (`PassOptions.reassociate`):
+#: GCC's and clang's associative math without the rest of -ffast-math (NaN, inf and
+#: errno stay IEEE's)
+REASSOCIATE_FLAGS = ("-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,7 +147,11 @@ def _entry(lib: ctypes.CDLL, name: str, argtypes: list[Any]) -> Any:
 
 
 def _flags(generated: Generated) -> tuple[str, ...]:
-    return build.WRAP_FLAGS if is_integral(generated.dtype) else ()
+    """The build flags ``generated`` asks for beyond the toolchain's: wrapping integer
+    arithmetic in an integral type, associative math where its (C) decision reassociates."""
+    if is_integral(generated.dtype):
+        return build.WRAP_FLAGS
+    return build.REASSOCIATE_FLAGS if generated.reassociate else ()
 
 
 def ctype(p: Param, dtype: str) -> Any:
