@@ -22,8 +22,9 @@ Probes:
 - ``stream_locality``: CSR SpMV, float64, on three matrices: rows of 10 entries on
   average (Poisson) past the core's cache, rows of exactly 10 whose x fits in half the
   core's cache (TACO's benchmark matrices: the gathers hit, so the loop's own
-  instructions count), and a banded matrix of 5 diagonals past the core's cache: the
-  stream prefetches' hint, or none.
+  instructions count), rows of 1.5 entries on average (a TTV's fibers of one or two,
+  where a vectorised sum's setup outweighs its lanes) and a banded matrix of 5 diagonals
+  past the core's cache: the stream prefetches' hint, or none.
 - ``stream_lines``: the same SpMVs, each stream prefetch covering two cache lines or one.
 - ``reassociate``: the same SpMVs with their row sums reordered by the compiler (in vector
   lanes) or in order.
@@ -114,6 +115,22 @@ def _cached_data(core_cache: int) -> dict[str, Any]:
 
 
 @functools.cache
+def _short_data(core_cache: int) -> dict[str, Any]:
+    """A CSR matrix of rows of 1.5 entries on average (Poisson, many empty) past a cache of
+    ``core_cache`` bytes, over an x of 16,384 values (in any core's cache), and that x
+    (once): the innermost loops of a TTV over a tensor's fibers of one or two entries,
+    where a vectorised sum's setup costs more than its lanes save."""
+    n = max(400_000, 4 * core_cache // 12)
+    width = 16_384
+    rng = np.random.default_rng(10)
+    lengths = np.minimum(rng.poisson(1.5, n), 8)
+    pos = np.concatenate([[0], np.cumsum(lengths)])
+    crd = np.sort(rng.integers(0, width - 8, size=(n, 8)), axis=1) + np.arange(8)
+    crd = crd[np.arange(8) < lengths[:, None]]
+    return {"A": _csr(pos, crd, rng.random(len(crd)), (n, width)), "x": rng.random(width)}
+
+
+@functools.cache
 def _banded_data(core_cache: int) -> dict[str, Any]:
     """A matrix of 5 diagonals past a cache of ``core_cache`` bytes, and its x (once)."""
     n = max(400_000, 4 * core_cache // 12 // 5 * 5)
@@ -156,6 +173,11 @@ def _banded(changes: dict[str, Any], threads: int) -> Callable[[], object]:
 
 def _cached(changes: dict[str, Any], threads: int) -> Callable[[], object]:
     data = _cached_data(machine().core_cache)
+    return _call("y(i) = A(i,j) * x(j)", data, with_options(DEFAULTS, changes), threads)
+
+
+def _short(changes: dict[str, Any], threads: int) -> Callable[[], object]:
+    data = _short_data(machine().core_cache)
     return _call("y(i) = A(i,j) * x(j)", data, with_options(DEFAULTS, changes), threads)
 
 
@@ -254,10 +276,11 @@ def _sequence(changes: dict[str, Any], threads: int) -> Callable[[], object]:
     return call
 
 
-#: the SpMV probes: random rows past the core's cache and within it, and a banded matrix
-#: (the kinds of stream a prefetch may help or hinder)
-_SPMVS = (("random", _spmv), ("in cache", _cached), ("banded", _banded))
-_SPMV_ABOUT = "CSR SpMV float64, random ~10 a row, 10 a row in cache, 5 diagonals"
+#: the SpMV probes: random rows past the core's cache and within it, rows of one or two
+#: entries (a TTV's fibers), and a banded matrix (the kinds of stream a prefetch or a
+#: vectorised sum may help or hinder)
+_SPMVS = (("random", _spmv), ("in cache", _cached), ("short", _short), ("banded", _banded))
+_SPMV_ABOUT = "CSR SpMV float64: random ~10 a row, 10 a row in cache, ~1.5 a row, 5 diagonals"
 
 PROBES = (
     Probe("stream_locality", _SPMV_ABOUT, _SPMVS),
