@@ -161,24 +161,15 @@ def _csr(pos: Any, crd: Any, vals: Any, shape: tuple[int, int]) -> Any:
     return Tensor.from_arrays(shape, "csr", [None, (pos, crd)], vals, index_dtype="int32")
 
 
-def _spmv(changes: dict[str, Any], threads: int) -> Callable[[], object]:
-    data = _spmv_data(machine().core_cache)
-    return _call("y(i) = A(i,j) * x(j)", data, with_options(DEFAULTS, changes), threads)
+def _spmv_on(data_of: Callable[[int], dict[str, Any]]) -> Build:
+    """The probe build of a float64 CSR SpMV over ``data_of``'s matrix and x (made once per
+    cache size)."""
 
+    def build(changes: dict[str, Any], threads: int) -> Callable[[], object]:
+        data = data_of(machine().core_cache)
+        return _call("y(i) = A(i,j) * x(j)", data, with_options(DEFAULTS, changes), threads)
 
-def _banded(changes: dict[str, Any], threads: int) -> Callable[[], object]:
-    data = _banded_data(machine().core_cache)
-    return _call("y(i) = A(i,j) * x(j)", data, with_options(DEFAULTS, changes), threads)
-
-
-def _cached(changes: dict[str, Any], threads: int) -> Callable[[], object]:
-    data = _cached_data(machine().core_cache)
-    return _call("y(i) = A(i,j) * x(j)", data, with_options(DEFAULTS, changes), threads)
-
-
-def _short(changes: dict[str, Any], threads: int) -> Callable[[], object]:
-    data = _short_data(machine().core_cache)
-    return _call("y(i) = A(i,j) * x(j)", data, with_options(DEFAULTS, changes), threads)
+    return build
 
 
 def _spmm(changes: dict[str, Any], threads: int) -> Callable[[], object]:
@@ -279,7 +270,12 @@ def _sequence(changes: dict[str, Any], threads: int) -> Callable[[], object]:
 #: the SpMV probes: random rows past the core's cache and within it, rows of one or two
 #: entries (a TTV's fibers), and a banded matrix (the kinds of stream a prefetch or a
 #: vectorised sum may help or hinder)
-_SPMVS = (("random", _spmv), ("in cache", _cached), ("short", _short), ("banded", _banded))
+_SPMVS = (
+    ("random", _spmv_on(_spmv_data)),
+    ("in cache", _spmv_on(_cached_data)),
+    ("short", _spmv_on(_short_data)),
+    ("banded", _spmv_on(_banded_data)),
+)
 _SPMV_ABOUT = "CSR SpMV float64: random ~10 a row, 10 a row in cache, ~1.5 a row, 5 diagonals"
 
 PROBES = (
@@ -381,6 +377,12 @@ def calibrate(
             + "; ".join(
                 f"{v!r} " + "/".join(f"{medians[at, w] * 1e3:.3f}" for w in range(len(names)))
                 for at, v in enumerate(values)
+            )
+            + "; paired ratios to the default: "
+            + "; ".join(
+                f"{v!r} " + "/".join(f"{ratios[at, w]:.2f}" for w in range(len(names)))
+                for at, v in enumerate(values)
+                if at
             )
             + ")"
         )
