@@ -10,11 +10,11 @@ timed in interleaved rounds at one thread and at every core. A value other than 
 default is chosen only when it is at least `MARGIN` faster in some setting (a probe kernel
 at a thread count) and at most `TOLERANCE` slower in every other (a stream hint that
 helps random rows must not hurt a band), then the fastest by the geometric mean of its
-ratios to the default, so noise keeps the safe default; a value's time in a round is the lower quartile of its calls (other work
-only adds time), each setting's values are timed back to back, and a value's ratio to the
-default in a setting is the median over the rounds of its ratio in each round (a VM's
-second core slows for seconds at a time: a paired ratio sees one spell, pooled samples
-two). The whole is sized to take a few seconds, most of them compiling (the issue's
+ratios to the default, so noise keeps the safe default. A value's time in a round is the
+lower quartile of its calls (other work only adds time), each setting's values are timed
+back to back, and a value's ratio to the default in a setting is the median over the
+rounds of its ratio in each round (a VM's second core slows for seconds at a time: a
+paired ratio sees one spell, pooled samples two). The whole is sized to take a few seconds, most of them compiling (the issue's
 budget is half a minute).
 
 Probes:

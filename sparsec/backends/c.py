@@ -83,7 +83,8 @@ def print_c(
     output size from which tiles are stored non-temporally; ``l1_way``: one way of the L1 data cache's bytes
     (rows gathered a multiple of it apart are not prefetched into it); ``stream_locality``:
     the locality hint (0 to 3) of a stream loop's prefetches (`passes.streams`), and
-    ``stream_lines`` the cache lines each prefetches; ``reassociate``: the compiler may reorder the kernel's sums (`PassOptions`)."""
+    ``stream_lines`` the cache lines each prefetches; ``reassociate``: the compiler may
+    reorder the kernel's sums (`PassOptions`; the build's flags, `Generated.reassociate`)."""
     bodies = tuple(f.body for f in functions)
     wide = adds_into_output(gen.dtype, gen.signature, *bodies)
     gen = replace(gen, wide_output=wide)

@@ -79,9 +79,11 @@ class PassOptions:
     loops prefetch their crd and vals"). Host calibration (`policy.calibration`) picks it
     per CPU. ``stream_lines``: the cache lines each such prefetch covers, 2 (a row of 10
     doubles spans two; one was slower on Zen) or 1 (fewer instructions in a loop whose
-    gathers hit the core's cache: faster on an Intel server), calibrated per host. ``reassociate``: the C compiler may reorder the kernel's floating-point sums
-    (GCC's associative math on the kernel's functions), which lets it sum a row of short
-    gathers in vector lanes as TACO's -ffast-math build does; off by default (results then
+    gathers hit the core's cache: faster on an Intel server), calibrated per host.
+    ``reassociate``: the C compiler may reorder the kernel's floating-point sums (the
+    unit is built with associative math, `runtime.build.REASSOCIATE_FLAGS`), which lets it
+    sum a row of gathers in vector lanes as TACO's -ffast-math build does (faster on rows
+    of 10, slower on rows of one or two); off by default (results then
     round as the sequential order does), calibrated per host. ``jam_ways``: outer iterations
     interleaved (`passes.jam`: enough chains to cover an addition's latency at two per
     cycle without running out of registers). ``dot_block``: iterations summed into one
