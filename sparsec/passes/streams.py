@@ -5,10 +5,10 @@ Across the rows, ``crd`` and ``vals`` are read front to back: two streams, each 
 by a row's length per outer iteration. When the rows are short (SpMV's 10 entries), the
 inner loop is mostly ``x`` gathers that miss L2, and the hardware prefetchers left to
 themselves do not keep the streams ahead of it. This pass puts, before such a loop, a
-prefetch of each stream ``stream_distance`` positions past where the loop starts: two cache lines
-per stream per outer iteration, with the decision's locality hint (``stream_locality``: the
-data is read once, but a non-temporal hint costs some CPUs more than it saves; None turns
-the pass's prefetches off).
+prefetch of each stream ``stream_distance`` positions past where the loop starts:
+``stream_lines`` cache lines (two by default) per stream per outer iteration, with the
+decision's locality hint (``stream_locality``: the data is read once, but a non-temporal
+hint costs some CPUs more than it saves; None turns the pass's prefetches off).
 
 A loop is a *stream loop* when it
 
@@ -30,8 +30,10 @@ one process (100k x 100k, 10 random entries per row, float64, 2-core Zen VM), tw
 faster on 1 and 2 threads; float32 and the banded matrix gain less; rows of 100 entries,
 neutral (the numbers: docs/decisions.md, "Stream loops prefetch their crd and vals").
 Distances from 64 to 320 measured alike; one line per stream per row was slower than two
-(rows of 10 doubles span two lines); a loop that prefetches exactly the lines of the row
-that distance ahead was slower still (its trip count of 1 or 2 mispredicts).
+there (rows of 10 doubles span two lines), but faster on an Intel server VM where x fits
+the core's cache (fewer instructions: docs/decisions.md), so host calibration picks the
+lines; a loop that prefetches exactly the lines of the row that distance ahead was slower
+still (its trip count of 1 or 2 mispredicts).
 """
 
 from __future__ import annotations
