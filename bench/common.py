@@ -258,6 +258,17 @@ def _cpu_model() -> str:
 # --------------------------------------------------------------------------- output
 
 
+def graphblas() -> Any | None:
+    """python-graphblas, or None after saying that it is not installed (a suite against it
+    then has nothing to time)."""
+    try:
+        import graphblas as gb
+    except ImportError:
+        print("python-graphblas is not installed (pip install python-graphblas): nothing to time")
+        return None
+    return gb
+
+
 def progress(message: str) -> None:
     """One progress line on stderr (stdout stays the report)."""
     print(f"[bench] {message}", file=sys.stderr, flush=True)

@@ -32,7 +32,15 @@ import scipy.sparse as sp
 
 import sparsec
 
-from .common import Table, environment, measure_rounds, progress, settle, write_results
+from .common import (
+    Table,
+    environment,
+    graphblas,
+    measure_rounds,
+    progress,
+    settle,
+    write_results,
+)
 from .core import random_rows_csr
 
 
@@ -162,10 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="sizes / 10, one short round")
     ap.add_argument("--threads", default="1,2", help="thread counts, e.g. 1,2")
     args = ap.parse_args(argv)
-    try:
-        import graphblas as gb
-    except ImportError:
-        print("python-graphblas is not installed (pip install python-graphblas): nothing to time")
+    gb = graphblas()
+    if gb is None:
         return 0
     settle(not args.quick)
     threads = [int(t) for t in str(args.threads).split(",")]

@@ -44,7 +44,15 @@ from sparsec.graph import (
     triangles,
 )
 
-from .common import Table, environment, measure_rounds, progress, settle, write_results
+from .common import (
+    Table,
+    environment,
+    graphblas,
+    measure_rounds,
+    progress,
+    settle,
+    write_results,
+)
 
 
 @dataclass
@@ -215,13 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2", help="thread counts, e.g. 1,2")
     ap.add_argument("--scale", type=int, default=18, help="R-MAT scale (2^scale vertices)")
     args = ap.parse_args(argv)
-    try:
-        import graphblas as gb
-
-        from . import graph_baselines as base
-    except ImportError:
-        print("python-graphblas is not installed (pip install python-graphblas): nothing to time")
+    gb = graphblas()
+    if gb is None:
         return 0
+    from . import graph_baselines as base
+
     settle(not args.quick)
     scale = 10 if args.quick else args.scale
     threads = [int(t) for t in str(args.threads).split(",")]

@@ -275,21 +275,25 @@ class Kernel:
             return mapped_call.from_levels(self.demapped, self.spec.output.name, out)
         return self._levels_call(inputs, threads)
 
+    def keywords(self) -> dict[str, Any]:
+        """The keyword arguments that made this kernel (all but the expression and the
+        formats): a kernel made from another statement or formats with them computes as
+        this one does (`dense_variant`, the distributed planner's parts)."""
+        sem = self.semantics
+        return {
+            "target": self.target,
+            "schedule": self._schedule_arg,
+            "dtype": self.dtype,
+            "index_dtype": self.index_dtype,
+            "division": sem.division,
+            "semiring": sem.semiring,
+            "mask": sem.mask or None,
+        }
+
     def dense_variant(self, names: frozenset[str]) -> Kernel:
         """This statement with the operands ``names`` dense (`fills.dense_for_fills`)."""
-        sem = self.semantics
         formats: dict[str, Any] = {**self.formats, **{name: "dense" for name in names}}
-        return kernel(  # the memo's: made once
-            self.expression,
-            formats,
-            target=self.target,
-            schedule=self._schedule_arg,
-            dtype=self.dtype,
-            index_dtype=self.index_dtype,
-            division=sem.division,
-            semiring=sem.semiring,
-            mask=sem.mask or None,
-        )
+        return kernel(self.expression, formats, **self.keywords())  # the memo's: made once
 
     def _levels_call(self, inputs: dict[str, Any], threads: int | None) -> Any:
         if autograd.wants_grad(inputs):  # torch inputs that require grad: a grad_fn

@@ -62,19 +62,8 @@ class DistributedKernel:
                 statement = planner.parts_statement(self.assignment, index, ops)
                 formats = plain_formats(k)
                 formats.update((op.local, formats[op.name]) for op in ops)
-                sem = k.semantics
                 try:
-                    k = Kernel(
-                        str(statement),
-                        formats,
-                        target=k.target,
-                        schedule=k._schedule_arg,
-                        dtype=k.dtype,
-                        index_dtype=k.index_dtype,
-                        division=sem.division,
-                        semiring=sem.semiring,
-                        mask=sem.mask,
-                    )
+                    k = Kernel(str(statement), formats, **k.keywords())
                 except SparsecError as err:
                     raise SparsecError(
                         f"{self.assignment}: its parts along {index!r} run {statement} (a "
