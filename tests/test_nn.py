@@ -213,6 +213,37 @@ def test_a_layer_in_column_blocks_equals_the_masked_linear():
         torch.testing.assert_close(layer.bias.grad, twin.bias.grad, rtol=0, atol=0)
 
 
+def test_kept_block_values_follow_optimizer_steps_and_give_exact_gradients():
+    """The values in block order are kept between calls (`_block_values`), also for calls
+    that record a gradient: two calls between steps share the copy, an optimizer's
+    in-place step is followed at the next call, and every step's gradient is dense torch's
+    (integer data, SGD steps of 1 keep the values integers)."""
+    lin = pruned_linear(384, 40, 0.5, seed=11)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randint(-3, 4, lin.weight.shape) * (lin.weight != 0))
+        lin.bias.copy_(torch.randint(-3, 4, lin.bias.shape))
+    with use(l1_data=48 << 10):
+        layer = SparseLinear.from_linear(lin)
+    assert layer.block < 384
+    opt = torch.optim.SGD(layer.parameters(), lr=1.0)
+    x = torch.randint(-3, 4, (40, 384), dtype=torch.float64)
+    for step in range(3):
+        twin = dense_twin(layer)
+        y, y_ref = layer(x), twin(x)
+        kept = layer._gathered
+        assert layer(x) is not None and layer._gathered is kept  # no second gather
+        torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+        dy = torch.randint(-2, 3, y.shape, dtype=torch.float64)
+        opt.zero_grad()
+        y.backward(dy)
+        y_ref.backward(dy)
+        want = at_pattern(layer, twin.weight.grad)
+        torch.testing.assert_close(layer.values.grad, want, rtol=0, atol=0)
+        before = layer.values.detach().clone()
+        opt.step()
+        assert not torch.equal(layer.values.detach(), before), step
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_blocks_and_whole_rows_give_the_same_bits(dtype):
     """Both ways add each row's entries in rising i: the choice between them is speed."""
