@@ -289,6 +289,76 @@ def test_prefetch_only_rows_found_through_an_index_array():
     )
 
 
+def test_a_prefetch_gets_the_span_its_index_array_can_reach():
+    """``X[crd[k] * ld + j]`` with crd's level of extent ``n``: each prefetch gets the span
+    ``n * ld`` of the rows it can reach (the template skips a span the L1 holds); where the
+    pass is not told the extent, -1 (unknown: always prefetched)."""
+    gathered = ir.Bin("*", ir.Load("crd", ir.Var("k")), ir.Var("ld"))
+    for extents, known in (
+        ({"crd": ir.Var("n")}, True),
+        ({}, False),
+        ({"other": ir.Var("n")}, False),
+    ):
+        body, _ = tile(ir.block(_gather_region(gathered)), extents=extents)
+        prefetches = [c for c in _calls(body) if c.fn == "prefetch_row"]
+        assert len(prefetches) == 3
+        for p in prefetches:
+            span = p.args[2]
+            if not known:
+                assert span == ir.IntLit(-1)
+                continue
+            # the tile's first column (sc_j*) cancels: the span is the rows' alone
+            tiles = free_vars(span) - {"n", "ld"}
+            assert {"n", "ld"} <= free_vars(span) and not arrays(span)
+            assert all(v.startswith("sc_j") for v in tiles)
+            for n, ld, j in ((7, 16, 0), (96, 128, 40)):
+                at = {"n": n, "ld": ld} | dict.fromkeys(tiles, j)
+                assert _evaluate(span, at) == n * ld
+
+
+def _evaluate(e: ir.Expr, env: dict[str, int]) -> int:
+    match e:
+        case ir.IntLit():
+            return e.value
+        case ir.Var():
+            return env[e.name]
+        case ir.Bin(op="+"):
+            return _evaluate(e.left, env) + _evaluate(e.right, env)
+        case ir.Bin(op="-"):
+            return _evaluate(e.left, env) - _evaluate(e.right, env)
+        case ir.Bin(op="*"):
+            return _evaluate(e.left, env) * _evaluate(e.right, env)
+    raise AssertionError(f"not an integer expression: {e!r}")
+
+
+@pytest.mark.parametrize("l1", [32 << 10, 48 << 10])
+def test_gathers_within_a_span_the_l1_holds_are_not_prefetched(l1, rng):
+    """SparseLinear's layout in column blocks, ``Yt(o,t) = W(b,o,k) * Xt(b,k,t)``: each
+    prefetch gets the span of one block's rows (k_dim rows of t_dim values), which the
+    template compares with the machine's L1 data cache (`Machine.l1_data`); CSR SpMM's span
+    is all of X's rows. The sums are the same whether or not a row is prefetched."""
+    with use(l1_data=l1):
+        k = sparsec.Kernel(
+            "Yt(o,t) = W(b,o,k) * Xt(b,k,t)",
+            {"W": "dds"},
+            schedule="split(o,o0,o1,8), reorder(o0,b,o1,k,t), parallelize(o0,CPUThread,NoRaces)",
+        )
+        src = k.generated("float64").source
+        assert f"#define SC_L1_DATA_BYTES ((int64_t){l1})" in src
+        assert "(pXt1 * k_dim + k_dim) * t_dim + sc_j" in src  # the block's span
+        spmm = sparsec.Kernel(SPMM, {"W": "csr"}).source
+        assert "k_dim * j_dim + sc_j0 - (0 * j_dim + sc_j0))" in spmm
+        # blocks of 24 rows: 24 x 256 float64 (48 KB) fits a 48 KB L1, not a 32 KB one
+        w = sparse_array((2 * 24 * 20, 1), rng, 0.4, integer=True).reshape(2, 20, 24)
+        dense = np.zeros((20, 48))
+        for b in range(2):
+            dense[:, 24 * b : 24 * (b + 1)] = w[b]
+        xt = rng.integers(-3, 4, (2, 24, 256)).astype(np.float64)
+        want = dense @ xt.reshape(48, 256)
+        for threads in (1, 2):
+            np.testing.assert_array_equal(np.asarray(k(W=w, Xt=xt, threads=threads)), want)
+
+
 def _subexpressions(e: ir.Expr) -> list[ir.Expr]:
     from sparsec.ir.visit import children
 

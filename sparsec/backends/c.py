@@ -71,6 +71,7 @@ def print_c(
     narrowest: int,
     llc: int,
     l1_way: int,
+    l1_data: int,
     stream_locality: int = 3,
     stream_lines: int = 2,
     reassociate: bool = False,
@@ -81,7 +82,8 @@ def print_c(
     the vector helpers out); ``narrowest``: the narrowest tile's vectors (the template
     sizes the narrower tiles' stages from it); ``llc``: the last-level cache's bytes, the
     output size from which tiles are stored non-temporally; ``l1_way``: one way of the L1 data cache's bytes
-    (rows gathered a multiple of it apart are not prefetched into it); ``stream_locality``:
+    (rows gathered a multiple of it apart are not prefetched into it); ``l1_data``: the L1
+    data cache's bytes (rows gathered from a span that fits it are not prefetched); ``stream_locality``:
     the locality hint (0 to 3) of a stream loop's prefetches (`passes.streams`), and
     ``stream_lines`` the cache lines each prefetches; ``reassociate``: the compiler may
     reorder the kernel's sums (`PassOptions`; the build's flags, `Generated.reassociate`)."""
@@ -124,6 +126,7 @@ def print_c(
         stream_sfx="ps" if gen.dtype == "float32" else "pd",
         stream_out_bytes=llc,
         l1_way_bytes=l1_way,
+        l1_data_bytes=l1_data,
         stream_locality=stream_locality,
         stream_lines=stream_lines,
         reassociate=reassociate,

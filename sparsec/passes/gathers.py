@@ -11,7 +11,12 @@ Two shapes, measured on pruned-BERT SpMM (`bench bert`) and MTTKRP (docs/decisio
   to them. The prefetch (``sc_prefetch_row``) also gets the rows' stride, and where that is
   a multiple of an L1 way's bytes (4 KB on x86), where every row's tile falls in the same
   L1 sets and the line fetched ahead is evicted before its use, none is made (SpMM with
-  512 float64 columns gains). (The loop used to be split in two, the last
+  512 float64 columns gains). It also gets the span of the rows the index array can reach
+  (the level's extent times the stride, where the pass is given the extent), and none is
+  made where that span fits the L1 data cache: the rows are then cached already (the column
+  blocks of `sparsec.nn.SparseLinear` are sized to it), and a prefetch only costs the
+  loop an index load and an address (pruned-BERT SpMM in column blocks, float32, on an
+  Intel server: docs/decisions.md, "No gather prefetch into a span the L1 holds"). (The loop used to be split in two, the last
   iterations without prefetches: as fast, measured on the harness's SpMM in float64 and
   float32, but twice the code, and a longer -O3 compile once tiles of fewer
   vectors came.)
@@ -28,7 +33,8 @@ Prefetches change no load, store or addition: results are unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from ..ir import nodes as ir
 from ..ir.visit import bindings, free_vars, map_children, subexpressions, substitute
@@ -49,6 +55,8 @@ class Gathers:
     uid: int
     #: iterations ahead that a gathered row is prefetched (`policy.decision.TileOptions`)
     distance: int
+    #: each compressed level's crd array -> the level's extent (the rows it can reach)
+    extents: Mapping[str, ir.Expr] = field(default_factory=dict)
 
     def prefetches(
         self,
@@ -61,8 +69,10 @@ class Gathers:
         ``ahead`` gathers: one per distinct vector load of the tile whose row comes through
         an index array that ``loop`` walks. A load that also needs a name of ``inner``
         (the loops inside ``loop``, and what they declare) is theirs to prefetch.
-        ``row_aware``: each prefetch also gets the rows' stride (``sc_prefetch_row``), and
-        none is made where that stride aliases in the L1 cache's sets."""
+        ``row_aware``: each prefetch also gets the rows' stride and the span of the rows
+        the index array can reach (-1 where its extent is not known), ``sc_prefetch_row``,
+        and none is made where that stride aliases in the L1 cache's sets or that span fits
+        the L1 cache."""
         env = bindings(loop.body.body)
         out: list[ir.Stmt] = []
         seen: set[ir.Expr] = set()
@@ -74,11 +84,11 @@ class Gathers:
             # (outer loops' variables and locals) is unchanged across this loop
             seen.add(at)
             moved = ir.add(substitute(at, {loop.var: ahead}), self.middle)
-            row = _row_stride(at, loop.var) if row_aware else None
-            if row is None:
+            rows = _rows(at, loop.var, self.extents) if row_aware else None
+            if rows is None:
                 out.append(ir.Effect(ir.Call("prefetch", (moved,))))
             else:
-                out.append(ir.Effect(ir.Call("prefetch_row", (moved, row))))
+                out.append(ir.Effect(ir.Call("prefetch_row", (moved, *rows))))
         return out
 
     def segments(self) -> tuple[ir.For, ir.Expr] | None:
@@ -165,11 +175,13 @@ def _after_declarations(body: ir.Block, stmts: list[ir.Stmt]) -> ir.Block:
     return ir.block(*decls, *stmts, *rest)
 
 
-def _row_stride(at: ir.Expr, var: str) -> ir.Expr | None:
+def _rows(at: ir.Expr, var: str, extents: Mapping[str, ir.Expr]) -> tuple[ir.Expr, ir.Expr] | None:
     """The distance, in values, between the rows that address ``at`` gathers through its
     one index load that depends on ``var`` (its value at index 1 less its value at 0, a
-    loop-invariant expression the compiler folds); None when ``at`` gathers through more
-    than one such load."""
+    loop-invariant expression the compiler folds), and the span of the rows that load can
+    reach (its value at the load array's extent, from ``extents``, less its value at 0; -1
+    where the extent is not known); None when ``at`` gathers through more than one such
+    load."""
     loads = {x for x in subexpressions(at) if isinstance(x, ir.Load) and var in free_vars(x.index)}
     if len(loads) != 1:
         return None
@@ -177,13 +189,17 @@ def _row_stride(at: ir.Expr, var: str) -> ir.Expr | None:
     if isinstance(at, ir.Bin) and at.op == "+" and isinstance(at.left, ir.Var):
         at = at.right  # the array's base: the difference of offsets, not of pointers
 
-    def at_row(n: int) -> ir.Expr:
+    def at_row(row: ir.Expr) -> ir.Expr:
         def put(e: ir.Expr) -> ir.Expr:
-            return ir.IntLit(n) if e == load else map_children(e, put)
+            return row if e == load else map_children(e, put)
 
         return put(at)
 
-    return ir.Bin("-", at_row(1), at_row(0))
+    first = at_row(ir.IntLit(0))
+    stride = ir.Bin("-", at_row(ir.IntLit(1)), first)
+    extent = extents.get(load.array)
+    span = ir.IntLit(-1) if extent is None else ir.Bin("-", at_row(extent), first)
+    return stride, span
 
 
 def _gathers(e: ir.Expr, var: str) -> bool:

@@ -30,6 +30,7 @@ them; loads in the body are either invariant in j (broadcast) or at ``base + j``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import count
 
@@ -54,16 +55,28 @@ class _Nest:
     inner: ir.For
 
 
-def tile(body: ir.Block, options: TileOptions = DEFAULTS.tile) -> tuple[ir.Block, tuple[str, ...]]:
+def tile(
+    body: ir.Block,
+    options: TileOptions = DEFAULTS.tile,
+    extents: Mapping[str, ir.Expr] | None = None,
+) -> tuple[ir.Block, tuple[str, ...]]:
     """``body`` with every eligible region tiled in tiles of ``options.vectors`` vectors
-    (then narrower ones down to ``options.narrowest``), and a note per region tiled."""
+    (then narrower ones down to ``options.narrowest``), and a note per region tiled.
+    ``extents``: each compressed level's ``crd`` array -> the level's extent (the rows a
+    gather through it can reach, `Gathers.prefetches`)."""
     notes: list[str] = []
     ids = count()
-    tiled = _block(body, notes, ids, options)
+    tiled = _block(body, notes, ids, options, extents or {})
     return (checked(tiled) if notes else tiled), tuple(notes)
 
 
-def _block(b: ir.Block, notes: list[str], ids: count[int], options: TileOptions) -> ir.Block:
+def _block(
+    b: ir.Block,
+    notes: list[str],
+    ids: count[int],
+    options: TileOptions,
+    extents: Mapping[str, ir.Expr],
+) -> ir.Block:
     out: list[ir.Stmt] = []
     # the last loop that zeroes a row, its index in `out`, and the local declarations
     # after it
@@ -71,7 +84,7 @@ def _block(b: ir.Block, notes: list[str], ids: count[int], options: TileOptions)
     between: list[ir.Decl] = []
     for s in b.body:
         before = _Zeroing(zeroing[1], tuple(between)) if zeroing is not None else None
-        done = _stmt(s, notes, ids, options, before)
+        done = _stmt(s, notes, ids, options, extents, before)
         if isinstance(done, _ZeroStarted):
             assert zeroing is not None
             del out[zeroing[0]]
@@ -126,14 +139,19 @@ def zero_store(loop: ir.For) -> ir.Load | None:
 
 
 def _stmt(
-    s: ir.Stmt, notes: list[str], ids: count[int], opts: TileOptions, before: _Zeroing | None = None
+    s: ir.Stmt,
+    notes: list[str],
+    ids: count[int],
+    opts: TileOptions,
+    extents: Mapping[str, ir.Expr],
+    before: _Zeroing | None = None,
 ) -> ir.Stmt | _ZeroStarted:
     match s:
         case ir.For():
             if s.parallel is None:
                 nest = _nest(s)
                 if nest is not None:
-                    found = _tile(nest, ids, opts, before)
+                    found = _tile(nest, ids, opts, extents, before)
                     if found is not None:
                         tiled, prefetched = found
                         loops = ", ".join(loop.var for loop in nest.loops)
@@ -145,7 +163,7 @@ def _stmt(
                             )
                         notes.append(note)
                         return tiled
-    return map_blocks(s, lambda b: _block(b, notes, ids, opts))
+    return map_blocks(s, lambda b: _block(b, notes, ids, opts, extents))
 
 
 def _nest(root: ir.For) -> _Nest | None:
@@ -183,12 +201,16 @@ class _Refuse(Exception):
 
 
 def _tile(
-    nest: _Nest, ids: count[int], options: TileOptions, before: _Zeroing | None
+    nest: _Nest,
+    ids: count[int],
+    options: TileOptions,
+    extents: Mapping[str, ir.Expr],
+    before: _Zeroing | None,
 ) -> tuple[ir.Stmt | _ZeroStarted, str] | None:
     """The tiled region (a `_ZeroStarted` when it took over ``before``) and how it
     prefetches (`_Tiler.prefetched`), or None."""
     try:
-        tiler = _Tiler(nest, ids, options)
+        tiler = _Tiler(nest, ids, options, extents)
         zero = before is not None and tiler.zeroed_by(before)
         tiled = tiler.build(zero)
     except _Refuse:
@@ -197,8 +219,11 @@ def _tile(
 
 
 class _Tiler:
-    def __init__(self, nest: _Nest, ids: count[int], options: TileOptions) -> None:
+    def __init__(
+        self, nest: _Nest, ids: count[int], options: TileOptions, extents: Mapping[str, ir.Expr]
+    ) -> None:
         self.nest = nest
+        self.extents = extents
         self.vectors, self.narrowest = options.vectors, options.narrowest  # see TileOptions
         self.distance = options.prefetch_distance
         self.j = nest.inner.var
@@ -401,6 +426,7 @@ class _Tiler:
             frozenset(self.inside),
             uid,
             self.distance,
+            self.extents,
         )
         segments = gathers.segments() if self.distance > 0 else None
         across = None if segments is None else gathers.across(walked, *segments)

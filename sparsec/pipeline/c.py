@@ -179,6 +179,7 @@ def generate(
         functions,
         **sizes,
         l1_way=facts.l1_way,
+        l1_data=facts.l1_data,
         stream_locality=locality,
         stream_lines=decision.passes.stream_lines,
         reassociate=decision.passes.reassociate,

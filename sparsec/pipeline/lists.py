@@ -23,7 +23,8 @@ def _streams(p: Passed, unit: PassInput) -> Passed:
 
 
 def _tile(p: Passed, unit: PassInput) -> Passed:
-    return p.after("tile", *tile(p.body, unit.options.tile))
+    extents = {crd: extent for crd, (_, extent) in _walks(unit.spec, unit.sig).items()}
+    return p.after("tile", *tile(p.body, unit.options.tile, extents))
 
 
 def _jam(p: Passed, unit: PassInput) -> Passed:
