@@ -11,13 +11,15 @@ and N threads (torch's and sparsec's thread counts set alike):
 
 - dense: ``torch.nn.functional.linear(x, W, b)``, x of shape (tokens, in);
 - sparse: ``layer(x)``, everything a caller pays: the transpose of x, the torch op, the
-  kernel, the bias, the output's layout;
-- kernel: the kernel the layer calls on this many tokens, alone, on the layer's layout of W
-  (column blocks, ``Yt(o,t) = W(b,o,k) * Xt(b,k,t)``, where it has them, else CSR
+  kernel, the bias, the output's layout. The layer's first call times its ways (column
+  blocks, whole rows, and dense ``F.linear`` on a dense copy of W where W is at least a
+  quarter full: `SparseLinear.ways`) and runs the fastest; the ``way`` column says which;
+- kernel: the sparse kernel the layer measured faster on this many tokens, alone, on the
+  layer's layout of W (column blocks, ``Yt(o,t) = W(b,o,k) * Xt(b,k,t)``, or CSR
   ``Yt(o,t) = W(o,i) * Xt(i,t)``) and the transposed activations made once, contiguous,
   called on numpy arrays: what the sparse path costs without anything around it, so
-  ``sparse - kernel`` is the overhead. Where the layer measured whole rows faster (its
-  first call times both), the column times whole rows too.
+  ``sparse - kernel`` is the overhead where the layer runs sparse, and dense/kernel is
+  the sparse kernel's own ratio also where it runs dense.
 
 ``--structure`` prunes in N:M groups (``2:4``, at 50 % only) or whole blocks (``1x8``,
 ``4x4``) instead of by magnitude alone (`sparsec.nn.masks`; issue 39's targets: >= 1.3x for
@@ -87,9 +89,9 @@ def contenders(
     threads: int,
     seed: int = 0,
     structure: dict[str, Any] | None = None,
-) -> tuple[dict[str, Callable[[], Any]], int]:
-    """The three callables of one case (checked against each other first) and the layer's
-    stored entries."""
+) -> tuple[dict[str, Callable[[], Any]], int, str]:
+    """The three callables of one case (checked against each other first), the layer's
+    stored entries, and the way it runs (`SparseLinear.ways`)."""
     import torch
 
     import sparsec
@@ -103,14 +105,18 @@ def contenders(
     weight = layer.to_dense().detach().contiguous()
     bias = linear.bias.detach()
     x = torch.randn(tokens, shape.in_features)
-    # the kernel the layer calls on this many tokens (its first call chooses between blocks
-    # and whole rows, `SparseLinear.blocks_measured`), on its layout of W, Xt made once
+    # the sparse kernel the layer measured faster on this many tokens (its first call times
+    # its ways, `SparseLinear.ways_spent`), on its layout of W, Xt made once
     with torch.no_grad():
         layer(x)
     values = layer.values.detach()
     xt = x.t().contiguous().numpy()
-    blocked = layer.blocks_measured.get(tokens.bit_length(), True)
-    if layer.block < shape.in_features and tokens >= layer.block_tokens and blocked:
+    size = tokens.bit_length()
+    way = layer.ways_measured.get(size, layer.ways(tokens)[0])
+    spent = layer.ways_spent.get(size, {})
+    sparse_ways = [w for w in layer.ways(tokens) if w != "dense"]
+    fastest = min(sparse_ways, key=lambda w: spent.get(w, 0.0))
+    if fastest == "blocks":
         blocks = shape.in_features // layer.block
         raw = layer.kernel
         w = sparsec.Tensor.from_arrays(
@@ -149,7 +155,7 @@ def contenders(
         gap = float((value - want).abs().max()) / scale
         if not gap < 1e-4:
             raise AssertionError(f"{shape.name} {sparsity:.0%}: {name} differs by {gap:.2e}")
-    return {"dense": dense, "sparse": sparse, "kernel": kernel}, layer.nnz
+    return {"dense": dense, "sparse": sparse, "kernel": kernel}, layer.nnz, way
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         sparsities = tuple(s for s in sparsities if s in (0.5, 0.9))
     peaks = {t: peak_flops("float32", t, 0.05 if args.quick else 0.3) for t in counts}
     table = Table(
-        ["case", "sparsity", "threads", "dense ms", "sparse ms", "kernel ms", "kernel share",
-         "dense/sparse", "target", "met", "kernel GFLOP/s", "of peak", "load"]
+        ["case", "sparsity", "threads", "way", "dense ms", "sparse ms", "kernel ms",
+         "kernel share", "dense/sparse", "dense/kernel", "target", "met", "kernel GFLOP/s",
+         "of peak", "load"]
     )  # fmt: skip
     rows: list[dict[str, Any]] = []
     for shape in shapes:
@@ -188,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                 detail = f"{shape.in_features}->{shape.out_features}"
                 progress(f"{shape.name} {detail} {sparsity:.0%} at {t} thread(s)")
                 with torch_threads(t), torch.no_grad():
-                    fns, nnz = contenders(shape, sparsity, tokens, t, structure=structure)
+                    fns, nnz, way = contenders(shape, sparsity, tokens, t, structure=structure)
                     start = os.getloadavg()[0]
                     timed = measure_rounds(fns, warmup=2, repeats=10)
                 load = os.getloadavg()[0]
@@ -196,15 +203,16 @@ def main(argv: list[str] | None = None) -> int:
                 ratio, target = ms["dense"] / ms["sparse"], targets.get(sparsity)
                 gflops = 2 * nnz * tokens / ms["kernel"] / 1e6
                 met = "-" if target is None else ("yes" if ratio >= target else "no")
-                table.add(f"{shape.name} {detail}", f"{sparsity:.0%}", t, ms["dense"],
+                table.add(f"{shape.name} {detail}", f"{sparsity:.0%}", t, way, ms["dense"],
                           ms["sparse"], ms["kernel"], f"{ms['kernel'] / ms['sparse']:.0%}",
-                          f"{ratio:.2f}x", None if target is None else f"{target:.1f}x", met,
+                          f"{ratio:.2f}x", f"{ms['dense'] / ms['kernel']:.2f}x",
+                          None if target is None else f"{target:.1f}x", met,
                           f"{gflops:.1f}", f"{gflops / peaks[t]:.0%}", f"{load:.2f}")  # fmt: skip
                 rows.append({
                     "shape": shape.name, "in_features": shape.in_features,
                     "out_features": shape.out_features, "tokens": tokens,
                     "sparsity": sparsity, "structure": args.structure, "nnz": nnz,
-                    "threads": t, "medians_ms": ms,
+                    "threads": t, "way": way, "medians_ms": ms,
                     "dense_over_sparse": ratio, "target": target, "met": met == "yes",
                     "kernel_share": ms["kernel"] / ms["sparse"], "kernel_gflops": gflops,
                     "of_peak": gflops / peaks[t], "load_average": {"start": start, "end": load},
@@ -222,8 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         + "; medians of interleaved rounds; load: 1-min average"
     )
     print(
-        "kernel: the layer's kernel alone (W in column blocks, Yt(o,t) = W(b,o,k) * Xt(b,k,t),"
-        " where it uses them) on Xt made once; share: kernel / sparse"
+        "way: how the layer ran (its first call's measurement: column blocks, whole rows or"
+        " dense); kernel: its faster sparse kernel alone (W in column blocks,"
+        " Yt(o,t) = W(b,o,k) * Xt(b,k,t), or whole rows) on Xt made once; share: kernel /"
+        " sparse"
     )
     print(table.render())
     name = "linear" if args.structure == "none" else f"linear-{args.structure.replace(':', 'of')}"

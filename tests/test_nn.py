@@ -255,36 +255,88 @@ def test_blocks_and_whole_rows_give_the_same_bits(dtype):
         assert torch.equal(layer._run(xt, True), layer._run(xt, False))
 
 
-@pytest.mark.parametrize("blocks_faster", [True, False])
-def test_blocks_or_whole_rows_as_measured_on_the_host(blocks_faster, monkeypatch):
-    """With host measurements on, the first call of a size class of tokens times both ways
-    (a fake clock here) and keeps the faster; later calls of that class run it untimed."""
+@pytest.mark.parametrize("fastest", [linear_module.BLOCKS, linear_module.ROWS, linear_module.DENSE])
+def test_the_way_of_a_call_as_measured_on_the_host(fastest, monkeypatch):
+    """With host measurements on, the first call of a size class of tokens times each way
+    three times in interleaved rounds (a fake clock here) and keeps the fastest; later calls
+    of that class run it untimed. Each way gives dense torch's result."""
     monkeypatch.setattr(calibrated, "enabled", lambda: True)
     now = [0.0]
     monkeypatch.setattr(linear_module, "clock", lambda: now[0])
-    runs: list[bool] = []
-    real_run = SparseLinear._run
+    runs: list[str] = []
+    real = SparseLinear._forward_way
 
-    def run(self, xt, blocked):
-        runs.append(blocked)
-        now[0] += 1.0 if blocked == blocks_faster else 3.0
-        return real_run(self, xt, blocked)
+    def forward_way(self, x, way):
+        runs.append(way)
+        now[0] += 1.0 if way == fastest else 3.0
+        return real(self, x, way)
 
-    monkeypatch.setattr(SparseLinear, "_run", run)
+    monkeypatch.setattr(SparseLinear, "_forward_way", forward_way)
     with use(l1_data=1 << 10):
         layer = SparseLinear.from_linear(pruned_linear(64, 8, 0.5, seed=9))
     x = torch.randn(40, 64, dtype=torch.float64)
     twin = dense_twin(layer)
+    ways = ("blocks", "rows", "dense")
+    assert layer.ways(40) == ways
     with torch.no_grad():
         torch.testing.assert_close(layer(x), twin(x))
-        assert layer.blocks_measured == {(40).bit_length(): blocks_faster}
-        assert runs == [True, False, True, False, blocks_faster]
+        assert layer.ways_measured == {(40).bit_length(): fastest}
+        assert runs == [*ways, *ways, *ways, fastest]
+        assert layer.ways_spent[(40).bit_length()] == {
+            w: 1.0 if w == fastest else 3.0 for w in ways
+        }
+        assert (layer._dense is None) == (fastest != "dense")  # kept only where chosen
         runs.clear()
         torch.testing.assert_close(layer(x[:33]), twin(x[:33]))  # the same class: 33..63
-        assert runs == [blocks_faster]
+        assert runs == [fastest]
         assert layer.block_tokens == 3
-        layer(x[:2])  # below block_tokens: whole rows, nothing measured
-        assert runs[-1] is False and len(layer.blocks_measured) == 1
+        layer(x[:2])  # below block_tokens: whole rows or dense, measured for their class
+        assert runs[-1] == ("dense" if fastest == "dense" else "rows")
+        assert set(runs[1:-1]) == {"rows", "dense"}
+
+
+def test_a_layer_stored_below_a_quarter_never_runs_dense():
+    """The dense copy is a candidate only where it costs at most twice the sparse
+    storage (a quarter of W stored, `DENSE_MIN_DENSITY`), and for float32/float64 values."""
+    with use(l1_data=1 << 10):
+        sparse = SparseLinear.from_linear(pruned_linear(64, 8, 0.8, seed=9))
+        half = SparseLinear.from_linear(pruned_linear(64, 8, 0.5, seed=9))
+    assert "dense" not in sparse.ways(40) and half.ways(40)[-1] == "dense"
+    assert "dense" not in half.to(torch.bfloat16).ways(40)
+
+
+@pytest.mark.parametrize("way", ["blocks", "rows", "dense"])
+def test_every_way_trains_exactly_across_optimizer_steps(way):
+    """Each way's output and gradients (the values', the input's, the bias') are dense
+    torch's on integer data, step after step: the kept copies (block order, dense) follow
+    the optimizer's in-place steps."""
+    lin = pruned_linear(96, 12, 0.5, seed=12)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randint(-3, 4, lin.weight.shape) * (lin.weight != 0))
+        lin.bias.copy_(torch.randint(-3, 4, lin.bias.shape))
+    with use(l1_data=1 << 10):
+        layer = SparseLinear.from_linear(lin)
+    opt = torch.optim.SGD(layer.parameters(), lr=1.0)
+    for step in range(3):
+        x = torch.randint(-3, 4, (40, 96), dtype=torch.float64, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_(True)
+        twin = dense_twin(layer)
+        y = layer._forward_way(x, way)
+        y_ref = twin(x_ref)
+        torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+        dy = torch.randint(-2, 3, y.shape, dtype=torch.float64)
+        opt.zero_grad()
+        y.backward(dy)
+        y_ref.backward(dy)
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=0, atol=0)
+        want = at_pattern(layer, twin.weight.grad)
+        torch.testing.assert_close(layer.values.grad, want, rtol=0, atol=0)
+        torch.testing.assert_close(layer.bias.grad, twin.bias.grad, rtol=0, atol=0)
+        with torch.no_grad():
+            torch.testing.assert_close(layer._forward_way(x, way), y_ref, rtol=0, atol=0)
+        before = layer.values.detach().clone()
+        opt.step()
+        assert not torch.equal(layer.values.detach(), before), step
 
 
 def test_a_pattern_changed_in_place_or_loaded_is_followed_in_blocks():

@@ -61,8 +61,16 @@ _BLOCKED = torch_op(
         schedule="split(o,o0,o1,64), reorder(o0,b,o1,k,t), parallelize(o0,CPUThread,NoRaces)",
     )
 )
-#: the clock `SparseLinear._in_blocks` times both ways with (tests set a fake one)
+#: the clock `SparseLinear._way` times the ways with (tests set a fake one)
 clock = time.perf_counter
+#: the ways a call may run (`SparseLinear.ways`): the sparse product over W in column
+#: blocks, over whole rows of W, or dense ``F.linear`` on a dense copy of W
+BLOCKS, ROWS, DENSE = "blocks", "rows", "dense"
+#: the least fraction of W stored for a dense copy to be a candidate: at a quarter, the
+#: copy (4 bytes an element in float32) costs twice the sparse storage (a value and an
+#: int32 index per entry), which bounds the memory a measurement may add
+DENSE_MIN_DENSITY = 0.25
+_DENSE_DTYPES = (torch.float32, torch.float64)
 
 
 _VALUE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -121,8 +129,13 @@ class SparseLinear(torch.nn.Module):
         #: once, so a compiled forward traces no machine query
         self.block = costs.column_block(in_features, values.element_size())
         self.block_tokens = costs.block_tokens(in_features, values.element_size())
-        #: whether blocks measured faster, by size class of tokens (`_in_blocks`)
-        self.blocks_measured: dict[int, bool] = {}
+        #: the way measured fastest, by size class of tokens (`_way`), and the times
+        self.ways_measured: dict[int, str] = {}
+        self.ways_spent: dict[int, dict[str, float]] = {}
+        #: W dense, kept for calls that run dense (`_dense_weight`), and what it was made of
+        self._dense: torch.Tensor | None = None
+        self._dense_of: tuple[Any, ...] | None = None
+        self._flat: torch.Tensor | None = None
         self._derive_blocks()
 
     # ------------------------------------------------------------------ building
@@ -214,19 +227,21 @@ class SparseLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_input("SparseLinear", x, self.in_features, self.values.dtype)
         lead = x.shape[:-1]
+        tokens = x.reshape(-1, self.in_features)
+        y = self._forward_way(tokens, self._way(tokens))
+        return activate(y.reshape(*lead, self.out_features), self.activation)
+
+    def _forward_way(self, x: torch.Tensor, way: str) -> torch.Tensor:
+        """``x W^T + b`` for tokens ``x`` of shape (tokens, in_features), the way ``way``
+        (`BLOCKS`, `ROWS` or `DENSE`)."""
+        if way == DENSE:
+            return torch.nn.functional.linear(x, self._dense_weight(), self.bias)
         # Xt as a view: the runtime packs each column panel straight from it, or, run whole,
         # makes it C-ordered by the same compiled copy (`sparsec.runtime.copies.packed_copy`)
-        xt = x.reshape(-1, self.in_features).t()
-        yt = self._product(xt)
+        yt = self._run(x.t(), way == BLOCKS)
         if self.bias is not None:
             yt = yt.add_(self.bias[:, None])  # the op's own fresh output: no copy
-        y = yt.t().reshape(*lead, self.out_features)
-        return activate(y, self.activation)
-
-    def _product(self, xt: torch.Tensor) -> torch.Tensor:
-        """``Yt = W Xt`` through the op: in column blocks where `_in_blocks` says so, else
-        whole rows of W."""
-        return self._run(xt, self._in_blocks(xt))
+        return yt.t()
 
     def _run(self, xt: torch.Tensor, blocked: bool) -> torch.Tensor:
         features, tokens = xt.shape
@@ -246,33 +261,84 @@ class SparseLinear(torch.nn.Module):
         )
         return _OP(W=weight, Xt=xt, threads=self.threads)
 
-    def _in_blocks(self, xt: torch.Tensor) -> bool:
-        """Whether a call runs in column blocks: where W has several and the activations
-        outgrow the L1 data cache (`costs.block_tokens`), and where blocks measured faster.
+    def _sparse_ways(self, tokens: int) -> tuple[str, ...]:
+        """Column blocks (where W has several and the activations outgrow the L1 data cache,
+        `costs.block_tokens`), then whole rows."""
+        if self.block >= self.in_features or tokens < self.block_tokens:
+            return (ROWS,)
+        return (BLOCKS, ROWS)
 
-        Both ways add each row's entries in the same order (rising i, a block after
-        another), so the choice changes the speed only, and it is measured on the host: at
-        the first call of each size class of tokens (a power of two), each way twice, the
-        faster kept (`clock` times them). Blocks lose where the whole rows' gathers run well
-        from L2 (BERT-base's 3072 -> 768 at 90 % on a Zen 5 core: docs/decisions.md,
-        "SparseLinear in column blocks"). Without host measurements (``SPARSEC_TUNE=0``,
-        `sparsec.policy.calibrated`) or while traced, blocks are taken."""
-        features, tokens = xt.shape
-        if self.block >= features or tokens < self.block_tokens:
-            return False
-        if torch.compiler.is_compiling() or not calibrated.enabled():
-            return True
+    def ways(self, tokens: int) -> tuple[str, ...]:
+        """The ways a call of ``tokens`` tokens may run, the default first: the sparse ones
+        (`_sparse_ways`), and dense ``F.linear`` on a dense copy of W where that copy costs
+        at most twice the layer's sparse storage (`DENSE_MIN_DENSITY`) and the values are
+        float32 or float64."""
+        ways = self._sparse_ways(tokens)
+        size = self.in_features * self.out_features
+        if self.values.dtype in _DENSE_DTYPES and self.nnz >= DENSE_MIN_DENSITY * size:
+            ways = (*ways, DENSE)
+        return ways
+
+    def _way(self, x: torch.Tensor) -> str:
+        """How a call on tokens ``x`` (tokens, in_features) runs (`ways`), measured on the
+        host, on the call's own tokens.
+
+        Blocks and whole rows add each row's entries in the same order (rising i, a block
+        after another), so that choice changes the speed only; dense ``F.linear`` sums in
+        its own order, so it changes the rounding too (within the sums' rounding bound).
+        At the first call of each size class of tokens (a power of two), each way is timed
+        three times on the call's tokens, in interleaved rounds, without recording
+        gradients (the forward's speed), and the fastest (least time) kept
+        (`ways_measured`; the times in `ways_spent`; `clock` times them). Blocks lose where
+        the whole rows' gathers run well from L2 (BERT-base's 3072 -> 768 at 90 % on a Zen
+        5 core: docs/decisions.md, "SparseLinear in column blocks"); dense wins where the
+        host's dense GEMM runs near its peak and W is half full (an Intel server core:
+        "SparseLinear runs dense where dense measured faster"). Without host measurements
+        (``SPARSEC_TUNE=0``, `sparsec.policy.calibrated`) or while traced, the default (the
+        first way) is taken."""
+        tokens = x.shape[0]
+        ways = self.ways(tokens)
+        if len(ways) == 1 or torch.compiler.is_compiling() or not calibrated.enabled():
+            return ways[0]
         size = tokens.bit_length()
-        if size not in self.blocks_measured:
-            spent: dict[bool, float] = {True: math.inf, False: math.inf}
+        if size not in self.ways_measured:
+            spent = dict.fromkeys(ways, math.inf)
             with torch.no_grad():
-                for _ in range(2):
-                    for blocked in spent:
+                for _ in range(3):
+                    for way in ways:
                         start = clock()
-                        self._run(xt, blocked)
-                        spent[blocked] = min(spent[blocked], clock() - start)
-            self.blocks_measured[size] = spent[True] <= spent[False]
-        return self.blocks_measured[size]
+                        self._forward_way(x, way)
+                        spent[way] = min(spent[way], clock() - start)
+            chosen = min(ways, key=lambda w: (spent[w], ways.index(w)))
+            self.ways_measured[size] = chosen
+            self.ways_spent[size] = spent
+            if DENSE not in self.ways_measured.values():
+                self._dense = self._dense_of = self._flat = None  # not kept where never chosen
+        return self.ways_measured[size]
+
+    def _dense_weight(self) -> torch.Tensor:
+        """W dense, kept while the values and the pattern are unchanged. A call that records
+        a gradient gets the kept copy through `_Densified`, whose gradient gathers W's
+        gradient at the stored entries; a traced call densifies afresh (`to_dense`)."""
+        values = self.values
+        if torch.compiler.is_compiling():
+            return self.to_dense()
+        key = (values.data_ptr(), values._version, self._pattern_key())
+        if self._dense is None or self._dense_of != key:
+            rows = torch.repeat_interleave(
+                torch.arange(self.out_features, device=self.crd.device),
+                torch.diff(self.pos.long()),
+            )
+            self._flat = rows * self.in_features + self.crd.long()
+            dense = values.new_zeros(self.out_features * self.in_features)
+            dense[self._flat] = values.detach()
+            self._dense = dense.view(self.out_features, self.in_features)
+            self._dense_of = key
+            # held, so no other tensor can take the address while the key names it
+            self._dense_from = (values.untyped_storage(), *self._blocks_from)
+        if torch.is_grad_enabled() and values.requires_grad:
+            return _Densified.apply(values, self._flat, self._dense)
+        return self._dense
 
     def _block_values(self) -> torch.Tensor:
         """The values in block order, kept while the values and the blocks are unchanged
@@ -378,6 +444,22 @@ class _InBlockOrder(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         (inverse,) = ctx.saved_tensors
         return grad.index_select(0, inverse), None, None
+
+
+class _Densified(torch.autograd.Function):
+    """W dense, given already made from the values (``made``, kept by the layer): the
+    forward returns it as it is, and the values' gradient is W's gradient at the stored
+    entries, ``grad.flatten()[flat]`` (``flat``: each entry's row * in_features + column)."""
+
+    @staticmethod
+    def forward(ctx: Any, values: torch.Tensor, flat: torch.Tensor, made: torch.Tensor) -> Any:
+        ctx.save_for_backward(flat)
+        return made
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        (flat,) = ctx.saved_tensors
+        return grad.reshape(-1).index_select(0, flat), None, None
 
 
 def _linear_weight(linear: Any) -> torch.Tensor:
