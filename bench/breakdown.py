@@ -4,7 +4,8 @@ clocks patched into the sparse path for the length of a `clocked` block.
 The parts of one forward, each summed over every SparseLinear call in it:
 
 - kernel: inside the compiled kernels' C entry points (``Loaded.fn`` and ``Loaded.packed``:
-  the wall time during which one runs, so panels run on two workers count once);
+  the wall time during which one runs, so panels run on two workers count once), and, in a
+  layer that runs dense (`SparseLinear.ways`), its ``F.linear`` with the bias;
 - op: inside the torch op (`sparsec.api.torch_op.TorchOp.__call__`) but outside the C
   entry: torch's dispatch, the binding, the runtime's copies (a packed column panel, a
   ``+=`` output's start) and the output's allocation;
@@ -100,14 +101,28 @@ def clocked(model: Any) -> Iterator[Clock]:
             if loaded._packed is not None:
                 loaded._packed = clock.kernel_timed(loaded._packed)
         kernel._fast = None  # rebuilt on the next call, around the timed entry
-    forward, call = SparseLinear.forward, TorchOp.__call__
+    forward, call, way = SparseLinear.forward, TorchOp.__call__, SparseLinear._forward_way
+    def timed_way(layer: Any, x: Any, chosen: str) -> Any:
+        if chosen != "dense":
+            return way(layer, x, chosen)
+        # a dense way's F.linear: the same seconds as its kernel and as its "op"
+        start = time.perf_counter()
+        try:
+            return way(layer, x, chosen)
+        finally:
+            spent = time.perf_counter() - start
+            clock.kernel += spent
+            clock.op += spent
+
     SparseLinear.forward = _timed(forward, clock, "layer")  # type: ignore[method-assign]
     TorchOp.__call__ = _timed(call, clock, "op")  # type: ignore[method-assign]
+    SparseLinear._forward_way = timed_way  # type: ignore[method-assign]
     try:
         yield clock
     finally:
         SparseLinear.forward = forward  # type: ignore[method-assign]
         TorchOp.__call__ = call  # type: ignore[method-assign]
+        SparseLinear._forward_way = way  # type: ignore[method-assign]
         for loaded, fn, packed in saved:
             loaded._fn, loaded._packed = fn, packed
         for kernel in kernels.values():

@@ -388,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "\nwhere the sparse forward's time goes (medians ms per forward, bench/breakdown.py): "
         "kernels: the C entries; op around: dispatch, binding, runtime copies; layer around: "
-        "transposes, bias; overhead: 1 - kernels / sparse layers"
+        "transposes, bias; overhead: 1 - kernels / sparse layers; a layer that runs dense "
+        "(SparseLinear.ways) counts its F.linear as its kernel"
     )
     print(parts.render())
     path = write_results(

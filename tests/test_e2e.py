@@ -46,3 +46,25 @@ def test_padding_is_ignored_by_the_pooling():
         a = forward(params, TINY, ids, mask, torch_linear(params))
         b = forward(params, TINY, changed, mask, torch_linear(params))
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("way", ["rows", "dense"])
+def test_the_breakdown_counts_a_dense_layers_f_linear_as_its_kernel(way, monkeypatch):
+    """`bench.breakdown` on a model of one SparseLinear: whichever way the layer runs (its
+    measurement forced here), the kernel part is time spent, and a dense layer's F.linear
+    is its kernel (no op around it, as no torch op runs)."""
+    from bench.breakdown import breakdown
+
+    from sparsec.nn import SparseLinear
+    from sparsec.policy import calibrated
+
+    monkeypatch.setattr(calibrated, "enabled", lambda: True)
+    torch.manual_seed(3)
+    layer = SparseLinear.from_linear(torch.nn.Linear(64, 48), 0.5)
+    x = torch.randn(40, 64)
+    layer.ways_measured[(40).bit_length()] = way
+    with torch.no_grad():
+        got = breakdown(layer, lambda: layer(x), repeats=3)
+    assert got["kernel"] > 0 and got["sparse"] >= got["kernel"]
+    if way == "dense":
+        assert got["op"] == 0.0
