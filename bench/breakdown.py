@@ -102,6 +102,7 @@ def clocked(model: Any) -> Iterator[Clock]:
                 loaded._packed = clock.kernel_timed(loaded._packed)
         kernel._fast = None  # rebuilt on the next call, around the timed entry
     forward, call, way = SparseLinear.forward, TorchOp.__call__, SparseLinear._forward_way
+
     def timed_way(layer: Any, x: Any, chosen: str) -> Any:
         if chosen != "dense":
             return way(layer, x, chosen)

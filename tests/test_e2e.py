@@ -54,7 +54,6 @@ def test_the_breakdown_counts_a_dense_layers_f_linear_as_its_kernel(way, monkeyp
     measurement forced here), the kernel part is time spent, and a dense layer's F.linear
     is its kernel (no op around it, as no torch op runs)."""
     from bench.breakdown import breakdown
-
     from sparsec.nn import SparseLinear
     from sparsec.policy import calibrated
 
