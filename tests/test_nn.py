@@ -422,6 +422,47 @@ def test_an_op_called_with_a_missing_or_unknown_input_says_which():
         op(W=w, x=torch.ones(2, dtype=torch.float64), z=torch.ones(2))
 
 
+def test_an_eager_call_without_gradients_runs_the_ops_implementation(monkeypatch):
+    """Eager calls that record no gradient skip torch's dispatch and run what the op would
+    run; a call that records one, one under a dispatch mode, and a traced one, go through
+    the op. Every way gives the same result."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from sparsec.api.torch_op import TorchOp
+
+    torch.manual_seed(0)
+    layer = SparseLinear.from_linear(torch.nn.Linear(12, 6, dtype=torch.float64), 0.5)
+    x = torch.randn(5, 12, dtype=torch.float64)
+    want = dense_twin(layer)(x).detach()
+    dispatched: list[int] = []
+    op = linear_module._OP
+    assert isinstance(op, TorchOp) and layer.block == 12  # whole rows: this op
+    inner = op.op
+
+    def counted(*args):
+        dispatched.append(1)
+        return inner(*args)
+
+    monkeypatch.setattr(op, "op", counted)
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), want)
+    assert dispatched == []
+    torch.testing.assert_close(layer(x), want)  # the values require a gradient
+    assert len(dispatched) == 1
+    with torch.no_grad(), Passing():
+        torch.testing.assert_close(layer(x), want)
+    assert len(dispatched) == 2
+    with torch.no_grad():
+        traced = torch.jit.trace(layer, x, check_trace=False)
+    assert len(dispatched) == 3
+    torch.testing.assert_close(traced(x), want)
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compile_fullgraph_has_no_graph_break(backend):
     torch.manual_seed(0)

@@ -125,7 +125,13 @@ class TorchOp:
                 shapes.extend(value.shape)
             else:
                 flat.append(value)
-        return self.op(*flat, shapes, -1 if threads is None else threads)
+        args = (*flat, shapes, -1 if threads is None else threads)
+        if _eager_without_grad(flat):
+            # what the op would run, without torch's dispatch around a Python custom op
+            # (about 60 us a call: docs/decisions.md, "An eager call without gradients
+            # runs the op's implementation")
+            return self.run(args)
+        return self.op(*args)
 
     def unflatten(self, args: tuple[Any, ...]) -> tuple[dict[str, Any], dict[str, int]]:
         """The kernel's inputs from the op's arguments (sparse ones as `Tensor` over numpy
@@ -279,6 +285,25 @@ def torch_op(kernel: Kernel) -> TorchOp:
         if found is None:
             found = _REGISTERED[name] = TorchOp(kernel, name)
         return found
+
+
+def _eager_without_grad(flat: list[Any]) -> bool:
+    """Whether a call's operands ``flat`` are plain CPU tensors in plain eager mode, where
+    no gradient is recorded: not traced or compiled (dynamo, ``torch.jit.trace``, an FX
+    proxy, a fake or functional tensor), under no dispatch or function mode, and no
+    operand requiring a gradient while gradients are recorded. The op's implementation
+    then runs as the op would run it."""
+    import torch
+
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    grad, plain = torch.is_grad_enabled(), (torch.Tensor, torch.nn.Parameter)
+    for t in flat:
+        if type(t) not in plain or t.device.type != "cpu" or (grad and t.requires_grad):
+            return False
+    return True
 
 
 def _register(op: TorchOp) -> Any:
