@@ -4,7 +4,8 @@ clocks patched into the sparse path for the length of a `clocked` block.
 The parts of one forward, each summed over every SparseLinear call in it:
 
 - kernel: inside the compiled kernels' C entry points (``Loaded.fn`` and ``Loaded.packed``:
-  the wall time during which one runs, so panels run on two workers count once), and, in a
+  the wall time during which one runs, so panels run on two workers count once; inside the
+  compiled panel driver, the time it reports spent in the kernel), and, in a
   layer that runs dense (`SparseLinear.ways`), its ``F.linear`` with the bias;
 - op: inside the torch op (`sparsec.api.torch_op.TorchOp.__call__`) but outside the C
   entry: torch's dispatch, the binding, the runtime's copies (a packed column panel, a
@@ -115,6 +116,12 @@ def clocked(model: Any) -> Iterator[Clock]:
             clock.kernel += spent
             clock.op += spent
 
+    from sparsec.runtime import executable
+
+    def driven(seconds: float) -> None:
+        clock.kernel += seconds
+
+    executable.KERNEL_CLOCKS.append(driven)
     SparseLinear.forward = _timed(forward, clock, "layer")  # type: ignore[method-assign]
     TorchOp.__call__ = _timed(call, clock, "op")  # type: ignore[method-assign]
     SparseLinear._forward_way = timed_way  # type: ignore[method-assign]
@@ -124,6 +131,7 @@ def clocked(model: Any) -> Iterator[Clock]:
         SparseLinear.forward = forward  # type: ignore[method-assign]
         TorchOp.__call__ = call  # type: ignore[method-assign]
         SparseLinear._forward_way = way  # type: ignore[method-assign]
+        executable.KERNEL_CLOCKS.remove(driven)
         for loaded, fn, packed in saved:
             loaded._fn, loaded._packed = fn, packed
         for kernel in kernels.values():

@@ -137,3 +137,126 @@ void sparsec_copy2d_8(const uint64_t* restrict in, uint64_t* restrict out, int64
 #endif
   sc_bands_8(in, out, rows, cols, rs, cs, threads);
 }
+
+/* ---------------------------------------------------------------- column panels
+   A kernel's call in column panels made in one C call (`Executable.run_panels`): for each
+   panel, each carrier's panel is packed into a worker's buffer (the copies above), the
+   kernel's packed entry runs on it, and its output panel is copied into place; the time
+   spent inside the kernel is reported. `args` are the kernel's ABI arguments for a panel
+   of this call's width (int64 each, arrays by address); the driver puts each worker's
+   buffers into the carriers' and the output's slots. `carriers` holds six values per
+   carrier: its slot, its source's address, rows, row and column strides (in values), and
+   its values' bytes (4 or 8, copied as bits). Panels start at `first`, `width` apart,
+   `count` of them; `out` has `out_rows` rows of `n` values of `out_size` bytes, and each
+   output panel is `out_rows` x `width`. `buffers` holds each worker's carrier buffers then
+   its output buffer. Panels run on `workers` OpenMP threads, each packing and calling the
+   kernel with `inner` threads (`inner` is 1 where `workers` > 1). With `poison` (the test
+   mode), each output panel is first filled with the `out_size` bytes of `fill`. Returns the first
+   nonzero status of a kernel call (the panels left are not run), else 0; `kernel_ns`:
+   the most any worker spent inside the kernel. */
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+typedef int (*sc_packed_kernel)(const void*);
+
+static int64_t sc_now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void sc_pack_panel(const char* src, char* to, int64_t rows, int64_t cols, int64_t rs,
+                          int64_t cs, int64_t size, int threads) {
+  if (cs == 1) {  /* rows of the source are rows of the panel */
+    for (int64_t r = 0; r < rows; r++) memcpy(to + r * cols * size, src + r * rs * size, cols * size);
+  } else if (size == 4) {
+    sparsec_copy2d_4((const uint32_t*)src, (uint32_t*)to, rows, cols, rs, cs, threads);
+  } else {
+    sparsec_copy2d_8((const uint64_t*)src, (uint64_t*)to, rows, cols, rs, cs, threads);
+  }
+}
+
+#define SC_MAX_ARGS 64
+#define SC_MAX_WORKERS 256
+
+/* what every panel of one driver call shares */
+typedef struct {
+  sc_packed_kernel kernel;
+  const int64_t* args;
+  int64_t nargs;
+  const int64_t* carriers;
+  int64_t ncarriers, out_slot, out, out_rows, n, out_size, first, width;
+  const int64_t* buffers;
+  int inner, poison;
+  int64_t fill;
+} sc_panels;
+
+/* panel p on worker w's buffers: its status; the time inside the kernel added to spent */
+static int sc_one_panel(const sc_panels* c, int64_t p, int w, int64_t* spent) {
+  const int64_t* own = c->buffers + w * (c->ncarriers + 1);
+  int64_t a[SC_MAX_ARGS];
+  memcpy(a, c->args, c->nargs * sizeof *a);
+  int64_t start = c->first + p * c->width;
+  for (int64_t k = 0; k < c->ncarriers; k++) {
+    const int64_t* d = c->carriers + 6 * k;
+    const char* src = (const char*)(uintptr_t)d[1] + start * d[4] * d[5];
+    sc_pack_panel(src, (char*)(uintptr_t)own[k], d[2], c->width, d[3], d[4], d[5], c->inner);
+    a[d[0]] = own[k];
+  }
+  a[c->out_slot] = own[c->ncarriers];
+  if (c->poison) {  /* test mode: an element the kernel fails to write shows */
+    char* o = (char*)(uintptr_t)own[c->ncarriers];
+    for (int64_t e = 0; e < c->out_rows * c->width; e++) memcpy(o + e * c->out_size, &c->fill, c->out_size);
+  }
+  int64_t began = sc_now_ns();
+  int got = c->kernel(a);
+  *spent += sc_now_ns() - began;
+  if (got) return got;
+  const char* panel = (const char*)(uintptr_t)own[c->ncarriers];
+  char* to = (char*)(uintptr_t)c->out + start * c->out_size;
+  int64_t row = c->width * c->out_size;
+  for (int64_t r = 0; r < c->out_rows; r++) memcpy(to + r * c->n * c->out_size, panel + r * row, row);
+  return 0;
+}
+
+int sparsec_panels(int64_t fn, const int64_t* args, int64_t nargs, const int64_t* carriers,
+                   int64_t ncarriers, int64_t out_slot, int64_t out, int64_t out_rows,
+                   int64_t n, int64_t out_size, int64_t first, int64_t width, int64_t count,
+                   const int64_t* buffers, int workers, int inner, int poison, int64_t fill,
+                   int64_t* kernel_ns) {
+  sc_panels c = {(sc_packed_kernel)(uintptr_t)fn, args, nargs, carriers, ncarriers, out_slot,
+                 out, out_rows, n, out_size, first, width, buffers, inner, poison, fill};
+  int status = 0;
+  int64_t spent[SC_MAX_WORKERS] = {0};
+  if (nargs > SC_MAX_ARGS || workers > SC_MAX_WORKERS || workers < 1) return -1;
+  if (workers == 1) {
+    /* no parallel region around the kernel's own: a team nested in one is not pooled by
+       libgomp, and the kernel's threads would be made anew at each panel */
+    for (int64_t p = 0; p < count && !status; p++) status = sc_one_panel(&c, p, 0, &spent[0]);
+  } else {
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(workers)
+    for (int64_t p = 0; p < count; p++) {
+      int failed;
+      #pragma omp atomic read
+      failed = status;
+      if (failed) continue;
+#ifdef _OPENMP
+      int w = omp_get_thread_num();
+#else
+      int w = 0;
+#endif
+      int got = sc_one_panel(&c, p, w, &spent[w]);
+      if (got) {
+        #pragma omp atomic write
+        status = got;
+      }
+    }
+  }
+  int64_t most = 0;
+  for (int w = 0; w < workers; w++) most = spent[w] > most ? spent[w] : most;
+  *kernel_ns = most;
+  return status;
+}

@@ -66,7 +66,9 @@ def test_spmm_in_panels_equals_the_whole_run(width, dtype, threads, small_panels
 def test_packed_panels_start_on_a_cache_line(small_panels, monkeypatch):
     """Every packed panel the kernel receives starts on a 64-byte boundary, whatever the
     allocator gives (numpy: 16 bytes): a row of a misaligned panel splits every vector load
-    over two cache lines. The copy itself is exact at any offset and dtype."""
+    over two cache lines. The copy itself is exact at any offset and dtype. (Panels run in
+    Python here, the compiled driver off; the driver's own: below.)"""
+    monkeypatch.setattr(EXECUTABLE, "panels_fn", lambda: None)
     for dtype in ("float32", "float64", "int8"):
         for offset in range(3):
             src = np.arange(offset + 7 * 11, dtype=dtype)[offset:].reshape(7, 11)
@@ -100,9 +102,9 @@ def test_a_misaligned_gathered_operand_is_copied_onto_a_cache_line(dtype, monkey
     copies = []
     real = EXECUTABLE.packed_copy
 
-    def spy(array, threads=1):
+    def spy(array, threads=1, scratch=None):
         copies.append(array.shape)
-        copied = real(array, threads)
+        copied = real(array, threads, scratch)
         assert BUFFERS.address(copied) % 64 == 0
         return copied
 
@@ -137,7 +139,9 @@ def test_a_transposed_operand_is_packed_as_it_is(whole, dtype, small_panels, mon
     """X passed as a transposed view (the activations tokens first, read as Xt): the binder
     keeps its strides, each panel is packed from it by the compiled band copy onto a cache
     line, and a call run whole gets it C-ordered first; the result is the C-ordered X's,
-    bit for bit, in 2 and 3 dimensions."""
+    bit for bit, in 2 and 3 dimensions. (Panels run in Python here, the compiled driver
+    off: its packing is in C, `test_the_compiled_driver_runs_the_panels`.)"""
+    monkeypatch.setattr(EXECUTABLE, "panels_fn", lambda: None)
     if whole:
         monkeypatch.setattr(COSTS, "PANEL_MIN_BYTES", 1 << 62)
     monkeypatch.setattr(COPIES, "STRIDED_COPY_BYTES", 0)
@@ -171,7 +175,9 @@ def test_a_transposed_operand_is_packed_as_it_is(whole, dtype, small_panels, mon
 @pytest.mark.parametrize(("threads", "workers", "inner"), [(2, 2, 1), (3, 3, 1), (8, 5, 1)])
 def test_panels_are_shared_among_workers(threads, workers, inner, small_panels, monkeypatch):
     """5 panels on ``threads`` threads: min(threads, 5) workers, each running its panels'
-    kernels on threads // workers threads; the result is the whole run's, bit for bit."""
+    kernels on threads // workers threads; the result is the whole run's, bit for bit.
+    (Panels run in Python here, the compiled driver off; the driver's own: below.)"""
+    monkeypatch.setattr(EXECUTABLE, "panels_fn", lambda: None)
     pools, runs = [], []
 
     class Recording(EXECUTABLE.ThreadPoolExecutor):
@@ -195,6 +201,59 @@ def test_panels_are_shared_among_workers(threads, workers, inner, small_panels, 
     np.testing.assert_array_equal(got, whole)
     assert pools == [workers]
     assert sorted(runs)[:-1] == [(8, inner)] * 5 and runs[0] == (40, threads)
+
+
+@pytest.mark.parametrize("sequence", [False, True])
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_compiled_driver_runs_the_panels(sequence, threads, dtype, small_panels, monkeypatch):
+    """The panels of a call run in one C call per panel width (`copies.panels_fn`): its
+    full panels, then the last narrower one; on min(threads, panels) workers of one thread
+    each, or in sequence on all the call's threads, or in Python where workers would each
+    need several threads. X transposed and C-ordered alike, integer values: the whole run's
+    result bit for bit, and the kernel's time reported to `KERNEL_CLOCKS`."""
+    monkeypatch.setattr(COSTS, "panels_in_sequence", lambda: sequence)
+    calls, reported = [], []
+    real = EXECUTABLE.panels_fn()
+
+    def driver(*args):
+        calls.append(
+            (args[10], args[11], args[12], args[14], args[15])
+        )  # first, width, count, workers, inner
+        return real(*args)
+
+    monkeypatch.setattr(EXECUTABLE, "panels_fn", lambda: driver)
+    monkeypatch.setattr(EXECUTABLE, "KERNEL_CLOCKS", [reported.append])
+    rng = np.random.default_rng(threads)
+    w = (rng.integers(-3, 4, (23, 30)) * (rng.random((23, 30)) < 0.4)).astype(dtype)
+    w[4] = 0
+    tokens_first = rng.integers(-3, 4, (43, 30)).astype(dtype)
+    k = sparsec.Kernel(SPMM, {"W": "csr"})
+    tensor = sparsec.as_tensor(w, "csr")
+    want = _whole(SPMM, {"W": "csr"}, {"W": tensor, "X": tokens_first.T.copy()}, 1, monkeypatch)
+    np.testing.assert_array_equal(want, w @ tokens_first.T)
+    for x in (tokens_first.T, np.ascontiguousarray(tokens_first.T)):
+        calls.clear()
+        np.testing.assert_array_equal(k(W=tensor, X=x, threads=threads), want)
+        workers = 1 if sequence else min(threads, 6)
+        inner = threads // workers
+        if workers > 1 and inner > 1:
+            assert calls == []  # Python's workers
+            continue
+        assert calls == [(0, 8, 5, workers, inner), (40, 3, 1, workers, inner)]
+        assert len(reported) >= 2 and all(r > 0 for r in reported)
+
+
+def test_a_kernels_failure_in_the_driver_is_raised(small_panels, monkeypatch):
+    """A status the kernel returns inside the driver is the call's error, as in Python."""
+    from sparsec.base.errors import SparsecError
+
+    real = EXECUTABLE.panels_fn()
+    monkeypatch.setattr(EXECUTABLE, "panels_fn", lambda: lambda *a: 7 if real(*a) == 0 else 7)
+    rng = np.random.default_rng(5)
+    w = sparse_array((9, 7), rng, 0.5)
+    with pytest.raises(SparsecError):
+        sparsec.Kernel(SPMM, {"W": "csr"})(W=w, X=rng.standard_normal((7, 40)), threads=1)
 
 
 def test_two_carriers_and_mttkrp(small_panels, monkeypatch):
@@ -262,3 +321,29 @@ def test_last_level_cache_is_read_or_assumed():
     from sparsec.policy.machine import host
 
     assert host().last_level_cache >= 256 << 10
+
+
+def test_scratch_buffers_are_kept_per_thread_and_number():
+    """A packed copy made in scratch (`copies.scratch_array`) reuses the calling thread's
+    buffer of that number from call to call, on a cache line, grown to the largest asked
+    for; another number, or another thread, has its own. The copy equals the source."""
+    import threading
+
+    a = COPIES.scratch_array(0, (5, 7), np.float32)
+    b = COPIES.scratch_array(0, (3, 2), np.float64)
+    c = COPIES.scratch_array(1, (5, 7), np.float32)
+    assert BUFFERS.address(a) == BUFFERS.address(b) and BUFFERS.address(a) % 64 == 0
+    assert not np.shares_memory(a, c) and c.shape == (5, 7) and c.dtype == np.float32
+    big = COPIES.scratch_array(0, (100, 100), np.float64)  # grown
+    assert big.shape == (100, 100) and BUFFERS.address(big) % 64 == 0
+    other = []
+    t = threading.Thread(target=lambda: other.append(COPIES.scratch_array(0, (5, 7), np.float32)))
+    t.start()
+    t.join()
+    assert not np.shares_memory(other[0], big)
+    src = np.arange(60, dtype=np.float32).reshape(6, 10)
+    for view in (src, src.T, src[:, 3:8]):
+        got = COPIES.packed_copy(view, 2, 3)
+        np.testing.assert_array_equal(got, view)
+        assert got.flags.c_contiguous and BUFFERS.address(got) % 64 == 0
+        assert BUFFERS.address(got) == BUFFERS.address(COPIES.scratch_array(3, (1,), np.uint8))

@@ -25,7 +25,7 @@ import numpy as np
 from ..base.errors import CompileError
 from ..base.resources import data_dir
 from ..policy.machine import machine
-from ..tensors.buffers import aligned_array, aligned_copy
+from ..tensors.buffers import address, aligned_array, aligned_copy
 from .build import compile_cached
 
 #: a copy of at least this many bytes is made by several threads, in slabs of its first axis
@@ -57,7 +57,7 @@ def contiguous_copy(array: np.ndarray, threads: int = 1) -> np.ndarray:
     ``threads`` threads in slabs of its first axis when it is large."""
     if array.flags.c_contiguous:
         return array
-    flat = _as_2d(array)
+    flat = as_2d(array)
     if array.nbytes >= STRIDED_COPY_BYTES and flat is not None and _across_rows(flat):
         copied = _band_copy(flat, threads, np.empty(flat.shape, flat.dtype))
         if copied is not None:
@@ -96,20 +96,56 @@ def _across_rows(array: np.ndarray) -> bool:
     return array.strides[1] != size
 
 
-def packed_copy(array: np.ndarray, threads: int = 1) -> np.ndarray:
+def packed_copy(array: np.ndarray, threads: int = 1, scratch: int | None = None) -> np.ndarray:
     """``array`` C-ordered, on a 64-byte boundary, whatever its strides: a packed panel of a
     dense operand (`Executable.run_panels`). A panel of an operand passed transposed (the
     tokens-first activations of `sparsec.nn.SparseLinear`, read as Xt(i,t)) is packed by the
-    compiled band copy straight from it, so the operand is never transposed whole."""
-    flat = _as_2d(array)
+    compiled band copy straight from it, so the operand is never transposed whole.
+
+    ``scratch``: the copy lives only while one kernel call runs, and is made in the calling
+    thread's scratch buffer number ``scratch`` (`scratch_array`; each operand of a call
+    its own number) instead of fresh memory."""
+    flat = as_2d(array)
     if flat is not None and not array.flags.c_contiguous and _across_rows(flat):
-        copied = _band_copy(flat, threads, aligned_array(flat.shape, flat.dtype))
+        into = aligned_array(flat.shape, flat.dtype) if scratch is None else None
+        if into is None:
+            into = scratch_array(scratch or 0, flat.shape, flat.dtype)
+        copied = _band_copy(flat, threads, into)
         if copied is not None:
             return copied.reshape(array.shape)
-    return aligned_copy(array)
+    if scratch is None:
+        return aligned_copy(array)
+    into = scratch_array(scratch, array.shape, array.dtype)
+    np.copyto(into, array)
+    return into
 
 
-def _as_2d(array: np.ndarray) -> np.ndarray | None:
+#: each thread's scratch buffers (`scratch_array`)
+_SCRATCH = threading.local()
+
+
+def scratch_array(number: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-ordered array on a 64-byte boundary in the calling thread's
+    scratch buffer ``number``, kept from call to call and grown to the largest asked for.
+
+    A packed copy made afresh at every call was freed at its end; glibc returns freed
+    memory at the top of its heap to the system past a threshold that grows with the
+    blocks it has mapped, so the next call's copy, and often its output, faulted in every
+    page again (MiniLM's 384 x 1024 float32 activations: 736 page faults a call, about a
+    third of the layer's time: docs/decisions.md, "Packed copies in kept scratch buffers").
+    The buffer is the thread's until its next call with the same number: a copy made in it
+    must not outlive the kernel call it feeds."""
+    dtype = np.dtype(dtype)
+    need = math.prod(shape) * dtype.itemsize + 64
+    buffers: dict[int, np.ndarray] = _SCRATCH.__dict__.setdefault("buffers", {})
+    raw = buffers.get(number)
+    if raw is None or raw.nbytes < need:
+        raw = buffers[number] = np.empty(need, np.uint8)
+    start = -address(raw) % 64
+    return raw[start : start + need - 64].view(dtype).reshape(shape)
+
+
+def as_2d(array: np.ndarray) -> np.ndarray | None:
     """``array`` as a 2-D view, its leading axes merged (their strides nest), or None."""
     if array.ndim < 2:
         return None
@@ -132,15 +168,38 @@ def _band_copy(array: np.ndarray, threads: int, out: np.ndarray) -> np.ndarray |
 
 
 @cache
-def _copy_fn(size: int) -> Any:
-    """The compiled band copy for values of ``size`` bytes (built once, then cached on disk
-    as kernels are), or None when it cannot be built."""
+def _library() -> Any:
+    """The compiled copies (``templates/copies.c``: built once, then cached on disk as
+    kernels are), or None when they cannot be built."""
     source = (data_dir("templates") / "copies.c").read_text()
     try:
-        lib = compile_cached(source)
+        return compile_cached(source)
     except CompileError:
+        return None
+
+
+@cache
+def _copy_fn(size: int) -> Any:
+    """The compiled band copy for values of ``size`` bytes, or None (`_library`)."""
+    lib = _library()
+    if lib is None:
         return None
     fn = getattr(lib, f"sparsec_copy2d_{size}")
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, *[ctypes.c_int64] * 4, ctypes.c_int]
     fn.restype = None
+    return fn
+
+
+@cache
+def panels_fn() -> Any:
+    """The compiled panel driver (``sparsec_panels`` in ``templates/copies.c``: a kernel's
+    call in column panels in one C call, `Executable.run_panels`), or None (`_library`)."""
+    lib = _library()
+    if lib is None:
+        return None
+    fn = lib.sparsec_panels
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, i64, i64, i64, ptr]
+    fn.argtypes += [ctypes.c_int, ctypes.c_int, ctypes.c_int, i64, ctypes.POINTER(i64)]
+    fn.restype = ctypes.c_int
     return fn

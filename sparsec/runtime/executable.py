@@ -16,6 +16,7 @@ the `Kernel` that made it.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
 from collections.abc import Callable
@@ -32,16 +33,34 @@ from ..frontend.semirings import semiring
 from ..middle.spec import Spec
 from ..policy import costs
 from ..policy.costs import Columns
-from ..tensors.buffers import aligned_empty
-from ..tensors.halves import readable, result_dtype, rounded, storage_fill
+from ..tensors.buffers import address, aligned_array, aligned_empty
+from ..tensors.halves import HALF, readable, result_dtype, rounded, storage_fill
 from ..tensors.tensor import Tensor
 from . import device, gpu_sparse, sparse_out
 from .args import Source, arguments, slots
 from .binding import VALUE_DTYPES, resolve_threads
-from .copies import packed_copy
+from .copies import as_2d, packed_copy, panels_fn
 from .inputs import Prepared
 from .loaded import Loaded, load, status_error
 from .sparse_out import SparseOutput
+
+#: the first scratch buffer (`copies.scratch_array`) of a panel's packed operands
+PANEL_SCRATCH = 16
+#: called with the seconds each call of the panel driver spent inside the kernel (the
+#: kernel runs inside the driver, where no Python clock can reach it: `bench.breakdown`)
+KERNEL_CLOCKS: list[Callable[[float], None]] = []
+
+
+def _fill_bits(dtype: str, out: np.dtype) -> int:
+    """The bits of the poisoned output's fill (test mode: NaN, or an integral type's
+    poison, as `run_whole` fills) in ``out``'s values, as an int64."""
+    fill = np.array([storage_fill(np.nan, dtype)]).astype(out)
+    return int(fill.view(f"i{out.itemsize}")[0])
+
+
+def _int64s(values: list[int]) -> Any:
+    """``values`` as a C array of int64."""
+    return (ctypes.c_int64 * len(values))(*values)
 
 
 class Executable:
@@ -220,12 +239,16 @@ class Executable:
         workers = 1 if costs.panels_in_sequence() else min(total, len(starts))
 
         inner = total // workers
+        if self._panels_in_c(prepared, out, width, workers, inner):
+            return out
 
         def panel(start: int) -> None:
             cols = min(width, n - start)
             values = dict(prepared.values)
-            for name in self.columns.carriers:
-                values[name] = packed_copy(values[name][..., start : start + cols], inner)
+            for number, name in enumerate(self.columns.carriers):
+                panel = values[name][..., start : start + cols]
+                # scratch numbers of their own: never those a whole run packs into
+                values[name] = packed_copy(panel, inner, PANEL_SCRATCH + number)
             part = replace(prepared, values=values, dims={**prepared.dims, j: cols})
             out[..., start : start + cols] = self.run(part, inner)
 
@@ -237,6 +260,105 @@ class Executable:
             with ThreadPoolExecutor(workers, thread_name_prefix="sparsec-panel") as pool:
                 list(pool.map(panel, starts))
         return out
+
+    def _panels_in_c(
+        self, prepared: Prepared, out: np.ndarray, width: int, workers: int, inner: int
+    ) -> bool:
+        """``out`` filled in column panels of ``width`` by the compiled driver (one C call
+        for all panels of one width: `copies.panels_fn`), as `run_panels` would fill it in
+        Python; False where it cannot (the caller then does): a GPU or emulated target, an
+        accumulated or 16-bit output, no packed entry or driver, a carrier that
+        is not a 2-D view of 4- or 8-byte values, or panels on workers that would each use
+        several threads (the driver's workers run their kernels on one)."""
+        gen = self.loaded.generated
+        if self.target.gpu or self.target.emulated or self.accumulate:
+            return False
+        if gen.wide_output or prepared.dtype in HALF or (workers > 1 and inner > 1):
+            return False
+        driver, fn = panels_fn(), self.loaded.packed_address
+        if driver is None or fn is None or not out.flags.c_contiguous:
+            return False
+        j = self.columns.index
+        assert j is not None
+        n = prepared.dims[j]
+        sources = {}
+        for name in self.columns.carriers:
+            value = prepared.values[name]
+            flat = as_2d(value) if isinstance(value, np.ndarray) else None
+            if flat is None or flat.itemsize not in (4, 8) or value.dtype.hasobject:
+                return False
+            if any(st <= 0 or st % flat.itemsize for st in flat.strides):
+                return False
+            sources[name] = flat
+        rows = math.prod(out.shape[:-1])
+        full, rest = divmod(n, width)
+        spent = ctypes.c_int64()
+        for first, cols, count in ((0, width, full), (full * width, rest, 1)):
+            if not cols or not count:
+                continue
+            panels = {
+                name: [aligned_array((*prepared.values[name].shape[:-1], cols), v.dtype)
+                       for _ in range(workers)]
+                for name, v in sources.items()
+            }  # fmt: skip
+            outs = [
+                aligned_empty(rows * cols, out.dtype).reshape(rows, cols) for _ in range(workers)
+            ]
+            values = {**prepared.values, **{name: bufs[0] for name, bufs in panels.items()}}
+            dims = {**prepared.dims, j: cols}
+            args = arguments(
+                self.slots,
+                values,
+                dims,
+                {("vals", -1): outs[0]},
+                inner,
+                self.columns.band_tiles(dims, values),
+                self.columns.depth_rows(dims, values),
+            )
+            slot_of = {s.of: at for at, s in enumerate(self.slots) if s.source is Source.INPUT}
+            out_slot = next(
+                at
+                for at, s in enumerate(self.slots)
+                if s.source is Source.OUTPUT and s.key == ("vals", -1)
+            )
+            carriers = [
+                v
+                for name, flat in sources.items()
+                for v in (slot_of[name], address(flat), flat.shape[0],
+                          flat.strides[0] // flat.itemsize, flat.strides[1] // flat.itemsize,
+                          flat.itemsize)
+            ]  # fmt: skip
+            buffers = [
+                address(b)
+                for w in range(workers)
+                for b in (*(bufs[w] for bufs in panels.values()), outs[w])
+            ]
+            status = driver(
+                fn,
+                _int64s(args),
+                len(args),
+                _int64s(carriers),
+                len(sources),
+                out_slot,
+                address(out),
+                rows,
+                n,
+                out.itemsize,
+                first,
+                cols,
+                count,
+                _int64s(buffers),
+                workers,
+                inner,
+                int(self.poison),
+                _fill_bits(prepared.dtype, out.dtype) if self.poison else 0,
+                ctypes.byref(spent),
+            )
+            for hook in KERNEL_CLOCKS:
+                hook(spent.value * 1e-9)
+            if status != 0:
+                raise status_error(status, gen)
+        return True
 
     def run_whole(self, prepared: Prepared, threads: int | None) -> Any:
         """A dense output in one run of the kernel."""
@@ -282,7 +404,11 @@ class Executable:
                 carriers = self.columns.carriers
                 packed = {n for n in carriers if not values[n].flags.c_contiguous}
                 packed.update(costs.misaligned(dims[j], carriers, values))
-                copied = {n: packed_copy(values[n], resolve_threads(threads)) for n in packed}
+                # each in the thread's scratch: they live for this kernel call only
+                copied = {
+                    n: packed_copy(values[n], resolve_threads(threads), number)
+                    for number, n in enumerate(sorted(packed))
+                }
                 values = {**values, **copied}
             args = arguments(
                 self.slots,

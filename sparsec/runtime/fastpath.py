@@ -174,13 +174,14 @@ def _source(
         "th = (use_threads(threads) if type(threads) is int and 0 < threads <= MAX_THREADS"
         " else resolve_threads(threads))",
     ]
-    for name in sorted(carriers & set(local)):
+    for number, name in enumerate(sorted(carriers & set(local))):
         # a panel operand passed strided (SparseLinear's transposed activations) is made
-        # C-ordered on a cache line by the compiled copy, as the general path's whole run does
+        # C-ordered on a cache line by the compiled copy, as the general path's whole run
+        # does, in the thread's scratch buffer (it lives for this call only)
         v, m = local[name], local[name].removeprefix("v")
         lines += [
             f"if not {v}.flags.c_contiguous:",
-            f"    {v} = packed_copy({v}, th)",
+            f"    {v} = packed_copy({v}, th, {number})",
             f"    x{m} = address({v})",
         ]
     lines += [

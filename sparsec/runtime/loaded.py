@@ -61,7 +61,7 @@ class Loaded:
     threads) are built from the whole source the first time an entry of theirs is asked
     for."""
 
-    __slots__ = ("generated", "append", "_fn", "_assemble", "_packed", "_later")
+    __slots__ = ("generated", "append", "_fn", "_assemble", "_packed", "_later", "_address")
 
     def __init__(
         self,
@@ -78,11 +78,13 @@ class Loaded:
         self._fn, self._assemble, self._packed = fn, assemble, packed
         #: builds and loads (fn, assemble, packed) on first use, else None
         self._later = later
+        self._address = _address_of(packed)
 
     def _built(self) -> None:
         later = self._later
         if later is not None:
             self._fn, self._assemble, self._packed = later()
+            self._address = _address_of(self._packed)
             self._later = None
 
     @property
@@ -103,10 +105,22 @@ class Loaded:
         return self._assemble
 
     @property
+    def packed_address(self) -> int | None:
+        """The address of ``sparsec_kernel_packed`` in the library (for compiled callers:
+        the panel driver, `sparsec.runtime.copies.panels`), where the C kernel has it."""
+        self._built()
+        return self._address
+
+    @property
     def packed(self) -> Any:
         """``sparsec_kernel_packed`` (takes a bytes object), where the C kernel has it."""
         self._built()
         return self._packed
+
+
+def _address_of(fn: Any) -> int | None:
+    """The address of a function loaded by ctypes (None for none)."""
+    return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
 
 
 def load(generated: Generated, target: Target, sparse_output: bool) -> Loaded:
