@@ -310,14 +310,18 @@ def test_without_a_c_compiler_numpy_copies(monkeypatch):
 
     monkeypatch.setattr(convert, "STRIDED_COPY_BYTES", 0)
     monkeypatch.setattr(convert, "compile_cached", no_compiler)
-    convert._copy_fn.cache_clear()
+    caches = (convert._library, convert._copy_fn, convert.panels_fn)
+    for cache in caches:
+        cache.cache_clear()
     try:
         view = np.arange(600.0).reshape(20, 30).T
         for _ in range(3):
             np.testing.assert_array_equal(convert.contiguous_copy(view, 2), view)
         assert len(tries) == 1
+        assert convert.panels_fn() is None and len(tries) == 1  # nor for the panel driver
     finally:
-        convert._copy_fn.cache_clear()
+        for cache in caches:
+            cache.cache_clear()
 
 
 @pytest.mark.parametrize("copy", ["slabs", "bands"])

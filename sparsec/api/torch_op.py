@@ -128,8 +128,8 @@ class TorchOp:
         args = (*flat, shapes, -1 if threads is None else threads)
         if _eager_without_grad(flat):
             # what the op would run, without torch's dispatch around a Python custom op
-            # (about 60 us a call: docs/decisions.md, "An eager call without gradients
-            # runs the op's implementation")
+            # (docs/decisions.md, "An eager call without gradients runs the op's
+            # implementation")
             return self.run(args)
         return self.op(*args)
 
