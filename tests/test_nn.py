@@ -295,6 +295,21 @@ def test_the_way_of_a_call_as_measured_on_the_host(fastest, monkeypatch):
         assert set(runs[1:-1]) == {"rows", "dense"}
 
 
+def test_a_measured_way_that_is_no_longer_a_way_is_measured_again(monkeypatch):
+    """A way measured for a size class that the layer no longer has (dense, measured before
+    a sparser pattern was loaded) is not run: the class is measured again."""
+    monkeypatch.setattr(calibrated, "enabled", lambda: True)
+    with use(l1_data=1 << 10):
+        layer = SparseLinear.from_linear(pruned_linear(64, 8, 0.9, seed=9))
+    assert "dense" not in layer.ways(40)
+    layer.ways_measured[(40).bit_length()] = "dense"
+    x = torch.randn(40, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), dense_twin(layer)(x))
+    assert layer.ways_measured[(40).bit_length()] in layer.ways(40)
+    assert set(layer.ways_spent[(40).bit_length()]) == set(layer.ways(40))
+
+
 def test_a_layer_stored_below_a_quarter_never_runs_dense():
     """The dense copy is a candidate only where it costs at most twice the sparse
     storage (a quarter of W stored, `DENSE_MIN_DENSITY`), and for float32/float64 values."""

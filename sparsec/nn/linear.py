@@ -301,7 +301,7 @@ class SparseLinear(torch.nn.Module):
         if len(ways) == 1 or torch.compiler.is_compiling() or not calibrated.enabled():
             return ways[0]
         size = tokens.bit_length()
-        if size not in self.ways_measured:
+        if self.ways_measured.get(size) not in ways:  # unmeasured, or not a way any more
             spent = dict.fromkeys(ways, math.inf)
             with torch.no_grad():
                 for _ in range(3):

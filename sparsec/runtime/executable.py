@@ -33,19 +33,22 @@ from ..frontend.semirings import semiring
 from ..middle.spec import Spec
 from ..policy import costs
 from ..policy.costs import Columns
-from ..tensors.buffers import address, aligned_array, aligned_empty
+from ..tensors.buffers import address, aligned_empty
 from ..tensors.halves import HALF, readable, result_dtype, rounded, storage_fill
 from ..tensors.tensor import Tensor
 from . import device, gpu_sparse, sparse_out
 from .args import Source, arguments, slots
 from .binding import VALUE_DTYPES, resolve_threads
-from .copies import as_2d, packed_copy, panels_fn
+from .copies import as_2d, packed_copy, panels_fn, scratch_array
 from .inputs import Prepared
 from .loaded import Loaded, load, status_error
 from .sparse_out import SparseOutput
 
 #: the first scratch buffer (`copies.scratch_array`) of a panel's packed operands
 PANEL_SCRATCH = 16
+#: the most arguments and workers the compiled panel driver takes (its SC_MAX_ARGS and
+#: SC_MAX_WORKERS, ``templates/copies.c``)
+PANEL_MAX_ARGS, PANEL_MAX_WORKERS = 64, 256
 #: called with the seconds each call of the panel driver spent inside the kernel (the
 #: kernel runs inside the driver, where no Python clock can reach it: `bench.breakdown`)
 KERNEL_CLOCKS: list[Callable[[float], None]] = []
@@ -278,6 +281,8 @@ class Executable:
         driver, fn = panels_fn(), self.loaded.packed_address
         if driver is None or fn is None or not out.flags.c_contiguous:
             return False
+        if len(self.slots) > PANEL_MAX_ARGS or workers > PANEL_MAX_WORKERS:
+            return False
         j = self.columns.index
         assert j is not None
         n = prepared.dims[j]
@@ -296,14 +301,16 @@ class Executable:
         for first, cols, count in ((0, width, full), (full * width, rest, 1)):
             if not cols or not count:
                 continue
+            # each worker's buffers in the calling thread's scratch (kept from call to call)
+            numbers = iter(range(PANEL_SCRATCH, PANEL_SCRATCH + workers * (len(sources) + 1)))
             panels = {
-                name: [aligned_array((*prepared.values[name].shape[:-1], cols), v.dtype)
-                       for _ in range(workers)]
+                name: [
+                    scratch_array(next(numbers), (*prepared.values[name].shape[:-1], cols), v.dtype)
+                    for _ in range(workers)
+                ]
                 for name, v in sources.items()
-            }  # fmt: skip
-            outs = [
-                aligned_empty(rows * cols, out.dtype).reshape(rows, cols) for _ in range(workers)
-            ]
+            }
+            outs = [scratch_array(next(numbers), (rows, cols), out.dtype) for _ in range(workers)]
             values = {**prepared.values, **{name: bufs[0] for name, bufs in panels.items()}}
             dims = {**prepared.dims, j: cols}
             args = arguments(
