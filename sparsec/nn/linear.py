@@ -30,6 +30,11 @@ blocks (`sparsec.policy.costs.column_block`): ``Yt(o,t) = W(b,o,k) * Xt(b,k,t)``
 from them (docs/decisions.md, "SparseLinear in column blocks"). That pattern is derived
 once from (pos, crd) and kept as buffers beside them, with the permutation that takes the
 values from CSR order to its order; the parameter stays in CSR order.
+
+Where at least a quarter of W is stored, dense ``F.linear`` on a kept dense copy of W is a
+third way. Which of the ways a call takes (`SparseLinear.ways`) is measured on the host at
+the first call of each size class of tokens (docs/decisions.md, "SparseLinear runs dense
+where dense measured faster").
 """
 
 from __future__ import annotations
