@@ -341,6 +341,9 @@ def test_scratch_buffers_are_kept_per_thread_and_number():
     t.start()
     t.join()
     assert not np.shares_memory(other[0], big)
+    huge = COPIES.SCRATCH_MAX_BYTES // 8 + 1  # beyond the largest kept: fresh memory
+    first = COPIES.scratch_array(5, (huge,), np.float64)
+    assert not np.shares_memory(first, COPIES.scratch_array(5, (huge,), np.float64))
     src = np.arange(60, dtype=np.float32).reshape(6, 10)
     for view in (src, src.T, src[:, 3:8]):
         got = COPIES.packed_copy(view, 2, 3)

@@ -107,9 +107,10 @@ def packed_copy(array: np.ndarray, threads: int = 1, scratch: int | None = None)
     its own number) instead of fresh memory."""
     flat = as_2d(array)
     if flat is not None and not array.flags.c_contiguous and _across_rows(flat):
-        into = aligned_array(flat.shape, flat.dtype) if scratch is None else None
-        if into is None:
-            into = scratch_array(scratch or 0, flat.shape, flat.dtype)
+        if scratch is None:
+            into = aligned_array(flat.shape, flat.dtype)
+        else:
+            into = scratch_array(scratch, flat.shape, flat.dtype)
         copied = _band_copy(flat, threads, into)
         if copied is not None:
             return copied.reshape(array.shape)
@@ -122,6 +123,9 @@ def packed_copy(array: np.ndarray, threads: int = 1, scratch: int | None = None)
 
 #: each thread's scratch buffers (`scratch_array`)
 _SCRATCH = threading.local()
+#: the largest scratch buffer kept: a larger copy is made in fresh memory (a one-off call on
+#: a huge operand keeps nothing), where the copy's own time outweighs its page faults
+SCRATCH_MAX_BYTES = 64 << 20
 
 
 def scratch_array(number: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -131,12 +135,13 @@ def scratch_array(number: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray
     A packed copy made afresh at every call was freed at its end; glibc returns freed
     memory at the top of its heap to the system past a threshold that grows with the
     blocks it has mapped, so the next call's copy, and often its output, faulted in every
-    page again (MiniLM's 384 x 1024 float32 activations: 736 page faults a call, about a
-    third of the layer's time: docs/decisions.md, "Packed copies in kept scratch buffers").
-    The buffer is the thread's until its next call with the same number: a copy made in it
-    must not outlive the kernel call it feeds."""
+    page again (docs/decisions.md, "Packed copies in kept scratch buffers"). The buffer is
+    the thread's until its next call with the same number: a copy made in it must not
+    outlive the kernel call it feeds. Beyond `SCRATCH_MAX_BYTES` the array is fresh."""
     dtype = np.dtype(dtype)
     need = math.prod(shape) * dtype.itemsize + 64
+    if need > SCRATCH_MAX_BYTES:
+        return aligned_array(shape, dtype)
     buffers: dict[int, np.ndarray] = _SCRATCH.__dict__.setdefault("buffers", {})
     raw = buffers.get(number)
     if raw is None or raw.nbytes < need:
