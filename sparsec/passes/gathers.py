@@ -13,13 +13,13 @@ Two shapes, measured on pruned-BERT SpMM (`bench bert`) and MTTKRP (docs/decisio
   L1 sets and the line fetched ahead is evicted before its use, none is made (SpMM with
   512 float64 columns gains). It also gets the span of the rows the index array can reach
   (the level's extent times the stride, where the pass is given the extent), and none is
-  made where that span fits the L1 data cache: the rows are then cached already (the column
-  blocks of `sparsec.nn.SparseLinear` are sized to it), and a prefetch only costs the
-  loop an index load and an address (pruned-BERT SpMM in column blocks, float32, on an
-  Intel server: docs/decisions.md, "No gather prefetch into a span the L1 holds"). (The loop used to be split in two, the last
-  iterations without prefetches: as fast, measured on the harness's SpMM in float64 and
-  float32, but twice the code, and a longer -O3 compile once tiles of fewer
-  vectors came.)
+  made where that span fits the L1 data cache: the rows are then cached already (the
+  column blocks of `sparsec.nn.SparseLinear` are sized to it), and a prefetch only costs
+  the loop an index load and an address (pruned-BERT SpMM in column blocks, float32, on an
+  Intel server: docs/decisions.md, "No gather prefetch into a span the L1 holds"). (The
+  loop used to be split in two, the last iterations without prefetches: as fast, measured
+  on the harness's SpMM in float64 and float32, but twice the code, and a longer -O3
+  compile once tiles of fewer vectors came.)
 - *Across segments* (`Gathers.across`). When the innermost loop walks segments ``pos[q] ..
   pos[q + 1]`` of the loop around it (MTTKRP's l fibers in its k fibers, about one entry
   each on random tensors, where prefetching within a fiber finds nothing ahead), the segments of the
