@@ -215,10 +215,8 @@ class SparseLinear(torch.nn.Module):
 
     def to_dense(self) -> torch.Tensor:
         """W as a dense (out_features, in_features) tensor (differentiable in ``values``)."""
-        rows = torch.repeat_interleave(
-            torch.arange(self.out_features, device=self.crd.device), torch.diff(self.pos.long())
-        )
         dense = self.values.new_zeros(self.out_features, self.in_features)
+        rows = self._entry_rows()
         return dense.index_put((rows, self.crd.long()), self.values)
 
     def extra_repr(self) -> str:
@@ -323,18 +321,14 @@ class SparseLinear(torch.nn.Module):
 
     def _dense_weight(self) -> torch.Tensor:
         """W dense, kept while the values and the pattern are unchanged. A call that records
-        a gradient gets the kept copy through `_Densified`, whose gradient gathers W's
-        gradient at the stored entries; a traced call densifies afresh (`to_dense`)."""
+        a gradient gets the kept copy through `_Kept`, whose gradient gathers W's gradient
+        at the stored entries (``flat``: each entry's row * in_features + column); a traced call densifies afresh (`to_dense`)."""
         values = self.values
         if torch.compiler.is_compiling():
             return self.to_dense()
         key = (values.data_ptr(), values._version, self._pattern_key())
         if self._dense is None or self._dense_of != key:
-            rows = torch.repeat_interleave(
-                torch.arange(self.out_features, device=self.crd.device),
-                torch.diff(self.pos.long()),
-            )
-            self._flat = rows * self.in_features + self.crd.long()
+            self._flat = self._entry_rows() * self.in_features + self.crd.long()
             dense = values.new_zeros(self.out_features * self.in_features)
             dense[self._flat] = values.detach()
             self._dense = dense.view(self.out_features, self.in_features)
@@ -342,14 +336,14 @@ class SparseLinear(torch.nn.Module):
             # held, so no other tensor can take the address while the key names it
             self._dense_from = (values.untyped_storage(), *self._blocks_from)
         if torch.is_grad_enabled() and values.requires_grad:
-            return _Densified.apply(values, self._flat, self._dense)
+            return _Kept.apply(values, self._flat, self._dense)
         return self._dense
 
     def _block_values(self) -> torch.Tensor:
         """The values in block order, kept while the values and the blocks are unchanged
         (calls between optimizer steps skip a pass over the values). A call that records a
-        gradient gets the kept copy through `_InBlockOrder`, whose gradient takes the
-        values' gradient back to CSR order by the inverse permutation; a traced call
+        gradient gets the kept copy through `_Kept`, whose gradient takes the values'
+        gradient back to CSR order by the inverse permutation; a traced call
         gathers afresh."""
         values = self.values
         if torch.compiler.is_compiling():
@@ -362,8 +356,14 @@ class SparseLinear(torch.nn.Module):
             # held, so no other tensor can take the address while the key names it
             self._gathered_from = values.untyped_storage()
         if torch.is_grad_enabled() and values.requires_grad:
-            return _InBlockOrder.apply(values, self.block_inverse, self._gathered)
+            return _Kept.apply(values, self.block_inverse, self._gathered)
         return self._gathered
+
+    def _entry_rows(self) -> torch.Tensor:
+        """Each stored entry's row o (int64, in CSR order), from pos."""
+        return torch.repeat_interleave(
+            torch.arange(self.out_features, device=self.crd.device), torch.diff(self.pos.long())
+        )
 
     def _pattern_key(self) -> tuple[int, ...]:
         """What identifies the pattern's current contents: its tensors and their versions."""
@@ -382,9 +382,7 @@ class SparseLinear(torch.nn.Module):
         construction and at loading), so the blocks are a valid pattern too."""
         out_features, block = self.out_features, self.block
         with torch.no_grad():
-            rows = torch.repeat_interleave(
-                torch.arange(out_features, device=self.crd.device), torch.diff(self.pos.long())
-            )
+            rows = self._entry_rows()
             cols = self.crd.long()
             key = cols.div(block, rounding_mode="floor") * out_features + rows
             perm = torch.sort(key, stable=True).indices  # a row's crd rise: k rises too
@@ -434,37 +432,22 @@ class SparseLinear(torch.nn.Module):
         )
 
 
-class _InBlockOrder(torch.autograd.Function):
-    """The values in block order, ``values[perm]``, given already gathered (``made``, kept
-    by the layer): the forward returns it as it is, and the gradient is the output's
-    gradient taken back to CSR order, ``grad[inverse]`` (a gather, where torch's own
-    gradient of an index is a scatter-add)."""
+class _Kept(torch.autograd.Function):
+    """A tensor made from the values and kept by the layer (``made``: the values in block
+    order, or W dense), given already made: the forward returns it as it is, and the
+    values' gradient is its gradient gathered at ``index``, ``grad.flatten()[index]``
+    (the inverse permutation; each stored entry's flat position in W). A gather, where
+    torch's own gradient of an index is a scatter-add."""
 
     @staticmethod
-    def forward(ctx: Any, values: torch.Tensor, inverse: torch.Tensor, made: torch.Tensor) -> Any:
-        ctx.save_for_backward(inverse)
+    def forward(ctx: Any, values: torch.Tensor, index: torch.Tensor, made: torch.Tensor) -> Any:
+        ctx.save_for_backward(index)
         return made
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        (inverse,) = ctx.saved_tensors
-        return grad.index_select(0, inverse), None, None
-
-
-class _Densified(torch.autograd.Function):
-    """W dense, given already made from the values (``made``, kept by the layer): the
-    forward returns it as it is, and the values' gradient is W's gradient at the stored
-    entries, ``grad.flatten()[flat]`` (``flat``: each entry's row * in_features + column)."""
-
-    @staticmethod
-    def forward(ctx: Any, values: torch.Tensor, flat: torch.Tensor, made: torch.Tensor) -> Any:
-        ctx.save_for_backward(flat)
-        return made
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        (flat,) = ctx.saved_tensors
-        return grad.reshape(-1).index_select(0, flat), None, None
+        (index,) = ctx.saved_tensors
+        return grad.reshape(-1).index_select(0, index), None, None
 
 
 def _linear_weight(linear: Any) -> torch.Tensor:

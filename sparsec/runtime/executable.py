@@ -295,6 +295,12 @@ class Executable:
             if any(st <= 0 or st % flat.itemsize for st in flat.strides):
                 return False
             sources[name] = flat
+        slot_of = {s.of: at for at, s in enumerate(self.slots) if s.source is Source.INPUT}
+        out_slot = next(
+            at
+            for at, s in enumerate(self.slots)
+            if s.source is Source.OUTPUT and s.key == ("vals", -1)
+        )
         rows = math.prod(out.shape[:-1])
         full, rest = divmod(n, width)
         spent = ctypes.c_int64()
@@ -321,12 +327,6 @@ class Executable:
                 inner,
                 self.columns.band_tiles(dims, values),
                 self.columns.depth_rows(dims, values),
-            )
-            slot_of = {s.of: at for at, s in enumerate(self.slots) if s.source is Source.INPUT}
-            out_slot = next(
-                at
-                for at, s in enumerate(self.slots)
-                if s.source is Source.OUTPUT and s.key == ("vals", -1)
             )
             carriers = [
                 v
