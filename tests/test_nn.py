@@ -34,6 +34,16 @@ def pruned_linear(i, o, sparsity, dtype=torch.float64, bias=True, seed=0):
     return lin
 
 
+def integer_linear(i, o, sparsity, seed):
+    """`pruned_linear` with small integer weights (at its pattern) and bias: sums exact in
+    any order."""
+    lin = pruned_linear(i, o, sparsity, seed=seed)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randint(-3, 4, lin.weight.shape) * (lin.weight != 0))
+        lin.bias.copy_(torch.randint(-3, 4, lin.bias.shape))
+    return lin
+
+
 def tol(dtype):
     return {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
 
@@ -188,11 +198,9 @@ def test_column_blocks_follow_the_l1_cache_and_divide_the_inputs():
 def test_a_layer_in_column_blocks_equals_the_masked_linear():
     """384 float64 inputs in blocks of 48 (the L1 of 48 KB), a row and a whole block empty,
     integer values: the output and the gradients exactly as dense torch's."""
-    lin = pruned_linear(384, 40, 0.5, seed=4)
+    lin = integer_linear(384, 40, 0.5, seed=4)
     with torch.no_grad():
-        lin.weight.copy_(torch.randint(-3, 4, lin.weight.shape) * (lin.weight != 0))
         lin.weight[:, 48:96] = 0.0  # block 1 stores nothing
-        lin.bias.copy_(torch.randint(-3, 4, lin.bias.shape))
     with use(l1_data=48 << 10):
         layer = SparseLinear.from_linear(lin)
     assert (layer.block, layer.block_tokens) == (48, 17)
@@ -218,10 +226,7 @@ def test_kept_block_values_follow_optimizer_steps_and_give_exact_gradients():
     that record a gradient: two calls between steps share the copy, an optimizer's
     in-place step is followed at the next call, and every step's gradient is dense torch's
     (integer data, SGD steps of 1 keep the values integers)."""
-    lin = pruned_linear(384, 40, 0.5, seed=11)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randint(-3, 4, lin.weight.shape) * (lin.weight != 0))
-        lin.bias.copy_(torch.randint(-3, 4, lin.bias.shape))
+    lin = integer_linear(384, 40, 0.5, seed=11)
     with use(l1_data=48 << 10):
         layer = SparseLinear.from_linear(lin)
     assert layer.block < 384
@@ -325,10 +330,7 @@ def test_every_way_trains_exactly_across_optimizer_steps(way):
     """Each way's output and gradients (the values', the input's, the bias') are dense
     torch's on integer data, step after step: the kept copies (block order, dense) follow
     the optimizer's in-place steps."""
-    lin = pruned_linear(96, 12, 0.5, seed=12)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randint(-3, 4, lin.weight.shape) * (lin.weight != 0))
-        lin.bias.copy_(torch.randint(-3, 4, lin.bias.shape))
+    lin = integer_linear(96, 12, 0.5, seed=12)
     with use(l1_data=1 << 10):
         layer = SparseLinear.from_linear(lin)
     opt = torch.optim.SGD(layer.parameters(), lr=1.0)
