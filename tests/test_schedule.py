@@ -13,6 +13,8 @@ import sparsec
 from sparsec import ScheduleError
 from sparsec.frontend.notation import accesses
 from sparsec.middle.commands import parse_commands
+from sparsec.middle.order import OrderConflict
+from sparsec.middle.schedule import make_schedule
 
 SPMV = "y(i) = A(i,j) * x(j)"
 SPMM = "C(i,k) = A(i,j) * B(j,k)"
@@ -710,3 +712,150 @@ def test_a_refused_race_strategy_names_only_strategies_that_apply(case):
         k = sparsec.kernel(expr, formats, schedule=f"parallelize({loop},{unit},{other})")
         inputs, _ = k.random_inputs(dict.fromkeys(k.spec.indices, 5), seed=1, density=0.5)
         k.check(**inputs, threads=2)
+
+
+# ------------------------------------------------------- random precomputes
+#: statements for the precompute family: the property cases, a triangle count's three-way
+#: product (a workspace that hoists out of the loop only the rest reads), and a product
+#: with a sum beside it
+PRECOMPUTE_CASES = [
+    *PROPERTY_CASES,
+    (
+        "a = P(i,j) * Q(i,k) * R(j,k)",
+        {"P": "csr", "Q": "csr", "R": "csr"},
+        {"P": (11, 9), "Q": (11, 8), "R": (9, 8)},
+        "ij,ik,jk->",
+    ),
+    (
+        "y(i) = A(i,j) * B(j,k) * x(k)",
+        {"A": "csr", "B": "dcsr"},
+        {"A": (12, 10), "B": (10, 9), "x": (9,)},
+        "ij,jk,k->i",
+    ),
+    (
+        "C(i,k) = A(i,j) * B(j,k) + D(i,k)",
+        {"A": "csr", "D": "csr"},
+        {"A": (10, 8), "B": (8, 7), "D": (10, 7)},
+        "A @ B + D",
+    ),
+]
+
+
+def _random_precompute(seed: int):
+    """A random loop order, a precompute of a random nonempty set of the product's
+    factors over one or two of their variables, and sometimes a parallel loop."""
+    from sparsec.frontend.notation import factors
+
+    r = random.Random(seed)
+    expr, formats, shapes, ref = PRECOMPUTE_CASES[seed % len(PRECOMPUTE_CASES)]
+    # a semiring's workspace starts and is cleared at its add's identity
+    ring = r.choice(["plus_times", "plus_times", "min_plus", "max_times"])
+    try:
+        plain = sparsec.kernel(expr, formats, semiring=ring)
+    except OrderConflict:  # a sum a semiring cannot reorder (docs/semantics.md: Semirings)
+        ring = "plus_times"
+        plain = sparsec.kernel(expr, formats)
+    rhs = plain.assignment.rhs
+    # a sum's terms are precomputed whole (its first term, the product, or the other)
+    parts = [str(f) for f in factors(rhs)] or [r.choice(["A(i,j)*B(j,k)", "D(i,k)"])]
+    loops = list(plain.generated().loop_order)
+    commands = []
+    if len(loops) > 1 and r.random() < 0.35:
+        order = loops[:]
+        r.shuffle(order)
+        commands.append(f"reorder({','.join(order)})")
+        loops = order
+    chosen = r.sample(parts, r.randint(1, len(parts)))
+    if not factors(rhs):
+        assert expr.startswith("C(i,k) = A(i,j) * B(j,k) + D(i,k)")
+    chosen_vars = sorted({v for p in chosen for v in p[p.index("(") + 1 : -1].split(",") if v})
+    if not chosen_vars:
+        chosen_vars = loops[:1]
+    ws = r.sample(chosen_vars, min(len(chosen_vars), r.choice([1, 1, 2])))
+    if len(ws) == 1:
+        commands.append(f"precompute({'*'.join(chosen)},{ws[0]},{ws[0]}w)")
+    else:
+        names = ",".join(ws)
+        commands.append(f"precompute({'*'.join(chosen)},{{{names}}},{{{names}}})")
+    if r.random() < 0.4:
+        race = r.choice(["NoRaces", "Atomics", "Temporary", "ParallelReduction"])
+        commands.append(f"parallelize({r.choice(loops)},CPUThread,{race})")
+    return expr, formats, shapes, ref, plain, commands, ring
+
+
+PRECOMPUTE_SEEDS = [
+    *range(150),
+    *(pytest.param(s, marks=pytest.mark.slow) for s in range(150, 2150)),
+]
+
+
+@pytest.mark.parametrize("seed", PRECOMPUTE_SEEDS)
+def test_random_precomputes_equal_unscheduled(seed):
+    """A workspace placed anywhere the schedule allows (hoisted out of the loops only the
+    rest of the product reads, cleared by revisiting its producer's entries) computes
+    what the plain kernel and torch compute, at 1 and 3 threads, with empty rows."""
+    expr, formats, shapes, ref, plain, schedule, ring = _random_precompute(seed)
+    try:
+        k = sparsec.kernel(expr, formats, schedule=schedule, semiring=ring)
+    except (ScheduleError, OrderConflict):
+        # an illegal schedule, or one whose order a semiring's sum cannot take: rejected
+        # with a clear error (never wrong code)
+        return
+    inputs = _inputs(shapes, seed)
+    want = _dense(plain(**inputs))
+    if ring == "plus_times":  # the plain kernel's semirings are fuzzed against their oracle
+        np.testing.assert_array_equal(want, torch_reference(ref, inputs))
+    for threads in (1, 3):
+        got = _dense(k(**inputs, threads=threads))
+        np.testing.assert_array_equal(got, want, err_msg=f"{schedule} threads={threads}")
+
+
+def test_random_precomputes_are_often_legal():
+    """The family above is not vacuous: many of its schedules place a workspace, and some
+    hoist it out of a loop that only the rest of the product reads."""
+    legal = hoisted = 0
+    for seed in range(150):
+        expr, formats, _, _, _, schedule, ring = _random_precompute(seed)
+        try:
+            k = sparsec.kernel(expr, formats, schedule=schedule, semiring=ring)
+        except (ScheduleError, OrderConflict):
+            continue
+        legal += 1
+        placed = make_schedule(k.spec, k.commands).placement
+        hoisted += placed is not None and any(
+            loop not in placed.producer_order for loop in placed.consumer_order
+        )
+    assert legal >= 40 and hoisted >= 5, (legal, hoisted)
+
+
+def test_a_workspace_is_absent_where_its_producer_is():
+    """A product's term is absent where a precomputed factor is (docs/semantics.md:
+    Sparse zeros): a stored inf beside an absent entry of A is never multiplied by the
+    workspace's cleared 0 (NaN), and under max_times the cleared -inf times a negative
+    value is never +inf. The workspace marks the slots its producer reached."""
+    a = np.array([[0.0, 2.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, -3.0]])
+    x = np.array([np.inf, 1.0, -2.0])
+    k = sparsec.kernel(SPMV, {"A": "csr"}, schedule="precompute(A(i,j),j,jw)")
+    assert "marks" in k.source
+    np.testing.assert_array_equal(k(A=a, x=x), [2.0, 0.0, np.inf])
+    ring = sparsec.kernel(
+        SPMV, {"A": "csr"}, semiring="max_times", schedule="precompute(A(i,j),j,jw)"
+    )
+    plain = sparsec.kernel(SPMV, {"A": "csr"}, semiring="max_times")
+    x = np.array([-1.0, 1.0, -2.0])
+    np.testing.assert_array_equal(ring(A=a, x=x), plain(A=a, x=x))
+    np.testing.assert_array_equal(ring(A=a, x=x), [2.0, -np.inf, 6.0])
+    # in an integral type 0 annihilates every value: the marks are compiled out
+    ints = sparsec.kernel(SPMV, {"A": "csr"}, dtype="int64", schedule="precompute(A(i,j),j,jw)")
+    np.testing.assert_array_equal(ints(A=a.astype(np.int64), x=[5, 1, -2]), [2, 0, 11])
+
+
+def test_a_sum_is_not_moved_across_a_multiply_that_does_not_distribute():
+    with pytest.raises(ScheduleError, match="does not distribute.*list k among"):
+        sparsec.kernel(
+            SDDMM, {"B": "csr"}, semiring="max_times", schedule="precompute(C(i,k)*D(k,j),j,jw)"
+        )
+    # over every summed variable the workspace holds single products: allowed
+    sparsec.kernel(
+        SDDMM, {"B": "csr"}, semiring="max_times", schedule="precompute(C(i,k)*D(k,j),{j,k},{j,k})"
+    )

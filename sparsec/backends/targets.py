@@ -251,7 +251,13 @@ class Dialect:
 
 C = Dialect(
     name="c",
-    types={**_SHARED_TYPES, ir.I64: "int64_t", ir.U64: "uint64_t", ir.VEC: "sc_vec_t"},
+    types={
+        **_SHARED_TYPES,
+        ir.I64: "int64_t",
+        ir.U64: "uint64_t",
+        ir.U8: "uint8_t",
+        ir.VEC: "sc_vec_t",
+    },
     restrict="restrict",
     unroll="#pragma GCC unroll {}",
     atomic_lines=("#pragma omp atomic", "{target} {op} {value};"),
@@ -282,7 +288,12 @@ C = Dialect(
 #: warp's lanes (correct for any launch size); stores shared by threads use atomicAdd
 CUDA = Dialect(
     name="cuda",
-    types={**_SHARED_TYPES, ir.I64: "long long", ir.U64: "unsigned long long"},
+    types={
+        **_SHARED_TYPES,
+        ir.I64: "long long",
+        ir.U64: "unsigned long long",
+        ir.U8: "unsigned char",
+    },
     restrict="__restrict__",
     unroll="#pragma unroll {}",
     atomic_lines=("atomicAdd(&{target}, {value});",),

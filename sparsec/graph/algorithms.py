@@ -14,7 +14,8 @@ matrix: ``A(i,j)`` stored is an edge from ``i`` to ``j`` (`Graph`).
 * `pagerank`: LAGraph's PageRank (``r(j) = A(i,j) * w(i)`` with ``w = r / deg``, sinks
   spread over every vertex).
 * `triangles`: ``t = L(i,j) * L(i,k) * L(j,k)`` on the strictly lower triangle ``L`` of
-  ones (the masked ``L .* (L @ L.T)`` summed in one kernel), exact in int64; or LAGraph's
+  ones (the masked ``L .* (L @ L.T)`` summed in one kernel: row ``i`` of ``L`` in a dense
+  workspace, each row ``j`` it holds scanned against it), exact in int64; or LAGraph's
   Sandia_LUT, ``C(i,j) = L(i,k) * L(j,k)`` under ``plus_pair`` masked by ``L``, summed.
 * `connected_components`: FastSV's hooking (``g(i) = A(i,j) * f(j)`` under ``min_second``)
   with shortcutting, until the labels settle; each component is labelled by its least
@@ -70,12 +71,10 @@ KERNELS: dict[str, tuple[str, dict[str, str], str, str, str | None]] = {
         "float64",
     ),
     # L holds ones: plus_times distributes, so the three-way product is summed whole (under
-    # plus_pair the sum over i would close inside L(i,j) * L(i,k) first, docs/semantics.md).
-    # P is L again, named apart so that the threads share out L's entries (its positions),
-    # not its rows: a power-law graph's merge work sits in a few rows
+    # plus_pair the sum over i would close inside L(i,j) * L(i,k) first, docs/semantics.md)
     "triangles": (
-        "t = P(i,j) * L(i,k) * L(j,k)",
-        {"P": "csr", "L": "csr"},
+        "t = L(i,j) * L(i,k) * L(j,k)",
+        {"L": "csr"},
         "plus_times",
         "",
         "int64",
@@ -107,8 +106,10 @@ KERNELS: dict[str, tuple[str, dict[str, str], str, str, str | None]] = {
 
 #: the kernels with a schedule of their own (else the default's)
 SCHEDULES = {
-    "triangles": "fuse(i,j,f), pos(f,fp,P), split(fp,c,fp2,1024), "
-    "parallelize(c,CPUThread,ParallelReduction)",
+    # row i of L scattered into a dense workspace once, then each row j it holds is
+    # scanned against it (LAGraph's masked saxpy with a dense workspace; the workspace is
+    # hoisted out of the loop over j, and cleared by revisiting row i: `placement`)
+    "triangles": "precompute(L(i,k), k, kw)",
 }
 
 
@@ -376,7 +377,7 @@ def triangles(graph: Any, *, method: str = "fused", threads: int | None = None) 
     g = as_graph(graph)
     lower = g.lower()
     if method == "fused":
-        return int(graph_kernel("triangles")(P=lower, L=lower, threads=threads))
+        return int(graph_kernel("triangles")(L=lower, threads=threads))
     if method == "sandia":
         counts = graph_kernel("sandia")(L=lower, M=lower, threads=threads)
         return int(counts.vals.sum())

@@ -2,7 +2,7 @@
 
 Small on purpose. Types are symbolic (``VAL`` = the kernel's value type, ``ACC`` = the
 type its reductions accumulate in, ``IDX`` = its index type, ``I64`` = positions and
-coordinates, ``BOOL``); a printer maps them to its
+coordinates, ``BOOL``, ``U8`` a byte); a printer maps them to its
 target's spelling. Loops carry an optional `Parallel` annotation and stores an
 ``atomic`` flag so parallel CPU and GPU mappings need no second IR.
 """
@@ -18,6 +18,8 @@ IDX = "idx"
 I64 = "i64"
 U64 = "u64"
 BOOL = "bool"
+#: a byte (a workspace's marks, `lower.where`)
+U8 = "u8"
 #: a vector of VAL lanes (C register tiles, `tile.py`)
 VEC = "vec"
 

@@ -96,10 +96,15 @@ class WorkspaceSink:
 @dataclass(frozen=True, slots=True)
 class DenseWsSink:
     """Add into a precompute workspace ``array`` at the coordinates of ``vars``
-    (row-major, `where.ws_slot`)."""
+    (row-major, `where.ws_slot`); with ``reset``, store the add's identity there instead
+    (the producer's loops run again to clear what they filled, `where.emit_where`)."""
 
     array: str
     vars: tuple[str, ...]
+    reset: bool = False
+    #: this thread's marks (`Where.marks`), set with each add and cleared with each reset
+    marks: str | None = None
+    float_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,3 +146,10 @@ class Where:
     placed: Placement
     #: the C name of the allocation that holds every thread's workspace
     base: str
+    #: the allocation of every thread's marks (a byte per slot: its producer reached it),
+    #: where the consumer multiplies by a workspace whose cleared value does not
+    #: annihilate every value (`where.marks_needed`); None where it does
+    marks: str | None = None
+    #: the marks are read only where the kernel's type is floating (0 annihilates every
+    #: integer under plus_times: the template's ``SC_ZERO_ANNIHILATES``)
+    float_only: bool = False

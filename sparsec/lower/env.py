@@ -44,6 +44,10 @@ class Flags:
     out_redirect: str | None = None
     #: inside the loops of a precompute workspace
     in_where: bool = False
+    #: inside a precompute's consumer, whose stores count only where the workspace's
+    #: slot was reached (`where.emit_where`): the thread's marks, the workspace's
+    #: variables, and whether only a floating type reads them
+    ws_marks: tuple[str, tuple[str, ...], bool] | None = None
     #: inside the steps of a statement lowered as a sequence (`sequence.emit_sequence`)
     in_sequence: bool = False
     #: GPU units of the loops enclosing the point, outermost first
@@ -74,6 +78,7 @@ class FlagChanges(TypedDict, total=False):
     atomic_writes: bool
     out_redirect: str | None
     in_where: bool
+    ws_marks: tuple[str, tuple[str, ...], bool] | None
     in_sequence: bool
     gpu_units: tuple[str, ...]
     group_lanes: int

@@ -46,7 +46,7 @@ from .semiring import combine, truth
 from .sequence import emit_sequence
 from .spaces import space_loop
 from .union import flagged_union
-from .where import emit_where, ws_slot
+from .where import emit_where, mark, marked, ws_slot
 
 
 def loops(
@@ -215,15 +215,23 @@ def compute(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
                 )
                 stmts.append(ir.If(((ir.Bin("!=", slot, ir.Var(at)), restart),)))
                 stmts.append(ir.Assign(ir.Var(acc), value, "+="))
+            case DenseWsSink(array=array, vars=ws_vars, reset=True):
+                # 0.0: the add's identity once a semiring rewrites it (`semiring.apply`)
+                slot = ir.Load(array, ws_slot(env, ws_vars, ctx))
+                stmts.append(ir.Assign(slot, ir.FloatLit(0.0)))
+                stmts.extend(mark(env, sink, ctx))
             case DenseWsSink(array=array, vars=ws_vars):
                 assert value is not None
                 stmts.append(ir.Assign(ir.Load(array, ws_slot(env, ws_vars, ctx)), value, "+="))
+                stmts.extend(mark(env, sink, ctx))
             case WorkspaceSink():
                 assert asm is not None and env.decided.workspace is not None
                 coord = ir.Var(env.decided.var_names[env.decided.workspace])
                 stmts.append(_when(present, ir.block(*asm.scatter(coord, value))))
             case _:
                 assert_never(sink)
+    if not isinstance(sink, DenseWsSink):
+        stmts = marked(env, ctx, sink, stmts)
     return ir.block(*stmts)
 
 

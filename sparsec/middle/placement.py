@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..base.errors import ScheduleError
 from ..frontend.concrete import CExpr, Sum, accesses
 from ..frontend.notation import Access, BinOp, Literal, Neg, factors
+from ..frontend.semirings import semiring
 from .plan import Plan
 from .precompute import Precompute
 from .spec import Spec
@@ -35,8 +36,9 @@ class Placement:
 
 def place(spec: Spec, plan: Plan, pre: Precompute, order: tuple[str, ...]) -> Placement:
     """Where a dense precompute goes: before the first loop that only the workspace
-    expression uses (or the workspace's own variable); the loops inside it split into
-    the producer's and the consumer's."""
+    expression uses (or the workspace's own variable), hoisted out of the serial loops
+    just outside it that only the rest of the expression uses (`_hoisted`); the loops
+    inside it split into the producer's and the consumer's."""
     rhs = spec.statement.rhs
     name = f"{pre.workspace}_ws"
     while name in spec.formats:
@@ -66,7 +68,12 @@ def place(spec: Spec, plan: Plan, pre: Precompute, order: tuple[str, ...]) -> Pl
         if var not in evars:
             raise ScheduleError(f"{pre.origin}: {var} is not an index of {pre.expr}")
     own = (evars - rvars) | set(pre.vars)
-    at = next(n for n, loop in enumerate(order) if set(plan.binds(loop)) & own)
+    at = _hoisted(
+        plan,
+        order,
+        evars - own,
+        next(n for n, loop in enumerate(order) if set(plan.binds(loop)) & own),
+    )
     producer: list[str] = []
     consumer: list[str] = []
     for loop in order[at:]:
@@ -89,6 +96,16 @@ def place(spec: Spec, plan: Plan, pre: Precompute, order: tuple[str, ...]) -> Pl
             )
         else:
             consumer.append(loop)
+    summed = [loop for loop in producer if loop not in pre.vars]
+    ring = semiring(spec.semantics.semiring)
+    if summed and sub is None and have and not ring.distributive:
+        raise ScheduleError(
+            f"{pre.origin}: the workspace sums over {', '.join(summed)} inside the product "
+            f"with {' * '.join(str(f) for f in have)}, which moves that sum across a "
+            f"multiply; under {ring.name} the multiply does not distribute over the add "
+            "(docs/semantics.md: Semirings), so the result would change. Precompute the "
+            f"whole product, or list {', '.join(summed)} among the workspace's variables"
+        )
     return Placement(
         order[at],
         pre.vars,
@@ -101,6 +118,25 @@ def place(spec: Spec, plan: Plan, pre: Precompute, order: tuple[str, ...]) -> Pl
         sub,
         reads,
     )
+
+
+def _hoisted(plan: Plan, order: tuple[str, ...], shared: set[str], at: int) -> int:
+    """The outermost loop the workspace can be placed before, given the first loop ``at``
+    of its own variables: the loops just outside ``at`` that neither the workspace
+    expression reads nor any thread or unit runs (the consumer's alone, as ``j`` in
+    ``t = L(i,j) * L(i,k) * L(j,k)`` with ``L(i,k)`` precomputed over ``k``) go inside
+    it, so the workspace is filled once for all their iterations rather than once per
+    iteration. The loops binding ``shared`` (the expression's variables outside the
+    workspace) and the parallelized loops stay outside: a workspace enclosing a
+    parallel loop would leave that loop serial."""
+    while at > 0:
+        loop = order[at - 1]
+        if loop in plan.parallel or set(plan.binds(loop)) & shared or not plan.binds(loop):
+            break
+        if plan.space_of(loop) is not None:
+            break
+        at -= 1
+    return at
 
 
 def _subexpression(pre: Precompute, rhs: CExpr, workspace: Access) -> tuple[CExpr, CExpr]:
