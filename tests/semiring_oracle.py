@@ -45,6 +45,8 @@ RINGS: dict[
     "plus_pair": (lambda a, b: a + b, lambda a, b: 1.0, 0.0, False),
     "any_pair": (lambda a, b: float(bool(a) or bool(b)), lambda a, b: 1.0, 0.0, True),
     "min_second": (min, lambda a, b: b, math.inf, False),
+    # any one of the values: the oracle gives the least, and `any_bounds` the greatest
+    "any_second": (min, lambda a, b: b, math.inf, False),
     "or_second": (lambda a, b: float(bool(a) or bool(b)), lambda a, b: float(bool(b)), 0.0, True),
 }
 
@@ -280,3 +282,15 @@ class TypedOracle(Oracle):
 
     def empty(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, dtype=np.int64).astype(object)  # Python ints: any width
+
+
+def any_bounds(oracle: Oracle) -> Oracle:
+    """``oracle`` adding with max: under an ``any`` add (docs/semantics.md: any one of the
+    terms' values) a result is right where it lies between the oracle's (the least) and
+    this one's (the greatest); both are exact where at most one term is present."""
+    if isinstance(oracle, TypedOracle):
+        typed = oracle
+        typed.add = lambda a, b: typed.wrap(max(a, b))
+    else:
+        oracle.add = max
+    return oracle

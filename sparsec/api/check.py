@@ -4,7 +4,7 @@ inputs `Kernel.random_inputs` draws for it (`extents`, `random_inputs`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,7 @@ import numpy as np
 from ..base.errors import InputError, SparsecError
 from ..base.values import is_integral
 from ..frontend.notation import Assignment
-from ..frontend.semirings import semiring
+from ..frontend.semirings import Semiring, semiring
 from ..middle.spec import Spec, TensorVar
 from ..runtime import device
 from ..runtime.inputs import Prepared
@@ -97,15 +97,25 @@ def verdict(
         want = reference(assignment, dense, prepared.dims, current, stored, division).numpy()
     else:
         # GraphBLAS's model: absent entries are the add's identity (`semiring_reference`)
-        want = semiring_reference(
-            assignment,
-            {name: v.numpy() for name, v in dense.items()},
-            {name: m.numpy() for name, m in stored.items()},
-            ring,
-            None if current is None else current.numpy(),
-            sparse_output=not spec.output.format.is_dense,
-            dtype=prepared.dtype if integral else "float64",
-        )
+        def under(ring: Semiring) -> np.ndarray:
+            return semiring_reference(
+                assignment,
+                {name: v.numpy() for name, v in dense.items()},
+                {name: m.numpy() for name, m in stored.items()},
+                ring,
+                None if current is None else current.numpy(),
+                sparse_output=not spec.output.format.is_dense,
+                dtype=prepared.dtype if integral else "float64",
+            )
+
+        want = under(ring)
+        if ring.add == "any":
+            # any one of the terms' values: whatever lies between the least and the
+            # greatest (the least where nothing does)
+            most = under(replace(ring, np_add="maximum"))
+            value = got.to_dense() if isinstance(got, Tensor) else np.asarray(got)
+            within = (value >= want) & (value <= most)
+            want = np.where(within, value, want).astype(want.dtype)
     if spec.semantics.mask:
         identity = in_type(ring.identity, np.dtype(prepared.dtype if integral else "float64"))
         want = _masked(want, spec, stored, current, identity)

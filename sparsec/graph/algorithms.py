@@ -7,8 +7,8 @@ matrix: ``A(i,j)`` stored is an edge from ``i`` to ``j`` (`Graph`).
   ``y(j) = A(i,j) * q(i)`` over the frontier's rows under ``any_pair``, pull is
   ``y(j) = R(j,i) * q(i)`` over the unvisited rows (mask ``U``) of the reverse graph
   ``R`` (A itself where A is symmetric) under ``or_second``, each row's scan stopping at its
-  first frontier neighbour; parents
-  take the least frontier neighbour (``min_second`` on vertex ids), in int64.
+  first frontier neighbour; parents take a frontier neighbour (``any_second`` on vertex
+  ids: a pulled row's scan stops at its first), in int64.
 * `sssp`: Bellman-Ford under ``min_plus``, relaxing only from the vertices whose distance
   changed (``t(j) = A(i,j) * d(i)`` over a sparse frontier).
 * `pagerank`: LAGraph's PageRank (``r(j) = A(i,j) * w(i)`` with ``w = r / deg``, sinks
@@ -51,14 +51,14 @@ KERNELS: dict[str, tuple[str, dict[str, str], str, str, str | None]] = {
     "push_parent": (
         "p(j) = A(i,j) * q(i)",
         {"A": "csr", "q": "s", "p": "dense"},
-        "min_second",
+        "any_second",
         "",
         "int64",
     ),
     "pull_parent": (
         "p(j) = A(j,i) * q(i)",
         {"A": "csr", "q": "dense", "p": "dense", "U": "s"},
-        "min_second",
+        "any_second",  # a row's scan stops at its first frontier neighbour
         "U",
         "int64",
     ),
@@ -413,7 +413,11 @@ def betweenness(graph: Any, sources: Any, *, threads: int | None = None) -> np.n
     ``t`` of the share of shortest ``s``-``t`` paths through it (the sources' own
     dependencies excluded; unnormalised, each ordered pair counted, as LAGraph). Paths
     are counted forward level by level over the frontier's rows (``T(j,s) = A(i,j) *
-    F(i,s)``), dependencies pushed back the same way. float64."""
+    F(i,s)``), dependencies pushed back the same way. float64.
+
+    The bookkeeping between kernels reads only what a level reached: the (vertex,
+    source) pairs are flat positions of the ``n x width`` arrays, each level's found once
+    by one scan of the kernel's output, and kept as the level's list."""
     g = as_graph(graph)
     n = g.n
     batch = np.atleast_1d(np.asarray(sources, dtype=np.int64))
@@ -422,49 +426,65 @@ def betweenness(graph: Any, sources: Any, *, threads: int | None = None) -> np.n
     width = batch.size
     a = g.pattern("float64")
     spread = graph_kernel("spread")
-    paths = np.zeros((n, width))
-    paths[batch, np.arange(width)] = 1.0
-    frontier_rows = [np.unique(batch)]
-    # each (vertex, source)'s level; -1 unreached (levels past 32767 would need more bits)
-    depth = np.full((n, width), -1, dtype=np.int16)
-    depth[batch, np.arange(width)] = 0
-    level = 0
+    paths = np.zeros(n * width)
+    # each level's (vertex, source) pairs, as flat positions vertex * width + source
+    level_pairs = [np.unique(batch * width + np.arange(width))]
+    paths[level_pairs[0]] = 1.0
+    seen = np.zeros(n * width, dtype=bool)
+    seen[level_pairs[0]] = True
+    degrees = g.degrees
     while True:
-        rows = frontier_rows[-1]
-        block = paths[rows] * (depth[rows] == level)
-        f = Tensor.from_arrays(
-            (n, width), "sd", [(np.array([0, rows.size]), rows), None], block.reshape(-1)
-        )
-        counts = spread(A=a, F=f, threads=threads)
-        # the rows reached (one pass over the counts), then only those rows are read
-        hit = np.flatnonzero(counts.any(axis=1))
-        at_hit, reached = depth[hit], counts[hit]
-        new = (at_hit < 0) & (reached > 0)
-        grows = new.any(axis=1)
-        if not grows.any():
+        pairs = level_pairs[-1]
+        f = _pair_rows(n, width, pairs, paths[pairs])
+        counts = spread(A=a, F=f, threads=_threads_for(f, degrees, threads))
+        reached = np.flatnonzero(counts.reshape(-1))  # path counts are positive
+        fresh = reached[~seen[reached]]
+        if not fresh.size:
             break
-        level += 1
-        rows_new = hit[grows]
-        fresh = new[grows]
-        at_hit = at_hit[grows]
-        at_hit[fresh] = level
-        depth[rows_new] = at_hit
-        kept = paths[rows_new]
-        kept[fresh] = reached[grows][fresh]
-        paths[rows_new] = kept
-        frontier_rows.append(rows_new)
-    dependency = np.zeros((n, width))
+        seen[fresh] = True
+        paths[fresh] = counts.reshape(-1)[fresh]
+        level_pairs.append(fresh)
+    dependency = np.zeros(n * width)
     reverse = g.reverse("float64")
-    for at in range(level, 0, -1):
-        rows = frontier_rows[at]
-        on = depth[rows] == at
-        block = np.where(on, (1.0 + dependency[rows]) / np.where(on, paths[rows], 1.0), 0.0)
-        w = Tensor.from_arrays(
-            (n, width), "sd", [(np.array([0, rows.size]), rows), None], block.reshape(-1)
-        )
-        back = spread(A=reverse, F=w, threads=threads)  # A W: edges backwards
-        ups = frontier_rows[at - 1]  # the rows one level up
-        up = depth[ups] == at - 1
-        dependency[ups] += np.where(up, back[ups] * paths[ups], 0.0)
-    dependency[batch, np.arange(width)] = 0.0
-    return dependency.sum(axis=1)
+    in_degrees = np.diff(reverse.levels[1].pos)
+    for at in range(len(level_pairs) - 1, 0, -1):
+        pairs = level_pairs[at]
+        w = _pair_rows(n, width, pairs, (1.0 + dependency[pairs]) / paths[pairs])
+        # A W: edges backwards (the reverse graph's degrees are the in-degrees)
+        back = spread(A=reverse, F=w, threads=_threads_for(w, in_degrees, threads))
+        back = back.reshape(-1)
+        ups = level_pairs[at - 1]  # the pairs one level up
+        dependency[ups] += back[ups] * paths[ups]
+    dependency[batch * width + np.arange(width)] = 0.0
+    return dependency.reshape(n, width).sum(axis=1)
+
+
+def _threads_for(rows: Tensor, degrees: np.ndarray, threads: int | None) -> int | None:
+    """The threads of a push from ``rows`` (an "sd" matrix) into a dense ``n x width``
+    output: one where the rows' edges are fewer than ``n``. Threads add into their own
+    copies of the output (zeroed, then summed: ``n * width`` each), which a push of
+    fewer edges than vertices does not repay; counted in elements, on any machine."""
+    held = rows.levels[0].crd
+    assert held is not None
+    return 1 if int(degrees[held].sum()) < rows.shape[0] else threads
+
+
+def _pair_rows(n: int, width: int, pairs: np.ndarray, values: np.ndarray) -> Tensor:
+    """The ``n x width`` matrix holding ``values`` at the flat positions ``pairs``
+    (sorted), zero elsewhere, as the rows that hold any ("sd": compressed rows, dense
+    columns)."""
+    of = pairs // width
+    starts = np.empty(of.size, dtype=bool)
+    starts[:1] = True
+    np.not_equal(of[1:], of[:-1], out=starts[1:])
+    rows = of[starts]
+    block = np.zeros(rows.size * width)
+    # each pair's slot: its row's place among the rows, then its source
+    slot = np.cumsum(starts)
+    slot -= 1
+    slot *= width
+    slot += pairs
+    slot -= of * width
+    block[slot] = values
+    pos = np.array([0, rows.size])
+    return Tensor.from_arrays((n, width), "sd", [(pos, rows), None], block)

@@ -33,7 +33,9 @@ from ..ir import nodes as ir
 from ..ir.visit import map_blocks
 
 #: the add's accumulating update, as an `ir.Assign` op
-UPDATES = {"+": "+=", "min": "min=", "max": "max=", "or": "or="}
+UPDATES = {"+": "+=", "min": "min=", "max": "max=", "or": "or=", "any": "min="}
+#: the add whose shuffle reductions (``warp_*``, ``group_*``) an add uses
+SHUFFLES = {"any": "min"}
 _VALUE_TYPES = (ir.VAL, ir.ACC)
 
 
@@ -43,9 +45,10 @@ def combine(ring: Semiring, op: str, a: ir.Expr, b: ir.Expr) -> ir.Expr:
     match kind:
         case "+" | "*":
             return ir.Bin(kind, a, b)
-        case "min" | "max":
-            # a helper of the templates: each operand evaluated (and printed) once
-            return ir.Call(f"v{kind}", (a, b))
+        case "min" | "max" | "any":
+            # a helper of the templates: each operand evaluated (and printed) once; any
+            # value of the two is an answer of ``any``, the least among them
+            return ir.Call(f"v{SHUFFLES.get(kind, kind)}", (a, b))
         case "or":
             return ir.Bin("||", a, b)
         case "and":
@@ -77,6 +80,7 @@ class _Rewrite:
         self.ring = ring
         self.identity = ir.FloatLit(ring.identity)
         self.update = UPDATES[ring.add]
+        self.shuffle = SHUFFLES.get(ring.add, ring.add)
 
     def block(self, b: ir.Block) -> ir.Block:
         out: list[ir.Stmt] = []
@@ -88,9 +92,9 @@ class _Rewrite:
         match s:
             case ir.Assign(value=ir.Call(fn="warp_sum", args=args)):
                 # a warp's lanes combine with the add (the templates' shuffle loops)
-                return [replace(s, value=ir.Call(f"warp_{self.ring.add}", args))]
+                return [replace(s, value=ir.Call(f"warp_{self.shuffle}", args))]
             case ir.Assign(value=ir.Call(fn="group_sum", args=args)):
-                return [replace(s, value=ir.Call(f"group_{self.ring.add}", args))]
+                return [replace(s, value=ir.Call(f"group_{self.shuffle}", args))]
             case ir.Decl(type=ty, init=ir.FloatLit(value=0.0)) if ty in _VALUE_TYPES:
                 return [replace(s, init=self.identity)]
             case ir.Assign(value=ir.FloatLit(value=0.0), op="="):
@@ -101,6 +105,8 @@ class _Rewrite:
                 return [s, self._fill(name, count)]
             case ir.For(parallel=None) if self.update == "or=":
                 return [_stop_once_true(replace(s, body=self.block(s.body)))]
+            case ir.For(parallel=None) if self.ring.add == "any":
+                return [_stop_once_found(replace(s, body=self.block(s.body)), self.identity)]
             case ir.For(parallel=par) if par is not None and par.reduction and self.update != "+=":
                 # OpenMP's min/max reductions start from the largest finite value, not inf
                 # (an add that is + keeps OpenMP's reduction: plus_pair)
@@ -131,22 +137,34 @@ def _stop_once_true(loop: ir.For) -> ir.For:
     return replace(loop, end=stop)
 
 
-def _only_or_into(body: ir.Block) -> str | None:
-    """The one local every ``or=`` of ``body`` updates, where that is all ``body`` does
-    besides declaring locals and branching; None otherwise."""
+def _stop_once_found(loop: ir.For, identity: ir.Expr) -> ir.For:
+    """A serial loop whose only effect is ``acc min= ...`` into one local ``acc`` under an
+    ``any`` add stops once ``acc`` holds a value (any value is the answer): its bound
+    reads ``acc != identity ? var : end``. A pull step for BFS parents then scans a row
+    only up to its first frontier neighbour."""
+    found = _only_or_into(loop.body, "min=")
+    if not found:
+        return loop
+    stop = ir.Select(ir.Bin("!=", ir.Var(found), identity), ir.Var(loop.var), loop.end)
+    return replace(loop, end=stop)
+
+
+def _only_or_into(body: ir.Block, op: str = "or=") -> str | None:
+    """The one local every ``op`` update of ``body`` (``or=``) updates, where that is all
+    ``body`` does besides declaring locals and branching; None otherwise."""
     targets: set[str] = set()
     for s in body.body:
         match s:
             case ir.Decl() | ir.Comment():
                 continue
-            case ir.Assign(target=ir.Var(name=name), op="or=", atomic=False):
+            case ir.Assign(target=ir.Var(name=name), op=update, atomic=False) if update == op:
                 targets.add(name)
             case ir.Assign(target=ir.Var(), op="=", value=ir.IntLit(value=1)):
                 continue  # a "reached" flag: already set when the loop stops
             case ir.If(branches=branches, orelse=orelse):
                 blocks = [b for _, b in branches] + ([orelse] if orelse is not None else [])
                 for b in blocks:
-                    inner = _only_or_into(b)
+                    inner = _only_or_into(b, op)
                     if inner is None and b.body:
                         return None
                     targets |= {inner} if inner else set()
