@@ -45,6 +45,7 @@ RINGS: dict[
     "plus_pair": (lambda a, b: a + b, lambda a, b: 1.0, 0.0, False),
     "any_pair": (lambda a, b: float(bool(a) or bool(b)), lambda a, b: 1.0, 0.0, True),
     "min_second": (min, lambda a, b: b, math.inf, False),
+    "plus_second": (lambda a, b: a + b, lambda a, b: b, 0.0, False),
     # any one of the values: the oracle gives the least, and `any_bounds` the greatest
     "any_second": (min, lambda a, b: b, math.inf, False),
     "or_second": (lambda a, b: float(bool(a) or bool(b)), lambda a, b: float(bool(b)), 0.0, True),

@@ -68,6 +68,9 @@ SEMIRING_TABLE: dict[str, Semiring] = {
         Semiring("plus_pair", "+", "pair", 0.0, "add", "pair", distributive=False),
         Semiring("any_pair", "or", "pair", 0.0, "logical_or", "pair", boolean=True),
         Semiring("min_second", "min", "second", math.inf, "minimum", "second"),
+        # sums the right operands, the left's values unread (a pattern's: PageRank's
+        # ``A' plus.second w``); as pair, it does not distribute over +
+        Semiring("plus_second", "+", "second", 0.0, "add", "second", distributive=False),
         # GraphBLAS's ANY monoid: any one of the terms' values (a valid answer of min, so
         # it computes as min and combines as min; a serial scan into one accumulator
         # stops at the first value it finds, `lower.semiring`): BFS parents

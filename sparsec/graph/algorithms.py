@@ -11,8 +11,8 @@ matrix: ``A(i,j)`` stored is an edge from ``i`` to ``j`` (`Graph`).
   ids: a pulled row's scan stops at its first), in int64.
 * `sssp`: Bellman-Ford under ``min_plus``, relaxing only from the vertices whose distance
   changed (``t(j) = A(i,j) * d(i)`` over a sparse frontier).
-* `pagerank`: LAGraph's PageRank (``r(j) = A(i,j) * w(i)`` with ``w = r / deg``, sinks
-  spread over every vertex).
+* `pagerank`: LAGraph's PageRank (``r(j) = R(j,i) * w(i)`` over the reverse graph ``R``,
+  with ``w = r / deg``, sinks spread over every vertex).
 * `triangles`: ``t = L(i,j) * L(i,k) * L(j,k)`` on the strictly lower triangle ``L`` of
   ones (the masked ``L .* (L @ L.T)`` summed in one kernel: row ``i`` of ``L`` in a dense
   workspace, each row ``j`` it holds scanned against it), exact in int64; or LAGraph's
@@ -63,10 +63,13 @@ KERNELS: dict[str, tuple[str, dict[str, str], str, str, str | None]] = {
         "int64",
     ),
     "relax": ("t(j) = A(i,j) * d(i)", {"A": "csr", "d": "s", "t": "dense"}, "min_plus", "", None),
+    # pulled: each r(j) sums its in-neighbours' w over the reverse graph's row j, so the
+    # threads write apart (a push would add into private copies of r); plus_second: R's
+    # values (all 1) are never read
     "rank": (
-        "r(j) = A(i,j) * w(i)",
-        {"A": "csr", "w": "dense", "r": "dense"},
-        "plus_times",
+        "r(j) = R(j,i) * w(i)",
+        {"R": "csr", "w": "dense", "r": "dense"},
+        "plus_second",
         "",
         "float64",
     ),
@@ -251,7 +254,8 @@ def bfs(
     neighbour one level up; the source is its own, -1 where unreachable), both int64.
     Edges are followed from ``i`` to ``j`` where ``A(i,j)`` is stored. ``dtype``: the
     type the levels' frontier kernels compute in (bool, the fewest bytes; any other value
-    type gives the same levels); parents compute in int64."""
+    type gives the same levels); parents compute on vertex ids in int32 (int64 past 2^31
+    vertices)."""
     g = as_graph(graph)
     n, src = g.n, _vertex(g, source)
     degrees = g.degrees
@@ -263,7 +267,10 @@ def bfs(
     frontier = np.array([src], dtype=np.int64)
     unvisited_edges = int(degrees.sum()) - int(degrees[src])
     pulling, depth = False, 0
-    dtype = "int64" if parents else dtype
+    # parents compute on vertex ids, in int32 where they fit (half the bytes of int64)
+    ids = np.dtype(np.int32 if n < 2**31 else np.int64)
+    none = np.iinfo(ids).max  # the add's identity: no frontier neighbour
+    dtype = ids.name if parents else dtype
     # push reads the frontier's rows of A; pull the unvisited rows of A's transpose
     a, reverse = g.pattern(dtype), g.reverse(dtype)
     while frontier.size:
@@ -285,10 +292,11 @@ def bfs(
                 reached = pull(A=reverse, q=q, U=unvisited, threads=threads) != 0
                 found = np.flatnonzero(reached)
             else:
-                q = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+                q = np.full(n, none, dtype=ids)
                 q[frontier] = frontier
-                p = graph_kernel("pull_parent")(A=reverse, q=q, U=unvisited, threads=threads)
-                found = np.flatnonzero(p < np.iinfo(np.int64).max)
+                pull_parent = graph_kernel("pull_parent", dtype)
+                p = pull_parent(A=reverse, q=q, U=unvisited, threads=threads)
+                found = np.flatnonzero(p < none)
                 found = found[levels[found] < 0]
                 parent[found] = p[found]
         elif parent is None:
@@ -296,9 +304,9 @@ def bfs(
             reached = graph_kernel("push", dtype)(A=a, q=q_sparse, threads=threads)
             found = np.flatnonzero((reached != 0) & (levels < 0))
         else:
-            q_sparse = _sparse_vector(n, frontier, frontier)
-            p = graph_kernel("push_parent")(A=a, q=q_sparse, threads=threads)
-            found = np.flatnonzero((p < np.iinfo(np.int64).max) & (levels < 0))
+            q_sparse = _sparse_vector(n, frontier, frontier.astype(ids))
+            p = graph_kernel("push_parent", dtype)(A=a, q=q_sparse, threads=threads)
+            found = np.flatnonzero((p < none) & (levels < 0))
             parent[found] = p[found]
         levels[found] = depth
         unvisited_edges -= int(degrees[found].sum())
@@ -356,10 +364,10 @@ def pagerank(
     inverse = np.divide(1.0, degrees, out=np.zeros(n), where=degrees > 0)
     rank = np.full(n, 1.0 / max(n, 1))
     teleport = (1.0 - damping) / max(n, 1)
-    a = g.pattern("float64")
+    reverse = g.reverse("float64")
     sink = degrees == 0
     for _ in range(iterations):
-        spread = graph_kernel("rank")(A=a, w=rank * inverse, threads=threads)
+        spread = graph_kernel("rank")(R=reverse, w=rank * inverse, threads=threads)
         new = teleport + damping * (spread + rank[sink].sum() / n)
         change = float(np.abs(new - rank).sum())
         rank = new
