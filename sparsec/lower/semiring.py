@@ -102,6 +102,8 @@ class _Rewrite:
             case ir.Assign(op="+="):
                 return [replace(s, op=self.update)]
             case ir.Alloc(type=ty, name=name, count=count) if ty in _VALUE_TYPES:
+                if self.ring.identity == 0.0:
+                    return [s]  # calloc's zeros are the identity already
                 return [s, self._fill(name, count)]
             case ir.For(parallel=None) if self.update == "or=":
                 return [_stop_once_true(replace(s, body=self.block(s.body)))]
