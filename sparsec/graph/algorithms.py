@@ -29,6 +29,7 @@ Every kernel is compiled once per process (`sparsec.kernel` keeps them) and runs
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ import numpy as np
 
 from ..api.kernel import Kernel, kernel
 from ..base.errors import InputError
+from ..runtime.binding import resolve_threads
 from ..tensors.tensor import Tensor, as_tensor
 
 #: the kernels, by name: (statement, formats, semiring, mask, dtype)
@@ -423,14 +425,31 @@ def betweenness(graph: Any, sources: Any, *, threads: int | None = None) -> np.n
     are counted forward level by level over the frontier's rows (``T(j,s) = A(i,j) *
     F(i,s)``), dependencies pushed back the same way. float64.
 
-    The bookkeeping between kernels reads only what a level reached: the (vertex,
-    source) pairs are flat positions of the ``n x width`` arrays, each level's found once
-    by one scan of the kernel's output, and kept as the level's list."""
+    On several threads the sources are shared out: each thread runs Brandes' loop for its
+    share on one thread, and the shares' dependencies are summed (the sources are
+    independent; a push from all of them at once on several threads would add into a
+    private copy of the ``n x width`` counts per thread at every level)."""
     g = as_graph(graph)
-    n = g.n
     batch = np.atleast_1d(np.asarray(sources, dtype=np.int64))
     for s in batch:
         _vertex(g, s)
+    workers = min(resolve_threads(threads), batch.size)
+    if workers <= 1:
+        return _brandes(g, batch, threads)
+    g.pattern("float64"), g.reverse("float64")  # made once, before the workers read them
+    with ThreadPoolExecutor(workers) as pool:
+        shares = list(pool.map(lambda share: _brandes(g, share, 1), np.array_split(batch, workers)))
+    return np.sum(shares, axis=0)
+
+
+def _brandes(g: Graph, batch: np.ndarray, threads: int | None) -> np.ndarray:
+    """`betweenness` from the sources ``batch`` together, their kernels on ``threads``.
+
+    The bookkeeping between kernels reads only what a level reached: the (vertex,
+    source) pairs are flat positions of the ``n x width`` arrays, each level's found by
+    scanning only its rows' out-neighbours where they are few, and kept as the level's
+    list."""
+    n = g.n
     width = batch.size
     a = g.pattern("float64")
     spread = graph_kernel("spread")
