@@ -381,9 +381,11 @@ def test_a_policy_command_lowers_like_the_users_and_is_worded_as_the_default(
 
 def test_a_policy_command_inside_a_precompute_leaves_the_loop_serial():
     """A precompute over the outermost loop moves that loop inside its workspace: the
-    default's command there leaves the loop serial, the user's is refused."""
+    default's command there leaves the loop serial, the user's is refused. (The whole
+    product is precomputed: a workspace multiplied by another factor is marked, and the
+    output its guarded stores skip is zeroed by a loop that may run on threads.)"""
     spec = make_spec(parse_expression("y(i) = b(i) * c(i)"), {})
-    pre = parse_commands("precompute(b(i),i,w)")
+    pre = parse_commands("precompute(b(i)*c(i),i,w)")
     args = ("i", "CPUThread", "NoRaces")
     made, _ = lower(
         spec,

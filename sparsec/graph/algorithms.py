@@ -271,7 +271,7 @@ def bfs(
     pulling, depth = False, 0
     # parents compute on vertex ids, in int32 where they fit (half the bytes of int64)
     ids = np.dtype(np.int32 if n < 2**31 else np.int64)
-    none = np.iinfo(ids).max  # the add's identity: no frontier neighbour
+    none = int(np.iinfo(ids.name).max)  # the add's identity: no frontier neighbour
     dtype = ids.name if parents else dtype
     # push reads the frontier's rows of A; pull the unvisited rows of A's transpose
     a, reverse = g.pattern(dtype), g.reverse(dtype)
@@ -473,7 +473,9 @@ def _brandes(g: Graph, batch: np.ndarray, threads: int | None) -> np.ndarray:
         level_pairs.append(fresh)
     dependency = np.zeros(n * width)
     reverse = g.reverse("float64")
-    in_degrees = np.diff(reverse.levels[1].pos)
+    in_pos = reverse.levels[1].pos
+    assert in_pos is not None
+    in_degrees = np.diff(in_pos)
     for at in range(len(level_pairs) - 1, 0, -1):
         pairs = level_pairs[at]
         w = _pair_rows(n, width, pairs, (1.0 + dependency[pairs]) / paths[pairs])

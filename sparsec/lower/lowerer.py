@@ -188,7 +188,9 @@ def compute(env: LowerEnv, expr: CExpr, ctx: Ctx, sink: Sink) -> ir.Block:
     counting = asm is not None and asm.mode.counting
     # the flags of this statement's nested sums (their bodies store through here too)
     with env.scope(reached_of={}):
-        value = None if counting else _value(env, expr, ctx, stmts)
+        # a workspace's reset stores the identity: no value (nor a nested sum's loops)
+        resetting = isinstance(sink, DenseWsSink) and sink.reset
+        value = None if counting or resetting else _value(env, expr, ctx, stmts)
         # a sparse output has an entry only where some term is present, and a nested sum
         # that flags its terms (any output) is reached only where one is
         flagged = isinstance(sink, AccSink) and bool(sink.flag)
