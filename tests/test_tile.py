@@ -464,9 +464,7 @@ def test_tiles_into_a_workspace_keep_the_plain_store():
     no flag or note when no tile stores into the output itself. (The whole product is
     precomputed: a workspace that another factor multiplies is marked slot by slot, and
     its producer's loop, storing the marks too, is not tiled.)"""
-    k = sparsec.Kernel(
-        MTTKRP, {"B": "csf"}, schedule="precompute(B(i,k,l)*D(l,j)*C(k,j), j, jw)"
-    )
+    k = sparsec.Kernel(MTTKRP, {"B": "csf"}, schedule="precompute(B(i,k,l)*D(l,j)*C(k,j), j, jw)")
     body = k.source.split("int sparsec_kernel(")[1]
     assert "sc_vstore(jw_ws" in body and "sc_vstore_out(" not in body
     assert "sc_stream_out" not in body and "sc_store_fence" not in body
