@@ -463,13 +463,14 @@ def _brandes(g: Graph, batch: np.ndarray, threads: int | None) -> np.ndarray:
     while True:
         pairs = level_pairs[-1]
         f = _pair_rows(n, width, pairs, paths[pairs])
-        counts = spread(A=a, F=f, threads=_threads_for(f, degrees, threads)).reshape(-1)
-        reached = _reached(a, f, counts, width)
+        edges = _edges(f, degrees)
+        counts = spread(A=a, F=f, threads=_threads_for(edges, n, threads)).reshape(-1)
+        reached = _reached(a, f, edges, counts, width)
         fresh = reached[~seen[reached]]
         if not fresh.size:
             break
         seen[fresh] = True
-        paths[fresh] = counts.reshape(-1)[fresh]
+        paths[fresh] = counts[fresh]
         level_pairs.append(fresh)
     dependency = np.zeros(n * width)
     reverse = g.reverse("float64")
@@ -480,7 +481,7 @@ def _brandes(g: Graph, batch: np.ndarray, threads: int | None) -> np.ndarray:
         pairs = level_pairs[at]
         w = _pair_rows(n, width, pairs, (1.0 + dependency[pairs]) / paths[pairs])
         # A W: edges backwards (the reverse graph's degrees are the in-degrees)
-        back = spread(A=reverse, F=w, threads=_threads_for(w, in_degrees, threads))
+        back = spread(A=reverse, F=w, threads=_threads_for(_edges(w, in_degrees), n, threads))
         back = back.reshape(-1)
         ups = level_pairs[at - 1]  # the pairs one level up
         dependency[ups] += back[ups] * paths[ups]
@@ -490,18 +491,18 @@ def _brandes(g: Graph, batch: np.ndarray, threads: int | None) -> np.ndarray:
     return dependency.reshape(n, width) @ np.ones(width)
 
 
-def _reached(a: Tensor, rows: Tensor, counts: np.ndarray, width: int) -> np.ndarray:
-    """The flat positions where a push of ``rows`` (an "sd" matrix) through ``a`` left a
-    nonzero in ``counts`` (path counts are positive), sorted: only among the rows' out-
-    neighbours where they have fewer edges than ``a`` has rows, else by one scan of all."""
+def _reached(a: Tensor, rows: Tensor, edges: int, counts: np.ndarray, width: int) -> np.ndarray:
+    """The flat positions where a push of ``rows`` (an "sd" matrix, with ``edges`` out-
+    edges in ``a``) left a nonzero in ``counts`` (path counts are positive), sorted: only
+    among the rows' out-neighbours where they are fewer than ``a``'s rows, else by one
+    scan of all."""
+    if edges >= a.shape[0]:
+        return np.flatnonzero(counts)
     held = rows.levels[0].crd
     pos, crd = a.levels[1].pos, a.levels[1].crd
     assert held is not None and pos is not None and crd is not None
-    starts, ends = pos[held].astype(np.int64), pos[held + 1].astype(np.int64)
-    lengths = ends - starts
-    edges = int(lengths.sum())
-    if edges >= a.shape[0]:
-        return np.flatnonzero(counts)
+    starts = pos[held].astype(np.int64)
+    lengths = pos[held + 1] - starts
     # the rows' entries, gathered: each row's run of positions, laid end to end
     at = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(edges)
     marked = np.zeros(a.shape[1], dtype=bool)
@@ -511,14 +512,19 @@ def _reached(a: Tensor, rows: Tensor, counts: np.ndarray, width: int) -> np.ndar
     return flat[counts[flat] != 0]
 
 
-def _threads_for(rows: Tensor, degrees: np.ndarray, threads: int | None) -> int | None:
-    """The threads of a push from ``rows`` (an "sd" matrix) into a dense ``n x width``
-    output: one where the rows' edges are fewer than ``n``. Threads add into their own
-    copies of the output (zeroed, then summed: ``n * width`` each), which a push of
-    fewer edges than vertices does not repay; counted in elements, on any machine."""
+def _edges(rows: Tensor, degrees: np.ndarray) -> int:
+    """The out-edges of the rows an "sd" matrix holds, by the graph's ``degrees``."""
     held = rows.levels[0].crd
     assert held is not None
-    return 1 if int(degrees[held].sum()) < rows.shape[0] else threads
+    return int(degrees[held].sum())
+
+
+def _threads_for(edges: int, n: int, threads: int | None) -> int | None:
+    """The threads of a push of ``edges`` edges into a dense ``n x width`` output: one
+    where they are fewer than ``n``. Threads add into their own copies of the output
+    (zeroed, then summed: ``n * width`` each), which a push of fewer edges than vertices
+    does not repay; counted in elements, on any machine."""
+    return 1 if edges < n else threads
 
 
 def _pair_rows(n: int, width: int, pairs: np.ndarray, values: np.ndarray) -> Tensor:

@@ -12,8 +12,10 @@ it:
   ``or=``; the printer spells them: an atomic one as a critical section on the C target,
   a compare-and-swap loop on CUDA);
 * every accumulator's start, a value location declared or reset to ``0.0``, starts at
-  the add's identity instead, and every zeroed value array (``calloc``) is filled with it;
-* a serial loop that only ors into one local stops once it is true (`_stop_once_true`);
+  the add's identity instead, and every zeroed value array (``calloc``) is filled with it
+  (unless the identity is 0);
+* a serial loop that only ors into one local stops once it is true, and one that only
+  takes any value into one local once it holds one (`_stop_once_done`);
 * an OpenMP ``reduction(+:...)`` loop runs on one thread where the add is not ``+``
   (OpenMP's ``min`` reduction starts each thread from the type's largest finite value,
   not from ``inf``).
@@ -34,8 +36,9 @@ from ..ir.visit import map_blocks
 
 #: the add's accumulating update, as an `ir.Assign` op
 UPDATES = {"+": "+=", "min": "min=", "max": "max=", "or": "or=", "any": "min="}
-#: the add whose shuffle reductions (``warp_*``, ``group_*``) an add uses
-SHUFFLES = {"any": "min"}
+#: an add computed as another (its helper, its shuffle reductions ``warp_*``, ``group_*``):
+#: any value of the terms is an answer of ``any``, the least among them too
+COMPUTED_AS = {"any": "min"}
 _VALUE_TYPES = (ir.VAL, ir.ACC)
 
 
@@ -46,9 +49,8 @@ def combine(ring: Semiring, op: str, a: ir.Expr, b: ir.Expr) -> ir.Expr:
         case "+" | "*":
             return ir.Bin(kind, a, b)
         case "min" | "max" | "any":
-            # a helper of the templates: each operand evaluated (and printed) once; any
-            # value of the two is an answer of ``any``, the least among them
-            return ir.Call(f"v{SHUFFLES.get(kind, kind)}", (a, b))
+            # a helper of the templates: each operand evaluated (and printed) once
+            return ir.Call(f"v{COMPUTED_AS.get(kind, kind)}", (a, b))
         case "or":
             return ir.Bin("||", a, b)
         case "and":
@@ -80,7 +82,7 @@ class _Rewrite:
         self.ring = ring
         self.identity = ir.FloatLit(ring.identity)
         self.update = UPDATES[ring.add]
-        self.shuffle = SHUFFLES.get(ring.add, ring.add)
+        self.shuffle = COMPUTED_AS.get(ring.add, ring.add)
 
     def block(self, b: ir.Block) -> ir.Block:
         out: list[ir.Stmt] = []
@@ -105,10 +107,9 @@ class _Rewrite:
                 if self.ring.identity == 0.0:
                     return [s]  # calloc's zeros are the identity already
                 return [s, self._fill(name, count)]
-            case ir.For(parallel=None) if self.update == "or=":
-                return [_stop_once_true(replace(s, body=self.block(s.body)))]
-            case ir.For(parallel=None) if self.ring.add == "any":
-                return [_stop_once_found(replace(s, body=self.block(s.body)), self.identity)]
+            case ir.For(parallel=None) if self.ring.add in ("or", "any"):
+                done = None if self.ring.add == "or" else self.identity
+                return [_stop_once_done(replace(s, body=self.block(s.body)), self.update, done)]
             case ir.For(parallel=par) if par is not None and par.reduction and self.update != "+=":
                 # OpenMP's min/max reductions start from the largest finite value, not inf
                 # (an add that is + keeps OpenMP's reduction: plus_pair)
@@ -127,33 +128,24 @@ class _Rewrite:
         return ir.If(((ir.Var(name), ir.block(fill)),))
 
 
-def _stop_once_true(loop: ir.For) -> ir.For:
-    """A serial loop whose only effect is ``acc or= ...`` into one local ``acc`` stops once
-    ``acc`` is true (or's terminal value, as GraphBLAS's terminal monoids): its bound reads
-    ``acc ? var : end``, so the test fails at the next iteration. A pull BFS step then
-    scans a row only up to its first frontier neighbour."""
-    found = _only_or_into(loop.body)
+def _stop_once_done(loop: ir.For, update: str, done: ir.Expr | None) -> ir.For:
+    """A serial loop whose only effect is ``acc <update> ...`` into one local ``acc``
+    stops once the add can take no other value (its terminal, as GraphBLAS's terminal
+    monoids): ``or`` once ``acc`` is true (``done`` None), ``any`` once ``acc`` differs from
+    the identity ``done`` (any value is the answer). Its bound reads ``stopped ? var :
+    end``, so the test fails at the next iteration. A pull BFS step then scans a row only
+    up to its first frontier neighbour (levels under or, parents under any)."""
+    found = _only_update_into(loop.body, update)
     if not found:
         return loop
-    stop = ir.Select(ir.Var(found), ir.Var(loop.var), loop.end)
-    return replace(loop, end=stop)
+    acc = ir.Var(found)
+    stopped = acc if done is None else ir.Bin("!=", acc, done)
+    return replace(loop, end=ir.Select(stopped, ir.Var(loop.var), loop.end))
 
 
-def _stop_once_found(loop: ir.For, identity: ir.Expr) -> ir.For:
-    """A serial loop whose only effect is ``acc min= ...`` into one local ``acc`` under an
-    ``any`` add stops once ``acc`` holds a value (any value is the answer): its bound
-    reads ``acc != identity ? var : end``. A pull step for BFS parents then scans a row
-    only up to its first frontier neighbour."""
-    found = _only_or_into(loop.body, "min=")
-    if not found:
-        return loop
-    stop = ir.Select(ir.Bin("!=", ir.Var(found), identity), ir.Var(loop.var), loop.end)
-    return replace(loop, end=stop)
-
-
-def _only_or_into(body: ir.Block, op: str = "or=") -> str | None:
-    """The one local every ``op`` update of ``body`` (``or=``) updates, where that is all
-    ``body`` does besides declaring locals and branching; None otherwise."""
+def _only_update_into(body: ir.Block, op: str) -> str | None:
+    """The one local every ``op`` update of ``body`` (``or=``, ``min=``) updates, where
+    that is all ``body`` does besides declaring locals and branching; None otherwise."""
     targets: set[str] = set()
     for s in body.body:
         match s:
@@ -166,7 +158,7 @@ def _only_or_into(body: ir.Block, op: str = "or=") -> str | None:
             case ir.If(branches=branches, orelse=orelse):
                 blocks = [b for _, b in branches] + ([orelse] if orelse is not None else [])
                 for b in blocks:
-                    inner = _only_or_into(b, op)
+                    inner = _only_update_into(b, op)
                     if inner is None and b.body:
                         return None
                     targets |= {inner} if inner else set()
