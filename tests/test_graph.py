@@ -86,6 +86,33 @@ def test_bfs_push_and_pull_agree_on_a_large_frontier():
     np.testing.assert_array_equal(bfs(a, source), _levels(a, source))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", ["bool", "int8", "int64", "float32", "float64"])
+def test_bfs_in_every_type_and_direction_on_a_directed_graph(dtype, threads):
+    # directed graphs whose frontiers pull (the reverse graph, the unvisited rows' mask)
+    # and push: a hub (vertex 0, with a loop) reaches every vertex in one push of more
+    # edges than vertices, which runs on the threads (private copies of the output)
+    n = 600
+    hub = sp.random_array((n, n), density=0.03, rng=np.random.default_rng(7), format="lil")
+    hub[0, :] = 1
+    a_hub = sp.csr_array(hub != 0, dtype=np.int64)
+    cases = [(rmat(11, 8, seed=4, undirected=False), None), (a_hub, 0)]
+    for a, hub_source in cases:
+        _bfs_agrees(a, hub_source, dtype, threads)
+
+
+def _bfs_agrees(a: sp.csr_array, only: int | None, dtype: str, threads: int) -> None:
+    g = Graph(a)
+    for source in (int(np.argmax(np.diff(a.indptr))), 5) if only is None else (only,):
+        want = _levels(a, source)
+        np.testing.assert_array_equal(bfs(g, source, dtype=dtype, threads=threads), want)
+        levels, parents = bfs(g, source, parents=True, threads=threads)
+        np.testing.assert_array_equal(levels, want)
+        reached = np.flatnonzero(want > 0)
+        assert (want[parents[reached]] == want[reached] - 1).all()
+        assert (a[parents[reached], reached] != 0).all()
+
+
 @pytest.mark.parametrize("name,a", GRAPHS, ids=IDS)
 def test_sssp_matches_dijkstra(name, a):
     w = a.copy()

@@ -38,6 +38,8 @@ import numpy as np
 from ..api.kernel import Kernel, kernel
 from ..base.errors import InputError
 from ..runtime.binding import resolve_threads
+from ..tensors.formats import parse_format
+from ..tensors.storage import LevelStorage
 from ..tensors.tensor import Tensor, as_tensor
 
 #: the kernels, by name: (statement, formats, semiring, mask, dtype)
@@ -120,14 +122,20 @@ SCHEDULES = {
 
 def graph_kernel(name: str, dtype: str | None = None) -> Kernel:
     """The kernel called ``name`` in `KERNELS` (compiled once per process), in its type or
-    ``dtype``."""
-    statement, formats, ring, mask, own = KERNELS[name]
-    options: dict[str, Any] = {"semiring": ring, "dtype": dtype or own}
-    if mask:
-        options["mask"] = mask
-    if name in SCHEDULES:
-        options["schedule"] = SCHEDULES[name]
-    return kernel(statement, formats, **options)
+    ``dtype``; kept here too, so that a level of a loop finds its kernel by one lookup."""
+    found = _built.get((name, dtype))
+    if found is None:
+        statement, formats, ring, mask, own = KERNELS[name]
+        options: dict[str, Any] = {"semiring": ring, "dtype": dtype or own}
+        if mask:
+            options["mask"] = mask
+        if name in SCHEDULES:
+            options["schedule"] = SCHEDULES[name]
+        found = _built[(name, dtype)] = kernel(statement, formats, **options)
+    return found
+
+
+_built: dict[tuple[str, str | None], Kernel] = {}
 
 
 @dataclass
@@ -150,6 +158,7 @@ class Graph:
         self.matrix = matrix.to_format("csr")
         self._copies = {}
         self._symmetric: bool | None = None
+        self._degrees: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -157,10 +166,14 @@ class Graph:
 
     @property
     def degrees(self) -> np.ndarray:
-        """Each vertex's out-degree (stored entries of its row), int64."""
-        pos = self.matrix.levels[1].pos
-        assert pos is not None
-        return np.diff(pos).astype(np.int64)
+        """Each vertex's out-degree (stored entries of its row), int64 (kept, read-only)."""
+        found = self._degrees
+        if found is None:
+            pos = self.matrix.levels[1].pos
+            assert pos is not None
+            found = self._degrees = np.diff(pos).astype(np.int64)
+            found.flags.writeable = False
+        return found
 
     def pattern(self, dtype: str = "bool") -> Tensor:
         """The adjacency pattern, every stored entry 1, in ``dtype`` (kept)."""
@@ -231,11 +244,18 @@ def _vertex(g: Graph, source: Any) -> int:
 
 
 def _sparse_vector(n: int, where: np.ndarray, values: np.ndarray) -> Tensor:
-    """A sparse vector of ``values`` at ``where`` (sorted, distinct: as `np.flatnonzero`
-    gives them, so nothing is sorted again)."""
-    index = where.astype(np.int32 if n < 2**31 else np.int64, copy=False)
-    pos = np.array([0, index.size], dtype=index.dtype)
-    return Tensor.from_arrays((n,), "s", [(pos, index)], values)
+    """A sparse vector of ``values`` at ``where``, which the caller guarantees sorted,
+    distinct and in ``[0, n)`` (as `np.flatnonzero` gives them): built by the trusted
+    constructor, without `Tensor.from_arrays`' copies and O(n) checks, and without
+    freezing the caller's arrays (the tensor holds views of them, which the caller
+    leaves unchanged while it uses the tensor)."""
+    idt = np.dtype(np.int32 if n < 2**31 else np.int64)
+    index = where.astype(idt, copy=False).view()
+    pos = np.array([0, index.size], dtype=idt)
+    return Tensor((n,), _VECTOR, (LevelStorage(pos, index),), values.view(), idt)
+
+
+_VECTOR, _ROWS = parse_format("s", 1), parse_format("sd", 2)
 
 
 #: Beamer's direction switch: pull while the frontier's edges exceed the unvisited
@@ -263,6 +283,8 @@ def bfs(
     degrees = g.degrees
     levels = np.full(n, -1, dtype=np.int64)
     levels[src] = 0
+    visited = np.zeros(n, dtype=bool)
+    visited[src] = True
     parent = np.full(n, -1, dtype=np.int64) if parents else None
     if parent is not None:
         parent[src] = src
@@ -273,43 +295,49 @@ def bfs(
     ids = np.dtype(np.int32 if n < 2**31 else np.int64)
     none = int(np.iinfo(ids.name).max)  # the add's identity: no frontier neighbour
     dtype = ids.name if parents else dtype
+    ones = np.ones(n, dtype=dtype)  # sliced: the values of masks and frontiers
     # push reads the frontier's rows of A; pull the unvisited rows of A's transpose
     a, reverse = g.pattern(dtype), g.reverse(dtype)
     while frontier.size:
         depth += 1
-        frontier_edges = int(degrees[frontier].sum())
-        if pulling:
+        edges = None if pulling else int(degrees[frontier].sum())
+        if edges is None:
             pulling = frontier.size * BETA >= n
         else:
-            pulling = frontier_edges * ALPHA > unvisited_edges
+            pulling = edges * ALPHA > unvisited_edges
         if pulling:
-            # the unvisited vertices, the mask of the rows pulled (a row's scan stops at
-            # its first frontier neighbour: or's terminal value)
-            unseen = np.flatnonzero(levels < 0)
-            unvisited = _sparse_vector(n, unseen, np.ones(unseen.size, dtype=dtype))
+            # the unvisited vertices: the mask of the rows pulled (a row's scan stops at
+            # its first frontier neighbour: or's and any's terminal value)
+            unseen = np.flatnonzero(~visited)
+            unvisited = _sparse_vector(n, unseen, ones[: unseen.size])
             if parent is None:
                 q = np.zeros(n, dtype=dtype)
-                q[frontier] = True
-                pull = graph_kernel("pull", dtype)
-                reached = pull(A=reverse, q=q, U=unvisited, threads=threads) != 0
-                found = np.flatnonzero(reached)
+                q[frontier] = 1
+                y = graph_kernel("pull", dtype)(A=reverse, q=q, U=unvisited, threads=threads)
             else:
                 q = np.full(n, none, dtype=ids)
                 q[frontier] = frontier
-                pull_parent = graph_kernel("pull_parent", dtype)
-                p = pull_parent(A=reverse, q=q, U=unvisited, threads=threads)
-                found = np.flatnonzero(p < none)
-                found = found[levels[found] < 0]
-                parent[found] = p[found]
-        elif parent is None:
-            q_sparse = _sparse_vector(n, frontier, np.ones(frontier.size, dtype=dtype))
-            reached = graph_kernel("push", dtype)(A=a, q=q_sparse, threads=threads)
-            found = np.flatnonzero((reached != 0) & (levels < 0))
+                p = graph_kernel("pull_parent", dtype)(A=reverse, q=q, U=unvisited, threads=threads)
         else:
-            q_sparse = _sparse_vector(n, frontier, frontier.astype(ids))
-            p = graph_kernel("push_parent", dtype)(A=a, q=q_sparse, threads=threads)
-            found = np.flatnonzero((p < none) & (levels < 0))
+            # a push on several threads ors into a private copy of y per thread: only
+            # where the frontier's edges repay it
+            edges = int(degrees[frontier].sum()) if edges is None else edges
+            on = _threads_for(edges, n, threads)
+            if parent is None:
+                q_sparse = _sparse_vector(n, frontier, ones[: frontier.size])
+                y = graph_kernel("push", dtype)(A=a, q=q_sparse, threads=on)
+            else:
+                q_sparse = _sparse_vector(n, frontier, frontier.astype(ids))
+                p = graph_kernel("push_parent", dtype)(A=a, q=q_sparse, threads=on)
+        if parent is None:
+            reached = y if y.dtype == np.bool_ else y != 0
+        else:
+            reached = p < none
+        # reached and not visited (a pull reaches only unvisited rows; a push any)
+        found = np.flatnonzero(reached if pulling else reached > visited)
+        if parent is not None:
             parent[found] = p[found]
+        visited[found] = True
         levels[found] = depth
         unvisited_edges -= int(degrees[found].sum())
         frontier = found
@@ -331,12 +359,14 @@ def sssp(graph: Any, source: int, *, threads: int | None = None) -> np.ndarray:
         raise InputError("sssp reads edge weights: pass integer or floating values, not bool")
     distance = np.full(n, far, dtype=dtype)
     distance[src] = 0
+    degrees = g.degrees
     changed = np.array([src], dtype=np.int64)
     for _ in range(n):
         if not changed.size:
             return distance
         d = _sparse_vector(n, changed, distance[changed])
-        t = graph_kernel("relax")(A=weights, d=d, threads=threads)
+        on = _threads_for(int(degrees[changed].sum()), n, threads)
+        t = graph_kernel("relax")(A=weights, d=d, threads=on)
         better = np.flatnonzero(t < distance)
         distance[better] = t[better]
         changed = better
@@ -520,10 +550,11 @@ def _edges(rows: Tensor, degrees: np.ndarray) -> int:
 
 
 def _threads_for(edges: int, n: int, threads: int | None) -> int | None:
-    """The threads of a push of ``edges`` edges into a dense ``n x width`` output: one
-    where they are fewer than ``n``. Threads add into their own copies of the output
-    (zeroed, then summed: ``n * width`` each), which a push of fewer edges than vertices
-    does not repay; counted in elements, on any machine."""
+    """The threads of a push of ``edges`` edges into a dense output of ``n`` rows (of
+    ``width`` each): one where they are fewer than ``n``. Threads add (or, min) into
+    their own copies of the output (zeroed, then combined: ``n * width`` each), which a
+    push of fewer edges than vertices does not repay; counted in elements, on any
+    machine."""
     return 1 if edges < n else threads
 
 
@@ -544,5 +575,7 @@ def _pair_rows(n: int, width: int, pairs: np.ndarray, values: np.ndarray) -> Ten
     slot += pairs
     slot -= of * width
     block[slot] = values
-    pos = np.array([0, rows.size])
-    return Tensor.from_arrays((n, width), "sd", [(pos, rows), None], block)
+    idt = np.dtype(np.int32 if n < 2**31 else np.int64)
+    pos = np.array([0, rows.size], dtype=idt)
+    levels = (LevelStorage(pos, rows.astype(idt)), LevelStorage())
+    return Tensor((n, width), _ROWS, levels, block, idt)  # trusted: rows sorted, distinct
