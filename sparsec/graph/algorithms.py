@@ -108,6 +108,10 @@ KERNELS: dict[str, tuple[str, dict[str, str], str, str, str | None]] = {
         "",
         "float64",
     ),
+    # each vertex's dependencies summed over the sources (numpy's sum along a short last
+    # axis is several times slower, and a BLAS product by ones leaves OpenBLAS's threads
+    # spinning for a while after it, taking the cores from the kernels that follow)
+    "total": ("c(i) = D(i,s)", {"D": "dd", "c": "dense"}, "plus_times", "", "float64"),
 }
 
 
@@ -516,9 +520,7 @@ def _brandes(g: Graph, batch: np.ndarray, threads: int | None) -> np.ndarray:
         ups = level_pairs[at - 1]  # the pairs one level up
         dependency[ups] += back[ups] * paths[ups]
     dependency[batch * width + np.arange(width)] = 0.0
-    # summed over the sources by a product with ones (numpy's sum along a short last axis
-    # is several times slower)
-    return dependency.reshape(n, width) @ np.ones(width)
+    return graph_kernel("total")(D=dependency.reshape(n, width), threads=1)
 
 
 def _reached(a: Tensor, rows: Tensor, edges: int, counts: np.ndarray, width: int) -> np.ndarray:
