@@ -116,3 +116,22 @@ def test_reached_flags_are_set_outside_the_lanes(t, rng):
         got = k(W=W, dY=dY, X=X, threads=threads)
         assert np.array_equal(got.to_dense(), want.numpy())
         assert got.to_scipy().nnz == (W.nnz if t else 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_blocks_row_sums_into_value_typed_partials(dtype, rng):
+    """A bsr block's row is a loop of fixed extent left to the C compiler to unroll; its
+    terms sum into partials of the value type, added into the accumulator once per row
+    (a float32 term is not converted to double one by one), equal to torch on integers
+    with empty block rows."""
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", {"A": "bsr(4,4)"}, dtype=np.dtype(dtype).name)
+    assert "sc_dot1_part0" in k.source and "omp simd" not in k.source
+    assert "short dot loop(s) summed into value-typed partials" in k.source
+    dense = np.zeros((16, 12), dtype=dtype)
+    dense[0:4, 4:8] = rng.integers(-3, 4, (4, 4))
+    dense[8:12, 0:4] = rng.integers(-3, 4, (4, 4))
+    dense[8:12, 8:12] = rng.integers(-3, 4, (4, 4))
+    a = sparsec.Tensor.from_scipy(sp.bsr_array(dense, blocksize=(4, 4)), "bsr(4,4)")
+    x = rng.integers(-3, 4, 12).astype(dtype)
+    want = (torch.from_numpy(dense) @ torch.from_numpy(x)).numpy()
+    assert np.array_equal(k(A=a, x=x), want)

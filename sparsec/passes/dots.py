@@ -31,7 +31,10 @@ generated code is compiled with ``-ffast-math``) reorder such sums too. Semiring
 alone (`run_passes` runs no pass under them). C only.
 
 Value-typed partials of ``dot_block`` terms added into the double accumulator measured fastest,
-ahead of lanes summing in double (docs/decisions.md, "Contiguous dot loops").
+ahead of lanes summing in double (docs/decisions.md, "Contiguous dot loops"). A dot loop of
+at most ``dot_fixed`` iterations fixed in the code (a bsr block's row) is left to the C
+compiler to unroll, its terms summed into value-typed partials (`_partial`), so that a
+float32 term is not converted to the double accumulator one by one.
 """
 
 from __future__ import annotations
@@ -59,15 +62,18 @@ def vectorize_dots(
     """``body`` with every dot loop summed on vector lanes in blocks of
     ``options.dot_block`` iterations, and a note when any was."""
     block = options.dot_block
-    count = [0]
     decls = [s for s in statements(body) if isinstance(s, ir.Decl)]
     scalars = {d.name for d in decls if d.type in (ir.ACC, ir.VAL)}
     # flags declared 0: set before the loop when it runs, as its iterations would
     flags = {d.name for d in decls if d.type == ir.BOOL and d.init == ir.IntLit(0)}
+    count = [0, 0]
     done = _block(body, count, (scalars, flags), False, (block, options.dot_fixed))
-    if not count[0]:
-        return body, ()
-    return done, (f"{count[0]} dot loop(s) summed on vector lanes in blocks of {block}",)
+    notes = []
+    if count[0]:
+        notes.append(f"{count[0]} dot loop(s) summed on vector lanes in blocks of {block}")
+    if count[1]:
+        notes.append(f"{count[1]} short dot loop(s) summed into value-typed partials")
+    return (done, tuple(notes)) if notes else (body, ())
 
 
 #: the names a dot loop may sum into, and the flags it may set
@@ -82,10 +88,15 @@ def _block(b: ir.Block, count: list[int], names: Names, in_vector: bool, size: S
     out: list[ir.Stmt] = []
     for s in b.body:
         if isinstance(s, ir.For) and not in_vector:
-            sums = _dot(s, size[1])
+            sums = _dot(s)
             if sums is not None and set(sums[0]) <= names[0] and set(sums[1]) <= names[1]:
-                count[0] += 1
-                out.extend(_blocked(s, *sums, uid=count[0], size=size[0]))
+                uid = count[0] + count[1] + 1
+                if _short(s, size[1]):
+                    count[1] += 1
+                    out.extend(_partial(s, sums[0], uid))
+                else:
+                    count[0] += 1
+                    out.extend(_blocked(s, *sums, uid=uid, size=size[0]))
                 continue
         vector = in_vector or (
             isinstance(s, ir.For) and s.parallel is not None and s.parallel.unit == Unit.CPUVector
@@ -100,9 +111,9 @@ def _inside(
     return lambda b: _block(b, count, names, in_vector, size)
 
 
-def _dot(loop: ir.For, fixed: int) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+def _dot(loop: ir.For) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """(the accumulators, the flags) of a dot loop, or None when ``loop`` is not one."""
-    if loop.parallel is not None or loop.unroll or _short(loop, fixed):
+    if loop.parallel is not None or loop.unroll:
         return None
     local: set[str] = set()
     sums: list[str] = []
@@ -149,7 +160,8 @@ def _dot(loop: ir.For, fixed: int) -> tuple[tuple[str, ...], tuple[str, ...]] | 
 def _short(loop: ir.For, fixed: int) -> bool:
     """Does ``loop`` run at most ``fixed`` iterations, known when the kernel is generated
     (a block's row of a bsr(R,C) tensor, `Spec.static`)? The C compiler unrolls it: its
-    chain of additions is short, and blocks of lanes wider than it would never run."""
+    chain of additions is short, and blocks of lanes wider than it would never run; it is
+    summed into value-typed partials (`_partial`), not on lanes."""
     start, end = loop.start, loop.end
     if isinstance(start, ir.IntLit) and isinstance(end, ir.IntLit):
         return end.value - start.value <= fixed
@@ -234,6 +246,26 @@ def _blocked(
         ir.Decl(ir.I64, start.name, loop.start),
         *((ran,) if flags else ()),
         ir.For(blk, ir.IntLit(0), count, block),
+    ]
+
+
+def _partial(loop: ir.For, sums: tuple[str, ...], uid: int) -> list[ir.Stmt]:
+    """A short dot loop (`_short`) as it is, its terms summed into partials of the value
+    type, each added into its accumulator once after it: a float32 block's row then
+    multiplies and adds in float (the C compiler unrolls it into vector operations) and
+    converts to the double accumulator once, not at every term (a partial of at most
+    ``dot_fixed`` terms, within the ``dot_block`` bound the precision rule allows)."""
+    parts = {name: f"sc_dot{uid}_part{n}" for n, name in enumerate(sums)}
+    body = tuple(
+        replace(s, target=ir.Var(parts[s.target.name]))
+        if isinstance(s, ir.Assign) and isinstance(s.target, ir.Var) and s.target.name in parts
+        else s
+        for s in loop.body.body
+    )
+    return [
+        *(ir.Decl(ir.VAL, part, ir.FloatLit(0.0)) for part in parts.values()),
+        replace(loop, body=ir.Block(body)),
+        *(ir.Assign(ir.Var(name), ir.Var(part), "+=") for name, part in parts.items()),
     ]
 
 
