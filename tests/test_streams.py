@@ -75,6 +75,21 @@ SPMV_ROW = (
         (_outer(_inner(ir.Assign(ir.Load("vals", P), ir.Load("vals", P), "+="))), []),
         # loads next to p are not loads at p
         (_outer(_inner(ir.Assign(ir.Var("a"), ir.Load("vals", ir.add(P, ir.IntLit(1)))))), []),
+        # a loop of one position (a singleton under a dense level: ELL's, N:M's) would
+        # prefetch at every entry: not a stream loop, its end given directly or declared
+        (
+            _outer(
+                ir.For("p", ir.Var("q"), ir.add(ir.Var("q"), ir.IntLit(1)), ir.block(*SPMV_ROW))
+            ),
+            [],
+        ),
+        (
+            _outer(
+                ir.Decl(ir.I64, "q_end", ir.add(ir.Var("q"), ir.IntLit(1))),
+                ir.For("p", ir.Var("q"), ir.Var("q_end"), ir.block(*SPMV_ROW)),
+            ),
+            [],
+        ),
         # a conditional body still streams
         (
             _outer(_inner(ir.If(((ir.Load("mask", P), ir.block(*SPMV_ROW)),)))),
@@ -123,6 +138,15 @@ def test_spmv_source_prefetches_its_streams():
     assert f"sc_prefetch_stream(A2_crd, A2_pos[pA1] + {DISTANCE})" in k.source
     assert f"sc_prefetch_stream(A_vals, A2_pos[pA1] + {DISTANCE})" in k.source
     assert "A2_crd, A_vals prefetched" in k.schedule
+
+
+def test_nm_and_ell_entries_are_not_prefetched_one_by_one():
+    for expr, fmt in (
+        ("y(i) = A(i,j) * x(j)", "nm(2,4)"),
+        ("y(i) = A(i,k,j) * x(j)", "ddp"),  # ELL: k counts a row's stored entries
+    ):
+        k = sparsec.kernel(expr, {"A": fmt})
+        assert "sc_prefetch_stream(A" not in k.source, fmt  # nor in an outlined function
 
 
 def test_tiled_spmm_rows_are_not_stream_loops():

@@ -57,9 +57,12 @@ def prefetch_streams(
 
 def _block(b: ir.Block, notes: list[str], inside: bool, distance: int) -> ir.Block:
     out: list[ir.Stmt] = []
+    declared: dict[str, ir.Expr] = {}
     for s in b.body:
+        if isinstance(s, ir.Decl) and s.init is not None:
+            declared[s.name] = s.init
         if isinstance(s, ir.For):
-            streams = _streams(s) if inside else ()
+            streams = _streams(s) if inside and not _one_position(s, declared) else ()
             if streams:
                 note = f"{', '.join(streams)} prefetched {distance} positions ahead"
                 if note not in notes:
@@ -75,6 +78,18 @@ def _block(b: ir.Block, notes: list[str], inside: bool, distance: int) -> ir.Blo
 def _stmt(s: ir.Stmt, notes: list[str], inside: bool, distance: int) -> ir.Stmt:
     inner = inside or isinstance(s, ir.For | ir.While)
     return map_blocks(s, lambda b: _block(b, notes, inner, distance))
+
+
+def _one_position(loop: ir.For, declared: dict[str, ir.Expr]) -> bool:
+    """Does ``loop`` walk one position, ``start .. start + 1`` (a singleton level under a
+    dense one: ELL's and N:M's stored coordinate)? Its streams advance by one entry per
+    outer iteration, so a prefetch before it would be issued at every entry, more
+    instructions than the entry's own loads, for streams the hardware follows on its own
+    (docs/decisions.md, "Stream loops prefetch their crd and vals")."""
+    end = loop.end
+    if isinstance(end, ir.Var) and end.name in declared:
+        end = declared[end.name]
+    return end == ir.add(loop.start, ir.IntLit(1))
 
 
 #: what a stream loop's body may not hold: a loop (the body is the per-entry work) or
