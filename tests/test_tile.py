@@ -564,3 +564,32 @@ def test_a_stage_extent_the_function_computes_keeps_every_stage():
     assert any(
         isinstance(c, ir.Bin) and c.op == "&&" and c.left == ir.IntLit(1) for c in conditions
     )
+
+
+def _blocked_dense(rows: int, cols: int, r: int, c: int, rng) -> np.ndarray:
+    """A rows x cols integer matrix of r x c blocks, about half of them stored (zeros
+    inside the stored ones too), with an empty block row."""
+    keep = rng.random((rows // r, cols // c)) < 0.5
+    keep[1] = False  # an empty block row
+    cells = np.kron(keep, np.ones((r, c))) * rng.integers(-3, 4, (rows, cols))
+    return cells.astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("block", [(2, 3), (3, 2), (4, 4), (1, 4), (8, 2)])
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_blocks_rows_share_their_tiles(block, width, dtype, rng):
+    """bsr(R,C) SpMM: a block's R rows (2 <= R <= 4, fixed in the code) are held in the
+    tiles together across the block row, each vector of X loaded once for all of them;
+    R = 1 and R = 8 keep one row per tile. Integer values: every order sums alike."""
+    r, c = block
+    fmt = f"bsr({r},{c})"
+    k = sparsec.kernel("Y(i,k) = A(i,j) * X(j,k)", {"A": fmt}, dtype=dtype)
+    held = 2 <= r <= 4
+    assert ("register tiles of" in k.schedule) == held, k.schedule
+    a = _blocked_dense(8 * r, 6 * c, r, c, rng)
+    x = rng.integers(-3, 4, (6 * c, width)).astype(np.float64)
+    tensor = sparsec.Tensor.from_dense(a.astype(dtype), fmt)
+    for threads in (1, 2):
+        got = np.asarray(k(A=tensor, X=x.astype(dtype), threads=threads))
+        np.testing.assert_array_equal(got, (a @ x).astype(dtype))

@@ -11,6 +11,15 @@ row narrower than a tile still accumulates in registers (MTTKRP at rank 32 in fl
 64-byte vectors: docs/decisions.md, "A row narrower than a tile"); the rest, fewer than
 2 vectors, runs through the original nest. A build has the stages its extent needs (`stages`).
 
+*A block's rows held together.* In bsr(R,C) SpMM, ``Y(i0,i1,k) = A(i0,j0,i1,j1) *
+X(j0,j1,k)``, the region is the block row (``j0``, then the block's ``i1`` and ``j1``),
+and the output row moves with ``i1``, a loop of R iterations fixed in the code. With
+2 <= R <= `ROWS`, the tiles hold the R rows' columns together across the whole block
+row: each row's statement is the j loop's with ``i1`` replaced by its number (the
+declarations that depend on it substituted), so each vector of X is loaded once for the
+R rows and no accumulator is stored between blocks. A tile's columns then run in walks of
+``vectors // R`` vectors per row (the same registers as one row's tile).
+
 Two more things make a tile cheaper, measured on pruned-BERT SpMM (`bench bert`):
 
 - *Zero-started tiles.* When the statement just before the region (with only local
@@ -49,10 +58,25 @@ _OPS = frozenset("+-*")
 
 @dataclass(frozen=True, slots=True)
 class _Nest:
-    """A region: ``loops[0]`` (the region's root) down to ``inner`` (the j loop)."""
+    """A region: ``loops[0]`` (the region's root) down to ``inner`` (the j loop);
+    ``rows``: one loop of ``loops[1:]`` over a few rows fixed in the code (`_rows`), whose
+    rows the tiles hold together."""
 
     loops: tuple[ir.For, ...]
     inner: ir.For
+    rows: ir.For | None = None
+
+
+#: the most rows a tile holds together (a bsr(R,C) block's rows: `_rows`)
+ROWS = 4
+
+
+def _rows(loop: ir.For) -> int:
+    """The rows of ``loop`` when it runs over ``[0, R)`` with ``2 <= R <= ROWS`` fixed in
+    the code (a block's rows of a bsr(R,C) tensor, `Spec.static`), else 0."""
+    if loop.start == ir.IntLit(0) and isinstance(loop.end, ir.IntLit):
+        return loop.end.value if 2 <= loop.end.value <= ROWS else 0
+    return 0
 
 
 def tile(
@@ -153,9 +177,10 @@ def _stmt(
                 if nest is not None:
                     found = _tile(nest, ids, opts, extents, before)
                     if found is not None:
-                        tiled, prefetched = found
-                        loops = ", ".join(loop.var for loop in nest.loops)
-                        note = f"{nest.inner.var} in register tiles across loop {loops}"
+                        tiled, prefetched, rows = found
+                        loops = ", ".join(loop.var for loop in nest.loops if loop is not rows)
+                        held = "" if rows is None else f" of {_rows(rows)} rows ({rows.var})"
+                        note = f"{nest.inner.var} in register tiles{held} across loop {loops}"
                         if prefetched:
                             where = ", across segments" if prefetched == "across segments" else ""
                             note += (
@@ -170,15 +195,18 @@ def _nest(root: ir.For) -> _Nest | None:
     """The chain of loops from ``root`` to an innermost accumulating loop, when every body
     on the way is local declarations (and comments) around exactly one loop."""
     loops: list[ir.For] = []
+    rows: ir.For | None = None
     loop = root
     while True:
         if loop.parallel is not None or loop.unroll:
             return None
         inner = [s for s in loop.body.body if not isinstance(s, ir.Decl | ir.Comment)]
         if _accumulates(loop):
-            return _Nest(tuple(loops), loop) if loops else None
+            return _Nest(tuple(loops), loop, rows) if loops else None
         if len(inner) != 1 or not isinstance(inner[0], ir.For):
             return None
+        if loops and rows is None and _rows(loop):
+            rows = loop
         loops.append(loop)
         loop = inner[0]
 
@@ -206,16 +234,17 @@ def _tile(
     options: TileOptions,
     extents: Mapping[str, ir.Expr],
     before: _Zeroing | None,
-) -> tuple[ir.Stmt | _ZeroStarted, str] | None:
-    """The tiled region (a `_ZeroStarted` when it took over ``before``) and how it
-    prefetches (`_Tiler.prefetched`), or None."""
+) -> tuple[ir.Stmt | _ZeroStarted, str, ir.For | None] | None:
+    """The tiled region (a `_ZeroStarted` when it took over ``before``), how it
+    prefetches (`_Tiler.prefetched`) and the loop whose rows its tiles hold together, or
+    None."""
     try:
         tiler = _Tiler(nest, ids, options, extents)
-        zero = before is not None and tiler.zeroed_by(before)
+        zero = before is not None and nest.rows is None and tiler.zeroed_by(before)
         tiled = tiler.build(zero)
     except _Refuse:
         return None
-    return (_ZeroStarted(tiled) if zero else tiled), tiler.prefetched
+    return (_ZeroStarted(tiled) if zero else tiled), tiler.prefetched, tiler.rows
 
 
 class _Tiler:
@@ -249,12 +278,44 @@ class _Tiler:
         assert isinstance(store, ir.Assign) and isinstance(store.target, ir.Load)
         self.store = store
         self.out = store.target.array
+        #: the rows held together (`_rows`), and each row's names -> values
+        self.rows: ir.For | None = None
+        self.row_envs: list[dict[str, ir.Expr]] = []
+        if nest.rows is not None:
+            self._take_rows(nest.rows)
         #: the loop that zeroed the tiles' row, when the tiles took it over
         self.zeroing: ir.For | None = None
         #: the tile's vector loads (lane 0 addresses), candidates for prefetching
         self.gathers: list[ir.Expr] = []
         #: how gathered rows are prefetched: "" (not), "within segments" or "across segments"
         self.prefetched = ""
+
+    def _take_rows(self, rows: ir.For) -> None:
+        """Hold the rows of ``rows`` together when the output's row is its variable's (a
+        block's rows of Y): each row's statement is the j loop's with every declaration
+        from ``rows`` down substituted and the row's number for its variable, so the
+        region needs none of them (`_walk_rows` drops them). Left as a plain region loop
+        where the output does not move with it, or a loop below it moves with it."""
+        nest = self.nest
+        below = nest.loops[nest.loops.index(rows) :]
+        decls = [d for loop in below for d in loop.body.body if isinstance(d, ir.Decl)]
+        decls += [d for d in nest.inner.body.body if isinstance(d, ir.Decl)]
+        if any(d.init is None for d in decls):
+            return
+        env = bindings(decls)
+        moved = {rows.var} | {d.name for d in decls}
+        for loop in (*below[1:], nest.inner):
+            if (free_vars(loop.start) | free_vars(loop.end)) & moved:
+                return
+        assert isinstance(self.store.target, ir.Load)
+        if rows.var not in free_vars(substitute(self.store.target.index, env)):
+            return
+        assert isinstance(rows.end, ir.IntLit)
+        self.rows = rows
+        self.row_envs = [
+            {name: substitute(value, {rows.var: ir.IntLit(r)}) for name, value in env.items()}
+            for r in range(rows.end.value)
+        ]
 
     def resolve(self, e: ir.Expr) -> ir.Expr:
         return substitute(e, self.env)
@@ -333,8 +394,13 @@ class _Tiler:
         if free_vars(end) & self.inside:
             raise _Refuse
         assert isinstance(store.target, ir.Load)
-        out_base = self.base(self.resolve(store.target.index))
-        if free_vars(out_base) & self.inside:
+        if self.rows is None:
+            out_bases = [self.base(self.resolve(store.target.index))]
+            values = [self.resolve(store.value)]
+        else:
+            out_bases = [self.base(substitute(store.target.index, e)) for e in self.row_envs]
+            values = [substitute(store.value, e) for e in self.row_envs]
+        if any(free_vars(out_base) & self.inside for out_base in out_bases):
             raise _Refuse
         # the output is written only here: nothing in the region may read it
         for loop in nest.loops:
@@ -344,9 +410,9 @@ class _Tiler:
                     reads |= arrays(s.init)
             if self.out in reads:
                 raise _Refuse
-        value = self.resolve(store.value)
+        row = (values, out_bases)
         tiles = ir.Var(f"sc_tiles{self.uid}")
-        main = self._tiles(self.vectors, self.uid, tiles, ir.IntLit(0), value, out_base, zero)
+        main = self._tiles(self.vectors, self.uid, tiles, ir.IntLit(0), row, zero)
         rest = ir.Bin("*", tiles, TILE)
         # the columns left (fewer than a tile): at most one tile of half as many vectors,
         # then of a quarter, down to `narrowest` vectors, so a row narrower than a tile (MTTKRP's
@@ -361,7 +427,7 @@ class _Tiler:
             if 2 * vectors < self.vectors:
                 runs = ir.Bin("%", runs, ir.IntLit(2))
             uid = next(self.ids)
-            stage = self._tiles(vectors, uid, runs, first, value, out_base, zero)
+            stage = self._tiles(vectors, uid, runs, first, row, zero)
             stages.append(guard(end, vectors, stage))  # built where the extent needs it
             vectors //= 2
         left = ir.add(rest, ir.mul(self._down(q, self.narrowest), VLEN))
@@ -399,44 +465,53 @@ class _Tiler:
         uid: int,
         runs: ir.Expr,
         first: ir.Expr,
-        value: ir.Expr,
-        out_base: ir.Expr,
+        row: tuple[list[ir.Expr], list[ir.Expr]],
         zero: bool,
     ) -> ir.For:
         """The loop over ``runs`` tiles of ``vectors`` vectors from column ``first``: each
         tile's accumulators loaded (or zeroed), the region run once into them, then
-        stored."""
-        nest = self.nest
+        stored. ``row``: each output row's value and base (one row, or the rows held
+        together: a tile's columns then run in walks of the region with ``vectors // R``
+        vectors of every row each, within the accumulators of one tile, each vector of
+        the other operand loaded once for all the rows)."""
+        values, out_bases = row
         self.gathers = []
         self.jt = f"sc_j{uid}"
         jt = ir.Var(self.jt)
-        sums = [self.vector(value, v) for v in range(vectors)]
-        acc = [f"sc_acc{uid}_{v}" for v in range(vectors)]
         width = TILE if vectors == self.vectors else ir.Bin("*", ir.IntLit(vectors), VLEN)
-
-        def slot(v: int) -> ir.Expr:
-            return ir.Bin("+", ir.Var(self.out), ir.add(ir.add(out_base, jt), self._lane(v)))
-
-        inner = ir.block(*(ir.Assign(ir.Var(a), s, "+=") for a, s in zip(acc, sums, strict=True)))
-        walked = self._replace_inner(nest.loops[0], inner)
-        gathers = Gathers(
-            nest.loops,
-            tuple(self.gathers),
-            self._lane(vectors // 2),
-            frozenset(self.inside),
-            uid,
-            self.distance,
-            self.extents,
-        )
-        segments = gathers.segments() if self.distance > 0 else None
-        across = None if segments is None else gathers.across(walked, *segments)
+        rows = len(values)
+        walk = vectors if rows == 1 else max(1, min(vectors, self.vectors // rows))
+        body: list[ir.Stmt] = []
         prefetched = ""
-        if across is not None:
-            region, prefetched = across, "across segments"
-        else:
-            within = gathers.within(walked) if self.distance > 0 else None
-            prefetched = "within segments" if within is not None else ""
-            region = walked if within is None else within
+        for lo in range(0, vectors, walk):
+            lanes = range(lo, min(vectors, lo + walk))
+            acc = {
+                (r, v): f"sc_acc{uid}_{v}" if rows == 1 else f"sc_acc{uid}_{r}_{v}"
+                for r in range(rows)
+                for v in lanes
+            }
+
+            def slot(r: int, v: int) -> ir.Expr:
+                at = ir.add(ir.add(out_bases[r], jt), self._lane(v))
+                return ir.Bin("+", ir.Var(self.out), at)
+
+            sums = [
+                ir.Assign(ir.Var(a), self.vector(values[r], v), "+=") for (r, v), a in acc.items()
+            ]
+            region, prefetched = self._region(ir.block(*sums), uid, vectors)
+            body += [
+                *(
+                    ir.Decl(
+                        ir.VEC, a, ir.Call("vzero", ()) if zero else ir.Call("vload", (slot(r, v),))
+                    )
+                    for (r, v), a in acc.items()
+                ),
+                region,
+                *(
+                    ir.Effect(ir.Call("vstore", (slot(r, v), ir.Var(a))))
+                    for (r, v), a in acc.items()
+                ),
+            ]
         if vectors == self.vectors:
             self.prefetched = prefetched
         t = f"sc_t{uid}"
@@ -446,21 +521,38 @@ class _Tiler:
             runs,
             ir.block(
                 ir.Decl(ir.I64, jt.name, ir.add(first, ir.Bin("*", ir.Var(t), width))),
-                *(
-                    ir.Decl(
-                        ir.VEC, a, ir.Call("vzero", ()) if zero else ir.Call("vload", (slot(v),))
-                    )
-                    for v, a in enumerate(acc)
-                ),
-                region,
-                *(ir.Effect(ir.Call("vstore", (slot(v), ir.Var(a)))) for v, a in enumerate(acc)),
+                *body,
             ),
         )
 
+    def _region(self, inner: ir.Block, uid: int, vectors: int) -> tuple[ir.Stmt, str]:
+        """The region walked with ``inner`` for the j loop, its gathered rows prefetched
+        where `Gathers` finds how (not for rows held together: their loads are found
+        from substituted declarations), and how they are (`prefetched`)."""
+        walked = self._replace_inner(self.nest.loops[0], inner)
+        if self.rows is not None or self.distance <= 0:
+            return walked, ""
+        gathers = Gathers(
+            self.nest.loops,
+            tuple(self.gathers),
+            self._lane(vectors // 2),
+            frozenset(self.inside),
+            uid,
+            self.distance,
+            self.extents,
+        )
+        segments = gathers.segments()
+        across = None if segments is None else gathers.across(walked, *segments)
+        if across is not None:
+            return across, "across segments"
+        within = gathers.within(walked)
+        return (walked, "") if within is None else (within, "within segments")
+
     def _replace_inner(
-        self, loop: ir.For, body: ir.Block | None, start: ir.Expr | None = None
+        self, loop: ir.For, body: ir.Block | None, start: ir.Expr | None = None, below: bool = False
     ) -> ir.For:
-        """``loop`` with the j loop replaced by ``body``, or started at ``start``."""
+        """``loop`` with the j loop replaced by ``body`` (without the loop of the rows held
+        together, and the declarations ``below`` it), or started at ``start``."""
         if loop is self.nest.inner:
             assert start is not None
             # the columns left of the tiles: iterations independent as the tiles' lanes are
@@ -470,9 +562,17 @@ class _Tiler:
         stmts: list[ir.Stmt] = []
         for s in loop.body.body:
             if isinstance(s, ir.For):
+                deeper = below
+                if body is not None and s is self.rows:
+                    # the rows held together: the loop and the declarations from it
+                    # down are gone (each row's statement has them substituted)
+                    (s,) = [t for t in s.body.body if isinstance(t, ir.For)]
+                    deeper = True
                 if s is self.nest.inner and body is not None:
                     stmts.extend(body.body)
                     continue
-                s = self._replace_inner(s, body, start)
+                s = self._replace_inner(s, body, start, deeper)
+            elif below and isinstance(s, ir.Decl):
+                continue
             stmts.append(s)
         return replace(loop, body=ir.Block(tuple(stmts)))
