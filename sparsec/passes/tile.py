@@ -14,7 +14,7 @@ row narrower than a tile still accumulates in registers (MTTKRP at rank 32 in fl
 *A block's rows held together.* In bsr(R,C) SpMM, ``Y(i0,i1,k) = A(i0,j0,i1,j1) *
 X(j0,j1,k)``, the region is the block row (``j0``, then the block's ``i1`` and ``j1``),
 and the output row moves with ``i1``, a loop of R iterations fixed in the code. With
-2 <= R <= `ROWS`, the tiles hold the R rows' columns together across the whole block
+2 <= R <= ``rows`` (`TileOptions`), the tiles hold the R rows' columns together across the whole block
 row: each row's statement is the j loop's with ``i1`` replaced by its number (the
 declarations that depend on it substituted), so each vector of X is loaded once for the
 R rows and no accumulator is stored between blocks. A tile's columns then run in walks of
@@ -67,15 +67,11 @@ class _Nest:
     rows: ir.For | None = None
 
 
-#: the most rows a tile holds together (a bsr(R,C) block's rows: `_rows`)
-ROWS = 4
-
-
-def _rows(loop: ir.For) -> int:
-    """The rows of ``loop`` when it runs over ``[0, R)`` with ``2 <= R <= ROWS`` fixed in
+def _rows(loop: ir.For, most: int) -> int:
+    """The rows of ``loop`` when it runs over ``[0, R)`` with ``2 <= R <= most`` fixed in
     the code (a block's rows of a bsr(R,C) tensor, `Spec.static`), else 0."""
     if loop.start == ir.IntLit(0) and isinstance(loop.end, ir.IntLit):
-        return loop.end.value if 2 <= loop.end.value <= ROWS else 0
+        return loop.end.value if 2 <= loop.end.value <= most else 0
     return 0
 
 
@@ -173,13 +169,17 @@ def _stmt(
     match s:
         case ir.For():
             if s.parallel is None:
-                nest = _nest(s)
+                nest = _nest(s, opts.rows)
                 if nest is not None:
                     found = _tile(nest, ids, opts, extents, before)
                     if found is not None:
                         tiled, prefetched, rows = found
                         loops = ", ".join(loop.var for loop in nest.loops if loop is not rows)
-                        held = "" if rows is None else f" of {_rows(rows)} rows ({rows.var})"
+                        held = (
+                            ""
+                            if rows is None
+                            else f" of {_rows(rows, opts.rows)} rows ({rows.var})"
+                        )
                         note = f"{nest.inner.var} in register tiles{held} across loop {loops}"
                         if prefetched:
                             where = ", across segments" if prefetched == "across segments" else ""
@@ -191,9 +191,10 @@ def _stmt(
     return map_blocks(s, lambda b: _block(b, notes, ids, opts, extents))
 
 
-def _nest(root: ir.For) -> _Nest | None:
+def _nest(root: ir.For, most_rows: int) -> _Nest | None:
     """The chain of loops from ``root`` to an innermost accumulating loop, when every body
-    on the way is local declarations (and comments) around exactly one loop."""
+    on the way is local declarations (and comments) around exactly one loop; its first
+    loop below the root over at most ``most_rows`` fixed rows is its ``rows``."""
     loops: list[ir.For] = []
     rows: ir.For | None = None
     loop = root
@@ -205,7 +206,7 @@ def _nest(root: ir.For) -> _Nest | None:
             return _Nest(tuple(loops), loop, rows) if loops else None
         if len(inner) != 1 or not isinstance(inner[0], ir.For):
             return None
-        if loops and rows is None and _rows(loop):
+        if loops and rows is None and _rows(loop, most_rows):
             rows = loop
         loops.append(loop)
         loop = inner[0]

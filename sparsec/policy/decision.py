@@ -63,6 +63,9 @@ class TileOptions:
     vectors: int = 8
     narrowest: int = 2
     prefetch_distance: int = 6
+    #: the most rows of a loop fixed in the code (a bsr block's) that a tile holds together,
+    #: each in ``vectors // rows`` vectors: the same registers as one row's tile
+    rows: int = 4
 
 
 @dataclass(frozen=True, slots=True)
