@@ -133,6 +133,42 @@ def test_a_misaligned_gathered_operand_is_copied_onto_a_cache_line(dtype, monkey
     assert len(copies) == 2
 
 
+def test_gathers_a_blocks_rows_share_count_once_for_the_copy(monkeypatch):
+    """bsr(4,4) SpMM holds a block's 4 rows in one register tile (`Generated.shared_rows`),
+    so each gathered vector of X serves 4 output rows: the copy onto a cache line weighs
+    a quarter of the gathers, and with the reuse threshold between the two counts an X
+    16 bytes off a line is copied for CSR of the same entries and not for bsr (on the
+    first call and the fast path's). The results are exact either way."""
+    copies = []
+    real = EXECUTABLE.packed_copy
+
+    def spy(array, threads=1, scratch=None):
+        copies.append(array.shape)
+        return real(array, threads, scratch)
+
+    monkeypatch.setattr(EXECUTABLE, "packed_copy", spy)
+    rng = np.random.default_rng(5)
+    keep = rng.random((10, 8)) < 0.6
+    w = np.kron(keep, np.ones((4, 4))) * rng.integers(-3, 4, (40, 32))
+    raw = np.empty(32 * 64 + 64)
+    at = (-BUFFERS.address(raw) % 64) // raw.itemsize + 2  # 16 bytes off a line
+    x = raw[at : at + 32 * 64].reshape(32, 64)
+    x[...] = rng.integers(-3, 4, (32, 64))
+    bsr = sparsec.Kernel(SPMM, {"W": "bsr(4,4)"})
+    csr = sparsec.Kernel(SPMM, {"W": "csr"})
+    stored = int(keep.sum()) * 16
+    # gathered / copied = stored * 64 * 8 / (32 * 64 * 8): a reuse threshold between the
+    # counts with and without the block's rows
+    monkeypatch.setattr(COSTS, "REALIGN_MIN_REUSE", stored / 32 / 2)
+    for k, fmt, copied in ((bsr, "bsr(4,4)", 0), (csr, "csr", 2)):
+        tensor = sparsec.Tensor.from_dense(w, fmt)
+        del copies[:]
+        for _ in range(2):
+            np.testing.assert_array_equal(k(W=tensor, X=x), w @ x)
+        assert len(copies) == copied, fmt
+    assert "register tiles of 4 rows" in bsr.schedule
+
+
 @pytest.mark.parametrize("whole", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_transposed_operand_is_packed_as_it_is(whole, dtype, small_panels, monkeypatch):

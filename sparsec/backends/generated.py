@@ -94,3 +94,7 @@ class Generated:
     #: C: the unit is built with its floating-point sums reassociable
     #: (`PassOptions.reassociate`; `sparsec.runtime.build.REASSOCIATE_FLAGS`)
     reassociate: bool = False
+    #: C: the output rows each register tile holds together (`passes.tile`; a bsr
+    #: block's), the fewest over the kernel's tiles: a vector gathered from a dense operand
+    #: serves that many (`policy.costs.misaligned` weighs the gathers by it)
+    shared_rows: int = 1

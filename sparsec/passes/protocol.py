@@ -21,6 +21,9 @@ class Passed:
     body: ir.Block
     notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     params: tuple[str, ...] = ()
+    #: the fewest output rows a register tile holds together (`passes.tile`): each vector
+    #: gathered from a dense operand serves at least that many (1: one row per tile)
+    rows: int = 1
 
     def after(self, name: str, body: ir.Block, notes: tuple[str, ...]) -> Passed:
         return replace(self, body=body, notes={**self.notes, name: notes})

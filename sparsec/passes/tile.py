@@ -79,14 +79,16 @@ def tile(
     body: ir.Block,
     options: TileOptions = DEFAULTS.tile,
     extents: Mapping[str, ir.Expr] | None = None,
+    held: list[int] | None = None,
 ) -> tuple[ir.Block, tuple[str, ...]]:
     """``body`` with every eligible region tiled in tiles of ``options.vectors`` vectors
     (then narrower ones down to ``options.narrowest``), and a note per region tiled.
     ``extents``: each compressed level's ``crd`` array -> the level's extent (the rows a
-    gather through it can reach, `Gathers.prefetches`)."""
+    gather through it can reach, `Gathers.prefetches`). ``held``: where given, each tiled
+    region's rows held together (1 for one row) are appended to it."""
     notes: list[str] = []
     ids = count()
-    tiled = _block(body, notes, ids, options, extents or {})
+    tiled = _block(body, notes, ids, options, extents or {}, held)
     return (checked(tiled) if notes else tiled), tuple(notes)
 
 
@@ -96,6 +98,7 @@ def _block(
     ids: count[int],
     options: TileOptions,
     extents: Mapping[str, ir.Expr],
+    held: list[int] | None = None,
 ) -> ir.Block:
     out: list[ir.Stmt] = []
     # the last loop that zeroes a row, its index in `out`, and the local declarations
@@ -104,7 +107,7 @@ def _block(
     between: list[ir.Decl] = []
     for s in b.body:
         before = _Zeroing(zeroing[1], tuple(between)) if zeroing is not None else None
-        done = _stmt(s, notes, ids, options, extents, before)
+        done = _stmt(s, notes, ids, options, extents, before, held)
         if isinstance(done, _ZeroStarted):
             assert zeroing is not None
             del out[zeroing[0]]
@@ -165,6 +168,7 @@ def _stmt(
     opts: TileOptions,
     extents: Mapping[str, ir.Expr],
     before: _Zeroing | None = None,
+    held: list[int] | None = None,
 ) -> ir.Stmt | _ZeroStarted:
     match s:
         case ir.For():
@@ -175,20 +179,19 @@ def _stmt(
                     if found is not None:
                         tiled, prefetched, rows = found
                         loops = ", ".join(loop.var for loop in nest.loops if loop is not rows)
-                        held = (
-                            ""
-                            if rows is None
-                            else f" of {_rows(rows, opts.rows)} rows ({rows.var})"
-                        )
-                        note = f"{nest.inner.var} in register tiles{held} across loop {loops}"
+                        count_rows = 1 if rows is None else _rows(rows, opts.rows)
+                        of_rows = "" if rows is None else f" of {count_rows} rows ({rows.var})"
+                        note = f"{nest.inner.var} in register tiles{of_rows} across loop {loops}"
                         if prefetched:
                             where = ", across segments" if prefetched == "across segments" else ""
                             note += (
                                 f" (gathered rows prefetched {opts.prefetch_distance} ahead{where})"
                             )
                         notes.append(note)
+                        if held is not None:
+                            held.append(count_rows)
                         return tiled
-    return map_blocks(s, lambda b: _block(b, notes, ids, opts, extents))
+    return map_blocks(s, lambda b: _block(b, notes, ids, opts, extents, held=held))
 
 
 def _nest(root: ir.For, most_rows: int) -> _Nest | None:

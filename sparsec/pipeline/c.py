@@ -4,6 +4,7 @@ default, a sparse output's count and single pass, the C passes (`lists.C_PASSES`
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 from ..abi import (
@@ -168,6 +169,7 @@ def generate(
     gen = record(
         lowered, sig, said, dtype, index_dtype, append=append, chunked=chunked, bound=bound
     )
+    gen = replace(gen, shared_rows=done.rows)
     tiles = decision.passes.tile
     vectors = tiles.vectors if tiled or append_tiled else 0
     sizes = {"vectors": vectors, "narrowest": tiles.narrowest, "llc": unit.llc}

@@ -24,7 +24,9 @@ def _streams(p: Passed, unit: PassInput) -> Passed:
 
 def _tile(p: Passed, unit: PassInput) -> Passed:
     extents = {crd: extent for crd, (_, extent) in _walks(unit.spec, unit.sig).items()}
-    return p.after("tile", *tile(p.body, unit.options.tile, extents))
+    held: list[int] = []
+    done = p.after("tile", *tile(p.body, unit.options.tile, extents, held))
+    return replace(done, rows=min(held, default=1))
 
 
 def _jam(p: Passed, unit: PassInput) -> Passed:

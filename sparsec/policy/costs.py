@@ -98,21 +98,23 @@ def column_traffic(
 
 
 def misaligned(
-    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any]
+    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], shared: int = 1
 ) -> tuple[str, ...]:
     """The dense operands along the panel index a call copies onto a cache line first
     (`sparsec.tensors.buffers.aligned_copy`): those whose first value is off a 64-byte
     boundary (numpy's large arrays are 16-byte aligned) while their rows are whole cache
     lines, so that every vector load of every row splits over two lines, in a call that
     gathers at least REALIGN_MIN_REUSE bytes from them per byte copied (measured:
-    docs/decisions.md, "Packed panels start on a cache line")."""
+    docs/decisions.md, "Packed panels start on a cache line"). ``shared``: the output rows
+    each gathered vector serves (`Generated.shared_rows`: a bsr block's rows in one
+    register tile), which divides the loads the stored entries make."""
     off = tuple(
         n for n in carriers if address(values[n]) % 64 and values[n].strides[-1] * columns % 64 == 0
     )
     if not off:
         return ()
     carried_bytes, gathered, _ = column_traffic(columns, carriers, values)
-    return off if gathered >= REALIGN_MIN_REUSE * carried_bytes else ()
+    return off if gathered >= REALIGN_MIN_REUSE * carried_bytes * shared else ()
 
 
 def panels_pay(

@@ -148,6 +148,7 @@ def _source(
         # only wide calls may run in panels or bands (both cost models need the columns)
         constants["COLUMNS"] = columns
         constants["CARRIERS"] = columns.carriers
+        constants["SHARED"] = executable.loaded.generated.shared_rows
         constants["INDICES"] = tuple(extent)
         dims = f"dict(zip(INDICES, ({', '.join(extent.values())},)))"
         off = " or ".join(f"x{local[c].removeprefix('v')} % 64" for c in columns.carriers)
@@ -155,7 +156,7 @@ def _source(
             f"wide = {extent[j]} >= costs.PANEL_MIN_COLUMNS",
             f"if wide and costs.panels_pay({extent[j]}, CARRIERS, inputs, {size}):",
             "    return None  # the general path runs it in column panels",
-            f"if ({off}) and costs.misaligned({extent[j]}, CARRIERS, inputs):",
+            f"if ({off}) and costs.misaligned({extent[j]}, CARRIERS, inputs, SHARED):",
             "    return None  # the general path copies them onto a cache line",
         ]
         if Source.BAND in sources:
