@@ -98,7 +98,11 @@ def column_traffic(
 
 
 def misaligned(
-    columns: int, carriers: tuple[str, ...], values: Mapping[str, Any], shared: int = 1
+    columns: int,
+    carriers: tuple[str, ...],
+    values: Mapping[str, Any],
+    shared: int = 1,
+    threads: int = 1,
 ) -> tuple[str, ...]:
     """The dense operands along the panel index a call copies onto a cache line first
     (`sparsec.tensors.buffers.aligned_copy`): those whose first value is off a 64-byte
@@ -107,14 +111,15 @@ def misaligned(
     gathers at least REALIGN_MIN_REUSE bytes from them per byte copied (measured:
     docs/decisions.md, "Packed panels start on a cache line"). ``shared``: the output rows
     each gathered vector serves (`Generated.shared_rows`: a bsr block's rows in one
-    register tile), which divides the loads the stored entries make."""
+    register tile), which divides the loads the stored entries make; ``threads``: the
+    kernel's, which share the split loads while the calling thread copies alone."""
     off = tuple(
         n for n in carriers if address(values[n]) % 64 and values[n].strides[-1] * columns % 64 == 0
     )
     if not off:
         return ()
     carried_bytes, gathered, _ = column_traffic(columns, carriers, values)
-    return off if gathered >= REALIGN_MIN_REUSE * carried_bytes * shared else ()
+    return off if gathered >= REALIGN_MIN_REUSE * carried_bytes * shared * threads else ()
 
 
 def panels_pay(

@@ -410,8 +410,9 @@ class Executable:
                 # (`Binder._carriers`), C-ordered, and on a cache line where that pays
                 carriers = self.columns.carriers
                 packed = {n for n in carriers if not values[n].flags.c_contiguous}
+                workers = resolve_threads(threads)
                 shared = gen.shared_rows
-                packed.update(costs.misaligned(dims[j], carriers, values, shared))
+                packed.update(costs.misaligned(dims[j], carriers, values, shared, workers))
                 # each in the thread's scratch: they live for this kernel call only
                 copied = {
                     n: packed_copy(values[n], resolve_threads(threads), number)

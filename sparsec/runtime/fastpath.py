@@ -156,7 +156,9 @@ def _source(
             f"wide = {extent[j]} >= costs.PANEL_MIN_COLUMNS",
             f"if wide and costs.panels_pay({extent[j]}, CARRIERS, inputs, {size}):",
             "    return None  # the general path runs it in column panels",
-            f"if ({off}) and costs.misaligned({extent[j]}, CARRIERS, inputs, SHARED):",
+        ]
+        realign = [
+            f"if ({off}) and costs.misaligned({extent[j]}, CARRIERS, inputs, SHARED, th):",
             "    return None  # the general path copies them onto a cache line",
         ]
         if Source.BAND in sources:
@@ -171,9 +173,11 @@ def _source(
             ]
     else:
         lines += ["band = 0", "depth = 0"]
+        realign = []
     lines += [
         "th = (use_threads(threads) if type(threads) is int and 0 < threads <= MAX_THREADS"
         " else resolve_threads(threads))",
+        *realign,
     ]
     for number, name in enumerate(sorted(carriers & set(local))):
         # a panel operand passed strided (SparseLinear's transposed activations) is made
