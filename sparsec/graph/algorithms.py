@@ -8,7 +8,9 @@ matrix: ``A(i,j)`` stored is an edge from ``i`` to ``j`` (`Graph`).
   ``y(j) = R(j,i) * q(i)`` over the unvisited rows (mask ``U``) of the reverse graph
   ``R`` (A itself where A is symmetric) under ``or_second``, each row's scan stopping at its
   first frontier neighbour; parents take a frontier neighbour (``any_second`` on vertex
-  ids: a pulled row's scan stops at its first), in int64.
+  ids: a pulled row's scan stops at its first), in int32 where the ids fit. A byte per
+  vertex marks the visited ones, and a push runs on one thread where the frontier has
+  fewer edges than the graph has vertices (`_threads_for`).
 * `sssp`: Bellman-Ford under ``min_plus``, relaxing only from the vertices whose distance
   changed (``t(j) = A(i,j) * d(i)`` over a sparse frontier).
 * `pagerank`: LAGraph's PageRank (``r(j) = R(j,i) * w(i)`` over the reverse graph ``R``,

@@ -298,8 +298,8 @@ class _Tiler:
         """Hold the rows of ``rows`` together when the output's row is its variable's (a
         block's rows of Y): each row's statement is the j loop's with every declaration
         from ``rows`` down substituted and the row's number for its variable, so the
-        region needs none of them (`_walk_rows` drops them). Left as a plain region loop
-        where the output does not move with it, or a loop below it moves with it."""
+        region needs none of them (`_replace_inner` drops them). Left as a plain region
+        loop where the output does not move with it, or a loop below it moves with it."""
         nest = self.nest
         below = nest.loops[nest.loops.index(rows) :]
         decls = [d for loop in below for d in loop.body.body if isinstance(d, ir.Decl)]
