@@ -593,3 +593,20 @@ def test_a_blocks_rows_share_their_tiles(block, width, dtype, rng):
     for threads in (1, 2):
         got = np.asarray(k(A=tensor, X=x.astype(dtype), threads=threads))
         np.testing.assert_array_equal(got, (a @ x).astype(dtype))
+
+
+@pytest.mark.parametrize(("vector_bytes", "walk"), [(32, 2), (64, 4)])
+def test_held_rows_fill_the_registers_the_machine_has(vector_bytes, walk, rng):
+    """A tile of a block's 4 rows uses 8 accumulators where the machine has 16 vector
+    registers (AVX2: 2 vectors per row a walk) and 16 where it has 32 (AVX-512: 4), and
+    gives the product either way (built for this host's compiler, whatever the facts)."""
+    with use(vector_bytes=vector_bytes):
+        k = sparsec.Kernel("Y(i,k) = A(i,j) * X(j,k)", {"A": "bsr(4,4)"})
+        source = k.source
+    first_walk = source[source.index("sc_vec_t sc_acc0_0_0") : source.index("for (int64_t pA2")]
+    assert first_walk.count("sc_vec_t sc_acc0_") == 4 * walk
+    a = _blocked_dense(32, 24, 4, 4, rng)
+    x = rng.integers(-3, 4, (24, 300)).astype(np.float64)
+    tensor = sparsec.Tensor.from_dense(a, "bsr(4,4)")
+    with use(vector_bytes=vector_bytes):
+        np.testing.assert_array_equal(k(A=tensor, X=x), a @ x)

@@ -18,7 +18,8 @@ and the output row moves with ``i1``, a loop of R iterations fixed in the code. 
 row: each row's statement is the j loop's with ``i1`` replaced by its number (the
 declarations that depend on it substituted), so each vector of X is loaded once for the
 R rows and no accumulator is stored between blocks. A tile's columns then run in walks of
-``vectors // R`` vectors per row (the same registers as one row's tile).
+``row_accumulators // R`` vectors per row (`TileOptions`: 8 accumulators, as one row's
+tile, or 16 where the host has 32 vector registers).
 
 Two more things make a tile cheaper, measured on pruned-BERT SpMM (`bench bert`):
 
@@ -258,6 +259,7 @@ class _Tiler:
         self.nest = nest
         self.extents = extents
         self.vectors, self.narrowest = options.vectors, options.narrowest  # see TileOptions
+        self.row_accumulators = options.row_accumulators
         self.distance = options.prefetch_distance
         self.j = nest.inner.var
         #: the region's number; its narrower tiles (see `build`) draw theirs from ``ids``
@@ -484,7 +486,7 @@ class _Tiler:
         jt = ir.Var(self.jt)
         width = TILE if vectors == self.vectors else ir.Bin("*", ir.IntLit(vectors), VLEN)
         rows = len(values)
-        walk = vectors if rows == 1 else max(1, min(vectors, self.vectors // rows))
+        walk = vectors if rows == 1 else max(1, min(vectors, self.row_accumulators // rows))
         body: list[ir.Stmt] = []
         prefetched = ""
         for lo in range(0, vectors, walk):

@@ -22,6 +22,7 @@ from ..base.target import Target
 from ..middle.commands import Command
 from ..middle.spec import Spec
 from . import calibrated
+from .machine import machine
 
 #: a parallel CPU loop's dynamic schedule: about this many chunks per thread, so skewed
 #: rows balance
@@ -64,8 +65,13 @@ class TileOptions:
     narrowest: int = 2
     prefetch_distance: int = 6
     #: the most rows of a loop fixed in the code (a bsr block's) that a tile holds together,
-    #: each in ``vectors // rows`` vectors: the same registers as one row's tile
+    #: each in ``row_accumulators // rows`` vectors
     rows: int = 4
+    #: the vector accumulators of a tile holding rows together: ``vectors``' 8 of AVX2's
+    #: 16 registers; `host_options` gives 16 where the registers are 32 (64-byte vectors,
+    #: AVX-512), which the rows' shared loads leave room for (docs/decisions.md, "A bsr
+    #: block's rows share their register tiles")
+    row_accumulators: int = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +150,14 @@ def option_of(options: PassOptions, name: str) -> Any:
 
 
 def host_options() -> PassOptions:
-    """`DEFAULTS` with the host's calibrated choices (none where calibration is off or
-    not stored: `policy.calibrated`)."""
+    """`DEFAULTS` with the host's facts (`machine`: the registers a tile of held rows may
+    fill) and calibrated choices (none where calibration is off or not stored:
+    `policy.calibrated`)."""
     found = calibrated.pass_options()
-    return with_options(DEFAULTS, found) if found else DEFAULTS
+    options = with_options(DEFAULTS, found) if found else DEFAULTS
+    if machine().vector_bytes >= 64:  # x86's 32 vector registers with AVX-512
+        options = with_options(options, {"tile.row_accumulators": 16})
+    return options
 
 
 @dataclass(frozen=True, slots=True)
