@@ -170,7 +170,8 @@ def test_a_damaged_calibration_falls_back_to_the_defaults(
     calibrated._cache.clear()
     assert calibrated.load() is None and calibrated.overrides() == {}
     spec = sparsec.kernel(SPMV, formats={"A": "csr"}).spec
-    assert decision.decide(spec, C).passes == replace(decision.DEFAULTS, run=decision.C_PASSES)
+    # the machine's defaults (its facts, not a calibration's choices)
+    assert decision.decide(spec, C).passes == replace(decision.defaults(), run=decision.C_PASSES)
     assert len(calibrating) == 1  # no usable file: a background calibration starts, once
     calibrated.overrides()
     assert len(calibrating) == 1

@@ -68,7 +68,7 @@ class TileOptions:
     #: each in ``row_accumulators // rows`` vectors
     rows: int = 4
     #: the vector accumulators of a tile holding rows together: ``vectors``' 8 of AVX2's
-    #: 16 registers; `host_options` gives 16 where the registers are 32 (64-byte vectors,
+    #: 16 registers; `defaults` gives 16 where the registers are 32 (64-byte vectors,
     #: AVX-512), which the rows' shared loads leave room for (docs/decisions.md, "A bsr
     #: block's rows share their register tiles")
     row_accumulators: int = 8
@@ -149,15 +149,21 @@ def option_of(options: PassOptions, name: str) -> Any:
     return getattr(options, name)
 
 
+def defaults() -> PassOptions:
+    """`DEFAULTS` for the machine's facts (`machine`): the registers a tile of held rows
+    may fill, 16 accumulators where its vectors are 64 bytes (x86's 32 registers with
+    AVX-512)."""
+    if machine().vector_bytes >= 64:
+        return with_options(DEFAULTS, {"tile.row_accumulators": 16})
+    return DEFAULTS
+
+
 def host_options() -> PassOptions:
-    """`DEFAULTS` with the host's facts (`machine`: the registers a tile of held rows may
-    fill) and calibrated choices (none where calibration is off or not stored:
-    `policy.calibrated`)."""
+    """The machine's `defaults` with the host's calibrated choices (none where calibration
+    is off or not stored: `policy.calibrated`)."""
     found = calibrated.pass_options()
-    options = with_options(DEFAULTS, found) if found else DEFAULTS
-    if machine().vector_bytes >= 64:  # x86's 32 vector registers with AVX-512
-        options = with_options(options, {"tile.row_accumulators": 16})
-    return options
+    base = defaults()
+    return with_options(base, found) if found else base
 
 
 @dataclass(frozen=True, slots=True)
