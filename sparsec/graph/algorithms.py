@@ -41,7 +41,7 @@ from ..api.kernel import Kernel, kernel
 from ..base.errors import InputError
 from ..runtime.binding import resolve_threads
 from ..tensors.formats import parse_format
-from ..tensors.storage import LevelStorage
+from ..tensors.storage import LevelStorage, choose_index_dtype
 from ..tensors.tensor import Tensor, as_tensor
 
 #: the kernels, by name: (statement, formats, semiring, mask, dtype)
@@ -255,7 +255,7 @@ def _sparse_vector(n: int, where: np.ndarray, values: np.ndarray) -> Tensor:
     constructor, without `Tensor.from_arrays`' copies and O(n) checks, and without
     freezing the caller's arrays (the tensor holds views of them, which the caller
     leaves unchanged while it uses the tensor)."""
-    idt = np.dtype(np.int32 if n < 2**31 else np.int64)
+    idt = choose_index_dtype(None, (n,), ())
     index = where.astype(idt, copy=False).view()
     pos = np.array([0, index.size], dtype=idt)
     return Tensor((n,), _VECTOR, (LevelStorage(pos, index),), values.view(), idt)
@@ -298,7 +298,7 @@ def bfs(
     unvisited_edges = int(degrees.sum()) - int(degrees[src])
     pulling, depth = False, 0
     # parents compute on vertex ids, in int32 where they fit (half the bytes of int64)
-    ids = np.dtype(np.int32 if n < 2**31 else np.int64)
+    ids = choose_index_dtype(None, (n,), ())
     none = int(np.iinfo(ids.name).max)  # the add's identity: no frontier neighbour
     dtype = ids.name if parents else dtype
     ones = np.ones(n, dtype=dtype)  # sliced: the values of masks and frontiers
@@ -579,7 +579,7 @@ def _pair_rows(n: int, width: int, pairs: np.ndarray, values: np.ndarray) -> Ten
     slot += pairs
     slot -= of * width
     block[slot] = values
-    idt = np.dtype(np.int32 if n < 2**31 else np.int64)
+    idt = choose_index_dtype(None, (n,), ())
     pos = np.array([0, rows.size], dtype=idt)
     levels = (LevelStorage(pos, rows.astype(idt)), LevelStorage())
     return Tensor((n, width), _ROWS, levels, block, idt)  # trusted: rows sorted, distinct

@@ -39,7 +39,7 @@ float32 term is not converted to the double accumulator one by one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from ..ir import nodes as ir
@@ -210,13 +210,7 @@ def _blocked(
     parts = {name: f"sc_dot{uid}_part{n}" for n, name in enumerate(sums)}
     start = ir.Var(f"sc_dot{uid}_start")
     count = ir.Bin("/", ir.add(ir.Bin("-", loop.end, start), ir.IntLit(size - 1)), ir.IntLit(size))
-    inner_body = tuple(
-        replace(s, target=ir.Var(parts[s.target.name]))
-        if isinstance(s, ir.Assign) and isinstance(s.target, ir.Var) and s.target.name in parts
-        else s
-        for s in loop.body.body
-        if not _sets_flag(s, flags)
-    )
+    inner_body = _into_parts((s for s in loop.body.body if not _sets_flag(s, flags)), parts)
     inner = ir.For(
         v,
         ir.Var(lo),
@@ -256,17 +250,21 @@ def _partial(loop: ir.For, sums: tuple[str, ...], uid: int) -> list[ir.Stmt]:
     converts to the double accumulator once, not at every term (a partial of at most
     ``dot_fixed`` terms, within the ``dot_block`` bound the precision rule allows)."""
     parts = {name: f"sc_dot{uid}_part{n}" for n, name in enumerate(sums)}
-    body = tuple(
+    return [
+        *(ir.Decl(ir.VAL, part, ir.FloatLit(0.0)) for part in parts.values()),
+        replace(loop, body=ir.Block(_into_parts(loop.body.body, parts))),
+        *(ir.Assign(ir.Var(name), ir.Var(part), "+=") for name, part in parts.items()),
+    ]
+
+
+def _into_parts(stmts: Iterable[ir.Stmt], parts: dict[str, str]) -> tuple[ir.Stmt, ...]:
+    """``stmts`` with each sum into an accumulator of ``parts`` made into its partial."""
+    return tuple(
         replace(s, target=ir.Var(parts[s.target.name]))
         if isinstance(s, ir.Assign) and isinstance(s.target, ir.Var) and s.target.name in parts
         else s
-        for s in loop.body.body
+        for s in stmts
     )
-    return [
-        *(ir.Decl(ir.VAL, part, ir.FloatLit(0.0)) for part in parts.values()),
-        replace(loop, body=ir.Block(body)),
-        *(ir.Assign(ir.Var(name), ir.Var(part), "+=") for name, part in parts.items()),
-    ]
 
 
 def _sets_flag(s: ir.Stmt, flags: tuple[str, ...]) -> bool:

@@ -477,9 +477,9 @@ class _Tiler:
         """The loop over ``runs`` tiles of ``vectors`` vectors from column ``first``: each
         tile's accumulators loaded (or zeroed), the region run once into them, then
         stored. ``row``: each output row's value and base (one row, or the rows held
-        together: a tile's columns then run in walks of the region with ``vectors // R``
-        vectors of every row each, within the accumulators of one tile, each vector of
-        the other operand loaded once for all the rows)."""
+        together: a tile's columns then run in walks of the region with
+        ``row_accumulators // R`` vectors of every row each, each vector of the other
+        operand loaded once for all the rows)."""
         values, out_bases = row
         self.gathers = []
         self.jt = f"sc_j{uid}"

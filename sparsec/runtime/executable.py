@@ -415,7 +415,7 @@ class Executable:
                 packed.update(costs.misaligned(dims[j], carriers, values, shared, workers))
                 # each in the thread's scratch: they live for this kernel call only
                 copied = {
-                    n: packed_copy(values[n], resolve_threads(threads), number)
+                    n: packed_copy(values[n], workers, number)
                     for number, n in enumerate(sorted(packed))
                 }
                 values = {**values, **copied}
