@@ -168,9 +168,14 @@ static int64_t sc_now_ns(void) {
   return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* a panel's copy (its pack, its output's placing) is shared among the call's threads
+   from this many bytes */
+#define SC_SHARED_COPY_BYTES ((int64_t)1 << 18)
+
 static void sc_pack_panel(const char* src, char* to, int64_t rows, int64_t cols, int64_t rs,
                           int64_t cs, int64_t size, int threads) {
   if (cs == 1) {  /* rows of the source are rows of the panel */
+    #pragma omp parallel for schedule(static) num_threads(threads) if(threads > 1 && rows * cols * size >= SC_SHARED_COPY_BYTES)
     for (int64_t r = 0; r < rows; r++) memcpy(to + r * cols * size, src + r * rs * size, cols * size);
   } else if (size == 4) {
     sparsec_copy2d_4((const uint32_t*)src, (uint32_t*)to, rows, cols, rs, cs, threads);
@@ -218,6 +223,7 @@ static int sc_one_panel(const sc_panels* c, int64_t p, int w, int64_t* spent) {
   const char* panel = (const char*)(uintptr_t)own[c->ncarriers];
   char* to = (char*)(uintptr_t)c->out + start * c->out_size;
   int64_t row = c->width * c->out_size;
+  #pragma omp parallel for schedule(static) num_threads(c->inner) if(c->inner > 1 && c->out_rows * row >= SC_SHARED_COPY_BYTES)
   for (int64_t r = 0; r < c->out_rows; r++) memcpy(to + r * c->n * c->out_size, panel + r * row, row);
   return 0;
 }

@@ -287,6 +287,50 @@ def test_the_compiled_driver_runs_the_panels(sequence, threads, dtype, small_pan
         assert len(reported) >= 2 and all(r > 0 for r in reported)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_large_panels_copy_on_the_calls_threads(threads, dtype, small_panels, monkeypatch):
+    """Panels in sequence on all the call's threads: a panel's pack and its output's
+    placing are shared among those threads from `SC_SHARED_COPY_BYTES` (256 KB) on, so
+    here both are (5,000 rows of X and of the output, 8 columns of 8 or 4 bytes: 320 and
+    160 KB), with an output panel narrower than the rest (43 columns) and X C-ordered and
+    transposed. Integer values: the whole run's result bit for bit, and numpy's."""
+    monkeypatch.setattr(COSTS, "panels_in_sequence", lambda: True)
+    monkeypatch.setattr(COSTS, "PANEL_COLUMNS", 8 if dtype == "float64" else 16)
+    calls = []
+    real = EXECUTABLE.panels_fn()
+
+    def driver(*args):
+        calls.append((args[7], args[11], args[14], args[15]))  # rows, width, workers, inner
+        return real(*args)
+
+    monkeypatch.setattr(EXECUTABLE, "panels_fn", lambda: driver)
+    rng = np.random.default_rng(threads)
+    n = 5000
+    w = sp_random_integers(n, n, 0.002, rng, dtype)
+    x = rng.integers(-3, 4, (43, n)).astype(dtype)
+    k = sparsec.Kernel(SPMM, {"W": "csr"})
+    tensor = sparsec.as_tensor(w, "csr")
+    want = (w.astype(np.float64) @ x.T.astype(np.float64)).astype(dtype)
+    for operand in (x.T, np.ascontiguousarray(x.T)):
+        calls.clear()
+        np.testing.assert_array_equal(k(W=tensor, X=operand, threads=threads), want)
+        width = 8 if dtype == "float64" else 16
+        assert calls and all(c == (n, c[1], 1, threads) for c in calls)
+        assert calls[0][1] == width and n * width * np.dtype(dtype).itemsize >= 1 << 18
+
+
+def sp_random_integers(rows, cols, density, rng, dtype):
+    """A scipy CSR matrix of small integers at ``density``, its first row empty."""
+    import scipy.sparse as sp
+
+    m = sp.random(rows, cols, density, format="csr", random_state=rng, dtype=np.float64)
+    m.data[:] = rng.integers(1, 4, m.nnz) * rng.choice([-1, 1], m.nnz)
+    m = m.tolil()
+    m[0] = 0
+    return m.tocsr().astype(dtype)
+
+
 def test_a_kernels_failure_in_the_driver_is_raised(small_panels, monkeypatch):
     """A status the kernel returns inside the driver is the call's error, as in Python."""
     from sparsec.base.errors import SparsecError
