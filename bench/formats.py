@@ -22,7 +22,10 @@ Targets (issue 39): bsr SpMV and SpMM >= 1.5x sparsec's own CSR and >= 1.0x scip
 (`AUTO_MATRICES`: uniform, power-law rows, banded, blocked, hypersparse, dense rows, ...),
 SpMV float64 at 1 thread: the auto kernel's call (its choice made beforehand) against CSR
 and against the best of every format timed (csr, dcsr, every bsr that divides the shape).
-Targets: geometric mean >= 1.3x over CSR, and >= 0.95x of the best found by timing all.
+The best is the least of those medians, which the samples that chose it favour where
+formats run within the noise of each other, so the ratio to it comes from a second
+measurement of auto and that best alone ("again"). Targets: geometric mean >= 1.3x over
+CSR, and >= 0.95x of the best found by timing all.
 """
 
 from __future__ import annotations
@@ -165,8 +168,8 @@ def run_auto(args: argparse.Namespace) -> tuple[Table, list[dict[str, Any]]]:
     from sparsec.policy.formats import BLOCKS
 
     rng = np.random.default_rng(11)
-    table = Table(["matrix", "nnz", "auto chose", "best", "auto ms", "csr ms", "best ms",
-                   "x csr", "x best"])  # fmt: skip
+    table = Table(["matrix", "nnz", "auto chose", "best", "auto ms", "csr ms", "x csr",
+                   "again: auto ms", "best ms", "x best"])  # fmt: skip
     rows = []
     statement = "y(i) = A(i,j) * x(j)"
     for name, a in auto_matrices(16 if args.quick else 1, rng).items():
@@ -188,10 +191,18 @@ def run_auto(args: argparse.Namespace) -> tuple[Table, list[dict[str, Any]]]:
         ms = {k: t.median_ms for k, t in timings.items()}
         best = min(formats, key=lambda f: ms[f])
         chose = auto.choices["A"]["chosen"]
-        table.add(name, a.nnz, chose, best, ms["auto"], ms["csr"], ms[best],
-                  f"{ms['csr'] / ms['auto']:.2f}x", f"{ms[best] / ms['auto']:.2f}x")  # fmt: skip
+        # the best is the least of eight medians, several often within the noise of each
+        # other: the same samples that picked it favour it (a format auto chose and the
+        # bench found best read 0.89x of itself). So auto and the best are timed again,
+        # on fresh samples, for the ratio against the best
+        again = measure_rounds({"auto": fns["auto"], best: fns[best]}, repeats=args.repeats)
+        against = {k: t.median_ms for k, t in again.items()}
+        table.add(name, a.nnz, chose, best, ms["auto"], ms["csr"],
+                  f"{ms['csr'] / ms['auto']:.2f}x", against["auto"], against[best],
+                  f"{against[best] / against['auto']:.2f}x")  # fmt: skip
         rows.append({"matrix": name, "nnz": a.nnz, "chose": chose, "best": best, "median_ms": ms,
-                     "choices": auto.choices, "timings": timings})  # fmt: skip
+                     "against_best_ms": against, "choices": auto.choices,
+                     "timings": timings})  # fmt: skip
     return table, rows
 
 
@@ -252,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     over_csr = [r["median_ms"]["csr"] / r["median_ms"]["auto"] for r in auto_rows]
-    over_best = [r["median_ms"][r["best"]] / r["median_ms"]["auto"] for r in auto_rows]
+    over_best = [r["against_best_ms"][r["best"]] / r["against_best_ms"]["auto"] for r in auto_rows]
     geo = float(np.exp(np.mean(np.log(over_csr))))
     print()
     print(

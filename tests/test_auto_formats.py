@@ -79,6 +79,35 @@ def test_the_choice_follows_the_timing_and_the_result_is_scipys(by_the_model, ma
     assert "formats chosen from the data (formats='auto'): A: " + chosen in k.source
 
 
+@pytest.mark.parametrize(
+    ("times", "want"),
+    [
+        # within TIE of the fastest: the fewest modelled bytes (bsr(4,4) of full blocks)
+        ({"bsr(4,4)": 1.015, "bsr(4,1)": 1.0, "bsr(2,2)": 1.01}, "bsr(4,4)"),
+        # beyond it: the fastest, whatever the model says
+        ({"bsr(4,4)": 1.05, "bsr(4,1)": 1.0, "bsr(2,2)": 1.01}, "bsr(4,1)"),
+        # and CSR still needs beating by MARGIN
+        ({"bsr(4,4)": 0.98, "bsr(4,1)": 0.97, "bsr(2,2)": 0.97, "csr": 1.0}, "csr"),
+    ],
+)
+def test_close_timings_are_told_apart_by_the_model(monkeypatch, times, want):
+    """Candidates whose medians are within `auto.TIE` of the fastest are ranked by their
+    modelled bytes; a clearer difference is the timing's; CSR is left only for a
+    candidate at least `auto.MARGIN` faster. Formats not listed are timed at 2.0."""
+
+    def per_call(k, args, threads):
+        return times.get(str(k.formats["A"]), 2.0)
+
+    monkeypatch.setattr(auto, "_per_call", per_call)
+    a = blocked(64, 4, 4, seed=8)
+    k = sparsec.kernel("y(i) = A(i,j) * x(j)", formats="auto")
+    np.testing.assert_allclose(k(A=a, x=np.ones(64)), a @ np.ones(64))
+    tried = k.choices["A"]["candidates"]
+    assert {"bsr(4,4)", "bsr(4,1)", "bsr(2,2)"} <= set(tried), tried
+    assert tried["bsr(4,4)"]["bytes"] < min(tried[f]["bytes"] for f in ("bsr(4,1)", "bsr(2,2)"))
+    assert k.choices["A"]["chosen"] == want, k.choices
+
+
 def test_check_runs_the_chosen_kernel():
     a = blocked(64, 4, 4, seed=9)
     k = sparsec.kernel("y(i) = A(i,j) * x(j)", formats="auto")

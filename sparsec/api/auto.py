@@ -8,8 +8,9 @@ with no formats); ``{"A": "auto", ...}`` names the auto inputs beside formats gi
    the formats that can hold it (csr, dcsr, bsr(R,C)) by the bytes a pass would read;
 2. each candidate's kernel (through `sparsec.kernel`'s memo) runs the call on the input
    converted to it, and is timed in `ROUNDS` interleaved rounds of at least `ROUND_S`
-   each; the fastest median wins, where it beats CSR's by `MARGIN` (a candidate the
-   statement's rules refuse, `FormatError`, is skipped);
+   each; the fastest median wins (of those within `TIE` of it, the fewest modelled
+   bytes), where it beats CSR's by `MARGIN` (a candidate the statement's rules refuse,
+   `FormatError`, is skipped);
 3. the choice and the converted tensor are kept for that input object (the last `KEEP`
    inputs; a `sparsec.Tensor` or a scipy matrix is immutable to sparsec, so the same
    object is the same data), so the next call with it converts and decides nothing.
@@ -38,14 +39,25 @@ from ..tensors.tensor import Tensor, as_tensor
 #: timed rounds per candidate, candidates interleaved; each round calls a candidate once
 #: untimed (its operands back in cache after the others'), then until `ROUND_S` has passed
 #: (at least once, at most `ROUND_CALLS` times): the median of the rounds' per-call means
-#: is its time
+#: is its time. A round is long enough for a candidate to run as repeated calls run, its
+#: operands as warm in the shared cache as they stay from call to call: rounds of 2 ms,
+#: one call of a millisecond-long SpMV each just after another candidate's, timed every
+#: candidate colder than any repeated call runs, and the differences between them shrank
+#: (a matrix of aligned 1 x 4 runs on the Intel Xeon VM: bsr(1,4) 2.35 against CSR's 2.38
+#: ms in 2 ms rounds, 1.60-1.63 against 1.87-1.89 in 20 ms rounds, 1.44 against 1.78 in
+#: `bench formats`' 50 ms rounds: docs/decisions.md, "formats='auto' ranks by bytes")
 ROUNDS = 3
-ROUND_S = 2e-3
+ROUND_S = 20e-3
 ROUND_CALLS = 100
 #: a format other than CSR is chosen only when it beats CSR's median by this fraction
 #: (as schedule="auto" keeps the default unless a candidate beats it clearly): two formats
 #: within the noise of a shared machine are not worth a conversion
 MARGIN = 0.05
+#: candidates whose medians are within this fraction of the fastest's are told apart by
+#: the model, fewest bytes first: interleaved medians on a shared machine differ by about
+#: this much between runs (bsr(4,1) and bsr(8,8) on a band of 33 diagonals swapped places
+#: from run to run at 1.95-1.97 ms, where the bench's longer rounds put bsr(8,8) 4 % ahead)
+TIE = 0.02
 #: inputs whose choices are kept
 KEEP = 8
 
@@ -196,11 +208,15 @@ class AutoKernel:
             for _ in range(ROUNDS):
                 for fmt, (k, _, args) in runs.items():
                     samples[fmt].append(_per_call(k, args, threads))
-            for fmt, got in samples.items():
-                tried[fmt]["median_ms"] = float(np.median(got)) * 1e3
-            best = min(samples, key=lambda f: float(np.median(samples[f])))
-            if "csr" in samples and best != "csr":
-                if np.median(samples[best]) > (1 - MARGIN) * np.median(samples["csr"]):
+            medians = {f: float(np.median(got)) for f, got in samples.items()}
+            for fmt, median in medians.items():
+                tried[fmt]["median_ms"] = median * 1e3
+            fastest = min(medians.values())
+            # within the timing's resolution of the fastest, the model decides: fewest bytes
+            close = [f for f in medians if medians[f] <= (1 + TIE) * fastest]
+            best = min(close, key=lambda f: (tried[f]["bytes"], medians[f]))
+            if "csr" in medians and best != "csr":
+                if medians[best] > (1 - MARGIN) * medians["csr"]:
                     best = "csr"
             formats[name] = best
             converted[name] = runs[best][1]
