@@ -54,6 +54,7 @@ def test_calibration_picks_the_fastest_value_and_stores_it(calibrating: list[Any
         "reassociate": False,
         "tile.prefetch_distance": 6,
         "costs.panel_min_bytes": 4 << 20,
+        "costs.panel_min_reuse": 48,
         "costs.panel_fit": False,
         "costs.panels_in_sequence": False,
     }

@@ -404,6 +404,89 @@ def test_when_panels_pay():
     assert not pay(*case(1536, 384, 0.1, 2048))  # X is 3 MB: small enough to leave whole
 
 
+def test_the_shared_caches_threshold_is_the_hosts():
+    """Within the last-level cache, where a row's gathers span more than the core's cache,
+    panels need the host's calibrated bytes gathered per byte moved
+    (`costs.panel_min_reuse`: 48 by default, 24 where calibration found that the shared
+    cache feeds such gathers slowly); where the dense operand falls into windows that each
+    fit the core's cache (``slices``: a weight in column blocks), 48 whatever the host."""
+    from sparsec.policy import calibrated
+
+    x = np.empty((768, 1024), np.float32)  # 3 MB: past 512 KB, within 8 MB
+    args = (1024, ("X",), {"W": pruned_csr(3072, 768, 0.1), "X": x}, 3072 * 1024)
+    # 34 bytes gathered per byte moved (X and twice the 12 MB output); the size gate at
+    # 1 MB (`costs.panel_min_bytes`, as calibrated on the Intel VM), so it lets 3 MB by
+    gate = {"costs.panel_min_bytes": 1 << 20}
+    with calibrated.trying(gate):
+        assert not COSTS.panels_pay(*args, on=MEASURED_ON)
+    with calibrated.trying({**gate, "costs.panel_min_reuse": 24}):
+        assert COSTS.panels_pay(*args, on=MEASURED_ON)
+        assert COSTS.panels_pay(*args, on=MEASURED_ON, slices=4)  # 768 KB windows
+        assert not COSTS.panels_pay(*args, on=MEASURED_ON, slices=8)  # 384 KB: they fit
+    with calibrated.trying({**gate, "costs.panel_min_reuse": 48}):
+        assert not COSTS.panels_pay(*args, on=MEASURED_ON)
+
+
+@pytest.mark.parametrize(
+    ("expr", "fmts", "sliced"),
+    [
+        ("Yt(o,t) = W(b,o,k) * Xt(b,k,t)", {"W": "dds"}, ("b",)),  # SparseLinear's blocks
+        ("Yt(o,t) = W(b,o,k) * Xt(b,k,t)", {"W": "dss"}, ("b",)),
+        ("Yt(o,t) = W(b,o,k) * Xt(b,k,t)", {"W": "sds"}, ()),  # b compressed: not a window
+        ("Yt(o,t) = W(b,o,k) * Xt(b,k,t)", {"W": "dds:1,0,2"}, ()),  # o above b
+        (SPMM, {"W": "csr"}, ()),
+        (SPMM, {"W": "bsr(2,2)"}, ()),
+        ("A(i,j) = B(i,k,l) * D(l,j) * C(k,j)", {"B": "csf"}, ()),
+    ],
+)
+def test_windows_of_the_dense_operands(expr, fmts, sliced):
+    """`Columns.sliced`: a carrier's summed index that every sparse operand holding it
+    stores in a dense level with only dense levels above."""
+    k = sparsec.Kernel(expr, fmts)
+    assert k.columns.index is not None
+    assert k.columns.sliced == sliced
+
+
+def test_a_call_in_column_blocks_keeps_its_windows_whole(monkeypatch):
+    """A weight stored in column blocks (W(b,o,k) ``dds``) is gathered from one window of
+    Xt at a time: where a window fits the core's cache the call runs whole under
+    PANEL_MIN_REUSE (here never met), where it does not the host's threshold decides (here
+    0: panels), by the general path and by the fast path alike. Integer values: the same
+    result either way."""
+    from sparsec.policy import calibrated
+    from sparsec.policy import machine as machines
+
+    monkeypatch.setattr(COSTS, "PANEL_MIN_COLUMNS", 16)
+    monkeypatch.setattr(COSTS, "PANEL_COLUMNS", 8)
+    monkeypatch.setattr(COSTS, "PANEL_MIN_REUSE", 10**9)
+    calls = []
+    real = EXECUTABLE.panels_fn()
+    monkeypatch.setattr(EXECUTABLE, "panels_fn", lambda: lambda *a: calls.append(1) or real(*a))
+    whole = []
+    run_whole = EXECUTABLE.Executable.run_whole
+    monkeypatch.setattr(
+        EXECUTABLE.Executable, "run_whole", lambda *a: whole.append(1) or run_whole(*a)
+    )
+    rng = np.random.default_rng(4)
+    dense = rng.integers(-3, 4, (4, 20, 6)) * (rng.random((4, 20, 6)) < 0.5)
+    dense[:, 3] = 0  # an empty row in every block
+    xt = rng.integers(-3, 4, (4, 6, 40)).astype(np.float64)
+    w = sparsec.Tensor.from_dense(dense.astype(np.float64), "dds")
+    k = sparsec.Kernel("Yt(o,t) = W(b,o,k) * Xt(b,k,t)", {"W": "dds"})
+    want = np.einsum("bok,bkt->ot", dense, xt)
+    window = 6 * 40 * 8  # one block's rows of Xt, of the four
+    with calibrated.trying({"costs.panel_min_bytes": 0, "costs.panel_min_reuse": 0}):
+        for core, panels in ((window, False), (window - 1, True)):
+            with machines.use(core_cache=core, last_level_cache=1 << 30):
+                calls.clear()
+                whole.clear()
+                for _ in range(3):  # the general path, then the fast path
+                    np.testing.assert_array_equal(k(W=w, Xt=xt, threads=1), want)
+                assert len(calls) == (3 if panels else 0)
+                # whole: the fast path ran the calls after the first (it refuses panels)
+                assert len(whole) == (0 if panels else 1)
+
+
 def test_last_level_cache_is_read_or_assumed():
     from sparsec.policy.machine import host
 

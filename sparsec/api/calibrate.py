@@ -40,6 +40,10 @@ Probes:
   operand is 1.5 times the core's cache: from what size of the dense operands a call
   runs in packed column panels (`policy.costs.panels_pay`). On a CPU whose shared cache
   feeds the gathers well, whole rows win; where it does not, panels do.
+- ``costs.panel_min_reuse``: whole calls of a float32 SpMM with 1024 columns whose dense
+  operand, 1.5 times the core's cache, fits the shared one, with 32 bytes gathered per
+  byte a panel layout moves: whether such calls run whole (48 bytes needed) or in panels
+  (24), i.e. how well this CPU's shared cache feeds gathers that outgrow the core's.
 """
 
 from __future__ import annotations
@@ -178,14 +182,14 @@ def _spmm(changes: dict[str, Any], threads: int) -> Callable[[], object]:
 
 
 @functools.cache
-def _pruned(rows: int, inner: int, columns: int, seed: int) -> dict[str, Any]:
-    """A 50 % pruned float32 weight of ``rows`` x ``inner`` and a dense operand of
-    ``inner`` x ``columns`` (once per shape)."""
+def _pruned(rows: int, inner: int, columns: int, seed: int, kept: float = 0.5) -> dict[str, Any]:
+    """A float32 weight of ``rows`` x ``inner`` pruned to the fraction ``kept`` of its
+    entries and a dense operand of ``inner`` x ``columns`` (once per shape)."""
     from ..tensors.tensor import Tensor
 
     rng = np.random.default_rng(seed)
     W = rng.random((rows, inner), dtype=np.float32)
-    W[rng.random(W.shape) < 0.5] = 0
+    W[rng.random(W.shape) >= kept] = 0
     X = rng.random((inner, columns), dtype=np.float32)
     return {"W": Tensor.from_dense(W, "csr"), "X": X}
 
@@ -238,6 +242,18 @@ def _call(
     return lambda: executable.run(prepared, threads)
 
 
+def _reaching(changes: dict[str, Any], threads: int) -> Callable[[], object]:
+    """Whole calls of a float32 SpMM with 1024 columns whose dense operand, 1.5 times the
+    core's cache, fits the last-level cache, and gathers 32 bytes from it per byte a panel
+    layout moves (`policy.costs.panels_pay`), between the two values: BERT-base's FFN up
+    at 90 % on a 2 MB core cache (768 inputs, 3072 outputs), 4 outputs an input."""
+    inner = max(192, min(1536, int(1.5 * machine().core_cache) // (1024 * 4)))
+    # gathered / moved = rows * inner * kept / (inner + 2 * rows) = 4 * inner * kept / 9
+    kept = min(1.0, 32 * 9 / (4 * inner))
+    trial = {"costs.panel_min_bytes": 0, **changes}
+    return _whole_calls(trial, threads, _pruned(4 * inner, inner, 1024, 19, kept))
+
+
 def _wide(changes: dict[str, Any], threads: int) -> Callable[[], object]:
     """Whole calls, in panels, of a float32 SpMM with 1024 columns and a 50 % pruned weight
     whose 128-column panel of X is 1.5 times the core's cache (BERT-base's FFN down on a
@@ -284,6 +300,12 @@ PROBES = (
     Probe("reassociate", _SPMV_ABOUT, _SPMVS),
     Probe("tile.prefetch_distance", "CSR SpMM float32, a 95 % pruned weight", (("", _spmm),)),
     Probe("costs.panel_min_bytes", "SpMM float32 calls, X 1.5x the core's cache", (("", _panels),)),
+    Probe(
+        "costs.panel_min_reuse",
+        "SpMM float32 calls, X 1.5x the core's cache, 32 bytes gathered per byte moved",
+        (("", _reaching),),
+        calls=3,
+    ),
     Probe(
         "costs.panel_fit",
         "SpMM float32 calls in panels, 50 % pruned, a panel 1.5x the core's cache",

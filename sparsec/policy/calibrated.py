@@ -38,7 +38,7 @@ from .machine import Machine, machine
 #: the environment variable: ``0`` (or ``off``) turns calibration off
 ENV = "SPARSEC_TUNE"
 #: the file format's version; a file of another is ignored
-VERSION = 2
+VERSION = 3
 #: each calibrated option and the values measured for it, the default first: a
 #: `PassOptions` field (``tile.`` for its `TileOptions`), which the kernel's code depends
 #: on, or a threshold of the runtime's cost models (``costs.``: `policy.costs`), which a
@@ -49,6 +49,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "reassociate": (False, True),
     "tile.prefetch_distance": (6, 0, 12),
     "costs.panel_min_bytes": (4 << 20, 1 << 20),
+    "costs.panel_min_reuse": (48, 24),
     "costs.panel_fit": (False, True),
     "costs.panels_in_sequence": (False, True),
 }

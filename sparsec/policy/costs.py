@@ -35,6 +35,7 @@ from typing import Any
 from ..base.target import Target
 from ..middle.spec import Spec
 from ..tensors.buffers import address
+from ..tensors.formats import Dense, Format
 from ..tensors.tensor import Tensor
 from . import calibrated
 from .machine import Machine, machine
@@ -128,6 +129,7 @@ def panels_pay(
     values: Mapping[str, Any],
     out_elements: int,
     on: Machine | None = None,
+    slices: int = 1,
 ) -> bool:
     """Whether a call with ``columns`` along the panel index runs in packed panels on the
     machine ``on`` (the current `machine()` when None).
@@ -137,15 +139,26 @@ def panels_pay(
     entries x columns x value size) in cache. Whole, those gathers come from memory once the
     operands outgrow the last-level cache, and mostly from cache (with conflict misses at
     power-of-two strides) below it; so panels need PANEL_MIN_REUSE_BEYOND_CACHE bytes
-    gathered per byte moved in the first case and PANEL_MIN_REUSE in the second."""
+    gathered per byte moved in the first case and PANEL_MIN_REUSE in the second. Within
+    the last-level cache, where a row's gathers span more than the core's own cache, how
+    well the shared cache feeds them is the CPU's: that threshold is calibrated on the
+    host (``costs.panel_min_reuse``). ``slices``: the windows the dense operands fall into,
+    each gathered from by every row before the next (`Columns.sliced`: a weight stored in
+    column blocks), so a row's gathers span one window."""
     if columns < PANEL_MIN_COLUMNS:
         return False
     carried_bytes, gathered, size = column_traffic(columns, carriers, values)
     if carried_bytes <= calibrated.cost("panel_min_bytes", PANEL_MIN_BYTES):
         return False
     moved = carried_bytes + 2 * out_elements * size
-    beyond = carried_bytes > (on or machine()).last_level_cache
-    return gathered >= (PANEL_MIN_REUSE_BEYOND_CACHE if beyond else PANEL_MIN_REUSE) * moved
+    host = on or machine()
+    if carried_bytes > host.last_level_cache:
+        least = PANEL_MIN_REUSE_BEYOND_CACHE
+    elif carried_bytes // max(slices, 1) > host.core_cache:
+        least = calibrated.cost("panel_min_reuse", PANEL_MIN_REUSE)
+    else:
+        least = PANEL_MIN_REUSE
+    return gathered >= least * moved
 
 
 def panel_columns(
@@ -259,11 +272,16 @@ class Columns:
 
     ``index`` is the panel index ``j`` (None: every call runs whole), ``carriers`` the dense
     operands indexed by it, ``out_indices`` the output's indices in level order (its
-    elements are their extents' product)."""
+    elements are their extents' product). ``sliced``: summed indices of the carriers that
+    every sparse operand indexing them stores in a dense level above all its others that
+    are not dense (W(b,o,k) stored ``dds``: b), so that each of their coordinates is a
+    window of the carriers all rows gather from before the next (`panels_pay`'s
+    ``slices``: their extents' product)."""
 
     index: str | None
     carriers: tuple[str, ...]
     out_indices: tuple[str, ...]
+    sliced: tuple[str, ...] = ()
 
     @staticmethod
     def of(spec: Spec, target: Target) -> Columns:
@@ -296,7 +314,13 @@ class Columns:
             carriers[a.name] = None
             gathered = gathered or not set(a.indices) <= set(lhs.indices)
         # a panel pays when a carrier is read again and again (indexed by a summed index)
-        return Columns(j, tuple(carriers), out_indices) if gathered else none
+        if not gathered:
+            return none
+        return Columns(j, tuple(carriers), out_indices, _sliced(spec, tuple(carriers)))
+
+    def slices(self, dims: Mapping[str, int]) -> int:
+        """The windows the carriers fall into (`sliced`'s extents' product)."""
+        return math.prod(dims[i] for i in self.sliced)
 
     def _out_elements(self, dims: Mapping[str, int]) -> int:
         return math.prod(dims[i] for i in self.out_indices)
@@ -309,7 +333,8 @@ class Columns:
         j = self.index
         if j is None:
             return 0
-        pays = panels_pay(dims[j], self.carriers, values, self._out_elements(dims))
+        out = self._out_elements(dims)
+        pays = panels_pay(dims[j], self.carriers, values, out, slices=self.slices(dims))
         return panel_columns(dims[j], self.carriers, values) if pays else 0
 
     def band_tiles(self, dims: Mapping[str, int], values: Mapping[str, Any]) -> int:
@@ -328,3 +353,42 @@ class Columns:
         if j is None or dims[j] >= PANEL_MIN_COLUMNS:
             return 0
         return depth_rows(dims[j], self.carriers, values, self._out_elements(dims))
+
+
+def _sliced(spec: Spec, carriers: tuple[str, ...]) -> tuple[str, ...]:
+    """`Columns.sliced` for ``spec``'s ``carriers``: their summed indices that each sparse
+    operand indexing them stores in a dense level with only dense levels above it, none
+    of them over an output index (the rows' loops then run inside that index's, each
+    coordinate a window of the carriers).
+    A sparse operand in a mapped format (bsr, nm) slices nothing."""
+    lhs = spec.statement.lhs
+    accesses = list(spec.assignment.accesses())
+    found: list[str] = []
+    for a in accesses:
+        if a is lhs or a.name not in carriers:
+            continue
+        for index in a.indices:
+            if index in lhs.indices or index in found:
+                continue
+            holders = [
+                b for b in accesses if b is not lhs and index in b.indices
+                and not spec.tensor(b.name).is_dense
+            ]  # fmt: skip
+            if holders and all(_outer_dense(spec, b, index, lhs.indices) for b in holders):
+                found.append(index)
+    return tuple(found)
+
+
+def _outer_dense(spec: Spec, access: Any, index: str, rows: tuple[str, ...]) -> bool:
+    """Whether ``access``'s tensor stores ``index`` in a dense level above which every
+    level is dense and stores none of the output's indices ``rows`` (whose loops would
+    then run outside the window's)."""
+    fmt = spec.tensor(access.name).format
+    if not isinstance(fmt, Format):
+        return False
+    for level, mode in zip(fmt.levels, fmt.ordering, strict=True):
+        if not isinstance(level, Dense) or access.indices[mode] in rows:
+            return False
+        if access.indices[mode] == index:
+            return True
+    return False

@@ -152,9 +152,10 @@ def _source(
         constants["INDICES"] = tuple(extent)
         dims = f"dict(zip(INDICES, ({', '.join(extent.values())},)))"
         off = " or ".join(f"x{local[c].removeprefix('v')} % 64" for c in columns.carriers)
+        slices = " * ".join(extent[i] for i in columns.sliced) or "1"
         lines += [
             f"wide = {extent[j]} >= costs.PANEL_MIN_COLUMNS",
-            f"if wide and costs.panels_pay({extent[j]}, CARRIERS, inputs, {size}):",
+            f"if wide and costs.panels_pay({extent[j]}, CARRIERS, inputs, {size}, None, {slices}):",
             "    return None  # the general path runs it in column panels",
         ]
         realign = [
