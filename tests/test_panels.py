@@ -434,6 +434,7 @@ def test_the_shared_caches_threshold_is_the_hosts():
         ("Yt(o,t) = W(b,o,k) * Xt(b,k,t)", {"W": "dss"}, ("b",)),
         ("Yt(o,t) = W(b,o,k) * Xt(b,k,t)", {"W": "sds"}, ()),  # b compressed: not a window
         ("Yt(o,t) = W(b,o,k) * Xt(b,k,t)", {"W": "dds:1,0,2"}, ()),  # o above b
+        ("Yt(o,t) = W(b,o,k) * Xt(b,k,t) * Z(k,t)", {"W": "dds"}, ()),  # Z has no b
         (SPMM, {"W": "csr"}, ()),
         (SPMM, {"W": "bsr(2,2)"}, ()),
         ("A(i,j) = B(i,k,l) * D(l,j) * C(k,j)", {"B": "csf"}, ()),

@@ -356,26 +356,22 @@ class Columns:
 
 
 def _sliced(spec: Spec, carriers: tuple[str, ...]) -> tuple[str, ...]:
-    """`Columns.sliced` for ``spec``'s ``carriers``: their summed indices that each sparse
-    operand indexing them stores in a dense level with only dense levels above it, none
-    of them over an output index (the rows' loops then run inside that index's, each
-    coordinate a window of the carriers).
-    A sparse operand in a mapped format (bsr, nm) slices nothing."""
+    """`Columns.sliced` for ``spec``'s ``carriers``: the summed indices they all have that
+    each sparse operand indexing them stores in a dense level with only dense levels above
+    it, none of them over an output index (the rows' loops then run inside that index's,
+    each coordinate a window of the carriers). A sparse operand in a mapped format (bsr,
+    nm) slices nothing."""
     lhs = spec.statement.lhs
-    accesses = list(spec.assignment.accesses())
+    accesses = [a for a in spec.assignment.accesses() if a is not lhs]
+    held = [a for a in accesses if a.name in carriers]
     found: list[str] = []
-    for a in accesses:
-        if a is lhs or a.name not in carriers:
+    for index in held[0].indices if held else ():
+        # a window of every carrier: an index each of them has, summed
+        if index in lhs.indices or index in found or any(index not in a.indices for a in held):
             continue
-        for index in a.indices:
-            if index in lhs.indices or index in found:
-                continue
-            holders = [
-                b for b in accesses if b is not lhs and index in b.indices
-                and not spec.tensor(b.name).is_dense
-            ]  # fmt: skip
-            if holders and all(_outer_dense(spec, b, index, lhs.indices) for b in holders):
-                found.append(index)
+        holders = [b for b in accesses if index in b.indices and not spec.tensor(b.name).is_dense]
+        if holders and all(_outer_dense(spec, b, index, lhs.indices) for b in holders):
+            found.append(index)
     return tuple(found)
 
 
