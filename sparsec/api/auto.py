@@ -40,26 +40,21 @@ from ..tensors.tensor import Tensor, as_tensor
 #: untimed (its operands back in cache after the others'), then until `ROUND_S` has passed
 #: (at least once, at most `ROUND_CALLS` times): the median of the rounds' per-call means
 #: is its time. A round is long enough for a candidate to run as repeated calls run, its
-#: operands as warm in the shared cache as they stay from call to call: rounds of 2 ms,
-#: one call of a millisecond-long SpMV each just after another candidate's, timed every
-#: candidate colder than any repeated call runs, and the differences between them shrank
-#: (a matrix of aligned 1 x 4 runs on the Intel Xeon VM: bsr(1,4) 2.35 against CSR's 2.38
-#: ms in 2 ms rounds, 1.60-1.63 against 1.87-1.89 in 20 ms rounds, 1.44 against 1.78 in
-#: `bench formats`' 50 ms rounds: docs/decisions.md, "formats='auto' ranks by bytes")
+#: operands as warm in the shared cache as they stay from call to call: rounds of a few
+#: milliseconds ran a millisecond-long SpMV once each, just after the other candidates',
+#: colder than any repeated call runs, and the candidates' differences shrank into the
+#: noise (docs/decisions.md, "`formats="auto"` ranks by bytes")
 ROUNDS = 3
 ROUND_S = 20e-3
 ROUND_CALLS = 100
 #: a format other than CSR is chosen only when it beats CSR's median by this fraction
 #: (as schedule="auto" keeps the default unless a candidate beats it clearly): two formats
-#: within the noise of a shared machine are not worth a conversion. Above the 20 ms
-#: rounds' noise (about `TIE`), below what a choice may lose (issue 39: within 0.95x of
-#: the best format): at 5 % CSR was kept on a diagonal where bsr(2,2) measured 4-6 %
-#: faster in `bench formats`, 0.94-0.95x the best
+#: within the noise of a shared machine are not worth a conversion. Above the rounds'
+#: noise (about `TIE`), below what a choice may lose (issue 39: within 0.95x of the best)
 MARGIN = 0.03
 #: candidates whose medians are within this fraction of the fastest's are told apart by
 #: the model, fewest bytes first: interleaved medians on a shared machine differ by about
-#: this much between runs (bsr(4,1) and bsr(8,8) on a band of 33 diagonals swapped places
-#: from run to run at 1.95-1.97 ms, where the bench's longer rounds put bsr(8,8) 4 % ahead)
+#: this much between runs
 TIE = 0.02
 #: inputs whose choices are kept
 KEEP = 8
