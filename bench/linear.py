@@ -23,7 +23,10 @@ and N threads (torch's and sparsec's thread counts set alike):
 
 ``--structure`` prunes in N:M groups (``2:4``, at 50 % only) or whole blocks (``1x8``,
 ``4x4``) instead of by magnitude alone (`sparsec.nn.masks`; issue 39's targets: >= 1.3x for
-2:4, >= 1.5x at 50 % and >= 6x at 90 % for blocks). The table gives medians in ms,
+2:4, >= 1.5x at 50 % and >= 6x at 90 % for blocks), the layer still stored CSR;
+``bsr4x4`` prunes in the same 4 x 4 blocks and stores them ``bsr(4,4)``
+(`BlockSparseLinear`: one way, its kernel over the format's levels, each vector of Xt
+shared by a block's 4 rows). The table gives medians in ms,
 dense/sparse (> 1: sparse faster) against the issue's targets (unstructured, issue 38:
 >= 1.2x at 50 %, >= 2x at 70 %, >= 5x at 90 %), the kernel's share of the sparse time, and
 the kernel's useful rate (2 x stored entries x tokens flops per call) as a fraction of the
@@ -63,6 +66,9 @@ STRUCTURES: dict[str, tuple[dict[str, Any], tuple[float, ...], dict[float, float
     "2:4": ({"pattern": "2:4"}, (0.5,), {0.5: 1.3}),
     "1x8": ({"block": (1, 8)}, SPARSITIES, {0.5: 1.5, 0.9: 6.0}),
     "4x4": ({"block": (4, 4)}, SPARSITIES, {0.5: 1.5, 0.9: 6.0}),
+    # the same blocks stored bsr(4,4): `BlockSparseLinear`, whose tiles share each vector
+    # of Xt among a block's 4 rows
+    "bsr4x4": ({"format": "bsr(4,4)"}, SPARSITIES, {0.5: 1.5, 0.9: 6.0}),
 }
 RAW = "Yt(o,t) = W(o,i) * Xt(i,t)"
 
@@ -111,6 +117,11 @@ def contenders(
         layer(x)
     values = layer.values.detach()
     xt = x.t().contiguous().numpy()
+    if not isinstance(layer, SparseLinear):  # a BlockSparseLinear: one way, its bsr kernel
+        way = str(layer.format)
+        raw = layer.kernel
+        w = sparsec.as_tensor(weight.numpy(), way)
+        return _checked(layer, raw, w, x, xt, weight, bias, threads, shape, sparsity, way)
     size = tokens.bit_length()
     way = layer.ways_measured.get(size, layer.ways(tokens)[0])
     spent = layer.ways_spent.get(size, {})
@@ -136,6 +147,25 @@ def contenders(
             values.numpy(),
             index_dtype="int32",
         )
+
+    return _checked(layer, raw, w, x, xt, weight, bias, threads, shape, sparsity, way)
+
+
+def _checked(
+    layer: Any,
+    raw: Any,
+    w: Any,
+    x: Any,
+    xt: Any,
+    weight: Any,
+    bias: Any,
+    threads: int,
+    shape: Shape,
+    sparsity: float,
+    way: str,
+) -> tuple[dict[str, Callable[[], Any]], int, str]:
+    """The three contenders of a case, their results checked against dense first."""
+    import torch
 
     def dense() -> Any:
         return torch.nn.functional.linear(x, weight, bias)

@@ -154,6 +154,15 @@ def test_bench_linear_structured_quick_smoke() -> None:
     assert "50%" in done.stdout and "90%" in done.stdout and "6.0x" in done.stdout
 
 
+def test_bench_linear_bsr_quick_smoke() -> None:
+    """`--structure bsr4x4`: the same blocks stored bsr(4,4), a `BlockSparseLinear`, whose
+    layer and kernel alone are checked against dense before they are timed."""
+    done = _run(["-m", "bench", "linear", "--quick", "--threads", "2", "--structure", "bsr4x4"])
+    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    assert "pruned in bsr4x4" in done.stdout and "bsr(4,4)" in done.stdout
+    assert "50%" in done.stdout and "90%" in done.stdout and "6.0x" in done.stdout
+
+
 def test_bench_bert_quick_smoke() -> None:
     done = _run(["-m", "bench", "bert", "--quick", "--threads", "2"])
     assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
