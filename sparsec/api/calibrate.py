@@ -189,7 +189,7 @@ def _pruned(rows: int, inner: int, columns: int, seed: int, kept: float = 0.5) -
 
     rng = np.random.default_rng(seed)
     W = rng.random((rows, inner), dtype=np.float32)
-    W[rng.random(W.shape) >= kept] = 0
+    W[rng.random(W.shape) < 1 - kept] = 0
     X = rng.random((inner, columns), dtype=np.float32)
     return {"W": Tensor.from_dense(W, "csr"), "X": X}
 
