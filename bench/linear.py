@@ -100,7 +100,6 @@ def contenders(
     stored entries, and the way it runs (`SparseLinear.ways`)."""
     import torch
 
-    import sparsec
     from sparsec.nn import SparseLinear
 
     torch.manual_seed(seed)
@@ -111,61 +110,9 @@ def contenders(
     weight = layer.to_dense().detach().contiguous()
     bias = linear.bias.detach()
     x = torch.randn(tokens, shape.in_features)
-    # the sparse kernel the layer measured faster on this many tokens (its first call times
-    # its ways, `SparseLinear.ways_spent`), on its layout of W, Xt made once
     with torch.no_grad():
-        layer(x)
-    values = layer.values.detach()
-    xt = x.t().contiguous().numpy()
-    if not isinstance(layer, SparseLinear):  # a BlockSparseLinear: one way, its bsr kernel
-        way = str(layer.format)
-        raw = layer.kernel
-        w = sparsec.as_tensor(weight.numpy(), way)
-        return _checked(layer, raw, w, x, xt, weight, bias, threads, shape, sparsity, way)
-    size = tokens.bit_length()
-    way = layer.ways_measured.get(size, layer.ways(tokens)[0])
-    spent = layer.ways_spent.get(size, {})
-    sparse_ways = [w for w in layer.ways(tokens) if w != "dense"]
-    fastest = min(sparse_ways, key=lambda w: spent.get(w, 0.0))
-    if fastest == "blocks":
-        blocks = shape.in_features // layer.block
-        raw = layer.kernel
-        w = sparsec.Tensor.from_arrays(
-            (blocks, shape.out_features, layer.block),
-            "dds",
-            [None, None, (layer.block_pos.numpy(), layer.block_crd.numpy())],
-            values[layer.block_perm].numpy(),
-            index_dtype="int32",
-        )
-        xt = xt.reshape(blocks, layer.block, tokens)
-    else:
-        raw = sparsec.kernel(RAW, {"W": "csr"}, dtype="float32", index_dtype="int32")
-        w = sparsec.Tensor.from_arrays(
-            (shape.out_features, shape.in_features),
-            "csr",
-            [None, (layer.pos.numpy(), layer.crd.numpy())],
-            values.numpy(),
-            index_dtype="int32",
-        )
-
-    return _checked(layer, raw, w, x, xt, weight, bias, threads, shape, sparsity, way)
-
-
-def _checked(
-    layer: Any,
-    raw: Any,
-    w: Any,
-    x: Any,
-    xt: Any,
-    weight: Any,
-    bias: Any,
-    threads: int,
-    shape: Shape,
-    sparsity: float,
-    way: str,
-) -> tuple[dict[str, Callable[[], Any]], int, str]:
-    """The three contenders of a case, their results checked against dense first."""
-    import torch
+        layer(x)  # its first call times its ways (`SparseLinear.ways_spent`)
+    way, raw, w, xt = _kernel_alone(layer, shape, tokens, weight, x)
 
     def dense() -> Any:
         return torch.nn.functional.linear(x, weight, bias)
@@ -186,6 +133,47 @@ def _checked(
         if not gap < 1e-4:
             raise AssertionError(f"{shape.name} {sparsity:.0%}: {name} differs by {gap:.2e}")
     return {"dense": dense, "sparse": sparse, "kernel": kernel}, layer.nnz, way
+
+
+def _kernel_alone(
+    layer: Any, shape: Shape, tokens: int, weight: Any, x: Any
+) -> tuple[str, Any, Any, np.ndarray]:
+    """The way the layer runs, and the sparse kernel it measured faster on this many
+    tokens with its W and the transposed activations made once, laid out as that kernel
+    reads them: a `BlockSparseLinear`'s one bsr kernel, or a `SparseLinear`'s column
+    blocks or whole rows."""
+    import sparsec
+    from sparsec.nn import SparseLinear
+
+    xt = x.t().contiguous().numpy()
+    if not isinstance(layer, SparseLinear):  # a BlockSparseLinear: one way, its bsr kernel
+        way = str(layer.format)
+        return way, layer.kernel, sparsec.as_tensor(weight.numpy(), way), xt
+    values = layer.values.detach()
+    size = tokens.bit_length()
+    way = layer.ways_measured.get(size, layer.ways(tokens)[0])
+    spent = layer.ways_spent.get(size, {})
+    sparse_ways = [w for w in layer.ways(tokens) if w != "dense"]
+    fastest = min(sparse_ways, key=lambda w: spent.get(w, 0.0))
+    if fastest == "blocks":
+        blocks = shape.in_features // layer.block
+        w = sparsec.Tensor.from_arrays(
+            (blocks, shape.out_features, layer.block),
+            "dds",
+            [None, None, (layer.block_pos.numpy(), layer.block_crd.numpy())],
+            values[layer.block_perm].numpy(),
+            index_dtype="int32",
+        )
+        return way, layer.kernel, w, xt.reshape(blocks, layer.block, tokens)
+    raw = sparsec.kernel(RAW, {"W": "csr"}, dtype="float32", index_dtype="int32")
+    w = sparsec.Tensor.from_arrays(
+        (shape.out_features, shape.in_features),
+        "csr",
+        [None, (layer.pos.numpy(), layer.crd.numpy())],
+        values.numpy(),
+        index_dtype="int32",
+    )
+    return way, raw, w, xt
 
 
 def main(argv: list[str] | None = None) -> int:
